@@ -1,0 +1,58 @@
+# Two commands:  make lab   (start the course)   make test   (run every check)
+# Override the torch build for other machines, e.g.  make lab TORCH="torch==2.13.0+cu126"
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+LAB_PORT ?= 8888
+PYTEST_ARGS ?=
+
+.PHONY: lab test install install-test browser-deps notebooks bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# The torch pin is installed first and passed again as a constraint, so the
+# package's own range (torch>=2.4,<3) can never pull a different (CUDA) build.
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH)"
+	echo "$(TORCH)" > $(VENV)/torch-pin.txt
+	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+lab: install
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		--ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root,) \
+		$(LAB_ARGS) notebooks/00_welcome.ipynb
+
+# Chromium for the browser tests (Debian package; Playwright's own download is not used).
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+		echo "Installing Chromium for the browser tests (apt-get)..."; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+NBVAL_DIRS := $(wildcard notebooks exercises solutions)
+
+test: install-test browser-deps
+	MPLBACKEND=agg $(PY) -m pytest $(PYTEST_ARGS)
+	MPLBACKEND=agg $(PY) -m pytest --nbval-lax --nbval-current-env \
+		--nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_DIRS)
+
+# Re-execute every notebook in place with its default parameters (what gets committed).
+notebooks: install-test
+	MPLBACKEND=agg $(PY) tools/execute_notebooks.py
+
+bench: install
+	$(PY) -m coursekit.bench launch
+
+clean:
+	rm -rf $(VENV) test-artifacts

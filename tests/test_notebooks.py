@@ -1,0 +1,45 @@
+"""Execute every notebook (chapters, exercises, solutions) with papermill.
+
+CI runs each with its ``parameters`` cell (small sizes); a notebook may also
+carry ``metadata.coursekit.ci_parameters`` to shrink it further for CI.
+Check a single notebook with:  .venv/bin/python -m pytest tests/test_notebooks.py -k 01_gradient
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = [p for folder in ("notebooks", "exercises", "solutions") for p in sorted((ROOT / folder).glob("*.ipynb"))]
+
+
+def test_there_are_notebooks():
+    assert (ROOT / "notebooks" / "00_welcome.ipynb") in NOTEBOOKS
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_notebook_executes(path, tmp_path):
+    import papermill
+
+    notebook = json.loads(path.read_text())
+    tags = [cell.get("metadata", {}).get("tags", []) for cell in notebook["cells"]]
+    assert any("parameters" in t for t in tags), f"{path.name} needs a cell tagged 'parameters'"
+    parameters = notebook.get("metadata", {}).get("coursekit", {}).get("ci_parameters", {})
+    papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=parameters,
+                               kernel_name="python3", cwd=str(path.parent), execution_timeout=300,
+                               progress_bar=False)
+    executed = json.loads((tmp_path / path.name).read_text())
+    errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_notebook_is_committed_executed(path):
+    notebook = json.loads(path.read_text())
+    code = [c for c in notebook["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert any(c.get("outputs") for c in code), f"{path.name} is committed without outputs: run tools/execute_notebooks.py"
+    if path.parent.name != "exercises":
+        errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        assert not errors, f"{path.name} has a stored error output"
