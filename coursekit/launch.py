@@ -391,7 +391,12 @@ class _Gang:
         sys.stdout.flush()
 
     def _describe_waiting(self, ranks: list[int]) -> dict[int, str]:
-        """Ask each stuck rank for its stack (SIGUSR1 -> faulthandler) and read its note."""
+        """Read each stuck rank's note, then ask for its stack (SIGUSR1 -> faulthandler).
+
+        The note is read first: the signal may interrupt a blocking call and so
+        change what the rank is doing.
+        """
+        notes = {rank: bytes(self.status[rank]).split(b"\0", 1)[0].decode("utf-8", "replace") for rank in ranks}
         for rank in ranks:
             try:
                 os.kill(self.procs[rank].pid, signal.SIGUSR1)
@@ -400,9 +405,9 @@ class _Gang:
         time.sleep(0.3)
         described = {}
         for rank in ranks:
-            note = bytes(self.status[rank]).split(b"\0", 1)[0].decode("utf-8", "replace")
+            note = notes[rank]
             frames = _innermost_frames(self.stack_paths[rank])
-            parts = [f"waiting on {note}" if note else "busy (no communication call in progress)"]
+            parts = [f"waiting on {note}" if note else "busy (not inside a coursekit communication call)"]
             if frames:
                 parts.append("at " + " <- ".join(frames))
             described[rank] = "; ".join(parts)

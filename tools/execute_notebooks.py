@@ -32,13 +32,13 @@ def edited_since_commit(path: Path) -> bool:
     return bool(result.stdout.strip())
 
 
-def execute(path: Path, timeout: int = 600) -> None:
+def execute(path: Path, timeout: int = 600, cwd: Path | None = None) -> None:
     import papermill
 
     os.environ.setdefault("MPLBACKEND", "agg")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / path.name
-        papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(path.parent),
+        papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(cwd or path.parent),
                                    execution_timeout=timeout, progress_bar=False)
         out.replace(path)
 

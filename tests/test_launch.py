@@ -1,0 +1,234 @@
+"""The launcher: results, errors, timeouts, cleanup, concurrency, Cluster."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+import torch.distributed as dist
+
+import coursekit
+from coursekit import Cluster, ClusterClosed, LaunchTimeout, RankError, launch
+
+
+def child_processes():
+    return psutil.Process().children(recursive=True)
+
+
+def assert_no_children():
+    deadline = time.monotonic() + 5
+    while child_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert child_processes() == [], f"left behind: {child_processes()}"
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def all_reduce_rank_plus_one(rank, world_size, scale=1.0):
+    t = torch.tensor([rank + 1.0])
+    dist.all_reduce(t)
+    assert dist.get_rank() == rank and dist.get_world_size() == world_size
+    return t.item() * scale
+
+
+def test_results_in_rank_order_with_args_and_kwargs():
+    assert launch(all_reduce_rank_plus_one, 3, scale=2.0) == [12.0, 12.0, 12.0]
+    assert launch(lambda rank, world_size, a, b=0: (rank, world_size, a, b), 2, "x", b=5) == [
+        (0, 2, "x", 5), (1, 2, "x", 5)]
+
+
+def test_closure_and_world_size_one():
+    offset = 7
+
+    def closure(rank, world_size):
+        return rank + offset
+
+    assert launch(closure, 1) == [7]
+
+
+def test_each_rank_uses_one_intra_op_thread():
+    assert launch(lambda rank, world_size: torch.get_num_threads(), 2) == [1, 1]
+
+
+def test_rank_error_names_rank_and_carries_remote_traceback():
+    def fails_on_rank_one(rank, world_size):
+        if rank == 1:
+            raise ValueError("boom from rank one")
+        t = torch.zeros(1)
+        dist.recv(t, src=1)  # would wait forever: the launcher must stop it
+
+    start = time.monotonic()
+    with pytest.raises(RankError) as info:
+        launch(fails_on_rank_one, 3, timeout=60)
+    assert time.monotonic() - start < 15, "the other ranks were not stopped promptly"
+    assert info.value.rank == 1
+    assert "boom from rank one" in str(info.value) and "ValueError" in str(info.value)
+    assert "fails_on_rank_one" in str(info.value)
+    assert_no_children()
+
+
+def test_rank_dying_without_python_exception_is_reported():
+    def dies(rank, world_size):
+        if rank == 0:
+            os._exit(3)
+        time.sleep(30)
+
+    with pytest.raises(RankError) as info:
+        launch(dies, 2, timeout=60)
+    assert info.value.rank == 0 and "code 3" in str(info.value)
+    assert_no_children()
+
+
+def test_deadlock_times_out_names_ranks_and_leaves_no_orphans():
+    def mismatched(rank, world_size):
+        t = torch.zeros(4)
+        if rank == 1:
+            from coursekit.launch import waiting_on
+
+            with waiting_on("recv from rank 0"):
+                dist.recv(t, src=0)  # rank 0 never sends
+        return rank
+
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout) as info:
+        launch(mismatched, 2, timeout=3)
+    elapsed = time.monotonic() - start
+    assert 3 <= elapsed < 15
+    assert info.value.ranks == [1]
+    assert "recv from rank 0" in str(info.value)
+    assert "mismatched" in str(info.value), "the stack of the stuck rank should be shown"
+    assert_no_children()
+    assert launch(all_reduce_rank_plus_one, 2) == [3.0, 3.0], "the caller must stay usable"
+
+
+def test_printed_output_is_prefixed_and_in_rank_order(capsys):
+    def chatty(rank, world_size):
+        time.sleep(0.05 * (world_size - rank))  # later ranks finish first
+        print(f"hello from {rank}")
+        print("second line")
+        return None
+
+    launch(chatty, 3)
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"[rank {r}] {text}" for r in range(3) for text in (f"hello from {r}", "second line")]
+
+
+def test_function_defined_in_main_like_a_notebook_cell(tmp_path):
+    script = textwrap.dedent("""
+        import torch, torch.distributed as dist, coursekit
+        def cell_function(rank, world_size):
+            t = torch.ones(1) * rank
+            dist.all_reduce(t)
+            return t.item()
+        assert cell_function.__module__ == "__main__"
+        print(coursekit.launch(cell_function, 2), coursekit.launch(cell_function, 2, start_method="spawn"))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[1.0, 1.0] [1.0, 1.0]"
+
+
+def test_two_launches_at_the_same_time_from_two_threads():
+    results, errors = {}, []
+
+    def run(name, world_size):
+        try:
+            results[name] = launch(all_reduce_rank_plus_one, world_size, timeout=60)
+        except Exception as error:  # collected and asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(name, ws)) for name, ws in (("a", 2), ("b", 3))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    assert not errors, errors
+    assert results == {"a": [3.0, 3.0], "b": [6.0, 6.0, 6.0]}
+    assert_no_children()
+
+
+def test_fifty_sequential_launches_leak_no_processes_or_fds():
+    launch(all_reduce_rank_plus_one, 2)
+    fds = open_fds()
+    for _ in range(50):
+        assert launch(all_reduce_rank_plus_one, 2) == [3.0, 3.0]
+    assert_no_children()
+    assert open_fds() == fds
+
+
+def test_keyboard_interrupt_stops_every_rank():
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        launch(lambda rank, world_size: time.sleep(60), 2, timeout=120)
+    assert time.monotonic() - start < 15
+    assert_no_children()
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(world_size=0), "world_size must be a positive integer"),
+    (dict(world_size=2.5), "world_size must be a positive integer"),
+    (dict(world_size=2, backend="mpi-ish"), "unknown backend"),
+    (dict(world_size=2, timeout=0), "timeout must be a positive"),
+])
+def test_invalid_arguments_raise_value_error_saying_what_to_do(kwargs, fragment):
+    world_size = kwargs.pop("world_size")
+    with pytest.raises(ValueError, match=fragment):
+        launch(all_reduce_rank_plus_one, world_size, **kwargs)
+    assert_no_children()
+
+
+def test_nccl_without_enough_gpus_says_to_use_gloo():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    with pytest.raises(ValueError, match="backend='gloo'"):
+        launch(all_reduce_rank_plus_one, gpus + 1, backend="nccl")
+
+
+def test_non_callable_is_rejected():
+    with pytest.raises(ValueError, match="callable"):
+        launch(42, 2)
+
+
+def test_cluster_reuse_across_twenty_runs():
+    with Cluster(3) as cluster:
+        pids = cluster.run(lambda rank, world_size: os.getpid())
+        for i in range(20):
+            assert cluster.run(all_reduce_rank_plus_one, scale=float(i)) == [6.0 * i] * 3
+        assert cluster.run(lambda rank, world_size: os.getpid()) == pids, "ranks must persist between runs"
+    assert_no_children()
+
+
+def test_cluster_is_torn_down_after_a_crash_and_says_to_create_a_new_one():
+    cluster = Cluster(2)
+    with pytest.raises(RankError) as info:
+        cluster.run(lambda rank, world_size: 1 / (rank - 1))
+    assert info.value.rank == 1
+    assert cluster.closed
+    assert_no_children()
+    with pytest.raises(ClusterClosed, match=r"create a new one: coursekit.Cluster\(2\)"):
+        cluster.run(lambda rank, world_size: rank)
+
+
+def test_cluster_timeout_tears_down():
+    with Cluster(2) as cluster:
+        with pytest.raises(LaunchTimeout):
+            cluster.run(lambda rank, world_size: time.sleep(30), timeout=2)
+        assert cluster.closed
+    assert_no_children()
+
+
+def test_doctor_passes(capsys):
+    from coursekit.cli import doctor
+
+    assert doctor() == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "2-rank all-reduce ok" in out
