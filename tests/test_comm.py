@@ -1,0 +1,128 @@
+"""coursekit.comm: point-to-point on both transports, recording, the simulator's errors."""
+
+import pickle
+
+import pytest
+import torch
+
+import coursekit
+from coursekit import comm
+
+TIMEOUT = 180.0
+
+
+def _ping(rank, world_size):
+    t = torch.full((3,), float(rank + 1))
+    with comm.record() as traffic:
+        with comm.phase("ping", step=0, segment=2):
+            if rank == 0:
+                comm.send(t, 1)
+                comm.isend(t * 2, 1).wait()
+            else:
+                comm.recv(t, 0)
+                u = torch.empty(3)
+                comm.irecv(u, 0).wait()
+                t = torch.cat([t, u])
+        with comm.control():
+            if rank == 1:
+                comm.send(torch.zeros(2), 0)
+            else:
+                comm.recv(torch.zeros(2), 1)
+    return t.tolist(), traffic, comm.get_rank(), comm.get_world_size()
+
+
+def _check_ping(results, traffic):
+    assert results[1][0] == [1.0, 1.0, 1.0, 2.0, 2.0, 2.0]
+    assert [r[2:] for r in results] == [(0, 2), (1, 2)]
+    assert traffic.total == 6 and traffic.messages == 2 and len(traffic.control) == 1
+    assert traffic.sent == {0: 6, 1: 0} and traffic.received == {0: 0, 1: 6}
+    assert traffic.links == {(0, 1): 6} and traffic.busiest_rank == 0
+    first = traffic.payload[0]
+    assert (first.phase, first.step, first.src, first.dst, first.numel, first.nbytes) == ("ping", 0, 0, 1, 3, 12)
+    assert first.get("segment") == 2 and first.get("missing", "x") == "x"
+    assert [key for key, _ in traffic.steps()] == [("ping", 0)]
+    assert "6 elements" in traffic.summary() and "busiest rank: 0" in traffic.summary()
+
+
+def test_send_recv_and_recording_in_the_simulator():
+    results, traffic = comm.simulate(_ping, 2)
+    _check_ping(results, traffic)
+    # what each rank recorded itself merges into the same picture
+    merged = comm.Traffic.merge([r[1] for r in results])
+    assert merged.trace() == traffic.trace()
+
+
+def test_send_recv_and_recording_on_real_ranks():
+    results = coursekit.launch(_ping, 2, timeout=TIMEOUT)
+    traffic = comm.Traffic.merge([r[1] for r in results])
+    _check_ping(results, traffic)
+    assert pickle.loads(pickle.dumps(traffic)).trace() == traffic.trace()
+
+
+def test_nothing_is_recorded_outside_record_and_nested_records_both_see_sends():
+    def run(rank, world_size):
+        x = torch.ones(4)
+        if rank == 0:
+            comm.send(x, 1)
+        else:
+            comm.recv(x, 0)
+        with comm.record() as outer:
+            with comm.record() as inner:
+                (comm.send if rank == 0 else comm.recv)(x, 1 - rank)
+        return outer, inner
+
+    results, _ = comm.simulate(run, 2)
+    outer, inner = results[0]
+    assert outer.total == inner.total == 4 and len(outer.transfers) == 1
+
+
+def test_simulator_detects_a_deadlock_and_names_what_each_rank_waits_on():
+    def run(rank, world_size):
+        with comm.phase("oops", step=3):
+            comm.recv(torch.empty(5), (rank + 1) % world_size)  # everyone receives, nobody sends
+
+    with pytest.raises(comm.Deadlock) as info:
+        comm.simulate(run, 3)
+    assert set(info.value.waiting) == {0, 1, 2}
+    assert "rank 0: waiting on recv from rank 1, 5 elements (oops step 3)" in str(info.value)
+
+
+def test_simulator_reports_the_failing_rank_and_stops_the_others():
+    def run(rank, world_size):
+        if rank == 2:
+            raise KeyError("boom")
+        comm.recv(torch.empty(1), 2)
+
+    with pytest.raises(comm.SimulatorError, match="simulated rank 2 failed") as info:
+        comm.simulate(run, 3)
+    assert "KeyError: 'boom'" in str(info.value)
+
+
+def test_simulator_rejects_a_receive_of_the_wrong_length_and_bad_peers():
+    def run(rank, world_size):
+        if rank == 0:
+            comm.send(torch.ones(3), 1)
+        else:
+            comm.recv(torch.empty(4), 0)
+
+    with pytest.raises(comm.SimulatorError, match="must agree on the length"):
+        comm.simulate(run, 2)
+    with pytest.raises(comm.SimulatorError, match="peers are 0..1"):
+        comm.simulate(lambda r, g: comm.send(torch.ones(1), 5), 2)
+    with pytest.raises(comm.SimulatorError, match="group=None"):
+        comm.simulate(lambda r, g: comm.get_rank(group=object()), 2)
+
+
+def test_outside_any_rank_the_error_says_what_to_do():
+    with pytest.raises(RuntimeError, match="coursekit.launch"):
+        comm.get_rank()
+
+
+def test_a_real_deadlock_times_out_naming_what_each_rank_waited_on():
+    def run(rank, world_size):
+        with comm.phase("reduce-scatter", step=1):
+            comm.recv(torch.empty(7), 1 - rank)
+
+    with pytest.raises(coursekit.LaunchTimeout) as info:
+        coursekit.launch(run, 2, timeout=8.0)
+    assert "recv from rank 1, 7 elements (reduce-scatter step 1)" in str(info.value)
