@@ -43,13 +43,13 @@ browser-deps:
 NBVAL_DIRS := $(wildcard notebooks exercises solutions)
 
 test: install-test browser-deps
-	MPLBACKEND=agg $(PY) -m pytest $(PYTEST_ARGS)
-	MPLBACKEND=agg $(PY) -m pytest --nbval-lax --nbval-current-env \
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --nbval-lax --nbval-current-env \
 		--nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_DIRS)
 
 # Re-execute every notebook in place with its default parameters (what gets committed).
 notebooks: install-test
-	MPLBACKEND=agg $(PY) tools/execute_notebooks.py
+	$(PY) tools/execute_notebooks.py
 
 bench: install
 	$(PY) -m coursekit.bench launch

@@ -1,3 +1,5 @@
-import os
+import matplotlib
 
-os.environ.setdefault("MPLBACKEND", "agg")
+# Figures drawn by the library in this process stay off screen. (Not MPLBACKEND:
+# the kernels papermill starts inherit the environment, and would lose inline figures.)
+matplotlib.use("agg")

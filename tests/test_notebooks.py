@@ -40,6 +40,9 @@ def test_notebook_is_committed_executed(path):
     notebook = json.loads(path.read_text())
     code = [c for c in notebook["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
     assert any(c.get("outputs") for c in code), f"{path.name} is committed without outputs: run tools/execute_notebooks.py"
+    if path.parent.name == "notebooks":
+        images = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert images, f"{path.name} has no figure in its outputs (is `%matplotlib inline` missing?)"
     if path.parent.name != "exercises":
         errors = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
         assert not errors, f"{path.name} has a stored error output"

@@ -12,7 +12,10 @@ The source is a plain Python file (easy to diff and review):
     WORLD_SIZE = 4
 
     # %% tags=["nbval-check-output"]
+    # %matplotlib inline
     print(answer)
+
+Magics are written commented (``# %matplotlib inline``) and uncommented in the notebook.
 
 A first line ``# ci_parameters: {"N": 1}`` stores smaller values for CI in the
 notebook's metadata. ``--no-execute`` only writes the notebook. Execution
@@ -56,6 +59,8 @@ def parse(source: str) -> nbformat.NotebookNode:
             text = "\n".join(l[2:] if l.startswith("# ") else l.lstrip("#") for l in body)
             cell = nbformat.v4.new_markdown_cell(text)
         else:
+            # Magics are commented in the source (so it stays valid Python): "# %matplotlib inline".
+            body = [l[2:] if re.match(r"^# %%?\w", l) else l for l in body]
             cell = nbformat.v4.new_code_cell("\n".join(body))
         if tags:
             cell.metadata["tags"] = tags

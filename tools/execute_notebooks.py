@@ -35,7 +35,6 @@ def edited_since_commit(path: Path) -> bool:
 def execute(path: Path, timeout: int = 600, cwd: Path | None = None) -> None:
     import papermill
 
-    os.environ.setdefault("MPLBACKEND", "agg")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / path.name
         papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(cwd or path.parent),

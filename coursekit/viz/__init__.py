@@ -1,0 +1,1 @@
+"""viz: figures and explorers; they read results, they never run algorithms of their own."""

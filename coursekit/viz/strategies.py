@@ -1,0 +1,137 @@
+"""Who holds what: model, data, tensor and pipeline parallelism side by side (P6, R8).
+
+    >>> from coursekit.viz.strategies import layout, draw_strategies
+    >>> layout("model", n_gpus=2, n_layers=4)["layers"]
+    [0, 0, 1, 1]
+    >>> fig = draw_strategies(n_gpus=4)
+
+``layout`` is the plan (which GPU holds which layers, which slice of the
+batch, which slice of each weight matrix); ``draw_strategies`` only draws it.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+from matplotlib.patches import Rectangle
+
+STRATEGIES = ("model", "data", "tensor", "pipeline")
+
+
+def _contiguous_blocks(n_items: int, n_parts: int) -> list[int]:
+    """Owner of each item when n_items are cut into n_parts contiguous, near-equal blocks."""
+    owners = []
+    for part in range(n_parts):
+        size = n_items // n_parts + (1 if part < n_items % n_parts else 0)
+        owners += [part] * size
+    return owners
+
+
+def layout(strategy: str, n_gpus: int, n_layers: int = 4, batch: int = 8, micro_batches: int = 4) -> dict:
+    """Which GPU holds what under ``strategy``.
+
+    Returns a dict with
+      ``layers``: owner GPU of each layer (``None`` = every GPU has a copy),
+      ``batch``: owner GPU of each sample (``None`` = every GPU sees it),
+      ``columns``: for tensor parallelism, the owner of each column block of every weight,
+      ``schedule``: for pipeline parallelism, (stage, time step, micro-batch) of each forward.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}")
+    if n_gpus < 1:
+        raise ValueError("n_gpus must be at least 1")
+    plan = {"strategy": strategy, "n_gpus": n_gpus, "layers": [None] * n_layers, "batch": [None] * batch,
+            "columns": None, "schedule": []}
+    if strategy in ("model", "pipeline"):
+        if n_gpus > n_layers:
+            raise ValueError(f"{strategy} parallelism puts whole layers on GPUs: {n_layers} layers cannot use "
+                             f"{n_gpus} GPUs. Use more layers or fewer GPUs.")
+        plan["layers"] = _contiguous_blocks(n_layers, n_gpus)
+    if strategy == "data":
+        plan["batch"] = _contiguous_blocks(batch, n_gpus)
+    if strategy == "tensor":
+        plan["columns"] = list(range(n_gpus))
+    if strategy == "pipeline":
+        stages = n_gpus
+        plan["schedule"] = [(stage, stage + m, m) for m in range(micro_batches) for stage in range(stages)]
+    return plan
+
+
+def _colour(gpu: int | None):
+    return "0.85" if gpu is None else plt.get_cmap("tab10")(gpu % 10)
+
+
+def _draw_layers(ax, owners, y, height=0.8, label_copies=False):
+    for i, gpu in enumerate(owners):
+        ax.add_patch(Rectangle((i, y), 0.85, height, facecolor=_colour(gpu), edgecolor="black"))
+        text = f"L{i + 1}" + ("" if gpu is None else f"\nGPU{gpu + 1}")
+        ax.text(i + 0.425, y + height / 2, text, ha="center", va="center", fontsize=8)
+
+
+def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_batches: int = 4, fig=None):
+    """Draw the four strategies for ``n_gpus`` GPUs in one figure (a Figure-1.1-like comparison, P6)."""
+    fig = fig or plt.figure(figsize=(12, 3.6))
+    fig.clear()
+    axes = fig.subplots(1, 4)
+    n_layers = max(n_layers, n_gpus)
+
+    # Model parallelism (P3): contiguous layers per GPU; the batch visits them in turn.
+    plan = layout("model", n_gpus, n_layers)
+    ax = axes[0]
+    _draw_layers(ax, plan["layers"], 0)
+    for i in range(n_layers - 1):
+        if plan["layers"][i] != plan["layers"][i + 1]:
+            ax.annotate("", xy=(i + 1.0, 0.4), xytext=(i + 0.85, 0.4), arrowprops=dict(arrowstyle="->", lw=2))
+    ax.set_title("model parallelism\nlayers split, GPUs wait in a chain", fontsize=9)
+    ax.set_xlim(-0.2, n_layers + 0.1)
+    ax.set_ylim(-0.6, 1.4)
+    ax.text(n_layers / 2, -0.35, f"whole batch of {batch} goes through GPU1 → … → GPU{n_gpus}", ha="center",
+            fontsize=7)
+
+    # Data parallelism (P4): a full copy per GPU, each with its slice of the batch.
+    plan = layout("data", n_gpus, n_layers, batch)
+    ax = axes[1]
+    for gpu in range(n_gpus):
+        y = n_gpus - 1 - gpu
+        _draw_layers(ax, [gpu] * n_layers, y)
+        samples = [i for i, owner in enumerate(plan["batch"]) if owner == gpu]
+        span = f"samples {samples[0]}–{samples[-1]}" if samples else "no samples"
+        ax.text(n_layers + 0.05, y + 0.4, span, va="center", fontsize=7)
+    ax.set_title("data parallelism\nfull copy per GPU, batch split", fontsize=9)
+    ax.set_xlim(-0.2, n_layers + 2.2)
+    ax.set_ylim(-0.3, n_gpus + 0.1)
+
+    # Tensor parallelism (P5): every weight matrix cut into column blocks.
+    ax = axes[2]
+    width = 0.85 / n_gpus
+    for i in range(n_layers):
+        for gpu in range(n_gpus):
+            ax.add_patch(Rectangle((i + gpu * width, 0), width, 1.6, facecolor=_colour(gpu), edgecolor="black",
+                                   lw=0.6))
+        ax.text(i + 0.425, 1.7, f"W{i + 1}", ha="center", fontsize=8)
+    ax.set_title("tensor parallelism\neach weight split by columns", fontsize=9)
+    ax.set_xlim(-0.2, n_layers + 0.1)
+    ax.set_ylim(-0.3, 2.0)
+
+    # Pipeline parallelism (P7): stages as in model parallelism, micro-batches overlap.
+    plan = layout("pipeline", n_gpus, n_layers, batch, micro_batches)
+    ax = axes[3]
+    for stage, step, micro in plan["schedule"]:
+        ax.add_patch(Rectangle((step, n_gpus - 1 - stage), 0.95, 0.85, facecolor=_colour(stage),
+                               edgecolor="black", lw=0.6))
+        ax.text(step + 0.47, n_gpus - 1 - stage + 0.42, f"F{micro + 1}", ha="center", va="center", fontsize=7)
+    steps = micro_batches + n_gpus - 1
+    ax.set_yticks([n_gpus - 1 - s + 0.42 for s in range(n_gpus)], [f"GPU{s + 1}" for s in range(n_gpus)],
+                  fontsize=7)
+    ax.set_xticks([])
+    ax.set_xlabel("time → (empty = bubble)", fontsize=7)
+    ax.set_title(f"pipeline parallelism\n{micro_batches} micro-batches flow through stages", fontsize=9)
+    ax.set_xlim(0, steps)
+    ax.set_ylim(-0.1, n_gpus)
+
+    for ax in axes[:3]:
+        ax.axis("off")
+    for spine in axes[3].spines.values():
+        spine.set_visible(False)
+    fig.suptitle(f"{n_gpus} GPU{'s' if n_gpus > 1 else ''}: colour = which GPU holds it", fontsize=10)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,1 @@
+"""widgets: figures and explorers; they read results, they never run algorithms of their own."""

@@ -1,0 +1,173 @@
+# %% [markdown]
+# # 00 · Welcome: training one network on many GPUs
+#
+# By default, deep-learning code uses **one** GPU, even on a machine that has eight (claim **R8** of the
+# source texts). This course is about using all of them, and about what that costs.
+#
+# Every "GPU" in this course is a **process** with `torch.distributed` initialised. On a laptop the
+# processes run on the CPU and talk through *gloo*; on a GPU machine the very same code runs with
+# *NCCL*, one GPU per process. Nothing here is a simulation unless it says so: every figure comes from
+# a real run, every formula is checked against a count.
+#
+# **How to use the course**
+# 1. Run the cells in order (Shift+Enter). Each chapter starts with a `parameters` cell: the defaults are
+#    small so that everything runs in seconds on a laptop; raise them to see real effects.
+# 2. Each chapter has a graded exercise in `exercises/` (your copy to edit) and a worked solution in
+#    `solutions/`. Grade your work with the grading cell, or from a terminal:
+#    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
+# 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
+
+# %% tags=["parameters"]
+# Parameters: small by default so the notebook runs in seconds; raise them freely.
+WORLD_SIZE = 4      # number of ranks ("GPUs") for the hello examples
+N_GPUS_FIGURE = 2   # GPUs in the strategy figure (the slider changes it)
+
+# %%
+# %matplotlib inline
+import os
+
+import torch
+import torch.distributed as dist
+
+import coursekit
+
+print("torch", torch.__version__, "| coursekit", coursekit.__version__)
+print("GPUs visible:", torch.cuda.device_count() if torch.cuda.is_available() else 0, "| CPU cores:", os.cpu_count())
+print("backend a launch of", WORLD_SIZE, "ranks will use:", coursekit.resolve_backend("auto", WORLD_SIZE))
+
+# %% [markdown]
+# ## One GPU by default (R8)
+#
+# A model and its tensors live on *one* device unless you say otherwise. Even with several GPUs,
+# `model.to("cuda")` means `cuda:0`, and the other GPUs sit idle. Here, on the CPU, the same holds:
+# a plain training step is one process doing all the work.
+
+# %%
+model = torch.nn.Linear(8, 2)
+x = torch.randn(4, 8)
+loss = model(x).square().mean()
+loss.backward()
+devices = {p.device for p in model.parameters()}
+print("devices holding the model:", devices, "| processes doing the work: 1 (pid", os.getpid(), ")")
+
+# %% [markdown]
+# ## Your first multi-rank program
+#
+# `coursekit.launch(fn, world_size)` runs `fn(rank, world_size)` on `world_size` ranks and returns what
+# each returned, in rank order. The function can live right here in the cell. Inside it,
+# `torch.distributed` is ready: `dist.all_reduce` sums a tensor over all ranks.
+
+# %% tags=["nbval-check-output"]
+def hello(rank, world_size):
+    value = torch.tensor([rank + 1.0])
+    dist.all_reduce(value)  # every rank ends with 1 + 2 + ... + world_size
+    print(f"I am rank {rank} of {world_size}; the sum over all ranks is {value.item():g}")
+    return value.item()
+
+
+results = coursekit.launch(hello, WORLD_SIZE)
+print("returned:", results)
+
+# %% [markdown]
+# What ranks print comes back prefixed with the rank, rank by rank (never interleaved). A rank that
+# raises stops all the others at once, and you get its traceback:
+
+# %% tags=["nbval-check-output"]
+def fails_on_rank_one(rank, world_size):
+    if rank == 1:
+        raise ValueError("something went wrong on rank 1")
+    return rank
+
+
+try:
+    coursekit.launch(fails_on_rank_one, 2)
+except coursekit.RankError as error:
+    print(f"RankError from rank {error.rank}:", str(error).strip().splitlines()[-1])
+
+# %% [markdown]
+# And a rank that waits forever (a `recv` that no one answers) is stopped at the timeout, with the
+# name of the rank and the line it was stuck on. Chapter 08 is all about such bugs.
+
+# %%
+def forgot_to_send(rank, world_size):
+    buffer = torch.zeros(1)
+    if rank == 1:
+        dist.recv(buffer, src=0)  # rank 0 never sends
+    return rank
+
+
+try:
+    coursekit.launch(forgot_to_send, 2, timeout=2)
+except coursekit.LaunchTimeout as error:
+    print(error)
+
+# %% [markdown]
+# ## Warm ranks for interactive work: `Cluster`
+#
+# Starting ranks takes a fraction of a second; a widget that re-runs a distributed function on every
+# slider move wants an answer in milliseconds. `Cluster` keeps the ranks running between calls.
+
+# %%
+import time
+
+with coursekit.Cluster(WORLD_SIZE) as cluster:
+    print("hello through the cluster:", cluster.run(hello))
+    start = time.perf_counter()
+    for _ in range(20):
+        cluster.run(lambda rank, world_size: rank)
+    print(f"one warm round trip to {WORLD_SIZE} ranks: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms")
+
+# %% [markdown]
+# ## Four ways to share the work (R8, P1, P6)
+#
+# The source texts name four strategies (**R8**) in two families (**P1**): split the **data** (data
+# parallelism: every GPU has the whole model and a slice of the batch), or split the **model** when it
+# does not fit one GPU (model parallelism: whole layers per GPU; tensor parallelism: every weight matrix
+# cut into pieces). **Pipeline** parallelism mixes both: layers per GPU as in model parallelism, and
+# micro-batches as in data parallelism, so the GPUs work at the same time. Libraries such as DeepSpeed
+# and Colossal-AI combine them into hybrids.
+#
+# The figure below (a Figure 1.1 of our own, **P6**) is drawn by `coursekit.viz.strategies` from the
+# plan of who holds what. Colour = which GPU holds it. Here with 4 GPUs:
+
+# %%
+from coursekit.viz.strategies import draw_strategies
+
+draw_strategies(n_gpus=4);
+
+# %% [markdown]
+# The same figure, live: move the slider.
+
+# %%
+from coursekit.widgets.strategies import strategy_explorer
+
+strategy_explorer(n_gpus=N_GPUS_FIGURE)
+
+# %% [markdown]
+# Things to notice, each the subject of a chapter:
+# - **model** parallelism (ch. 03): GPU2 can only start when GPU1 is done: a chain.
+# - **data** parallelism (ch. 02): every GPU holds the *whole* model — it stops working when the
+#   model does not fit — and the gradients must be combined (ch. 01).
+# - **tensor** parallelism (ch. 05): each matrix multiplication is spread over all GPUs, which must
+#   talk inside every layer.
+# - **pipeline** parallelism (ch. 04): the empty cells at the start and the end are *bubbles*, time in
+#   which a GPU waits.
+#
+# **P2:** none of this is specific to GPUs. The same ideas apply to TPUs and other accelerators: only
+# the communication library changes (NCCL for NVIDIA GPUs, gloo for CPUs as here, XLA collectives on
+# TPUs); the algorithms in this course do not.
+#
+# ## The chapters
+#
+# | # | chapter | claims |
+# |---|---|---|
+# | 01 | how GPUs share what they learn: naive, parameter-server and ring all-reduce | R1–R7 |
+# | 02 | data parallelism, from gradient averaging to ZeRO | P4, R2 |
+# | 03 | model parallelism: layers on different GPUs | P3 |
+# | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
+# | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
+# | 06 | sequence parallelism: exact and inexact | P9 |
+# | 07 | choosing a strategy: a calculator checked against measurements | P1, P8, P10 |
+# | 08 | debugging distributed programs | — |
+#
+# Next: `01_gradient_sync.ipynb`.
