@@ -325,57 +325,45 @@ def irecv(tensor: torch.Tensor, src: int, group=None) -> Work:
 # Transport 1: torch.distributed (real ranks).
 # --------------------------------------------------------------------------
 class _TorchTransport:
+    """Real ranks. The torch functions are bound once, at import: the grader replaces
+    ``torch.distributed.send`` & co. inside graded ranks (so learners go through
+    ``comm``, where every transfer is counted) without breaking this transport."""
+
     name = "torch.distributed"
 
-    @staticmethod
-    def _check():
+    def __init__(self):
         import torch.distributed as dist
 
-        if not dist.is_initialized():
+        self.dist = dist
+        self._isend, self._irecv = dist.isend, dist.irecv  # (dist.recv itself calls the module's irecv)
+
+    def _need_ranks(self):
+        if not self.dist.is_initialized():
             raise RuntimeError("coursekit.comm needs ranks: call it inside a function run by coursekit.launch(fn, n) "
                                "(real ranks) or coursekit.comm.simulate(fn, n) (the single-process simulator).")
 
     def rank(self, group) -> int:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            self._check()
-        return dist.get_rank(group)
+        self._need_ranks()
+        return self.dist.get_rank(group)
 
     def world_size(self, group) -> int:
-        import torch.distributed as dist
+        self._need_ranks()
+        return self.dist.get_world_size(group)
 
-        if not dist.is_initialized():
-            self._check()
-        return dist.get_world_size(group)
-
-    @staticmethod
-    def global_rank(group, rank: int) -> int:
-        if group is None:
-            return rank
-        import torch.distributed as dist
-
-        return dist.get_global_rank(group, rank)
+    def global_rank(self, group, rank: int) -> int:
+        return rank if group is None else self.dist.get_global_rank(group, rank)
 
     def send(self, tensor, dst, group):
-        import torch.distributed as dist
-
-        dist.send(tensor, group=group, group_dst=dst)
+        self._isend(tensor, group=group, group_dst=dst).wait()
 
     def recv(self, tensor, src, group):
-        import torch.distributed as dist
-
-        dist.recv(tensor, group=group, group_src=src)
+        self._irecv(tensor, group=group, group_src=src).wait()
 
     def isend(self, tensor, dst, group):
-        import torch.distributed as dist
-
-        return dist.isend(tensor, group=group, group_dst=dst)
+        return self._isend(tensor, group=group, group_dst=dst)
 
     def irecv(self, tensor, src, group):
-        import torch.distributed as dist
-
-        return dist.irecv(tensor, group=group, group_src=src)
+        return self._irecv(tensor, group=group, group_src=src)
 
 
 _torch_transport = _TorchTransport()
