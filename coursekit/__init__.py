@@ -5,7 +5,11 @@ Start with ``coursekit.launch`` (run a function on N ranks) and
 """
 
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
+from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
+from .trace import Tracer
+from .verify import assert_equivalent, compare
 
 __version__ = "0.1.0"
 
-__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__"]
+__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
+           "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent"]

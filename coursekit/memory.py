@@ -1,0 +1,125 @@
+"""Memory per rank: what data parallelism and ZeRO hold, measured and by formula (P4's catch).
+
+Plain data parallelism keeps a full copy of everything on every rank. With
+Adam, for Ψ parameters (the ZeRO paper, Rajbhandari et al. 2020):
+
+=================  ==========  =========  ===============  ======
+precision          parameters  gradients  optimiser state  total
+=================  ==========  =========  ===============  ======
+fp32 (as run here)  4Ψ         4Ψ         8Ψ (m, v)         16Ψ
+mixed (ZeRO paper)  2Ψ         2Ψ         12Ψ (fp32 copy,   16Ψ
+                                          m, v)
+=================  ==========  =========  ===============  ======
+
+ZeRO divides by the number of data-parallel ranks N: stage 1 the optimiser
+state, stage 2 also the gradients, stage 3 also the parameters.
+
+:func:`held_bytes` *measures*: it adds up the storage actually allocated
+behind a list of tensors (a view is free, a freed storage counts 0), so the
+chapter can put measured bars next to :func:`formula_bytes`.
+
+    >>> formula_bytes(1_000_000, world_size=4, stage=2)
+    {'params': 4000000, 'grads': 1000000, 'optimizer': 2000000}
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .collectives import owned_segment, segment_bounds
+
+__all__ = ["PRECISIONS", "held_bytes", "formula_bytes", "expected_held_bytes", "comm_elements",
+           "max_parameters"]
+
+# bytes per parameter: (parameters, gradients, optimiser state)
+PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+
+
+def held_bytes(tensors: list[torch.Tensor], seen: set | None = None) -> int:
+    """Bytes of storage actually allocated behind ``tensors``; storage shared by several counts once.
+
+    A view costs nothing more than its base; a freed (resized-to-0) storage
+    counts 0. Pass the same ``seen`` set across calls so that a storage is
+    counted in one category only.
+
+        >>> flat = torch.zeros(10)
+        >>> held_bytes([flat, flat[:5], flat[5:]])
+        40
+    """
+    seen = set() if seen is None else seen
+    total = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.nbytes() == 0:
+            continue
+        if storage.data_ptr() in seen:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def _check(stage: int, world_size: int, precision: str) -> tuple[int, int, int]:
+    if stage not in (0, 1, 2, 3):
+        raise ValueError(f"stage must be 0 (plain data parallelism), 1, 2 or 3 (got {stage!r}).")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1 (got {world_size}).")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}.")
+    return PRECISIONS[precision]
+
+
+def formula_bytes(psi: float, world_size: int = 1, stage: int = 0, precision: str = "fp32") -> dict[str, float]:
+    """Bytes per rank for ``psi`` parameters: ``{"params", "grads", "optimizer"}`` (stage 0 = plain DP).
+
+    Integers when ``psi`` divides evenly by ``world_size``.
+    """
+    p, g, k = _check(stage, world_size, precision)
+
+    def share(bytes_per_param, sharded):
+        total = bytes_per_param * psi
+        if not sharded:
+            return total
+        return total // world_size if isinstance(psi, int) and psi % world_size == 0 else total / world_size
+
+    return {"params": share(p, stage >= 3), "grads": share(g, stage >= 2), "optimizer": share(k, stage >= 1)}
+
+
+def expected_held_bytes(numel: int, n_tensors: int, world_size: int, rank: int, stage: int) -> dict[str, int]:
+    """Exactly what :func:`coursekit.parallel.data.train` should measure on ``rank`` with fp32 Adam.
+
+    The formula's terms, with the real segment size (the ring's split: segments
+    differ by at most one element) and the one thing the formula leaves out:
+    ``torch.optim.Adam`` keeps a 4-byte ``step`` counter per parameter tensor
+    (``n_tensors`` of them for plain DP; one, for the flat segment, under ZeRO).
+    """
+    start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
+    mine = stop - start
+    if stage == 0:
+        return {"params": 4 * numel, "grads": 4 * numel, "optimizer": 8 * numel + 4 * n_tensors}
+    return {"params": 4 * (mine if stage >= 3 else numel),
+            "grads": 4 * (mine if stage >= 2 else numel),
+            "optimizer": 8 * mine + 4}
+
+
+def comm_elements(psi: int, world_size: int, stage: int = 0) -> int:
+    """Elements sent per step, summed over all ranks, by a ring: 2(N−1)Ψ for DP and ZeRO-1/2, 3(N−1)Ψ for ZeRO-3.
+
+    Per rank that is about 2Ψ (3Ψ) times (N−1)/N: the "2Ψ vs 3Ψ" of the ZeRO paper.
+    """
+    _check(stage, world_size, "fp32")
+    return (3 if stage == 3 else 2) * (world_size - 1) * psi
+
+
+def max_parameters(memory_bytes: float, world_size: int, stage: int, precision: str = "fp32") -> float:
+    """The largest Ψ whose parameters, gradients and optimiser state fit in ``memory_bytes`` per rank.
+
+    (Activations and buffers come on top; this is the model-state bound only.)
+
+        >>> max_parameters(80e9, 1, 0, "mixed") / 1e9      # one 80 GB GPU, plain DP: 5 B parameters
+        5.0
+    """
+    p, g, k = _check(stage, world_size, precision)
+    per_param = (p / world_size if stage >= 3 else p) + (g / world_size if stage >= 2 else g) + \
+                (k / world_size if stage >= 1 else k)
+    return memory_bytes / per_param

@@ -1,0 +1,259 @@
+"""The course models and their data: small, deterministic, and quick on a CPU.
+
+Every strategy chapter trains the same two models, so that "the parallel run
+equals the single-process run" always means the same thing:
+
+* :func:`tiny_mlp` -- a few ``Linear + GELU`` layers, for the simplest cases.
+* :func:`tiny_transformer` -- a decoder-only transformer (nanoGPT-shaped:
+  token + position embeddings, pre-norm blocks of causal self-attention and an
+  MLP, a final norm and an output head tied to the token embedding).
+
+Both are initialised from a ``seed`` with their own ``torch.Generator``, so
+building a model never touches (or depends on) the global random state: every
+rank that calls ``tiny_transformer(seed=0)`` gets bit-identical weights.
+
+The data is generated, never downloaded:
+
+* :class:`LanguageData` -- a tiny synthetic language in which every token is
+  one of two successors of the two tokens before it. A model that reads its
+  context (attention) drives the loss from ``ln(vocab)`` = 3.47 to about 1.3
+  nats in ten seconds on one CPU core (floor :attr:`LanguageData.loss_floor`).
+* :class:`TeacherData` -- inputs ``x ~ N(0, 1)`` labelled by a fixed random
+  "teacher" network, a classification task for the MLP.
+
+Batches are a pure function of ``(seed, step, batch_size)``: ``data.batch(7, 32)``
+is the same tensor on every rank and in every run, which is what lets a
+data-parallel rank take *its slice* of the global batch of step 7.
+
+    >>> model = tiny_transformer(seed=0)
+    >>> data = LanguageData()
+    >>> inputs, targets = data.batch(step=0, batch_size=8)
+    >>> logits = model(inputs)                     # (8, 31, 32)
+    >>> loss = loss_fn(logits, targets)            # about ln(32) = 3.47 before training
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["MLP", "Transformer", "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData",
+           "loss_fn", "count_parameters"]
+
+
+def loss_fn(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over every position: ``(..., classes)`` logits against ``(...)`` labels."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1))
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of distinct parameter elements (a tied weight counts once): the Ψ of the ZeRO paper."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def _init_(module: nn.Module, generator: torch.Generator, std: float = 0.02) -> None:
+    """GPT-2 style init (normal(0, 0.02) weights, zero biases, unit norms), from ``generator`` only."""
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            if name.endswith("bias"):
+                param.zero_()
+            elif param.dim() == 1:  # LayerNorm weight
+                param.fill_(1.0)
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+
+
+# --------------------------------------------------------------------------- MLP
+class MLP(nn.Module):
+    """``n_layers`` linear layers with GELU between them: ``d_in -> d_hidden -> ... -> d_out``."""
+
+    def __init__(self, d_in: int = 16, d_hidden: int = 64, d_out: int = 4, n_layers: int = 3):
+        super().__init__()
+        if n_layers < 1:
+            raise ValueError(f"n_layers must be at least 1 (got {n_layers}).")
+        sizes = [d_in] + [d_hidden] * (n_layers - 1) + [d_out]
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = F.gelu(x)
+        return x
+
+
+def tiny_mlp(seed: int = 0, d_in: int = 16, d_hidden: int = 64, d_out: int = 4, n_layers: int = 3) -> MLP:
+    """A small MLP with weights drawn from ``seed`` (identical on every rank and every run).
+
+        >>> tiny_mlp(seed=0)(torch.zeros(2, 16)).shape
+        torch.Size([2, 4])
+    """
+    with torch.random.fork_rng(devices=[]):  # nn.Linear's own init draws from the global RNG: undo that
+        model = MLP(d_in, d_hidden, d_out, n_layers)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.layers:  # PyTorch's default fan-in scale, but from our generator
+            bound = 1.0 / math.sqrt(layer.in_features)
+            layer.weight.copy_((torch.rand(layer.weight.shape, generator=generator) * 2 - 1) * bound)
+            layer.bias.copy_((torch.rand(layer.bias.shape, generator=generator) * 2 - 1) * bound)
+    return model
+
+
+# ------------------------------------------------------------------- Transformer
+class SelfAttention(nn.Module):
+    """Causal multi-head self-attention: one ``qkv`` projection, ``n_heads`` heads, one output projection."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
+        self.n_heads = n_heads
+        # No bias on q, k, v: a key bias shifts every score of a row equally, which softmax
+        # ignores, so its true gradient is zero and only rounding noise would train it.
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d_model = x.shape
+        q, k, v = self.qkv(x).split(d_model, dim=-1)
+        # (batch, seq, d_model) -> (batch, heads, seq, head_dim)
+        q, k, v = (t.view(batch, seq, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(ln(x))`` then ``x + mlp(ln(x))``."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(d_model)
+        self.attn = SelfAttention(d_model, n_heads)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.fc = nn.Linear(d_model, 4 * d_model)
+        self.out = nn.Linear(4 * d_model, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+
+
+class Transformer(nn.Module):
+    """A decoder-only language model: ``(batch, seq)`` token ids -> ``(batch, seq, vocab)`` logits.
+
+    With ``tie_weights=True`` (the default, as in GPT-2) the output head *is* the
+    token embedding matrix: one parameter used twice, whose gradient is the sum
+    of both uses -- an edge case every parallel strategy must get right.
+    """
+
+    def __init__(self, vocab_size: int = 32, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                 max_seq_len: int = 64, tie_weights: bool = True):
+        super().__init__()
+        if d_model > 128:
+            raise ValueError(f"the course transformer is small on purpose: d_model <= 128 (got {d_model}).")
+        self.max_seq_len = max_seq_len
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(max_seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+        if tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        seq = idx.shape[1]
+        if seq > self.max_seq_len:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}; "
+                             f"build the model with a larger max_seq_len.")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(seq, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
+
+
+def tiny_transformer(seed: int = 0, vocab_size: int = 32, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                     max_seq_len: int = 64, tie_weights: bool = True) -> Transformer:
+    """A small decoder-only transformer with weights drawn from ``seed``.
+
+    The default has about 105k parameters (d_model 64, 4 heads, 2 layers, tied head).
+
+        >>> tiny_transformer(seed=0)(torch.zeros(2, 10, dtype=torch.long)).shape
+        torch.Size([2, 10, 32])
+    """
+    with torch.random.fork_rng(devices=[]):  # leave the global RNG as it was (we overwrite every weight)
+        model = Transformer(vocab_size, d_model, n_heads, n_layers, max_seq_len, tie_weights)
+    _init_(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+# -------------------------------------------------------------------------- data
+class LanguageData:
+    """A tiny synthetic language: each token is one of two successors of the *two* tokens before it.
+
+    A fixed random table (drawn from ``seed``) gives, for every pair of tokens
+    ``(a, b)``, two allowed next tokens; each sequence starts with two random
+    tokens and then picks one of the two successors at random at every step.
+    Predicting well needs the token two positions back, so the model must learn
+    to use attention, not just a bigram table. A fresh tiny transformer goes
+    from ``ln(vocab)`` (3.47 nats) to about 1.3 nats in 300 steps, about ten
+    seconds on one CPU core, towards the floor :attr:`loss_floor` (~0.78).
+
+    ``batch(step, batch_size)`` returns ``(inputs, targets)`` of shape
+    ``(batch_size, seq_len - 1)``, targets shifted by one as in language
+    modelling. The same ``(seed, step, batch_size)`` always gives the same batch.
+
+        >>> data = LanguageData(vocab_size=32, seq_len=16)
+        >>> x, y = data.batch(step=0, batch_size=2)
+        >>> bool((x[:, 1:] == y[:, :-1]).all())
+        True
+    """
+
+    def __init__(self, vocab_size: int = 32, seq_len: int = 32, seed: int = 0):
+        if seq_len < 3:
+            raise ValueError(f"seq_len must be at least 3 (got {seq_len}).")
+        self.vocab_size, self.seq_len, self.seed = vocab_size, seq_len, seed
+        generator = torch.Generator().manual_seed(seed)
+        self.successors = torch.randint(vocab_size, (vocab_size, vocab_size, 2), generator=generator)
+
+    @property
+    def loss_floor(self) -> float:
+        """The best possible mean loss: ln V for the first target, then the successors' entropy.
+
+        Exact up to the assumption that every pair of previous tokens is equally
+        likely (true to within a few percent here).
+        """
+        same = (self.successors[..., 0] == self.successors[..., 1]).double().mean().item()
+        successor_entropy = (1 - same) * math.log(2)
+        n = self.seq_len - 1
+        return (math.log(self.vocab_size) + (n - 1) * successor_entropy) / n
+
+    def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        tokens = torch.randint(self.vocab_size, (batch_size, self.seq_len), generator=generator)
+        choice = torch.randint(2, (batch_size, self.seq_len), generator=generator)
+        for i in range(2, self.seq_len):
+            tokens[:, i] = self.successors[tokens[:, i - 2], tokens[:, i - 1], choice[:, i]]
+        return tokens[:, :-1], tokens[:, 1:]
+
+
+class TeacherData:
+    """Classification by a fixed random teacher: ``x ~ N(0, 1)``, label = argmax of ``teacher(x)``.
+
+        >>> x, y = TeacherData().batch(step=0, batch_size=4)
+        >>> x.shape, y.shape
+        (torch.Size([4, 16]), torch.Size([4]))
+    """
+
+    def __init__(self, d_in: int = 16, n_classes: int = 4, seed: int = 0):
+        self.d_in, self.n_classes, self.seed = d_in, n_classes, seed
+        self.teacher = tiny_mlp(seed=seed + 12345, d_in=d_in, d_hidden=32, d_out=n_classes, n_layers=2)
+
+    def batch(self, step: int, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        x = torch.randn(batch_size, self.d_in, generator=generator)
+        with torch.no_grad():
+            y = self.teacher(x).argmax(dim=-1)
+        return x, y

@@ -1,0 +1,180 @@
+"""Timelines: what each rank did, and when, on one clock shared by all ranks.
+
+A :class:`Tracer` records *spans* -- ``(rank, kind, name, start, end)`` -- of
+the kinds ``forward``, ``backward``, ``comm`` (issued -> completed), ``optimizer``
+and ``idle`` (waiting for communication). Times are seconds since an origin
+that every rank agrees on, so the spans of different ranks can be drawn on one
+Gantt chart (:mod:`coursekit.viz.timeline`).
+
+    >>> tracer = Tracer().start()                 # inside a rank: a barrier, then the shared origin
+    >>> with tracer.span("forward"):
+    ...     output = model(inputs)
+    >>> work = dist.all_reduce(grad, async_op=True)
+    >>> tracer.comm(work, "bucket 0")             # issued now; completed when gloo finishes it
+    >>> with tracer.span("idle", "wait"):
+    ...     work.wait()
+    >>> spans = tracer.gather()                   # every rank's spans, on every rank
+
+The shared clock
+----------------
+``time.perf_counter_ns`` is ``CLOCK_MONOTONIC`` on Linux: one clock for all
+processes of a machine. ``start()`` runs a barrier and takes the *earliest*
+post-barrier reading of any rank as time zero, so spans line up exactly
+between ranks of one machine. (Ranks on different machines would need their
+offsets estimated, e.g. by exchanging timestamps; this course runs on one.)
+
+Asynchronous communication
+--------------------------
+An ``async_op=True`` collective returns at once; gloo runs it on its own
+threads. ``comm(work)`` notes the issue time and asks the work's future to
+note the completion time *when gloo finishes it* -- not when the rank gets
+around to ``wait()``. That is what makes "how much communication hid behind
+the backward pass" (:func:`hidden_fraction`) a measurement, not a guess.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Span", "Tracer", "KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time"]
+
+KINDS = ("forward", "backward", "comm", "optimizer", "idle")
+
+
+@dataclass(frozen=True)
+class Span:
+    """One interval of one rank's time, in seconds since the shared origin."""
+
+    rank: int
+    kind: str
+    name: str
+    start: float
+    end: float
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Tracer:
+    """Records spans for one rank. Cheap when ``enabled=False`` (every call is a no-op)."""
+
+    def __init__(self, rank: int | None = None, enabled: bool = True):
+        self.rank = rank if rank is not None else (dist.get_rank() if dist.is_initialized() else 0)
+        self.enabled = enabled
+        self.origin_ns = time.perf_counter_ns()
+        self.spans: list[Span] = []
+        self._lock = threading.Lock()  # completion callbacks run on gloo's threads
+
+    def start(self, group=None) -> "Tracer":
+        """Barrier, then agree on time zero (the earliest rank's reading); forget earlier spans."""
+        if dist.is_initialized():
+            dist.barrier(group=group)
+            stamp = torch.tensor([time.perf_counter_ns()], dtype=torch.int64)
+            dist.all_reduce(stamp, op=dist.ReduceOp.MIN, group=group)
+            self.origin_ns = int(stamp.item())
+        else:
+            self.origin_ns = time.perf_counter_ns()
+        self.spans = []
+        return self
+
+    def now(self) -> float:
+        """Seconds since the shared origin."""
+        return (time.perf_counter_ns() - self.origin_ns) * 1e-9
+
+    def add(self, kind: str, name: str, start: float, end: float) -> None:
+        if not self.enabled:
+            return
+        if kind not in KINDS:
+            raise ValueError(f"unknown span kind {kind!r}; use one of {KINDS}.")
+        with self._lock:
+            self.spans.append(Span(self.rank, kind, name, start, end))
+
+    @contextmanager
+    def span(self, kind: str, name: str = "") -> Iterator[None]:
+        """Record the time spent inside the ``with`` block as one span."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.add(kind, name, start, self.now())
+
+    def comm(self, work, name: str = ""):
+        """Record an async collective from now (issued) until gloo/NCCL completes it. Returns ``work``."""
+        if not self.enabled or work is None:
+            return work
+        issued = self.now()
+
+        def completed(future):
+            self.add("comm", name, issued, self.now())
+            return None
+
+        work.get_future().then(completed)
+        return work
+
+    def gather(self, group=None) -> list[Span]:
+        """All ranks' spans (a collective: every rank must call it), sorted by start time."""
+        if not dist.is_initialized():
+            return sorted(self.spans, key=lambda s: s.start)
+        world = dist.get_world_size(group)
+        everyone: list = [None] * world
+        with self._lock:
+            mine = list(self.spans)
+        dist.all_gather_object(everyone, mine, group=group)
+        return sorted((s for spans in everyone for s in spans), key=lambda s: s.start)
+
+
+# ----------------------------------------------------------------------- analysis
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by the intervals (overlaps counted once)."""
+    return sum(b - a for a, b in _merge(intervals))
+
+
+def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Length of time covered by both sets of intervals."""
+    total = 0.0
+    for s1, e1 in _merge(a):
+        for s2, e2 in _merge(b):
+            total += max(0.0, min(e1, e2) - max(s1, s2))
+    return total
+
+
+def busy_time(spans: list[Span], kind: str, rank: int | None = None) -> float:
+    """Time covered by spans of ``kind`` (on ``rank``, or summed over ranks)."""
+    ranks = sorted({s.rank for s in spans}) if rank is None else [rank]
+    return sum(union_length([(s.start, s.end) for s in spans if s.kind == kind and s.rank == r]) for r in ranks)
+
+
+def hidden_fraction(spans: list[Span], rank: int | None = None, behind: tuple[str, ...] = ("backward",)) -> float:
+    """Fraction of communication time that ran while the rank was computing (``behind`` kinds).
+
+    0 means every byte moved while the rank waited; 1 means communication was
+    entirely hidden behind the backward pass. Averaged over ranks when ``rank`` is None.
+    Returns NaN if there was no communication.
+    """
+    ranks = sorted({s.rank for s in spans}) if rank is None else [rank]
+    fractions = []
+    for r in ranks:
+        comm = [(s.start, s.end) for s in spans if s.rank == r and s.kind == "comm"]
+        compute = [(s.start, s.end) for s in spans if s.rank == r and s.kind in behind]
+        total = union_length(comm)
+        if total > 0:
+            fractions.append(overlap_length(comm, compute) / total)
+    return sum(fractions) / len(fractions) if fractions else float("nan")

@@ -1,0 +1,197 @@
+"""Data parallelism and ZeRO-1/2/3 equal single-process training; traffic and memory match the formulas exactly."""
+
+import pytest
+import torch
+
+import coursekit
+from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
+from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes
+from coursekit.models import TeacherData, loss_fn, tiny_mlp
+from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, shard_batch, train
+from coursekit.verify import assert_equivalent, compare
+
+STRATEGIES = ("naive", "bucketed", "zero1", "zero2", "zero3")
+PSI_MLP = 5508  # tiny_mlp(): 16*64+64 + 64*64+64 + 64*4+4, divisible by 1, 2, 3, 4
+
+
+def _all_strategies(rank, world_size, configs):
+    """Run every (strategy, kwargs) on the same ranks (one launch instead of many)."""
+    return [train(rank, world_size, strategy, **kwargs) for strategy, kwargs in configs]
+
+
+_references: dict = {}
+
+
+def _reference(**kwargs):
+    """The single-process run (cached: several tests compare against the same one)."""
+    key = repr(sorted(kwargs.items()))
+    if key not in _references:
+        _references[key] = train(0, 1, "single", **kwargs)["records"]
+    return _references[key]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_strategy_equals_one_process(world_size):
+    """Adam and SGD-momentum, 3 steps, a global batch of 10 (not divisible by 3 or 4)."""
+    configs = []
+    for optimizer, lr in (("adam", 1e-2), ("sgd", 0.1)):
+        common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, collectives="torch",
+                      bucket_size=2000)
+        configs += [(s, common) for s in STRATEGIES]
+    results = coursekit.launch(_all_strategies, world_size, configs, timeout=240)
+    for i, (strategy, kwargs) in enumerate(configs):
+        reference = _reference(**kwargs)
+        report = compare(reference, [results[r][i]["records"] for r in range(world_size)])
+        assert report.ok, f"{strategy}/{kwargs['optimizer']} on {world_size} ranks: {report}"
+        losses = [results[r][i]["losses"] for r in range(world_size)]
+        assert all(l == losses[0] for l in losses), "every rank reports the same global loss"
+
+
+def test_transformer_with_tied_weights_and_a_frozen_parameter():
+    common = dict(model="transformer", steps=2, global_batch=6, optimizer="adam", lr=1e-3, collectives="ring",
+                  bucket_size=20_000, freeze=("pos_emb.weight",))
+    configs = [(s, common) for s in STRATEGIES]
+    results = coursekit.launch(_all_strategies, 3, configs, timeout=240)
+    reference = _reference(**common)
+    assert "pos_emb.weight" not in reference[0]["grads"]
+    assert "tok_emb.weight" in reference[0]["grads"] and "head.weight" not in reference[0]["grads"]  # tied: once
+    for i, (strategy, _) in enumerate(configs):
+        assert_equivalent(reference, [results[r][i]["records"] for r in range(3)])
+    # the frozen parameter was never sharded nor updated: every rank still holds it, unchanged
+    for r in range(3):
+        for i in (2, 3, 4):  # zero1..3
+            assert "pos_emb.weight" not in dict(results[r][i]["records"][0]["params"].layout)
+
+
+def test_gradient_accumulation_communicates_once_per_step():
+    common = dict(model="mlp", steps=3, global_batch=24, optimizer="sgd", lr=0.1, collectives="torch",
+                  bucket_size=1000)
+    configs = [(s, dict(common, micro_batches=3)) for s in ("bucketed", "zero2")]
+    results = coursekit.launch(_all_strategies, 2, configs, timeout=240)
+    reference = _reference(**common)  # one big batch per step, no accumulation
+    for i in range(len(configs)):
+        assert_equivalent(reference, [results[r][i]["records"] for r in range(2)])
+    # bucketed: every trainable element all-reduced exactly once per step, not once per micro-batch
+    assert results[0][0]["elements_reduced"] == 3 * PSI_MLP
+
+
+def _traffic(rank, world_size, strategies):
+    out = []
+    for strategy in strategies:
+        result = train(rank, world_size, strategy, model="mlp", steps=2, global_batch=8, collectives="ring",
+                       count_traffic=True, record=False)
+        out.append((result["traffic"], result["memory"]))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [3, 4])
+def test_traffic_and_memory_match_the_formulas_exactly(world_size):
+    strategies = ("naive", "zero1", "zero2", "zero3")
+    results = coursekit.launch(_traffic, world_size, strategies, timeout=240)
+    steps = 2
+    for i, strategy in enumerate(strategies):
+        traffic = coursekit.comm.Traffic.merge([results[r][i][0] for r in range(world_size)])
+        stage = 0 if strategy == "naive" else int(strategy[-1])
+        # total over all ranks: 2(N-1)Ψ per step (3(N-1)Ψ for ZeRO-3) ...
+        assert traffic.total == steps * comm_elements(PSI_MLP, world_size, stage), strategy
+        if stage:
+            # ... which is 2Ψ(N-1)/N (3Ψ(N-1)/N) sent by every rank, Ψ divisible by N here
+            per_rank = (3 if stage == 3 else 2) * PSI_MLP * (world_size - 1) // world_size
+            assert traffic.sent == {r: steps * per_rank for r in range(world_size)}, strategy
+        else:  # one ring all-reduce per parameter tensor: small tensors split unevenly over the ranks
+            sizes = [p.numel() for p in tiny_mlp().parameters()]
+            expected = {r: steps * sum(ring_traffic(n, world_size)[r] for n in sizes) for r in range(world_size)}
+            assert traffic.sent == expected
+        for r in range(world_size):
+            memory = results[r][i][1]
+            assert memory == expected_held_bytes(PSI_MLP, 6, world_size, r, stage), (strategy, r)
+            formula = formula_bytes(PSI_MLP, world_size, stage)
+            assert memory["params"] == formula["params"] and memory["grads"] == formula["grads"]
+            assert memory["optimizer"] - formula["optimizer"] == (4 if stage else 4 * 6)  # Adam's step counters
+
+
+def test_memory_shards_are_uneven_when_psi_does_not_divide():
+    """Ψ = 5508 on 5 ranks: segments of 1102 and 1101 elements; each rank holds exactly its own."""
+    results = coursekit.launch(lambda r, n: train(r, n, "zero3", steps=1, global_batch=5, collectives="torch",
+                                                  record=False)["memory"], 5, timeout=240)
+    sizes = set()
+    for r, memory in enumerate(results):
+        start, stop = segment_bounds(PSI_MLP, 5)[owned_segment(r, 5)]
+        sizes.add(stop - start)
+        assert memory == {"params": 4 * (stop - start), "grads": 4 * (stop - start),
+                          "optimizer": 8 * (stop - start) + 4}
+    assert sizes == {1101, 1102}
+
+
+def _timeline(rank, world_size):
+    kw = dict(model="mlp", steps=2, global_batch=16, collectives="torch", record=False, trace=True,
+              bucket_size=1000)
+    return [train(rank, world_size, "bucketed", overlap=o, **kw)["spans"] for o in (True, False)]
+
+
+def test_bucketed_all_reduce_starts_inside_backward_only_when_overlapping():
+    overlapped, waiting = coursekit.launch(_timeline, 2, timeout=120)[0]
+    for spans, should_overlap in ((overlapped, True), (waiting, False)):
+        for rank in (0, 1):
+            backward = [s for s in spans if s.rank == rank and s.kind == "backward"]
+            comm = [s for s in spans if s.rank == rank and s.kind == "comm"]
+            assert len(comm) == 2 * 4  # 4 buckets per step (see test_bucket_layout)
+            started_inside = [any(b.start <= c.start < b.end for b in backward) for c in comm]
+            if should_overlap:
+                assert sum(started_inside) >= 2 * 3, "all but the last bucket start during backward"
+            else:
+                assert not any(started_inside), "without overlap, nothing starts before backward ends"
+
+
+def test_bucket_layout():
+    model = DataParallel(tiny_mlp(seed=0), bucket_size=1000)
+    sizes = [b.buffer.numel() for b in model.buckets]
+    assert sum(sizes) == PSI_MLP
+    # reverse order of the forward pass; a parameter larger than the bucket gets one of its own
+    assert [p.shape for p in model.buckets[0].params] == [torch.Size([4]), torch.Size([4, 64]), torch.Size([64])]
+    assert sizes == [4 + 256 + 64, 4096, 64, 1024]
+    assert all(p.grad.data_ptr() >= b.buffer.data_ptr() for b in model.buckets for p in b.params)  # views
+    one = DataParallel(tiny_mlp(seed=0), bucket_size=None)
+    assert len(one.buckets) == 1
+
+
+def test_bad_input_is_rejected_with_what_to_do():
+    with pytest.raises(ValueError, match="at least 4"):
+        shard_batch(torch.zeros(3), torch.zeros(3), 0, 4)
+    with pytest.raises(ValueError, match="stage must be 1"):
+        ZeRO(tiny_mlp(), lambda p: torch.optim.SGD(p, lr=0.1), stage=4)
+    with pytest.raises(ValueError, match="strategy="):
+        train(0, 1, "zero4")
+    with pytest.raises(ValueError, match="world_size=1"):
+        train(0, 2, "single")
+    with pytest.raises(ValueError, match="bucket_size"):
+        DataParallel(tiny_mlp(), bucket_size=0)
+    with pytest.raises(coursekit.RankError, match="cannot feed 4 ranks"):
+        coursekit.launch(lambda r, n: train(r, n, "naive", global_batch=3), 4, timeout=120)
+
+
+def test_uneven_batch_weights_make_the_average_exact():
+    x, y = TeacherData().batch(0, 10)
+    model = tiny_mlp(seed=0)
+    whole = loss_fn(model(x), y)
+    pieces = [shard_batch(x, y, r, 4) for r in range(4)]
+    assert [p[0].shape[0] for p in pieces] == [3, 3, 2, 2]
+    averaged = sum(loss_fn(model(px), py) * w for px, py, w in pieces) / 4
+    assert torch.allclose(averaged, whole, atol=1e-6)
+
+
+def test_average_gradients_with_torch_or_ring_is_the_same():
+    def run(rank, world_size):
+        out = []
+        for which in ("torch", "ring"):
+            from coursekit.parallel.data import get_collectives
+            model = tiny_mlp(seed=0)
+            x, y, w = shard_batch(*TeacherData().batch(0, 8), rank, world_size)
+            (loss_fn(model(x), y) * w).backward()
+            average_gradients(model, all_reduce=get_collectives(which).all_reduce)
+            out.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        return out
+    results = coursekit.launch(run, 3, timeout=120)
+    for torch_grad, ring_grad in results:
+        assert torch.allclose(torch_grad, ring_grad, atol=1e-7)
+        assert torch.equal(ring_grad, results[0][1])  # bit-identical replicas

@@ -1,0 +1,61 @@
+"""Spans on a shared clock, async completions, and the overlap arithmetic."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import coursekit
+from coursekit.trace import Span, Tracer, busy_time, hidden_fraction, overlap_length, union_length
+
+
+def test_span_records_and_rejects_unknown_kinds():
+    tracer = Tracer(rank=0).start()
+    with tracer.span("forward", "f"):
+        torch.ones(10).sum()
+    (span,) = tracer.spans
+    assert (span.rank, span.kind, span.name) == (0, "forward", "f") and span.end >= span.start >= 0
+    with pytest.raises(ValueError, match="unknown span kind"):
+        tracer.add("lunch", "", 0.0, 1.0)
+    quiet = Tracer(rank=0, enabled=False)
+    with quiet.span("forward"):
+        pass
+    assert quiet.spans == []
+
+
+def test_interval_arithmetic():
+    assert union_length([(0, 2), (1, 3), (5, 6)]) == 4
+    assert overlap_length([(0, 2), (4, 6)], [(1, 5)]) == 2
+    spans = [Span(0, "backward", "", 0.0, 10.0), Span(0, "comm", "b0", 4.0, 8.0), Span(0, "comm", "b1", 9.0, 13.0),
+             Span(1, "backward", "", 0.0, 10.0), Span(1, "comm", "all", 10.0, 14.0)]
+    # rank 0: comm covers [4, 8] and [9, 13] = 8 s, of which 5 s inside backward
+    assert hidden_fraction(spans, rank=0) == pytest.approx(5 / 8)
+    assert hidden_fraction(spans, rank=1) == 0.0
+    assert hidden_fraction(spans) == pytest.approx((5 / 8 + 0) / 2)
+    assert busy_time(spans, "comm", 0) == 8 and busy_time(spans, "backward") == 20
+
+
+def _ranks(rank, world_size):
+    tracer = Tracer().start()
+    origin = tracer.origin_ns
+    with tracer.span("backward"):
+        work = tracer.comm(dist.all_reduce(torch.ones(100_000), async_op=True), "grad")
+        torch.randn(200, 200) @ torch.randn(200, 200)
+    with tracer.span("idle", "wait"):
+        work.wait()
+    dist.barrier()
+    return origin, tracer.gather()
+
+
+def test_ranks_share_one_origin_and_async_completion_is_recorded():
+    results = coursekit.launch(_ranks, 2, timeout=120)
+    origins = {origin for origin, _ in results}
+    assert len(origins) == 1, "every rank must measure from the same time zero"
+    spans = results[0][1]
+    assert spans == results[1][1], "gather gives every rank the same picture"
+    for rank in (0, 1):
+        kinds = {s.kind: s for s in spans if s.rank == rank}
+        assert set(kinds) == {"backward", "comm", "idle"}
+        comm, backward, idle = kinds["comm"], kinds["backward"], kinds["idle"]
+        # issued inside backward; completed no later than the wait returned
+        assert backward.start <= comm.start <= backward.end
+        assert comm.end <= idle.end
