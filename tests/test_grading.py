@@ -1,0 +1,185 @@
+"""coursekit.grading: the ring exercise's checks on good, unfinished, cheating and stuck submissions;
+`coursekit grade` on the exercise and solution notebooks."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from coursekit import collectives, comm, grading
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _good_rs(tensor, group=None):
+    return collectives.ring_reduce_scatter(tensor, group)
+
+
+def _good_ag(segment, out, group=None):
+    return collectives.ring_all_gather(segment, out, group)
+
+
+def _todo_rs(tensor, group=None):
+    raise NotImplementedError("write reduce_scatter")
+
+
+def _todo_ag(segment, out, group=None):
+    raise NotImplementedError("write all_gather")
+
+
+def _owned_view(tensor):
+    size, rank = comm.get_world_size(), comm.get_rank()
+    start, stop = collectives.segment_bounds(tensor.numel(), size)[collectives.owned_segment(rank, size)]
+    return tensor.view(-1)[start:stop]
+
+
+def _cheat_rs(tensor, group=None):
+    dist.all_reduce(tensor)
+    return _owned_view(tensor)
+
+
+def _naive_rs(tensor, group=None):  # right answer, wrong algorithm: everyone talks to everyone
+    collectives.naive_all_reduce(tensor)
+    return _owned_view(tensor)
+
+
+def _whole_tensor_rs(tensor, group=None):
+    """Right answer along the ring, but it passes the whole running sum around: G-1 times N per rank."""
+    size, rank = comm.get_world_size(), comm.get_rank()
+    running, incoming = tensor.clone(), torch.empty_like(tensor)
+    for _ in range(size - 1):
+        work = comm.isend(running, (rank + 1) % size)
+        comm.recv(incoming, (rank - 1) % size)
+        work.wait()
+        running = tensor + incoming
+    tensor.copy_(running)
+    return _owned_view(tensor)
+
+
+def _divisible_only_rs(tensor, group=None):
+    size = comm.get_world_size()
+    if tensor.numel() % size:
+        raise ValueError("only works for lengths divisible by the world size")
+    return _good_rs(tensor, group)
+
+
+def _stuck_rs(tensor, group=None):
+    comm.recv(tensor, (comm.get_rank() - 1) % comm.get_world_size())  # nobody sends
+    return tensor
+
+
+def test_the_reference_ring_scores_full_marks():
+    report = grading.check_ring_all_reduce(_good_rs, _good_ag, verbose=False)
+    assert report.full_marks and report.score == report.max_score == 12, report.table()
+    assert any(r.hidden for r in report.results)
+
+
+def test_unfinished_stubs_score_zero_quickly_without_raising():
+    start = time.perf_counter()
+    report = grading.check_ring_all_reduce(_todo_rs, _todo_ag, verbose=False)
+    assert report.score == 0 and not report.full_marks
+    assert {r.status for r in report.results} == {"not done"}, report.table()
+    assert time.perf_counter() - start < 120  # generous: no check may wait for a timeout
+
+
+def test_calling_torch_all_reduce_fails_with_an_explanation():
+    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_cheat_rs,
+                           all_gather=_good_ag, verbose=False)
+    assert report.score == 0
+    assert "torch.distributed.all_reduce was called" in report.results[0].feedback
+
+
+def test_everyone_to_everyone_fails_the_traffic_check_naming_the_non_neighbour():
+    report = grading.grade(grading.RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
+                           reduce_scatter=_naive_rs, all_gather=_good_ag, verbose=False)
+    correct, traffic = report.results
+    assert correct.status == "pass" and traffic.earned == 0
+    assert "rank 0 sent to rank 2" in traffic.feedback and "right neighbour" in traffic.feedback
+
+
+def test_sending_whole_tensors_is_correct_but_reports_the_extra_traffic():
+    report = grading.grade(grading.RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
+                           reduce_scatter=_whole_tensor_rs, all_gather=_good_ag, verbose=False)
+    correct, traffic = report.results
+    assert correct.status == "pass", correct.feedback
+    assert "(the whole tensor)" in traffic.feedback
+    # G=4, N=10: reduce-scatter moves 4·3·10, all-gather (the good one) 3·10 -> 150 / 60
+    assert "correct result but 2.5× the expected traffic (150 elements moved" in traffic.feedback
+
+
+def test_partial_credit_names_the_world_size_and_length_that_fail():
+    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_divisible_only_rs,
+                           all_gather=_good_ag, verbose=False)
+    result = report.results[0]
+    assert result.status == "partial" and result.earned == pytest.approx(1.5)  # 3 of 6 cases
+    assert "world size 3" in result.feedback and "only works for lengths divisible" in result.feedback
+
+
+def test_feedback_says_which_segment_is_wrong():
+    def wrong_owner(tensor, group=None):  # the right sums, but returns segment r instead of (r+1) % G
+        collectives.ring_all_reduce(tensor)
+        size, rank = comm.get_world_size(), comm.get_rank()
+        start, stop = collectives.segment_bounds(tensor.numel(), size)[rank]
+        return tensor[start:stop]
+
+    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=wrong_owner,
+                           all_gather=_good_ag, verbose=False)
+    feedback = report.results[0].feedback
+    assert "world size 2, length 8, float32, rank 0: returned the complete segment 0" in feedback
+    assert "expected segment 1 = elements 4:8" in feedback
+
+
+def test_a_deadlock_fails_after_the_timeout_and_skips_the_rest():
+    start = time.perf_counter()
+    report = grading.check_ring_all_reduce(_stuck_rs, _good_ag, timeout=6.0, verbose=False)
+    assert report.results[0].status == "timeout" and "recv from rank" in report.results[0].feedback
+    assert {r.status for r in report.results[1:]} <= {"skipped", "pass"}
+    assert report.score < report.max_score
+    assert time.perf_counter() - start < 90
+
+
+def test_report_file_keeps_the_latest_result_of_each_check(tmp_path, monkeypatch):
+    path = tmp_path / "report.json"
+    monkeypatch.setenv(grading.REPORT_ENV, str(path))
+    grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_todo_rs, all_gather=_todo_ag,
+                  verbose=False)
+    grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_good_rs, all_gather=_todo_ag,
+                  verbose=False)
+    saved = json.loads(path.read_text())[grading.RING]
+    assert saved["reduce_scatter_correct"]["status"] == "pass"
+
+
+def test_unknown_exercise_or_check_is_a_clear_error():
+    with pytest.raises(ValueError, match="known exercises"):
+        grading.grade("99_nope")
+    with pytest.raises(ValueError, match="unknown checks"):
+        grading.grade(grading.RING, only="nope")
+
+
+def _cli(path):
+    env = dict(os.environ, MPLBACKEND="agg")
+    return subprocess.run([sys.executable, "-m", "coursekit", "grade", str(path)], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT)
+
+
+@pytest.mark.notebook
+def test_cli_solution_scores_full_marks_and_exercise_scores_zero_without_touching_it():
+    exercise = ROOT / "exercises" / "01_ring_allreduce.ipynb"
+    before = exercise.read_bytes()
+    done = _cli(ROOT / "solutions" / "01_ring_allreduce.ipynb")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "12 / 12 points" in done.stdout
+    todo = _cli(exercise)
+    assert todo.returncode == 1, todo.stdout + todo.stderr
+    assert "0 / 12 points" in todo.stdout and "not done" in todo.stdout
+    assert exercise.read_bytes() == before
+
+
+def test_cli_missing_notebook():
+    assert _cli(ROOT / "exercises" / "nope.ipynb").returncode == 2
