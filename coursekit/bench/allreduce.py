@@ -1,0 +1,247 @@
+"""Benchmark chapter 01's all-reduces against ``torch.distributed.all_reduce`` (gloo here).
+
+    python -m coursekit.bench allreduce [--world-sizes 2 4] [--min-kib 4] [--max-mib 64]
+
+For each world size and message size (float32, powers of 4 from 4 KiB to
+64 MiB): the median time of ring, master and naive and of torch's own
+all-reduce, with nccl-tests' algbw and busbw and the ratio to torch. One
+iteration's time is the slowest rank's (an all-reduce is done when every rank
+is). Then the cost of the counting layer at 1 MiB: recording on vs off, and
+its Python cost when off, measured on a transport that moves nothing.
+Target: ring no slower than torch at >= 1 MiB on 4 ranks; counting off < 5%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from .. import comm
+from ..collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
+from ..launch import launch
+
+ALGORITHMS = ["torch", "ring", "master", "naive"]
+
+
+def algbw(nbytes: float, seconds: float) -> float:
+    """nccl-tests' algorithm bandwidth: message bytes / time (bytes per second)."""
+    return nbytes / seconds
+
+
+def busbw(nbytes: float, seconds: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth for all-reduce: algbw · 2(n−1)/n, comparable across world sizes."""
+    return algbw(nbytes, seconds) * 2 * (world_size - 1) / world_size
+
+
+def _function(name: str):
+    if name == "torch":
+        import torch.distributed as dist
+
+        return lambda t: dist.all_reduce(t)
+    return {"ring": ring_all_reduce, "master": master_all_reduce, "naive": naive_all_reduce}[name]
+
+
+def _repeats_for(nbytes: int, repeats: int) -> int:
+    return max(3, repeats if nbytes <= 1 << 20 else repeats // (1 + nbytes // (4 << 20)))
+
+
+def _time_rank(rank: int, world_size: int, sizes: list[int], algorithms: list[str], repeats: int,
+               record: bool = False) -> dict:
+    import torch.distributed as dist
+
+    times: dict = {}
+    for nbytes in sizes:
+        x = torch.zeros(nbytes // 4)  # zeros stay zeros: no overflow however often it is summed
+        n = _repeats_for(nbytes, repeats)
+        for name in algorithms:
+            fn = _function(name)
+            for _ in range(2):
+                fn(x)  # warm-up: connections, buffers
+            samples = []
+            for _ in range(n):
+                dist.barrier()
+                start = time.perf_counter()
+                if record:
+                    with comm.record():
+                        fn(x)
+                else:
+                    fn(x)
+                samples.append(time.perf_counter() - start)
+            times[(name, nbytes)] = samples
+    return times
+
+
+def measure(world_size: int, sizes: list[int], algorithms: list[str] = ALGORITHMS, repeats: int = 20,
+            record: bool = False, timeout: float = 600.0) -> list[dict]:
+    """Median seconds per (algorithm, size) on ``world_size`` real ranks; each iteration = slowest rank.
+
+    Returns rows ``{"algorithm", "bytes", "world_size", "seconds", "algbw", "busbw"}``.
+    """
+    per_rank = launch(_time_rank, world_size, sizes, algorithms, repeats, record, timeout=timeout)
+    rows = []
+    for (name, nbytes), _ in per_rank[0].items():
+        slowest = [max(samples) for samples in zip(*(r[(name, nbytes)] for r in per_rank))]
+        seconds = statistics.median(slowest)
+        rows.append({"algorithm": name, "bytes": nbytes, "world_size": world_size, "seconds": seconds,
+                     "algbw": algbw(nbytes, seconds), "busbw": busbw(nbytes, seconds, world_size)})
+    return rows
+
+
+def fit_alpha_beta(rows: list[dict]) -> dict[str, tuple[float, float]]:
+    """Least-squares fit of ``time = α + β·bytes`` per algorithm (α: latency, 1/β: bandwidth)."""
+    import numpy as np
+
+    fits = {}
+    for name in {r["algorithm"] for r in rows}:
+        mine = [r for r in rows if r["algorithm"] == name]
+        if len(mine) < 2:
+            continue
+        a = np.array([[1.0, r["bytes"]] for r in mine])
+        # weight by 1/time so small messages (latency) count as much as large ones (bandwidth)
+        w = np.array([1.0 / r["seconds"] for r in mine])
+        solution, *_ = np.linalg.lstsq(a * w[:, None], np.array([r["seconds"] for r in mine]) * w, rcond=None)
+        fits[name] = (max(0.0, float(solution[0])), max(0.0, float(solution[1])))
+    return fits
+
+
+# ----------------------------------------------------------------- the counting layer's own cost
+class _FreeWork:
+    def wait(self):
+        return True
+
+
+class _FreeTransport:
+    """Pretends to be rank 0 of ``size`` and moves nothing: what is left is Python overhead."""
+
+    name = "free"
+
+    def __init__(self, size: int):
+        self.size, self.work = size, _FreeWork()
+
+    def rank(self, group):
+        return 0
+
+    def world_size(self, group):
+        return self.size
+
+    @staticmethod
+    def global_rank(group, rank):
+        return rank
+
+    def send(self, tensor, dst, group):
+        pass
+
+    def recv(self, tensor, src, group):
+        if tensor.dtype == torch.int64 and tensor.numel() == 2:  # the length check: echo a matching one
+            tensor.copy_(self.signature)
+
+    def isend(self, tensor, dst, group):
+        return self.work
+
+    def irecv(self, tensor, src, group):
+        self.recv(tensor, src, group)
+        return self.work
+
+
+class _NoLabel:
+    __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _overhead_rank(rank: int, world_size: int, numel: int, size: int, iterations: int) -> dict:
+    """Python seconds per ring_all_reduce with free communication: as is, and with labels/waits stubbed."""
+    from .. import collectives
+
+    x = torch.zeros(numel)
+    transport = _FreeTransport(size)
+    transport.signature = torch.tensor([numel, 0], dtype=torch.int64)
+    saved = comm._state.transport
+    comm._state.transport = transport
+    out = {}
+    try:
+        for label in ("as is", "stubbed", "as is", "stubbed"):
+            originals = (comm.phase, comm.waiting_on)
+            if label == "stubbed":
+                comm.phase = comm.waiting_on = _NoLabel
+            try:
+                start = time.perf_counter()
+                for _ in range(iterations):
+                    ring_all_reduce(x)
+                out.setdefault(label, []).append((time.perf_counter() - start) / iterations)
+            finally:
+                comm.phase, comm.waiting_on = originals
+    finally:
+        comm._state.transport = saved
+    return {k: min(v) for k, v in out.items()}
+
+
+def instrumentation_overhead(world_size: int = 4, nbytes: int = 1 << 20, iterations: int = 300) -> dict:
+    """Seconds of Python the counting layer (phase labels, waiting notes, record checks) adds per call, off."""
+    result = launch(_overhead_rank, 1, nbytes // 4, world_size, iterations)[0]
+    return {"python_per_call": result["as is"], "labels_and_waits": max(0.0, result["as is"] - result["stubbed"])}
+
+
+def _human(nbytes: int) -> str:
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m coursekit.bench allreduce", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--min-kib", type=int, default=4)
+    parser.add_argument("--max-mib", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=20, help="iterations per point (fewer for big messages)")
+    options = parser.parse_args(argv)
+    sizes, size = [], options.min_kib << 10
+    while size <= options.max_mib << 20:
+        sizes.append(size)
+        size *= 4
+    ok = True
+    for world_size in options.world_sizes:
+        rows = measure(world_size, sizes, repeats=options.repeats)
+        table = {(r["algorithm"], r["bytes"]): r for r in rows}
+        print(f"\n### {world_size} ranks (gloo, float32; median ms, slowest rank per iteration)\n")
+        print("| size | torch | ring | master | naive | ring / torch | master / torch | naive / torch "
+              "| ring algbw GB/s | ring busbw GB/s | torch busbw GB/s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        for nbytes in sizes:
+            t = {name: table[(name, nbytes)]["seconds"] for name in ALGORITHMS}
+            print(f"| {_human(nbytes)} | " + " | ".join(f"{t[n] * 1e3:.3g}" for n in ALGORITHMS) + " | "
+                  + " | ".join(f"{t[n] / t['torch']:.2f}" for n in ("ring", "master", "naive")) + " | "
+                  + f"{table[('ring', nbytes)]['algbw'] / 1e9:.2f} | {table[('ring', nbytes)]['busbw'] / 1e9:.2f} | "
+                  + f"{table[('torch', nbytes)]['busbw'] / 1e9:.2f} |")
+            if world_size == 4 and nbytes >= 1 << 20 and t["ring"] > t["torch"]:
+                ok = False
+        fits = fit_alpha_beta(rows)
+        print("\nα–β fit (time = α + β·bytes): " + "; ".join(
+            f"{n}: α = {a * 1e6:.0f} µs, 1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s"
+            for n, (a, b) in sorted(fits.items())))
+
+    probe = 1 << 20
+    if probe in sizes and 4 in options.world_sizes:
+        off = measure(4, [probe], ["ring"], repeats=max(30, options.repeats))[0]["seconds"]
+        on = measure(4, [probe], ["ring"], repeats=max(30, options.repeats), record=True)[0]["seconds"]
+        cost = instrumentation_overhead(4, probe)
+        share = cost["labels_and_waits"] / off
+        print(f"\n### Counting layer, ring on 4 ranks at 1 MiB\n")
+        print("| measurement | value |\n|---|---|")
+        print(f"| ring, recording off (median) | {off * 1e3:.3g} ms |")
+        print(f"| ring, inside comm.record() (median) | {on * 1e3:.3g} ms ({on / off:.2f}×) |")
+        print(f"| Python per call with free communication | {cost['python_per_call'] * 1e6:.0f} µs |")
+        print(f"| of which phase labels + waiting notes (counting off) | {cost['labels_and_waits'] * 1e6:.0f} µs "
+              f"= {share:.1%} of the call (target < 5%) |")
+        ok &= share < 0.05
+    print(f"\ntargets {'met' if ok else 'NOT met'} (ring <= torch at >= 1 MiB on 4 ranks; counting off < 5% at 1 MiB)")
+    return 0
