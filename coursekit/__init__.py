@@ -5,6 +5,8 @@ Start with ``coursekit.launch`` (run a function on N ranks) and
 """
 
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
+from . import comm
+from .collectives import master_all_reduce, naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from .trace import Tracer
 from .verify import assert_equivalent, compare
@@ -12,4 +14,5 @@ from .verify import assert_equivalent, compare
 __version__ = "0.1.0"
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
-           "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent"]
+           "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
+           "comm", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce"]
