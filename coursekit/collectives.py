@@ -147,11 +147,17 @@ class _LengthCheck:
         self.name, self.group, self.recv_from = name, group, recv_from
         self.theirs = [torch.empty(2, dtype=torch.int64) for _ in recv_from]
         with comm.control(), comm.phase("check lengths"):
-            self.works = [comm.isend(self.mine, peer, group) for peer in send_to]
-            self.works += [comm.irecv(buf, peer, group) for buf, peer in zip(self.theirs, recv_from)]
+            self.receives = [comm.irecv(buf, peer, group) for buf, peer in zip(self.theirs, recv_from)]
+            self.sends = [comm.isend(self.mine, peer, group) for peer in send_to]
+
+    def finish(self) -> None:
+        """Wait for our own control sends (they completed long ago; this just keeps it tidy)."""
+        for work in self.sends:
+            work.wait()
 
     def verify(self) -> None:
-        for work in self.works:
+        """Wait for the peers' ``(numel, dtype)`` and raise if any differs from ours."""
+        for work in self.receives:
             work.wait()
         for peer, other in zip(self.recv_from, self.theirs):
             if not torch.equal(other, self.mine):
@@ -185,6 +191,7 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
         works += [comm.irecv(everyone[p], p, group) for p in peers if flat.numel()]
         for w in works:
             w.wait()
+    check.finish()
     flat.copy_(everyone[0])
     for p in range(1, size):  # the same order on every rank: bit-identical results
         flat.add_(everyone[p])
@@ -213,8 +220,7 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
         return tensor
     others = [p for p in range(size) if p != root]
     if rank == root:
-        check = _LengthCheck(flat, "master_all_reduce", group, [], others)
-        check.verify()
+        _LengthCheck(flat, "master_all_reduce", group, [], others).verify()
         everyone = _buffer(size * flat.numel(), flat).view(size, flat.numel())
         everyone[root].copy_(flat)
         with comm.phase("gather", step=0, op="sum"):
@@ -229,7 +235,7 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
             for w in works:
                 w.wait()
     else:
-        _LengthCheck(flat, "master_all_reduce", group, [root], []).verify()
+        _LengthCheck(flat, "master_all_reduce", group, [root], []).finish()
         if flat.numel():
             with comm.phase("gather", step=0, op="sum"):
                 comm.send(flat, root, group)
@@ -243,6 +249,23 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
 # --------------------------------------------------------------------------
 # Ring: reduce-scatter then all-gather (R5, R6).
 # --------------------------------------------------------------------------
+def _post(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, group, check: _LengthCheck | None):
+    """Start one ring step; returns the (receive, send) works, None for an empty segment.
+
+    The receive is posted first, so data lands as soon as it arrives. In the
+    first step of a checked call the send goes first and the receive waits for
+    the length check (see :class:`_LengthCheck`).
+    """
+    if check is None:
+        receiving = comm.irecv(recv, left, group) if recv.numel() else None
+        sending = comm.isend(send, right, group) if send.numel() else None
+    else:
+        sending = comm.isend(send, right, group) if send.numel() else None
+        check.verify()
+        receiving = comm.irecv(recv, left, group) if recv.numel() else None
+    return receiving, sending
+
+
 def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Phase 1 of the ring ("share-reduce", R5). Returns this rank's fully reduced segment (a view).
 
@@ -267,23 +290,22 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return _reduce_scatter(flat, size, rank, group, check)
 
 
-def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck) -> torch.Tensor:
+def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck | None) -> torch.Tensor:
     right, left = (rank + 1) % size, (rank - 1) % size
     segments = flat.tensor_split(size)
     incoming = _buffer(max(s.numel() for s in segments), flat)
     for step in range(size - 1):
         out_k, in_k = (rank - step) % size, (rank - step - 1) % size
         with comm.phase("reduce-scatter", step=step, segment=out_k, op="sum"):
-            sending = comm.isend(segments[out_k], right, group) if segments[out_k].numel() else None
-            if step == 0:
-                check.verify()  # before the first receive: see _LengthCheck
             received = incoming[:segments[in_k].numel()]
-            receiving = comm.irecv(received, left, group) if received.numel() else None
+            receiving, sending = _post(segments[out_k], right, received, left, group, check if step == 0 else None)
             if receiving is not None:
                 receiving.wait()
                 segments[in_k].add_(received)  # "added to b₁" (R5)
             if sending is not None:
                 sending.wait()
+    if check is not None:
+        check.finish()
     return segments[owned_segment(rank, size)]
 
 
@@ -323,14 +345,14 @@ def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int,
     for step in range(size - 1):
         out_k, in_k = (rank + 1 - step) % size, (rank - step) % size
         with comm.phase("all-gather", step=step, segment=out_k, op="copy"):
-            sending = comm.isend(segments[out_k], right, group) if segments[out_k].numel() else None
-            if step == 0 and check is not None:
-                check.verify()
             # Received straight into place: no extra buffer, no copy.
-            receiving = comm.irecv(segments[in_k], left, group) if segments[in_k].numel() else None
+            receiving, sending = _post(segments[out_k], right, segments[in_k], left, group,
+                                       check if step == 0 else None)
             for work in (receiving, sending):
                 if work is not None:
                     work.wait()
+    if check is not None:
+        check.finish()
 
 
 def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
