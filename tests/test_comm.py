@@ -126,3 +126,13 @@ def test_a_real_deadlock_times_out_naming_what_each_rank_waited_on():
     with pytest.raises(coursekit.LaunchTimeout) as info:
         coursekit.launch(run, 2, timeout=8.0)
     assert "recv from rank 1, 7 elements (reduce-scatter step 1)" in str(info.value)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from coursekit import collectives
+
+    for module in (comm, collectives):
+        failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert tried > 0 and failures == 0, module.__name__
