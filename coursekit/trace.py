@@ -106,6 +106,17 @@ class Tracer:
         finally:
             self.add(kind, name, start, self.now())
 
+    @contextmanager
+    def blocking(self, name: str = "") -> Iterator[None]:
+        """A *blocking* collective: a ``comm`` span, and the same interval as ``idle`` (the rank waits on it)."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            end = self.now()
+            self.add("comm", name, start, end)
+            self.add("idle", name, start, end)
+
     def comm(self, work, name: str = ""):
         """Record an async collective from now (issued) until gloo/NCCL completes it. Returns ``work``."""
         if not self.enabled or work is None:
@@ -156,6 +167,23 @@ def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -
     return total
 
 
+def _subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``intervals`` not covered by ``holes``."""
+    out = []
+    holes = _merge(holes)
+    for start, end in _merge(intervals):
+        cursor = start
+        for h_start, h_end in holes:
+            if h_end <= cursor or h_start >= end:
+                continue
+            if h_start > cursor:
+                out.append((cursor, h_start))
+            cursor = max(cursor, h_end)
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
 def busy_time(spans: list[Span], kind: str, rank: int | None = None) -> float:
     """Time covered by spans of ``kind`` (on ``rank``, or summed over ranks)."""
     ranks = sorted({s.rank for s in spans}) if rank is None else [rank]
@@ -166,14 +194,17 @@ def hidden_fraction(spans: list[Span], rank: int | None = None, behind: tuple[st
     """Fraction of communication time that ran while the rank was computing (``behind`` kinds).
 
     0 means every byte moved while the rank waited; 1 means communication was
-    entirely hidden behind the backward pass. Averaged over ranks when ``rank`` is None.
-    Returns NaN if there was no communication.
+    entirely hidden behind the backward pass. Time inside a ``behind`` span
+    during which the rank itself waited (``idle``, e.g. a blocking collective
+    called from a backward hook) does not count as hiding anything. Averaged
+    over ranks when ``rank`` is None. Returns NaN if there was no communication.
     """
     ranks = sorted({s.rank for s in spans}) if rank is None else [rank]
     fractions = []
     for r in ranks:
         comm = [(s.start, s.end) for s in spans if s.rank == r and s.kind == "comm"]
-        compute = [(s.start, s.end) for s in spans if s.rank == r and s.kind in behind]
+        compute = _subtract([(s.start, s.end) for s in spans if s.rank == r and s.kind in behind],
+                            [(s.start, s.end) for s in spans if s.rank == r and s.kind == "idle"])
         total = union_length(comm)
         if total > 0:
             fractions.append(overlap_length(comm, compute) / total)

@@ -32,11 +32,11 @@ def _reference(**kwargs):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_strategy_equals_one_process(world_size):
-    """Adam and SGD-momentum, 3 steps, a global batch of 10 (not divisible by 3 or 4)."""
+    """Adam and SGD-momentum, 3 steps, a global batch of 10 (not divisible by 3 or 4), ring or torch collectives."""
     configs = []
     for optimizer, lr in (("adam", 1e-2), ("sgd", 0.1)):
-        common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, collectives="torch",
-                      bucket_size=2000)
+        common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, bucket_size=2000,
+                      collectives="ring" if world_size % 2 else "torch")  # both kinds of collectives
         configs += [(s, common) for s in STRATEGIES]
     results = coursekit.launch(_all_strategies, world_size, configs, timeout=240)
     for i, (strategy, kwargs) in enumerate(configs):

@@ -59,3 +59,14 @@ def test_ranks_share_one_origin_and_async_completion_is_recorded():
         # issued inside backward; completed no later than the wait returned
         assert backward.start <= comm.start <= backward.end
         assert comm.end <= idle.end
+
+
+def test_waiting_inside_backward_hides_nothing():
+    # a blocking collective called from a backward hook: comm and idle cover the same interval
+    spans = [Span(0, "backward", "", 0.0, 10.0), Span(0, "comm", "gather", 2.0, 4.0), Span(0, "idle", "gather", 2.0, 4.0),
+             Span(0, "comm", "async", 5.0, 7.0)]
+    assert hidden_fraction(spans) == pytest.approx(2 / 4)
+    tracer = Tracer(rank=0).start()
+    with tracer.blocking("ring"):
+        pass
+    assert [s.kind for s in tracer.spans] == ["comm", "idle"]

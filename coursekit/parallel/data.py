@@ -414,15 +414,24 @@ class ZeRO(nn.Module):
         if storage.nbytes() == 0:
             storage.resize_(self.numel * self.flat_param.element_size())
             # write through .data: autograd must not see this as an in-place change of a saved tensor
-            with self._span("comm", "all-gather params"):
-                self.comm.all_gather(self.shard.data, self.flat_param.data, group=self.group)
+            self._all_gather(self.flat_param.data)
             self.elements_all_gathered += self.numel
+
+    def _all_gather(self, flat: torch.Tensor) -> None:
+        """Put my (updated) segment in place, then gather everyone's into ``flat``."""
+        mine = flat[self.start:self.stop]
+        if mine.data_ptr() != self.shard.data.data_ptr():
+            mine.copy_(self.shard.data)
+        with self._span("comm", "all-gather params"):
+            self.comm.all_gather(mine, flat, group=self.group)
 
     def _free_params(self) -> None:
         self.flat_param.untyped_storage().resize_(0)
 
     def _span(self, kind: str, name: str):
-        return self.tracer.span(kind, name) if self.tracer is not None else nullcontext()
+        if self.tracer is None:
+            return nullcontext()
+        return self.tracer.blocking(name) if kind == "comm" else self.tracer.span(kind, name)
 
     # ---------------------------------------------------------------- forward / backward
     def forward(self, *args, **kwargs):
@@ -469,8 +478,7 @@ class ZeRO(nn.Module):
         if self.stage == 3:
             self._free_params()
         else:
-            with self._span("comm", "all-gather params"):
-                self.comm.all_gather(self.shard.data, self.flat_param, group=self.group)
+            self._all_gather(self.flat_param)
             self.elements_all_gathered += self.numel
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -616,7 +624,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
                 outputs.append(out.detach())
                 local_loss += loss.item()
             if strategy == "naive":
-                with tracer.span("comm", "all-reduce grads") if tracer else nullcontext():
+                with tracer.blocking("all-reduce grads") if tracer else nullcontext():
                     average_gradients(net, group=group, all_reduce=all_reduce)
             elif strategy == "bucketed":
                 wrapped.finish_gradient_synchronization()

@@ -1,0 +1,260 @@
+"""Checks of exercise 02 (``exercises/02_data_parallel.ipynb``): gradient averaging with hooks, ZeRO-2's reduce-scatter.
+
+    from coursekit.checks.data_parallel import check_data_parallel
+    check_data_parallel(attach_gradient_averaging, reduce_scatter_gradients)
+
+The learner writes two functions:
+
+* ``attach_gradient_averaging(model, group=None)``: register hooks so that,
+  by the end of ``loss.backward()``, every trainable parameter's ``.grad`` is
+  the average over the ranks (built on chapter 01's ``ring_all_reduce``).
+* ``reduce_scatter_gradients(model, group=None) -> Tensor``: after backward,
+  ZeRO-2's step: the gradients of the trainable parameters, flattened in
+  ``model.parameters()`` order, reduce-scattered with chapter 01's ring; return
+  this rank's segment (``owned_segment(r, G)``) of the *averaged* gradient and
+  free the full gradients (``p.grad = None``).
+
+Each check trains on real ranks (``torch.distributed``'s collectives switched
+off: everything goes through ``coursekit.comm`` and is counted), compares with
+one process on the same global batch through :mod:`coursekit.verify`, and
+counts the traffic against its formula.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .. import comm, grading
+from ..collectives import owned_segment, ring_all_gather, segment_bounds
+from ..models import LanguageData, TeacherData, loss_fn, tiny_mlp, tiny_transformer
+from ..parallel.data import shard_batch
+from ..verify import FlatShard, compare, record_step, reference_run
+
+EXERCISE = "02_data_parallel"
+grading.EXERCISE_MODULES.setdefault(EXERCISE, __name__)
+
+
+def check_data_parallel(attach_gradient_averaging=None, reduce_scatter_gradients=None, **options) -> grading.Report:
+    """Grade exercise 02: pass the two functions you wrote (``None`` for a part not done yet)."""
+    def not_done(*args, **kwargs):
+        raise NotImplementedError
+    return grading.grade(EXERCISE, attach_gradient_averaging=attach_gradient_averaging or not_done,
+                         reduce_scatter_gradients=reduce_scatter_gradients or not_done, **options)
+
+
+# ----------------------------------------------------------------------------- set-ups
+def _setup(name: str, freeze: tuple = ()):
+    if name == "mlp":
+        model, data, make_opt = tiny_mlp(seed=0), TeacherData(), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
+    else:
+        # SGD with momentum: Adam divides by sqrt(v), which turns the rounding noise of a gradient
+        # that is almost exactly zero into a visible step, and would fail correct code by chance.
+        model, data = tiny_transformer(seed=0), LanguageData(seq_len=12)
+        make_opt = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    for n, p in model.named_parameters():
+        if n in freeze:
+            p.requires_grad_(False)
+    return model, data, make_opt
+
+
+@functools.lru_cache(maxsize=16)
+def _reference(name, freeze, steps, global_batch):
+    """One process on the global batches (cached: several checks share a reference; nobody mutates it)."""
+    model, data, make_opt = _setup(name, freeze)
+    optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
+    return reference_run(model, optimizer, [data.batch(s, global_batch) for s in range(steps)], loss_fn)
+
+
+# ----------------------------------------------------------------------------- part 1
+def _hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch):
+    model, data, make_opt = _setup(name, freeze)
+    attach(model)
+    optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
+    records, during, after = [], comm.Traffic(), comm.Traffic()
+    for step in range(steps):
+        x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
+        optimizer.zero_grad(set_to_none=True)
+        output = model(x)
+        loss = loss_fn(output, y) * weight
+        with comm.record() as traffic:
+            loss.backward()
+        during.transfers += traffic.transfers
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+        records.append(record_step(output, loss.item() / world_size, grads, model))  # summed over ranks below
+    return records, during
+
+
+def _global_losses(per_rank):
+    """Each rank recorded its share of the loss; the global batch's loss is their sum (done here, not by ranks)."""
+    for step in range(len(per_rank[0])):
+        total = sum(records[step]["loss"] for records in per_rank)
+        for records in per_rank:
+            records[step]["loss"] = total
+    return per_rank
+
+
+def _hooks_score(submission, ctx, cases):
+    problems = []
+    for name, freeze, world_size, steps, global_batch in cases:
+        reference = _reference(name, freeze, steps, global_batch)
+        results = ctx.launch(_hooks_rank, world_size, submission.attach_gradient_averaging, name, freeze, steps,
+                             global_batch)
+        report = compare(reference, _global_losses([r[0] for r in results]))
+        if not report.ok:
+            first = report.first
+            hint = ""
+            if first.kind == "grad":
+                ratio = first.got / first.expected if first.expected else float("nan")
+                if abs(ratio - world_size) < 1e-3 * world_size:
+                    hint = " (it is the *sum* over ranks: divide by the world size)"
+                elif world_size > 1 and abs(ratio * world_size - 1) > 1e-3 and abs(ratio - 1) > 1e-3:
+                    hint = " (did this rank keep its own gradient? every gradient must be averaged)"
+            problems.append(f"{name}, world size {world_size}: {first}{hint}")
+    if problems:
+        raise grading.CheckFailed("\n".join(problems), fraction=(len(cases) - len(problems)) / len(cases))
+
+
+@grading.check(EXERCISE, points=3, timeout=60)
+def hooks_average_gradients(submission, ctx):
+    """After backward every gradient is the average over ranks: equal to one process (G = 1, 2, 3; 3 steps)."""
+    _hooks_score(submission, ctx, [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
+
+
+@grading.check(EXERCISE, points=2, timeout=60)
+def hooks_traffic(submission, ctx):
+    """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step (G = 3)."""
+    world_size, steps = 3, 2
+    results = ctx.launch(_hooks_rank, world_size, submission.attach_gradient_averaging, "mlp", (), steps, 12)
+    traffic = comm.Traffic.merge([r[1] for r in results])
+    psi = sum(p.numel() for p in tiny_mlp().parameters())
+    expected = steps * 2 * (world_size - 1) * psi
+    if traffic.total == 0:
+        raise grading.CheckFailed("nothing went through coursekit.comm during loss.backward(): register hooks "
+                                  "(param.register_post_accumulate_grad_hook) that call ring_all_reduce")
+    if traffic.total != expected:
+        raise grading.CheckFailed(f"{traffic.total / expected:.3g}× the expected traffic during backward "
+                                  f"({traffic.total} elements in {steps} steps; averaging every gradient once "
+                                  f"with the ring moves 2·(G−1)·Ψ = {expected // steps} per step)")
+
+
+@grading.check(EXERCISE, points=1, hidden=True, timeout=60)
+def hooks_tied_frozen_uneven(submission, ctx):
+    """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks."""
+    _hooks_score(submission, ctx, [("transformer", ("pos_emb.weight",), 3, 2, 7),
+                                   ("transformer", ("pos_emb.weight",), 4, 2, 7)])
+
+
+# ----------------------------------------------------------------------------- part 2
+def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps, global_batch):
+    """A whole ZeRO-2 training loop around the learner's reduce-scatter."""
+    model, data, make_opt = _setup(name, freeze)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    layout = [(n, tuple(p.shape)) for n, p in named]
+    numel = sum(p.numel() for _, p in named)
+    start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
+    flat = torch.cat([p.detach().reshape(-1) for _, p in named])
+    offset = 0
+    for _, p in named:  # parameters become views into one flat buffer
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    shard = torch.nn.Parameter(flat[start:stop])
+    optimizer = make_opt([shard])
+    records, traffic_per_step, still_held = [], [], []
+    for step in range(steps):
+        x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
+        output = model(x)
+        loss = loss_fn(output, y) * weight
+        loss.backward()
+        with comm.record() as traffic:
+            mine = reduce_scatter_gradients(model)
+        traffic_per_step.append(traffic)
+        if not isinstance(mine, torch.Tensor):
+            raise TypeError(f"reduce_scatter_gradients returned {type(mine).__name__}, expected a tensor")
+        still_held.append(sum(p.grad.numel() for _, p in named if p.grad is not None))
+        mine = mine.detach().reshape(-1)
+        if mine.numel() != stop - start:
+            raise ValueError(f"rank {rank} returned {mine.numel()} elements; it owns segment "
+                             f"{owned_segment(rank, world_size)} = elements {start}:{stop} ({stop - start}) "
+                             f"of the {numel} flattened gradients")
+        shard.grad = mine.clone()
+        optimizer.step()
+        ring_all_gather(flat[start:stop], flat)  # (not counted: outside the recorded block)
+        for _, p in named:
+            p.grad = None
+        frozen = {n: p.data for n, p in model.named_parameters() if not p.requires_grad}
+        records.append(record_step(output, loss.item() / world_size, FlatShard(layout, start, shard.grad),
+                                   FlatShard(layout, start, shard.data, frozen)))
+    return records, comm.Traffic.merge(traffic_per_step), still_held
+
+
+def _zero2_score(submission, ctx, cases):
+    problems = []
+    for name, freeze, world_size, steps, global_batch in cases:
+        reference = _reference(name, freeze, steps, global_batch)
+        try:
+            results = ctx.launch(_zero2_rank, world_size, submission.reduce_scatter_gradients, name, freeze, steps,
+                                 global_batch)
+        except grading.NotDone:
+            raise
+        except grading.CheckFailed as failed:
+            problems.append(f"{name}, world size {world_size}: {failed}")
+            continue
+        report = compare(reference, _global_losses([r[0] for r in results]))
+        if not report.ok:
+            first = report.first
+            hint = ""
+            if first.kind == "grad" and first.expected and abs(first.got / first.expected - world_size) < 1e-3 * world_size:
+                hint = " (that is the sum over ranks: divide by the world size)"
+            problems.append(f"{name}, world size {world_size}: {first}{hint}")
+    if problems:
+        raise grading.CheckFailed("\n".join(problems), fraction=(len(cases) - len(problems)) / len(cases))
+
+
+@grading.check(EXERCISE, points=3, timeout=60)
+def zero2_segment(submission, ctx):
+    """Each rank gets the averaged gradient of its own segment; ZeRO-2 training equals one process (G = 1–4)."""
+    _zero2_score(submission, ctx, [("mlp", (), 1, 2, 12), ("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12),
+                                   ("mlp", (), 4, 2, 12)])
+
+
+@grading.check(EXERCISE, points=2, timeout=60)
+def zero2_traffic(submission, ctx):
+    """A reduce-scatter, not an all-reduce: exactly (G−1)·Ψ elements per step, each rank N − its segment (G = 4)."""
+    world_size, steps = 4, 1
+    results = ctx.launch(_zero2_rank, world_size, submission.reduce_scatter_gradients, "mlp", (), steps, 12)
+    traffic = comm.Traffic.merge([r[1] for r in results])
+    psi = sum(p.numel() for p in tiny_mlp().parameters())
+    expected = (world_size - 1) * psi
+    if traffic.total == 0:
+        raise grading.CheckFailed("nothing went through coursekit.comm: use chapter 01's ring_reduce_scatter "
+                                  "(coursekit.collectives) on the flattened gradients")
+    if traffic.total != expected:
+        extra = " — an all-reduce then a slice moves 2×: use the reduce-scatter alone" \
+            if traffic.total == 2 * expected else ""
+        raise grading.CheckFailed(f"{traffic.total / expected:.3g}× the traffic of a reduce-scatter "
+                                  f"({traffic.total} elements; (G−1)·Ψ = {expected}){extra}")
+    bounds = segment_bounds(psi, world_size)
+    want = {r: psi - (lambda b: b[1] - b[0])(bounds[owned_segment(r, world_size)]) for r in range(world_size)}
+    if traffic.sent != want:
+        raise grading.CheckFailed(f"per-rank sends {traffic.sent}, expected {want}: one ring reduce-scatter over "
+                                  f"all the gradients flattened together")
+
+
+@grading.check(EXERCISE, points=1, timeout=60)
+def zero2_frees_gradients(submission, ctx):
+    """After the reduce-scatter a rank keeps only its segment: every ``p.grad`` is freed (G = 2)."""
+    results = ctx.launch(_zero2_rank, 2, submission.reduce_scatter_gradients, "mlp", (), 1, 12)
+    held = max(r[2][0] for r in results)
+    if held:
+        raise grading.CheckFailed(f"{held} gradient elements are still held in p.grad after the reduce-scatter: "
+                                  f"set p.grad = None (that is the memory ZeRO-2 saves)")
+
+
+@grading.check(EXERCISE, points=1, hidden=True, timeout=90)
+def zero2_hidden_variants(submission, ctx):
+    """Transformer (tied head, frozen parameter), Ψ not divisible by G, a global batch of 7 on 5 ranks."""
+    _zero2_score(submission, ctx, [("transformer", ("pos_emb.weight",), 5, 2, 7),
+                                   ("transformer", (), 3, 2, 7)])
