@@ -7,10 +7,12 @@
 # **The schedule** (the seed's, with ranks numbered from 0; `G` ranks, tensor split like
 # `torch.tensor_split(tensor.view(-1), G)`, so the first `N % G` segments are one element longer):
 #
-# | phase | step `s` = 0 … G−2 | rank `r` sends to `r+1` | rank `r` receives from `r−1` |
-# |---|---|---|---|
-# | reduce-scatter ("share-reduce") | | its running sum of segment `(r − s) % G` | segment `(r − s − 1) % G`, **added** to its own |
-# | all-gather ("share-only") | | the complete segment `(r + 1 − s) % G` | segment `(r − s) % G`, **kept** as is |
+# In each step `s = 0 … G−2` of each phase:
+#
+# | phase | rank `r` sends to rank `(r+1) % G` | rank `r` receives from rank `(r−1) % G` |
+# |---|---|---|
+# | reduce-scatter ("share-reduce") | its running sum of segment `(r − s) % G` | segment `(r − s − 1) % G`, **added** to its own |
+# | all-gather ("share-only") | the complete segment `(r + 1 − s) % G` | segment `(r − s) % G`, **kept** as is |
 #
 # After reduce-scatter, rank `r` holds the complete sum of segment `(r + 1) % G` (GPU1 ends with
 # `b₂+c₂+d₂+a₂`). `reduce_scatter` returns that segment (a view into the tensor); `all_gather` starts from it.
