@@ -300,6 +300,15 @@ CONTROLS = ".widget-slider, .widget-play, .widget-button, .widget-dropdown, .wid
 FIGURES = "img, canvas, svg"
 
 
+def _slider_value(slider) -> str:
+    """What the learner reads off a slider: its readout, else the handle's aria text
+    (aria-valuenow alone is rounded to one decimal by noUiSlider)."""
+    return slider.evaluate("""e => {
+        const r = e.querySelector('.widget-readout'), h = e.querySelector('.noUi-handle');
+        const shown = r && getComputedStyle(r).display !== 'none' ? r.innerText : '';
+        return shown || (h.getAttribute('aria-valuetext') + ' ' + h.getAttribute('aria-valuenow')); }""")
+
+
 @dataclass
 class Interaction:
     """What happened when one control was moved."""
@@ -310,29 +319,55 @@ class Interaction:
     changed: bool
 
 
-class NotebookPage:
-    """One notebook, opened in its own JupyterLab workspace in one browser page."""
+class LabPage:
+    """A browser page running JupyterLab, reused for one notebook after another
+    (loading JupyterLab itself takes seconds; opening a notebook in it does not)."""
 
-    def __init__(self, page, lab: LabServer, path: str):
-        self.page, self.lab, self.path = page, lab, path
+    def __init__(self, page, lab: LabServer):
+        self.page, self.lab = page, lab
         self.console: list[str] = []
         page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
         page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
         page.add_init_script(_PAGE_HELPERS)
+        self.loaded = False
+
+    def load(self, timeout: float = 120.0) -> None:
+        # A fresh workspace, so the page restores no earlier tabs (nor their kernels).
+        workspace = "ws" + secrets.token_hex(4)
+        self.page.goto(self.lab.url(f"lab/workspaces/{workspace}"), timeout=timeout * 1000)
+        self.page.wait_for_function("() => !!window.jupyterapp", timeout=timeout * 1000)
+        self.page.evaluate("() => window.jupyterapp.restored")
+        self.loaded = True
+
+
+class NotebookPage:
+    """One notebook, opened in JupyterLab in a browser page."""
+
+    def __init__(self, lab_page: LabPage, path: str):
+        self.lab_page, self.page, self.lab, self.path = lab_page, lab_page.page, lab_page.lab, path
+        self._console_start = len(lab_page.console)
+
+    @property
+    def console(self) -> list[str]:
+        """Browser console lines since this notebook was opened."""
+        return self.lab_page.console[self._console_start:]
 
     def js(self, expression: str, *args):
         """Evaluate ``expression`` (with ``path`` and ``args`` in scope) in the page."""
         return self.page.evaluate(f"([path, args]) => {expression}", [self.path, list(args)])
 
     def open(self, timeout: float = 120.0) -> None:
-        # A fresh workspace per notebook, so the page restores no other tabs (nor their kernels).
-        workspace = "nb" + secrets.token_hex(4)
-        self.page.goto(self.lab.url(f"lab/workspaces/{workspace}/tree/{self.path}"), timeout=timeout * 1000)
-        self.page.wait_for_function("(path) => !!(window.__ck && window.__ck.panel(path))", arg=self.path,
-                                    timeout=timeout * 1000)
+        if not self.lab_page.loaded:
+            self.lab_page.load(timeout)
+        self.js("void window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'})")
+        self.page.wait_for_function("(path) => !!window.__ck.panel(path)", arg=self.path, timeout=timeout * 1000)
         self.js("(async () => { const p = window.__ck.panel(path); await p.context.ready;"
                 " await p.sessionContext.ready; })()")
         self.wait_idle(timeout)
+
+    def close(self) -> None:
+        """Close the tab without saving (dispose skips the 'save changes?' dialog)."""
+        self.js("(() => { const p = window.__ck.panel(path); if (p) p.dispose(); })()")
 
     def run_all(self, timeout: float = 240.0) -> None:
         """Clear the stored outputs (so nothing stale can pass), run every cell, wait."""
@@ -342,7 +377,13 @@ class NotebookPage:
             await app.commands.execute('notebook:clear-all-cell-outputs');
             app.commands.execute('notebook:run-all-cells');   // resolves only when done: don't await
         })()""")
-        self.wait_idle(timeout)
+        try:
+            self.wait_idle(timeout)
+        except Exception as error:   # playwright's TimeoutError: say which cells are stuck
+            running = self.js("""window.__ck.panel(path).content.widgets
+                .map((c, i) => [i, c.model.type === 'code' && c.model.executionState === 'running', c.model.sharedModel.getSource().slice(0, 60)])
+                .filter(r => r[1]).map(r => `cell ${r[0]}: ${r[2]}`)""")
+            raise AssertionError(f"{self.path}: cells still running after {timeout:.0f} s: {running}") from error
 
     def wait_idle(self, timeout: float = 120.0, settle: float = 0.5) -> None:
         """Kernel idle and no cell running, still so ``settle`` seconds later (the
@@ -443,15 +484,16 @@ class NotebookPage:
         for i, info in enumerate(self._controls(".widget-slider")):
             if info["disabled"] or info["cell"] < 0:
                 continue
-            handle = sliders.nth(i).locator(".noUi-handle").first
+            slider = sliders.nth(i)
+            handle = slider.locator(".noUi-handle").first
             kind, before = self._snapshot(info["cell"])
-            value = handle.get_attribute("aria-valuenow")
+            value = _slider_value(slider)
             for key in ("ArrowRight", "ArrowLeft", "ArrowUp", "ArrowDown"):
-                handle.focus()
                 handle.press(key)
-                if handle.get_attribute("aria-valuenow") != value:
+                self.page.wait_for_timeout(200)      # the readout follows the handle
+                if _slider_value(slider) != value:
                     break
-            new_value = handle.get_attribute("aria-valuenow")
+            new_value = _slider_value(slider)
             kind, changed = self._wait_for_change(info["cell"], before, timeout) if new_value != value else (kind, False)
             results.append(Interaction(f"slider {info['label']!r} in cell {info['cell']}", value, new_value,
                                        kind, changed))

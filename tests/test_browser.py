@@ -27,7 +27,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_support import (WIDGET_MANAGER, LabServer, NotebookPage, clean_env, free_port,
+from browser_support import (WIDGET_MANAGER, LabPage, LabServer, NotebookPage, clean_env, free_port,
                              launch_chromium, stop_process_tree)
 
 pytestmark = pytest.mark.browser
@@ -37,6 +37,7 @@ ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
 # The exercise a learner meets first; any other one if it is not there (yet).
+FEEDBACK = re.compile(r"\d+\s*/\s*\d+\s+points|score", re.IGNORECASE)
 EXERCISE = next((p for p in EXERCISES if p.name == "01_ring_allreduce.ipynb"), EXERCISES[0] if EXERCISES else None)
 
 
@@ -53,38 +54,54 @@ def browser():
         yield context
 
 
-@pytest.fixture
-def open_notebook(lab, browser):
-    """Open a notebook (path relative to the repository) in a fresh page; on the
-    way out save a full-page screenshot and the browser console, close the page
-    and stop its kernel, whatever the test did."""
-    opened: list[NotebookPage] = []
+@pytest.fixture(scope="module")
+def lab_page(lab, browser):
+    page = LabPage(browser.new_page(), lab)
+    yield page
+    page.page.close()
 
-    def _open(path: Path, **page_options) -> NotebookPage:
-        notebook = NotebookPage(browser.new_page(), lab, path.relative_to(ROOT).as_posix())
-        opened.append(notebook)
-        notebook.open(**page_options)
+
+@pytest.fixture
+def open_notebook(lab, browser, lab_page):
+    """Open a notebook (path relative to the repository) in the shared JupyterLab
+    page, or with ``fresh_page=True`` in a page of its own; on the way out save a
+    full-page screenshot and the browser console, close it and stop its kernel,
+    whatever the test did."""
+    opened: list[tuple[NotebookPage, bool]] = []
+
+    def _open(path: Path, fresh_page: bool = False) -> NotebookPage:
+        page = LabPage(browser.new_page(), lab) if fresh_page else lab_page
+        notebook = NotebookPage(page, path.relative_to(ROOT).as_posix())
+        opened.append((notebook, fresh_page))
+        notebook.open()
         return notebook
 
     yield _open
-    for n, notebook in enumerate(opened):
+    for n, (notebook, fresh_page) in enumerate(opened):
         name = notebook.path.replace("/", "__").removesuffix(".ipynb") + (f"-{n}" if n else "")
         try:
             notebook.screenshot(ARTIFACTS / f"{name}.png")
             (ARTIFACTS / f"{name}.console.txt").write_text("\n".join(notebook.console) + "\n")
         finally:
-            notebook.page.close()
+            if fresh_page:
+                notebook.page.close()
+            else:
+                notebook.close()
             lab.shutdown_kernels()
 
 
 def check_learner_view(notebook: NotebookPage) -> None:
     """Run all cells; nothing broken on the page; every slider and Play button redraws."""
+    start = time.monotonic()
     notebook.run_all()
+    ran = time.monotonic()
     problems = notebook.problems()
     assert not problems, f"{notebook.path} in JupyterLab:\n  " + "\n  ".join(problems)
     interactions = notebook.move_sliders() + notebook.press_play()
-    notebook.console += [f"interaction: {i}" for i in interactions]
-    print(*interactions, sep="\n")
+    notes = [f"ran all cells in {ran - start:.1f} s; moved controls in {time.monotonic() - ran:.1f} s"]
+    notes += [f"{i}" for i in interactions]
+    notebook.lab_page.console += [f"coursekit: {n}" for n in notes]
+    print(*notes, sep="\n")
     stale = [f"{i.control}: {i.before} -> {i.after}, the {i.compared} did not change" for i in interactions
              if not i.changed]
     assert not stale, f"{notebook.path}: moving a control did not redraw anything:\n  " + "\n  ".join(stale)
@@ -106,10 +123,12 @@ def test_chapter_in_jupyterlab(path, open_notebook):
 def test_exercise_grading_feedback_appears(open_notebook):
     notebook = open_notebook(EXERCISE)
     check_learner_view(notebook)
-    # The grading cell prints a score (a table or a line) for the learner's code.
-    shown = [o["text"] for c in notebook.cells() if "grade" in c["source"] for o in c["outputs"]]
-    assert any(re.search(r"score", text, re.IGNORECASE) for text in shown), \
-        f"{EXERCISE.name}: no grading feedback with a score on the page; the grading cells show {shown!r}"
+    # Each grading cell shows the learner a score: "01_ring_allreduce: 0 / 3 points" and a table.
+    graded = [c for c in notebook.cells() if re.search(r"\bgrade\(", c["source"])]
+    assert graded, f"{EXERCISE.name} has no cell calling grade(...)"
+    for cell in graded:
+        shown = "\n".join(o["text"] for o in cell["outputs"])
+        assert FEEDBACK.search(shown), f"{EXERCISE.name} cell {cell['index']}: no score on the page, it shows {shown!r}"
 
 
 def _control_probe(path: Path) -> None:
@@ -148,8 +167,8 @@ def test_the_checks_can_fail(lab, open_notebook):
     moved = {i.control.split("'")[1]: i.changed for i in notebook.move_sliders(timeout=8)}
     assert moved == {"wired": True, "unwired": False}
 
-    with lab.disabled_extensions(WIDGET_MANAGER):
-        broken = open_notebook(probe)
+    with lab.disabled_extensions(WIDGET_MANAGER):   # read when a page loads JupyterLab
+        broken = open_notebook(probe, fresh_page=True)
     broken.run_all()
     problems = broken.problems()
     assert any("widget did not render" in p and WIDGET_MANAGER in p for p in problems), problems
