@@ -84,7 +84,7 @@ class Check:
 _REGISTRY: dict[str, list[Check]] = {}
 
 # Exercise -> module defining its checks (imported on demand by `coursekit grade`).
-EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.grading", "02_data_parallel": "coursekit.checks.data_parallel"}
+EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.grading"}
 
 
 def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None):
@@ -433,19 +433,38 @@ def _segment_feedback(rank: int, world_size: int, numel: int, dtype, got) -> str
     return f"{where}: segment {own} is wrong at {wrong} of {stop - start} elements; expected {expected}"
 
 
+def _per_case(ctx, rank_fn, world_size, learner_fn, cases):
+    """Run all cases in one launch; if that crashes, one launch per case, so a crash costs only its case.
+
+    Yields ``(numel, dtype, per-rank results or the CheckFailed)``.
+    """
+    try:
+        results = ctx.launch(rank_fn, world_size, learner_fn, cases)
+        for index, (numel, dtype) in enumerate(cases):
+            yield numel, dtype, [r[index] for r in results]
+        return
+    except (NotDone, Deadlocked):
+        raise
+    except CheckFailed:
+        pass
+    for numel, dtype in cases:
+        try:
+            yield numel, dtype, [r[0] for r in ctx.launch(rank_fn, world_size, learner_fn, [(numel, dtype)])]
+        except (NotDone, Deadlocked):
+            raise
+        except CheckFailed as failed:
+            yield numel, dtype, failed
+
+
 def _score_reduce_scatter(submission, ctx, plan) -> float:
     problems, total = [], 0
     for world_size, cases in plan:
-        for numel, dtype in cases:  # one launch per case: a crash in one case costs only that case
+        for numel, dtype, results in _per_case(ctx, _rs_rank, world_size, submission.reduce_scatter, cases):
             total += 1
-            try:
-                results = ctx.launch(_rs_rank, world_size, submission.reduce_scatter, [(numel, dtype)])
-            except (NotDone, Deadlocked):
-                raise
-            except CheckFailed as failed:
-                problems.append(f"world size {world_size}, length {numel}: {failed}")
+            if isinstance(results, CheckFailed):
+                problems.append(f"world size {world_size}, length {numel}: {results}")
                 continue
-            bad = [f for f in (_segment_feedback(r, world_size, numel, dtype, results[r][0][0])
+            bad = [f for f in (_segment_feedback(r, world_size, numel, dtype, results[r][0])
                                for r in range(world_size)) if f]
             if bad:
                 problems.append(bad[0] + (f" (and {len(bad) - 1} more ranks)" if len(bad) > 1 else ""))
@@ -470,24 +489,19 @@ def _ag_rank(rank, world_size, all_gather, cases):
 
 
 def _score_all_gather(submission, ctx, plan) -> float:
+    from .collectives import segment_bounds
+
     problems, total = [], 0
     for world_size, cases in plan:
-        for index, (numel, dtype) in enumerate(cases):
+        for numel, dtype, results in _per_case(ctx, _ag_rank, world_size, submission.all_gather, cases):
             total += 1
-            try:
-                results = ctx.launch(_ag_rank, world_size, submission.all_gather, [(numel, dtype)])
-            except (NotDone, Deadlocked):
-                raise
-            except CheckFailed as failed:
-                problems.append(f"world size {world_size}, length {numel}: {failed}")
+            if isinstance(results, CheckFailed):
+                problems.append(f"world size {world_size}, length {numel}: {results}")
                 continue
-            index = 0
             full = _ring_sum(world_size, numel, dtype)
-            from .collectives import segment_bounds
-
             bounds = segment_bounds(numel, world_size)
             for rank in range(world_size):
-                got = results[rank][index][0].double()
+                got = results[rank][0].double()
                 wrong = [k for k, (a, b) in enumerate(bounds) if not torch.equal(got[a:b], full[a:b])]
                 if wrong:
                     problems.append(f"world size {world_size}, length {numel}: after all_gather rank {rank} has "

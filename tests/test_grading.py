@@ -181,5 +181,7 @@ def test_cli_solution_scores_full_marks_and_exercise_scores_zero_without_touchin
     assert exercise.read_bytes() == before
 
 
-def test_cli_missing_notebook():
-    assert _cli(ROOT / "exercises" / "nope.ipynb").returncode == 2
+def test_cli_missing_notebook_or_unknown_exercise(capsys):
+    assert grading.main([str(ROOT / "exercises" / "nope.ipynb")]) == 2
+    assert grading.main([str(ROOT / "README.md")]) == 2  # no checks for an exercise called "README"
+    assert "no such notebook" in capsys.readouterr().err
