@@ -84,7 +84,7 @@ class Check:
 _REGISTRY: dict[str, list[Check]] = {}
 
 # Exercise -> module defining its checks (imported on demand by `coursekit grade`).
-EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.grading"}
+EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.grading", "02_data_parallel": "coursekit.checks.data_parallel"}
 
 
 def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None):
