@@ -28,8 +28,9 @@ def test_transformer_shapes_size_and_tied_head():
     assert "head.weight" not in names  # a tied weight is one parameter
     assert count_parameters(model) == sum(p.numel() for p in model.parameters())
     untied = tiny_transformer(seed=0, tie_weights=False)
-    assert count_parameters(untied) == count_parameters(model) + 32 * 64
-    assert model(torch.zeros(3, 10, dtype=torch.long)).shape == (3, 10, 32)
+    assert count_parameters(untied) == count_parameters(model) + 16 * 64
+    assert count_parameters(model) == 104_832
+    assert model(torch.zeros(3, 10, dtype=torch.long)).shape == (3, 10, 16)
     assert tiny_mlp()(torch.zeros(5, 16)).shape == (5, 4)
 
 
@@ -56,13 +57,13 @@ def test_data_is_a_pure_function_of_seed_and_step():
         assert (allowed == tokens[:, i:i + 1]).any(dim=1).all()
     tx, ty = TeacherData().batch(0, 6)
     assert torch.equal(tx, TeacherData().batch(0, 6)[0]) and ty.shape == (6,)
-    assert 0.5 < data.loss_floor < math.log(32)
+    assert 0.5 < data.loss_floor < math.log(16)
 
 
 def test_transformer_learns_the_language():
     torch.manual_seed(0)
     model, data = tiny_transformer(seed=0), LanguageData()
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     losses = []
     for step in range(100):
         x, y = data.batch(step, 32)
@@ -71,5 +72,5 @@ def test_transformer_learns_the_language():
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
-    assert abs(losses[0] - math.log(32)) < 0.1      # starts at chance
-    assert sum(losses[-10:]) / 10 < losses[0] - 0.3  # and visibly learns
+    assert abs(losses[0] - math.log(16)) < 0.1      # starts at chance
+    assert sum(losses[-10:]) / 10 < losses[0] - 0.5  # and visibly learns

@@ -1,0 +1,30 @@
+"""The Gantt chart draws what it is given: one bar per span, lanes per rank."""
+
+import matplotlib
+
+matplotlib.use("agg")
+
+from coursekit.trace import Span
+from coursekit.viz.timeline import COLOURS, draw_timeline, draw_timelines
+
+SPANS = [Span(0, "forward", "", 0.000, 0.010), Span(0, "backward", "", 0.010, 0.030),
+         Span(0, "comm", "bucket 0", 0.015, 0.025), Span(0, "optimizer", "", 0.030, 0.032),
+         Span(1, "forward", "", 0.001, 0.011), Span(1, "backward", "", 0.011, 0.031),
+         Span(1, "comm", "bucket 0", 0.031, 0.040), Span(1, "idle", "wait", 0.031, 0.040)]
+
+
+def test_one_bar_per_span_and_a_row_per_rank():
+    fig = draw_timeline(SPANS, title="test")
+    ax = fig.axes[0]
+    assert len(ax.collections) == len(SPANS)
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
+    # rank 0 hides 10 of 10 ms, rank 1 none: 50% on average, written in the title
+    assert "50% of communication hidden" in ax.get_title()
+    colours = {tuple(c.get_facecolor()[0][:3]) for c in ax.collections}
+    assert len(colours) == len({s.kind for s in SPANS}) <= len(COLOURS)
+
+
+def test_stacked_timelines_share_the_time_axis():
+    fig = draw_timelines({"a": SPANS, "b": [s for s in SPANS if s.rank == 0]})
+    assert len(fig.axes) == 2
+    assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
