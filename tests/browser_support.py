@@ -284,6 +284,8 @@ window.__ck = {
           mime_types: Object.keys(o.data || {}),
           text: node ? node.innerText.slice(0, 300) : '',
           widget_rendered: !!widget && box.width > 0 && box.height > 0,
+          // still waiting for the widget's model (a view that will never come stays so)
+          widget_pending: 'application/vnd.jupyter.widget-view+json' in (o.data || {}) && !!node && !widget && (!node.innerText.trim() || node.innerText.includes('Loading widget')),
         });
       }
       return rec;
@@ -369,7 +371,7 @@ class NotebookPage:
         """Close the tab without saving (dispose skips the 'save changes?' dialog)."""
         self.js("(() => { const p = window.__ck.panel(path); if (p) p.dispose(); })()")
 
-    def run_all(self, timeout: float = 240.0) -> None:
+    def run_all(self, timeout: float = 240.0, widget_timeout: float = 30.0) -> None:
         """Clear the stored outputs (so nothing stale can pass), run every cell, wait."""
         self.js("""(async () => {
             const app = window.jupyterapp;
@@ -384,6 +386,17 @@ class NotebookPage:
                 .map((c, i) => [i, c.model.type === 'code' && c.model.executionState === 'running', c.model.sharedModel.getSource().slice(0, 60)])
                 .filter(r => r[1]).map(r => `cell ${r[0]}: ${r[2]}`)""")
             raise AssertionError(f"{self.path}: cells still running after {timeout:.0f} s: {running}") from error
+        self.wait_widgets(widget_timeout)
+
+    def wait_widgets(self, timeout: float) -> None:
+        """Give widget views that are still loading their model up to ``timeout``
+        seconds (on a busy machine they can trail the kernel); problems() reports
+        any that never render."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not any(o.get("widget_pending") for c in self.cells() for o in c["outputs"]):
+                return
+            self.page.wait_for_timeout(250)
 
     def wait_idle(self, timeout: float = 120.0, settle: float = 0.5) -> None:
         """Kernel idle and no cell running, still so ``settle`` seconds later (the
@@ -456,17 +469,21 @@ class NotebookPage:
         return kind, [e.screenshot(mask=masks, animations="disabled") for e in elements]
 
     def _wait_for_change(self, cell_index: int, before: list[bytes], timeout: float) -> tuple[str, bool]:
+        """Changed only if two snapshots in a row agree and differ from ``before``
+        (a figure caught half-replaced would otherwise count as redrawn)."""
         deadline = time.monotonic() + timeout
+        previous = None
         while True:
             kind, after = "", None
             with contextlib.suppress(Exception):   # a figure may be replaced mid-screenshot
                 self.wait_idle(timeout=max(deadline - time.monotonic(), 1.0), settle=0.3)
                 kind, after = self._snapshot(cell_index)
-            if after is not None and after != before:
+            if after is not None and after != before and after == previous:
                 return kind, True
             if time.monotonic() > deadline:
                 return kind, False
-            self.page.wait_for_timeout(500)
+            previous = after
+            self.page.wait_for_timeout(300)
 
     def _controls(self, selector: str) -> list[dict]:
         return self.page.locator(f".jp-NotebookPanel .jp-Notebook {selector}").evaluate_all("""els => {

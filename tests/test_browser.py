@@ -184,8 +184,10 @@ def test_make_lab_serves_the_welcome_notebook():
     browser): the printed URL works, the page carries the ipywidgets front end,
     and the welcome notebook is served through the contents API."""
     port = free_port()
+    # As typed in a shell: no MAKEFLAGS/MAKELEVEL inherited when `make test` runs this suite.
+    env = {k: v for k, v in clean_env().items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     proc = subprocess.Popen(["make", "lab", f"LAB_PORT={port}", "LAB_ARGS=--no-browser"], cwd=ROOT,
-                            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []
     url: list[str] = []
