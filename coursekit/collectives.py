@@ -132,13 +132,16 @@ def _describe(signature: list[int]) -> str:
 
 
 class _LengthCheck:
-    """Tell peers our ``(numel, dtype)`` and hear theirs (control traffic, not payload).
+    """Tell the ranks that send to us our ``(numel, dtype)``; hear it from the ranks we send to.
 
-    Started before the payload and verified just before the first payload
-    *receive* is posted: gloo aborts the whole process when a message does not
-    fit its receive buffer, so no rank may post a receive sized for its own
-    length before it knows the sender's length is the same. Sends may go out
-    at once, so the check costs almost no extra time.
+    Gloo aborts the whole process when a message does not fit its receive
+    buffer. So the rule is: **never send payload to a rank before knowing its
+    length equals ours** (:meth:`verify` just before the first payload send).
+    Receives can then be posted at once, sized for our own length: a message
+    of another length is never sent. The control message and the first
+    receive travel at the same time, so the check adds almost no latency.
+    A rank that finds a mismatch raises; its peers wait on it until the
+    launcher (or the simulator) stops them and reports that error.
     """
 
     def __init__(self, flat: torch.Tensor, name: str, group, send_to: list[int], recv_from: list[int]):
@@ -186,9 +189,9 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     everyone = _buffer(size * flat.numel(), flat).view(size, flat.numel())
     everyone[rank].copy_(flat)
     with comm.phase("exchange", step=0, op="all"):
-        works = [comm.isend(flat, p, group) for p in peers if flat.numel()]
+        works = [comm.irecv(everyone[p], p, group) for p in peers if flat.numel()]
         check.verify()
-        works += [comm.irecv(everyone[p], p, group) for p in peers if flat.numel()]
+        works += [comm.isend(flat, p, group) for p in peers if flat.numel()]
         for w in works:
             w.wait()
     check.finish()
@@ -220,7 +223,7 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
         return tensor
     others = [p for p in range(size) if p != root]
     if rank == root:
-        _LengthCheck(flat, "master_all_reduce", group, [], others).verify()
+        check = _LengthCheck(flat, "master_all_reduce", group, others, others)
         everyone = _buffer(size * flat.numel(), flat).view(size, flat.numel())
         everyone[root].copy_(flat)
         with comm.phase("gather", step=0, op="sum"):
@@ -230,12 +233,16 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
         flat.copy_(everyone[0])
         for p in range(1, size):  # rank order: the same sum whichever rank is root
             flat.add_(everyone[p])
+        check.verify()  # before the first send back
         with comm.phase("broadcast", step=0, op="copy"):
             works = [comm.isend(flat, p, group) for p in others if flat.numel()]
             for w in works:
                 w.wait()
+        check.finish()
     else:
-        _LengthCheck(flat, "master_all_reduce", group, [root], []).finish()
+        check = _LengthCheck(flat, "master_all_reduce", group, [root], [root])
+        check.verify()  # before sending to the root
+        check.finish()
         if flat.numel():
             with comm.phase("gather", step=0, op="sum"):
                 comm.send(flat, root, group)
@@ -249,21 +256,16 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
 # --------------------------------------------------------------------------
 # Ring: reduce-scatter then all-gather (R5, R6).
 # --------------------------------------------------------------------------
-def _post(send: torch.Tensor, right: int, recv: torch.Tensor, left: int, group, check: _LengthCheck | None):
-    """Start one ring step; returns the (receive, send) works, None for an empty segment.
+def _send(segment: torch.Tensor, right: int, group, phase: str, step: int, k: int, op: str):
+    """Start sending segment ``k`` to the right neighbour, labelled for the record; None if it is empty."""
+    if not segment.numel():
+        return None  # empty segments (N < G) are skipped on both sides
+    with comm.phase(phase, step=step, segment=k, op=op):
+        return comm.isend(segment, right, group)
 
-    The receive is posted first, so data lands as soon as it arrives. In the
-    first step of a checked call the send goes first and the receive waits for
-    the length check (see :class:`_LengthCheck`).
-    """
-    if check is None:
-        receiving = comm.irecv(recv, left, group) if recv.numel() else None
-        sending = comm.isend(send, right, group) if send.numel() else None
-    else:
-        sending = comm.isend(send, right, group) if send.numel() else None
-        check.verify()
-        receiving = comm.irecv(recv, left, group) if recv.numel() else None
-    return receiving, sending
+
+def _recv(into: torch.Tensor, left: int, group):
+    return comm.irecv(into, left, group) if into.numel() else None
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
@@ -286,24 +288,38 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     size, rank = comm.get_world_size(group), comm.get_rank(group)
     if size == 1:
         return flat
-    check = _LengthCheck(flat, "ring_reduce_scatter", group, [(rank + 1) % size], [(rank - 1) % size])
+    check = _LengthCheck(flat, "ring_reduce_scatter", group, [(rank - 1) % size], [(rank + 1) % size])
     return _reduce_scatter(flat, size, rank, group, check)
 
 
 def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck | None) -> torch.Tensor:
-    right, left = (rank + 1) % size, (rank - 1) % size
+    right, left, steps = (rank + 1) % size, (rank - 1) % size, size - 1
     segments = flat.tensor_split(size)
-    incoming = _buffer(max(s.numel() for s in segments), flat)
-    for step in range(size - 1):
-        out_k, in_k = (rank - step) % size, (rank - step - 1) % size
-        with comm.phase("reduce-scatter", step=step, segment=out_k, op="sum"):
-            received = incoming[:segments[in_k].numel()]
-            receiving, sending = _post(segments[out_k], right, received, left, group, check if step == 0 else None)
-            if receiving is not None:
-                receiving.wait()
-                segments[in_k].add_(received)  # "added to b₁" (R5)
-            if sending is not None:
-                sending.wait()
+    width = segments[0].numel()  # the largest segment
+    scratch = _buffer(2 * width, flat)
+    buffers = (scratch[:width], scratch[width:])  # two: receive step s+1 while adding step s
+
+    def receive(step):  # in step s, segment (r - s - 1) % G arrives from the left
+        k = (rank - step - 1) % size
+        into = buffers[step % 2][:segments[k].numel()]
+        return k, into, _recv(into, left, group)
+
+    incoming = receive(0)
+    if check is not None:
+        check.verify()  # before the first send: see _LengthCheck
+    sending = _send(segments[rank], right, group, "reduce-scatter", 0, rank, "sum")  # step 0: own segment r
+    for step in range(steps):
+        k, into, receiving = incoming
+        if step + 1 < steps:
+            # Posted early, so the left neighbour's next send finds its receive waiting.
+            incoming = receive(step + 1)
+        if receiving is not None:
+            receiving.wait()
+            segments[k].add_(into)  # "added to b₁" (R5)
+        if sending is not None:
+            sending.wait()
+        if step + 1 < steps:  # pass on the running sum we just added to
+            sending = _send(segments[k], right, group, "reduce-scatter", step + 1, k, "sum")
     if check is not None:
         check.finish()
     return segments[owned_segment(rank, size)]
@@ -329,28 +345,34 @@ def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> tor
         raise ValueError(f"ring_all_gather: rank {rank} owns segment {owned_segment(rank, size)} of out "
                          f"(elements {start}:{stop}, {stop - start} of them) but was given a segment of "
                          f"{segment.numel()} elements. Pass the view ring_reduce_scatter returned.")
-    if size > 1:
-        check = _LengthCheck(flat, "ring_all_gather", group, [(rank + 1) % size], [(rank - 1) % size])
-        _all_gather(segment, flat, size, rank, group, check)
+    check = _LengthCheck(flat, "ring_all_gather", group, [(rank - 1) % size], [(rank + 1) % size]) \
+        if size > 1 else None
+    _all_gather(segment, flat, size, rank, group, check)
     return out
 
 
 def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int, group,
                 check: _LengthCheck | None = None) -> None:
-    right, left = (rank + 1) % size, (rank - 1) % size
+    right, left, steps = (rank + 1) % size, (rank - 1) % size, size - 1
     segments = flat.tensor_split(size)
-    mine = segments[owned_segment(rank, size)]
-    if segment.data_ptr() != mine.data_ptr() and mine.numel():
-        mine.copy_(segment.reshape(-1))
-    for step in range(size - 1):
-        out_k, in_k = (rank + 1 - step) % size, (rank - step) % size
-        with comm.phase("all-gather", step=step, segment=out_k, op="copy"):
-            # Received straight into place: no extra buffer, no copy.
-            receiving, sending = _post(segments[out_k], right, segments[in_k], left, group,
-                                       check if step == 0 else None)
-            for work in (receiving, sending):
-                if work is not None:
-                    work.wait()
+    own = owned_segment(rank, size)
+    if segment.data_ptr() != segments[own].data_ptr() and segments[own].numel():
+        segments[own].copy_(segment.reshape(-1))
+    if size == 1:
+        return
+    # Every segment arrives straight into its place in out, so all receives can be posted now:
+    # in step s, segment (r - s) % G comes from the left.
+    receiving = [((rank - s) % size, _recv(segments[(rank - s) % size], left, group)) for s in range(steps)]
+    if check is not None:
+        check.verify()  # before the first send: see _LengthCheck
+    sending = _send(segments[own], right, group, "all-gather", 0, own, "copy")
+    for step, (k, work) in enumerate(receiving):
+        if work is not None:
+            work.wait()
+        if sending is not None:
+            sending.wait()
+        if step + 1 < steps:  # pass on what just arrived
+            sending = _send(segments[k], right, group, "all-gather", step + 1, k, "copy")
     if check is not None:
         check.finish()
 
@@ -368,7 +390,7 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     flat = _flat(work, "ring_all_reduce")
     size, rank = comm.get_world_size(group), comm.get_rank(group)
     if size > 1:
-        check = _LengthCheck(flat, "ring_all_reduce", group, [(rank + 1) % size], [(rank - 1) % size])
+        check = _LengthCheck(flat, "ring_all_reduce", group, [(rank - 1) % size], [(rank + 1) % size])
         mine = _reduce_scatter(flat, size, rank, group, check)
         _all_gather(mine, flat, size, rank, group)
     if work is not tensor:

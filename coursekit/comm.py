@@ -431,13 +431,19 @@ class _Done:
 
 
 class _SimRecv:
-    __slots__ = ("transport", "tensor", "src")
+    """A posted receive. Receives from one peer are matched to its messages in the order they
+    were posted, as gloo and NCCL do, whatever order they are waited on."""
+
+    __slots__ = ("transport", "tensor", "src", "filled")
 
     def __init__(self, transport, tensor, src):
-        self.transport, self.tensor, self.src = transport, tensor, src
+        self.transport, self.tensor, self.src, self.filled = transport, tensor, src, False
 
     def wait(self):
-        self.transport.recv(self.tensor, self.src, None)
+        posted = self.transport.posted[self.src]
+        while not self.filled:
+            self.transport.fill(posted[0])  # the oldest receive from this peer gets the next message
+            posted.popleft().filled = True
         return True
 
 
@@ -448,6 +454,7 @@ class _SimTransport:
 
     def __init__(self, world: _SimWorld, rank: int):
         self.world, self.my_rank = world, rank
+        self.posted: dict[int, deque] = defaultdict(deque)  # receives posted, per source, not yet filled
 
     @staticmethod
     def _no_groups(group):
@@ -487,11 +494,16 @@ class _SimTransport:
     def irecv(self, tensor, src, group):
         self._no_groups(group)
         self._check_peer(src, "receive from")
-        return _SimRecv(self, tensor, src)
+        work = _SimRecv(self, tensor, src)
+        self.posted[src].append(work)
+        return work
 
     def recv(self, tensor, src, group):
-        self._no_groups(group)
-        self._check_peer(src, "receive from")
+        self.irecv(tensor, src, group).wait()
+
+    def fill(self, posted: _SimRecv) -> None:
+        """Block until the next message from ``posted.src`` arrives; copy it into ``posted.tensor``."""
+        tensor, src = posted.tensor, posted.src
         world, me = self.world, self.my_rank
         box = world.boxes[(src, me)]
         with world.cond:

@@ -136,3 +136,18 @@ def test_docstring_examples_run():
     for module in (comm, collectives):
         failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0 and failures == 0, module.__name__
+
+
+def test_simulated_receives_match_messages_in_posting_order():
+    def run(rank, world_size):
+        if rank == 0:
+            comm.send(torch.tensor([1.0]), 1)
+            comm.send(torch.tensor([2.0, 2.0]), 1)
+            return None
+        first, second = torch.zeros(1), torch.zeros(2)
+        early, late = comm.irecv(first, 0), comm.irecv(second, 0)
+        late.wait()  # waited out of order: still gets the second message, as on gloo
+        early.wait()
+        return first.tolist(), second.tolist()
+
+    assert comm.simulate(run, 2).results[1] == ([1.0], [2.0, 2.0])
