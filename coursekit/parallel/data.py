@@ -353,6 +353,9 @@ class ZeRO(nn.Module):
 
     Backward passes between two ``step()`` calls accumulate (no communication
     until ``step``), which is gradient accumulation without ``no_sync``.
+    After ``step()`` only my segment of the gradient is the average; the
+    reduce-scatter leaves partial sums in the rest of stage 1's buffer
+    (scratch, zeroed by ``zero_grad``).
 
     Only element-wise optimisers are exact here (SGD, momentum, Adam, AdamW):
     each rank sees only its segment. (Gradient clipping by global norm would
@@ -447,9 +450,13 @@ class ZeRO(nn.Module):
                 p.grad = view
         output = self.module(*args, **kwargs)
         if self.stage == 3:
-            self._free_params()
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(self._before_backward)
+            elif torch.is_grad_enabled():
+                raise ValueError("ZeRO-3 here gathers the parameters again when backward reaches the model's "
+                                 "output, so the module must return one tensor that requires grad (wrap it to "
+                                 "return e.g. the logits only).")
+            self._free_params()
         return output
 
     def _before_backward(self, grad: torch.Tensor) -> torch.Tensor:
