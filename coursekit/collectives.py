@@ -29,7 +29,9 @@ order (rank order for naive and master, along the ring for ring), never in
 
 Before any payload moves, ranks exchange ``(length, dtype)`` with their peers
 (a few *control* messages, counted apart from the payload), so mismatched
-tensors raise a clear error instead of hanging or aborting gloo.
+tensors raise a clear error instead of hanging or aborting gloo. The price is
+one extra message latency per call: noticeable for tiny tensors, negligible
+for large ones.
 """
 
 from __future__ import annotations
