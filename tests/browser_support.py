@@ -367,6 +367,22 @@ class NotebookPage:
                 " await p.sessionContext.ready; })()")
         self.wait_idle(timeout)
 
+    def inject_parameters(self, parameters: dict) -> None:
+        """What papermill does: a cell after the one tagged ``parameters`` that
+        overrides its values (tagged ``injected-parameters``)."""
+        if not parameters:
+            return
+        source = "# Parameters injected by the test (the notebook's CI sizes)\n" + \
+            "\n".join(f"{name} = {value!r}" for name, value in parameters.items())
+        found = self.js("""(() => {
+            const panel = window.__ck.panel(path);
+            const at = panel.content.widgets.findIndex(c => (c.model.getMetadata('tags') || []).includes('parameters'));
+            if (at < 0) return false;
+            panel.content.model.sharedModel.insertCell(at + 1, {cell_type: 'code', source: args[0],
+                                                                 metadata: {tags: ['injected-parameters']}});
+            return true; })()""", source)
+        assert found, f"{self.path} has CI parameters but no cell tagged 'parameters'"
+
     def close(self) -> None:
         """Close the tab without saving (dispose skips the 'save changes?' dialog)."""
         self.js("(() => { const p = window.__ck.panel(path); if (p) p.dispose(); })()")
@@ -468,9 +484,11 @@ class NotebookPage:
         kind, elements, masks = self._region(cell_index)
         return kind, [e.screenshot(mask=masks, animations="disabled") for e in elements]
 
-    def _wait_for_change(self, cell_index: int, before: list[bytes], timeout: float) -> tuple[str, bool]:
+    def _wait_for_change(self, cell_index: int, before: list[bytes], timeout: float,
+                         stable: bool = True) -> tuple[str, bool]:
         """Changed only if two snapshots in a row agree and differ from ``before``
-        (a figure caught half-replaced would otherwise count as redrawn)."""
+        (a figure caught half-replaced would otherwise count as redrawn);
+        ``stable=False`` accepts the first differing snapshot."""
         deadline = time.monotonic() + timeout
         previous = None
         while True:
@@ -478,7 +496,7 @@ class NotebookPage:
             with contextlib.suppress(Exception):   # a figure may be replaced mid-screenshot
                 self.wait_idle(timeout=max(deadline - time.monotonic(), 1.0), settle=0.3)
                 kind, after = self._snapshot(cell_index)
-            if after is not None and after != before and after == previous:
+            if after is not None and after != before and (after == previous or not stable):
                 return kind, True
             if time.monotonic() > deadline:
                 return kind, False
@@ -526,9 +544,11 @@ class NotebookPage:
             play_button = plays.nth(i).locator("button").first
             kind, before = self._snapshot(info["cell"])
             play_button.click()
+            # While it plays the figure keeps changing: see one change, pause
+            # (the play button toggles), then require a settled, different figure.
+            self._wait_for_change(info["cell"], before, timeout, stable=False)
+            play_button.click()
             kind, changed = self._wait_for_change(info["cell"], before, timeout)
-            play_button.click()                       # the play button toggles to pause
-            self.wait_idle(timeout)
             results.append(Interaction(f"play button in cell {info['cell']}", "stopped", "played", kind, changed))
         return results
 

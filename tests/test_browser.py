@@ -3,7 +3,9 @@
 Widgets that execute fine under papermill can still show "Error displaying
 widget" in the browser (front end missing or mismatched), and a figure can fail
 to redraw when a slider moves. Only a real browser sees that, so for every
-notebook in notebooks/ this suite opens it in JupyterLab, runs all cells, checks
+notebook in notebooks/ this suite opens it in JupyterLab, runs all cells (with
+the notebook's CI parameters injected after its `parameters` cell, as papermill
+does in tests/test_notebooks.py), checks
 that no cell shows an error and every widget rendered, moves every slider (and
 presses every Play button) and checks that the figure next to it was redrawn.
 A full-page screenshot of each notebook lands in test-artifacts/browser/.
@@ -92,6 +94,8 @@ def open_notebook(lab, browser, lab_page):
 
 def check_learner_view(notebook: NotebookPage) -> None:
     """Run all cells; nothing broken on the page; every slider and Play button redraws."""
+    on_disk = json.loads((ROOT / notebook.path).read_text())
+    notebook.inject_parameters(on_disk["metadata"].get("coursekit", {}).get("ci_parameters", {}))
     start = time.monotonic()
     notebook.run_all()
     ran = time.monotonic()
