@@ -7,7 +7,7 @@ import coursekit
 from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
 from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, shard_batch, train
+from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, broadcast_parameters, shard_batch, train
 from coursekit.verify import assert_equivalent, compare
 
 STRATEGIES = ("naive", "bucketed", "zero1", "zero2", "zero3")
@@ -195,3 +195,45 @@ def test_average_gradients_with_torch_or_ring_is_the_same():
     for torch_grad, ring_grad in results:
         assert torch.allclose(torch_grad, ring_grad, atol=1e-7)
         assert torch.equal(ring_grad, results[0][1])  # bit-identical replicas
+
+
+class _WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = torch.nn.Linear(4, 2)
+        self.unused = torch.nn.Linear(4, 2)  # never called: its bucket must still be synchronised
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _start_and_unused(rank, world_size):
+    flat = lambda m: torch.cat([p.detach().reshape(-1) for p in m.parameters()])  # noqa: E731
+    started = []
+    for wrap in ("broadcast", "bucketed", "zero1", "zero3"):
+        model = tiny_mlp(seed=rank)  # every rank starts different ...
+        if wrap == "broadcast":
+            broadcast_parameters(model)
+        elif wrap == "bucketed":
+            DataParallel(model)
+        else:
+            zero = ZeRO(model, lambda ps: torch.optim.SGD(ps, lr=0.1), stage=int(wrap[-1]), collectives="torch")
+            zero._gather_params()  # stage 3 keeps only a segment between steps
+        started.append(flat(model))
+    torch.manual_seed(rank)
+    model = DataParallel(_WithUnused(), bucket_size=8)
+    model(torch.randn(3, 4)).sum().backward()
+    model.finish_gradient_synchronization()
+    return started, [p.grad.clone() for p in model.parameters()]
+
+
+def test_every_wrapper_starts_from_rank_zero_and_unused_parameters_do_not_hang():
+    results = coursekit.launch(_start_and_unused, 3, timeout=120)
+    rank0 = torch.cat([p.detach().reshape(-1) for p in tiny_mlp(seed=0).parameters()])
+    for started, _ in results:
+        for flat in started:
+            assert torch.equal(flat, rank0)  # ... and all start from rank 0's weights
+    grads = [g for _, g in results]
+    for g in grads[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(g, grads[0]))  # the used grads are averaged
+    assert torch.count_nonzero(grads[0][2]) == 0 and torch.count_nonzero(grads[0][3]) == 0  # unused: zeros
