@@ -168,7 +168,7 @@ def test_the_checks_can_fail(lab, open_notebook):
     notebook = open_notebook(probe)
     notebook.run_all()
     assert notebook.problems() == []
-    moved = {i.control.split("'")[1]: i.changed for i in notebook.move_sliders(timeout=8)}
+    moved = {i.control.split("'")[1]: i.changed for i in notebook.move_sliders(timeout=12)}
     assert moved == {"wired": True, "unwired": False}
 
     with lab.disabled_extensions(WIDGET_MANAGER):   # read when a page loads JupyterLab
