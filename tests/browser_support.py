@@ -8,16 +8,19 @@ Used by tests/test_browser.py. Three pieces:
   notebooks are never rewritten). Always stopped, kernels included.
 - ``launch_chromium``: the system Chromium (Debian package ``chromium``)
   through Playwright; Playwright's own browser download is not used.
-- ``NotebookPage``: open a notebook, run all cells, wait for the kernel, then
-  report error outputs, widgets that did not render, and whether moving each
-  slider (or pressing Play) redraws the figure next to it.
+- ``LabPage`` / ``NotebookPage``: JupyterLab loaded once in a page; open a
+  notebook in it, run all cells, wait for the kernel, then report error
+  outputs, widgets that did not render, and whether moving each slider (or
+  pressing Play) redraws the figure next to it.
 
 Example::
 
     with LabServer(ROOT) as lab, launch_chromium() as browser:
-        page = NotebookPage(browser.new_page(), lab, "notebooks/00_welcome.ipynb")
-        page.open(); page.run_all()
-        assert not page.error_outputs()
+        notebook = NotebookPage(LabPage(browser.new_page(), lab), "notebooks/00_welcome.ipynb")
+        notebook.open()
+        notebook.run_all()
+        assert notebook.problems() == []
+        assert all(i.changed for i in notebook.move_sliders())
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -361,6 +364,12 @@ class NotebookPage:
     def open(self, timeout: float = 120.0) -> None:
         if not self.lab_page.loaded:
             self.lab_page.load(timeout)
+        # A dialog left by an earlier notebook (say "kernel died") would block this one.
+        for _ in range(5):
+            if not self.page.locator(".jp-Dialog").count():
+                break
+            self.page.keyboard.press("Escape")
+            self.page.wait_for_timeout(200)
         self.js("void window.jupyterapp.commands.execute('docmanager:open', {path, factory: 'Notebook'})")
         self.page.wait_for_function("(path) => !!window.__ck.panel(path)", arg=self.path, timeout=timeout * 1000)
         self.js("(async () => { const p = window.__ck.panel(path); await p.context.ready;"

@@ -38,8 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "test-artifacts" / "browser"
 CHAPTERS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("*.ipynb"))
-# The exercise a learner meets first; any other one if it is not there (yet).
+# What a grading cell prints for the learner: "01_ring_allreduce: 0 / 3 points" and a table.
 FEEDBACK = re.compile(r"\d+\s*/\s*\d+\s+points|score", re.IGNORECASE)
+# The exercise a learner meets first; any other one if it is not there (yet).
 EXERCISE = next((p for p in EXERCISES if p.name == "01_ring_allreduce.ipynb"), EXERCISES[0] if EXERCISES else None)
 
 
@@ -127,7 +128,7 @@ def test_chapter_in_jupyterlab(path, open_notebook):
 def test_exercise_grading_feedback_appears(open_notebook):
     notebook = open_notebook(EXERCISE)
     check_learner_view(notebook)
-    # Each grading cell shows the learner a score: "01_ring_allreduce: 0 / 3 points" and a table.
+    # Each grading cell shows the learner a score for their (here: unfinished) code.
     graded = [c for c in notebook.cells() if re.search(r"\bgrade\(", c["source"])]
     assert graded, f"{EXERCISE.name} has no cell calling grade(...)"
     for cell in graded:
