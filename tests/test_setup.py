@@ -1,7 +1,10 @@
 """The set-up files agree with each other, and the README gives the two commands first."""
 
 import re
-import tomllib
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
