@@ -18,7 +18,17 @@ The source is a plain Python file (easy to diff and review):
 Magics are written commented (``# %matplotlib inline``) and uncommented in the notebook.
 
 A first line ``# ci_parameters: {"N": 1}`` stores smaller values for CI in the
-notebook's metadata. ``--no-execute`` only writes the notebook. Execution
+notebook's metadata.
+
+An exercise and its solution come from ONE source. Inside a block
+
+    # BEGIN SOLUTION
+    segments = tensor.tensor_split(G)          (the solution's lines)
+    # EXERCISE:     raise NotImplementedError("write the reduce-scatter")
+    # END SOLUTION
+
+the solution keeps the plain lines and drops the ``# EXERCISE: `` ones;
+``--exercise`` keeps only the ``# EXERCISE: `` lines, with that prefix removed. ``--no-execute`` only writes the notebook. Execution
 goes to a temporary file first; the target is replaced only on success.
 """
 
@@ -33,6 +43,31 @@ from pathlib import Path
 import nbformat
 
 _CELL = re.compile(r"^# %%(?P<kind> \[markdown\])?(?:\s+tags=(?P<tags>\[.*\]))?\s*$")
+
+
+def select(source: str, exercise: bool) -> str:
+    """Keep the solution's or the exercise's side of every BEGIN/END SOLUTION block."""
+    kept, inside = [], False
+    for number, line in enumerate(source.splitlines(), 1):
+        marker = line.strip()
+        if marker == "# BEGIN SOLUTION":
+            if inside:
+                raise ValueError(f"line {number}: BEGIN SOLUTION inside another block")
+            inside = True
+        elif marker == "# END SOLUTION":
+            if not inside:
+                raise ValueError(f"line {number}: END SOLUTION without BEGIN SOLUTION")
+            inside = False
+        elif not inside:
+            kept.append(line)
+        elif line.startswith("# EXERCISE: "):
+            if exercise:
+                kept.append(line[len("# EXERCISE: "):])
+        elif not exercise:
+            kept.append(line)
+    if inside:
+        raise ValueError("a BEGIN SOLUTION block is never closed")
+    return "\n".join(kept)
 
 
 def parse(source: str) -> nbformat.NotebookNode:
@@ -73,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("source", type=Path)
     parser.add_argument("target", type=Path)
     parser.add_argument("--no-execute", action="store_true")
+    parser.add_argument("--exercise", action="store_true", help="build the exercise side of SOLUTION blocks")
     options = parser.parse_args(argv)
-    notebook = parse(options.source.read_text())
+    notebook = parse(select(options.source.read_text(), options.exercise))
     if options.no_execute:
         nbformat.write(notebook, str(options.target))
         return 0

@@ -1,5 +1,8 @@
 # %% [markdown]
-# # Exercise 02 · Data parallelism: average with hooks, then shard with ZeRO-2
+# BEGIN SOLUTION
+# # Solution 02 · Data parallelism: average with hooks, then shard with ZeRO-2
+# EXERCISE: # # Exercise 02 · Data parallelism: average with hooks, then shard with ZeRO-2
+# END SOLUTION
 #
 # In `notebooks/02_data_parallelism.ipynb` you saw that averaging the ranks' gradients makes data
 # parallelism exactly equal to one device (**P4**, **R2**), that starting the communication *during*
@@ -54,8 +57,18 @@ from coursekit.verify import compare, record_step, reference_run
 def attach_gradient_averaging(model, group=None):
     """Register hooks so that after loss.backward() every trainable gradient is the mean over ranks."""
     world_size = comm.get_world_size(group)
-    # YOUR CODE HERE
-    raise NotImplementedError("register a hook on every trainable parameter")
+# BEGIN SOLUTION
+
+    def average(param):
+        ring_all_reduce(param.grad, group=group)     # in place: the sum over ranks ...
+        param.grad.div_(world_size)                  # ... divided: the mean
+
+    for param in model.parameters():
+        if param.requires_grad:
+            param.register_post_accumulate_grad_hook(average)
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("register a hook on every trainable parameter")
+# END SOLUTION
 
 # %% [markdown]
 # Try it: 3 ranks, 2 SGD steps with your hooks, compared with one process by the harness (it names the
@@ -116,8 +129,16 @@ check_data_parallel(attach_gradient_averaging, None, only=["hooks_average_gradie
 def reduce_scatter_gradients(model, group=None):
     """ZeRO-2: this rank's segment of the averaged, flattened gradients; frees the full gradients."""
     world_size = comm.get_world_size(group)
-    # YOUR CODE HERE
-    raise NotImplementedError("flatten, free, reduce-scatter, average")
+# BEGIN SOLUTION
+    params = [p for p in model.parameters() if p.requires_grad]
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None                                # keep only my segment from now on
+    mine = ring_reduce_scatter(flat, group=group)    # sum over ranks of segment (r + 1) % G
+    return mine.div_(world_size)
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("flatten, free, reduce-scatter, average")
+# END SOLUTION
 
 # %%
 check_data_parallel(None, reduce_scatter_gradients, only=["zero2_segment", "zero2_traffic", "zero2_frees_gradients"],

@@ -1,5 +1,8 @@
 # %% [markdown]
-# # Exercise 01 · Write the ring all-reduce
+# BEGIN SOLUTION
+# # Solution 01 · The ring all-reduce, written out
+# EXERCISE: # # Exercise 01 · Write the ring all-reduce
+# END SOLUTION
 #
 # In `notebooks/01_gradient_sync.ipynb` you watched the ring all-reduce move gradients around four GPUs
 # (claims **R5**, **R6**). Now you write its two phases yourself, with nothing but point-to-point messages.
@@ -50,8 +53,27 @@ from coursekit import comm, grading
 def reduce_scatter(tensor, group=None):
     """Ring reduce-scatter: returns this rank's fully reduced segment (r + 1) % G."""
     G, r = comm.get_world_size(group), comm.get_rank(group)
-    # YOUR CODE HERE
-    raise NotImplementedError("write the reduce-scatter phase")
+# BEGIN SOLUTION
+    segments = tensor.view(-1).tensor_split(G)
+    if G == 1:
+        return tensor.view(-1)
+    right, left = (r + 1) % G, (r - 1) % G
+    buffer = torch.empty_like(segments[0])              # the largest segment: reused every step
+    for s in range(G - 1):
+        send_k, recv_k = (r - s) % G, (r - s - 1) % G
+        incoming = buffer[:segments[recv_k].numel()]
+        works = []
+        if segments[send_k].numel():
+            works.append(comm.isend(segments[send_k], right, group))
+        if incoming.numel():
+            comm.irecv(incoming, left, group).wait()
+            segments[recv_k].add_(incoming)             # "added to b1"
+        for work in works:
+            work.wait()                                 # before the next step touches that segment
+    return segments[(r + 1) % G]
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("write the reduce-scatter phase")
+# END SOLUTION
 
 # %% [markdown]
 # Try it on 3 simulated ranks first (instant, and a deadlock is reported rather than hanging),
@@ -85,8 +107,25 @@ grading.grade("01_ring_allreduce", only="reduce_scatter_correct", timeout=CHECK_
 def all_gather(segment, out, group=None):
     """Ring all-gather: every rank ends with every complete segment in out."""
     G, r = comm.get_world_size(group), comm.get_rank(group)
-    # YOUR CODE HERE
-    raise NotImplementedError("write the all-gather phase")
+# BEGIN SOLUTION
+    segments = out.view(-1).tensor_split(G)
+    mine = segments[(r + 1) % G]
+    if mine.numel() and segment.data_ptr() != mine.data_ptr():
+        mine.copy_(segment.view(-1))
+    right, left = (r + 1) % G, (r - 1) % G
+    for s in range(G - 1):
+        send_k, recv_k = (r + 1 - s) % G, (r - s) % G
+        works = []
+        if segments[send_k].numel():
+            works.append(comm.isend(segments[send_k], right, group))
+        if segments[recv_k].numel():
+            works.append(comm.irecv(segments[recv_k], left, group))   # straight into place
+        for work in works:
+            work.wait()
+    return out
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("write the all-gather phase")
+# END SOLUTION
 
 # %%
 grading.grade("01_ring_allreduce", only="all_gather_correct", timeout=CHECK_TIMEOUT,
