@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
-from .launch import waiting_on
+from .waiting import waiting_on
 
 __all__ = ["get_rank", "get_world_size", "send", "recv", "isend", "irecv", "record", "phase",
            "control", "Transfer", "Traffic", "simulate", "Simulation", "SimulatorError", "Deadlock"]

@@ -73,10 +73,10 @@ from typing import Any, Callable
 
 import cloudpickle
 
-__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed",
-           "resolve_backend", "waiting_on", "set_waiting"]
+from .waiting import STATUS_BYTES, attach, read_note, set_waiting, waiting_on
 
-_STATUS_BYTES = 240
+__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend"]
+
 
 
 class RankError(RuntimeError):
@@ -111,39 +111,6 @@ class LaunchTimeout(TimeoutError):
 
 class ClusterClosed(RuntimeError):
     """Raised by ``Cluster.run`` after the cluster was torn down."""
-
-
-# --------------------------------------------------------------------------
-# Inside a rank: "what am I waiting on", written to shared memory the parent reads.
-# --------------------------------------------------------------------------
-_status_buffer = None  # a RawArray of bytes, set in each child
-
-
-def set_waiting(description: str) -> None:
-    """Record what this rank is about to wait on (shown if the launch times out).
-
-    Cheap (a memcpy into shared memory); a no-op outside a launched rank.
-    """
-    if _status_buffer is not None:
-        data = description.encode("utf-8", "replace")[: _STATUS_BYTES - 1]
-        _status_buffer[: len(data) + 1] = data + b"\0"
-
-
-class waiting_on:
-    """Context manager form of :func:`set_waiting`: ``with waiting_on("recv from rank 1"): ...``."""
-
-    __slots__ = ("description",)
-
-    def __init__(self, description: str):
-        self.description = description
-
-    def __enter__(self):
-        set_waiting(self.description)
-        return self
-
-    def __exit__(self, *exc):
-        set_waiting("")
-        return False
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
@@ -207,7 +174,6 @@ def _run_user(fn, rank, world_size, args, kwargs):
 def _rank_main(rank, world_size, backend, store_path, conn, status, stack_path, threads, payload, persistent,
                init_timeout):
     """Entry point of every rank (fork and spawn alike)."""
-    global _status_buffer
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook's stop button is the parent's to handle
     _set_parent_death_signal()
     import torch
@@ -217,7 +183,7 @@ def _rank_main(rank, world_size, backend, store_path, conn, status, stack_path, 
     lock = threading.Lock()
     sys.stdout = _PipeWriter(conn, "stdout", lock)
     sys.stderr = _PipeWriter(conn, "stderr", lock)
-    _status_buffer = status
+    attach(status)
     stack_file = open(stack_path, "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
     if sys.platform.startswith("linux"):
@@ -297,7 +263,7 @@ class _Gang:
                 warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork of a threaded process
                 for rank in range(world_size):
                     parent_conn, child_conn = context.Pipe(duplex=True)
-                    status = context.RawArray("c", _STATUS_BYTES)
+                    status = context.RawArray("c", STATUS_BYTES)
                     stack_path = os.path.join(self.tmpdir, f"stack-{rank}.txt")
                     proc = context.Process(
                         target=_rank_main, name=f"coursekit-rank-{rank}", daemon=True,
@@ -396,7 +362,7 @@ class _Gang:
         The note is read first: the signal may interrupt a blocking call and so
         change what the rank is doing.
         """
-        notes = {rank: bytes(self.status[rank]).split(b"\0", 1)[0].decode("utf-8", "replace") for rank in ranks}
+        notes = {rank: read_note(self.status[rank]) for rank in ranks}
         for rank in ranks:
             try:
                 os.kill(self.procs[rank].pid, signal.SIGUSR1)

@@ -91,7 +91,7 @@ def test_deadlock_times_out_names_ranks_and_leaves_no_orphans():
     def mismatched(rank, world_size):
         t = torch.zeros(4)
         if rank == 1:
-            from coursekit.launch import waiting_on
+            from coursekit.waiting import waiting_on
 
             with waiting_on("recv from rank 0"):
                 dist.recv(t, src=0)  # rank 0 never sends
