@@ -131,9 +131,9 @@ def test_a_real_deadlock_times_out_naming_what_each_rank_waited_on():
 def test_docstring_examples_run():
     import doctest
 
-    from coursekit import collectives
+    from coursekit import collective_base, collectives, ring, simulator, traffic, walkthrough
 
-    for module in (comm, collectives):
+    for module in (comm, collectives, ring, simulator, traffic, walkthrough):
         failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert tried > 0 and failures == 0, module.__name__
 
@@ -151,3 +151,48 @@ def test_simulated_receives_match_messages_in_posting_order():
         return first.tolist(), second.tolist()
 
     assert comm.simulate(run, 2).results[1] == ([1.0], [2.0, 2.0])
+
+
+def _peers_in_a_subgroup(rank, world_size):
+    import torch.distributed as dist
+
+    pair = dist.new_group([1, 3])  # every rank creates every group, members or not
+    if rank not in (1, 3):
+        return None
+    out = {}
+    mine, theirs = torch.full((2,), float(rank)), torch.empty(2)
+    with comm.record() as traffic:
+        # as torch.distributed: dst/src are global ranks ...
+        if rank == 1:
+            comm.send(mine, dst=3, group=pair)
+            comm.recv(theirs, src=3, group=pair)
+        else:
+            comm.recv(theirs, src=1, group=pair)
+            comm.send(mine, dst=1, group=pair)
+        out["global"] = theirs.tolist()
+        # ... group_dst/group_src are ranks within the group (1 -> 0, 3 -> 1)
+        peer = 1 - comm.get_rank(pair)
+        receiving = comm.irecv(theirs, group=pair, group_src=peer)
+        comm.isend(mine * 10, group=pair, group_dst=peer).wait()
+        receiving.wait()
+        out["group"] = theirs.tolist()
+    out["links"] = traffic.links
+    for bad in ({"dst": 3, "group_dst": 1}, {}, {"dst": 0}):
+        try:
+            comm.send(mine, group=pair, **bad)
+        except ValueError as error:
+            out.setdefault("errors", []).append(str(error))
+    return out
+
+
+def test_dst_is_a_global_rank_and_group_dst_a_rank_in_the_group():
+    results = coursekit.launch(_peers_in_a_subgroup, 4, timeout=TIMEOUT)
+    assert results[0] is None and results[2] is None
+    assert results[1]["global"] == [3.0, 3.0] and results[3]["global"] == [1.0, 1.0]
+    assert results[1]["group"] == [30.0, 30.0] and results[3]["group"] == [10.0, 10.0]
+    # recorded links are between global ranks, however the peer was named
+    assert results[1]["links"] == {(1, 3): 4} and results[3]["links"] == {(3, 1): 4}
+    both, neither, outsider = results[1]["errors"]
+    assert "not both" in both
+    assert "say which rank" in neither and "group_dst=" in neither
+    assert "global rank 0 is not in this group" in outsider and "[1, 3]" in outsider

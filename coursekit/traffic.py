@@ -1,0 +1,151 @@
+"""What was sent: one :class:`Transfer` per point-to-point message, and :class:`Traffic`, a run's worth of them.
+
+:func:`coursekit.comm.record` fills a :class:`Traffic` with every message this
+rank sends; :meth:`Traffic.merge` joins the per-rank records into the whole
+picture, and its properties answer what a learner asks of it (total elements,
+per-rank and per-link load, the busiest rank). Plain data: nothing here talks
+to another rank.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Transfer", "Traffic"]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One point-to-point message, as seen by its sender.
+
+    ``kind`` is ``"payload"`` for data or ``"control"`` for bookkeeping such as
+    the length check before a collective (not counted in :attr:`Traffic.total`).
+    """
+
+    phase: str | None
+    step: int | None
+    src: int
+    dst: int
+    numel: int
+    itemsize: int
+    kind: str = "payload"
+    meta: tuple = ()
+    seq: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A metadata value given to :func:`phase`, e.g. ``t.get("segment")``."""
+        return dict(self.meta).get(key, default)
+
+
+@dataclass
+class Traffic:
+    """Every transfer recorded in one run, and the numbers a learner asks of it.
+
+        >>> traffic = Traffic([Transfer("ring", 0, src=0, dst=1, numel=6, itemsize=4),
+        ...                    Transfer("ring", 0, src=1, dst=0, numel=2, itemsize=4)], world_size=2)
+        >>> traffic.total, traffic.sent, traffic.links, traffic.busiest_rank
+        (8, {0: 6, 1: 2}, {(0, 1): 6, (1, 0): 2}, 0)
+    """
+
+    transfers: list = field(default_factory=list)
+    world_size: int | None = None
+
+    # ---------------------------------------------------------------- building
+    @classmethod
+    def merge(cls, parts: "list[Traffic]") -> "Traffic":
+        """Combine per-rank records (e.g. the list ``launch`` returned) into one, in send order."""
+        transfers = [t for part in parts if part is not None for t in part.transfers]
+        sizes = [p.world_size for p in parts if p is not None and p.world_size]
+        merged = cls(sorted(transfers, key=lambda t: (t.seq, t.src)), max(sizes) if sizes else None)
+        return merged
+
+    # ---------------------------------------------------------------- views
+    @property
+    def payload(self) -> list:
+        return [t for t in self.transfers if t.kind == "payload"]
+
+    @property
+    def control(self) -> list:
+        return [t for t in self.transfers if t.kind == "control"]
+
+    @property
+    def total(self) -> int:
+        """Elements of payload moved, summed over every link."""
+        return sum(t.numel for t in self.payload)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.payload)
+
+    @property
+    def messages(self) -> int:
+        return len(self.payload)
+
+    def _ranks(self) -> list[int]:
+        seen = {t.src for t in self.transfers} | {t.dst for t in self.transfers}
+        top = max(seen, default=-1) + 1
+        return list(range(max(top, self.world_size or 0)))
+
+    @property
+    def sent(self) -> dict[int, int]:
+        """Payload elements each rank sent."""
+        out = {r: 0 for r in self._ranks()}
+        for t in self.payload:
+            out[t.src] += t.numel
+        return out
+
+    @property
+    def received(self) -> dict[int, int]:
+        """Payload elements each rank received."""
+        out = {r: 0 for r in self._ranks()}
+        for t in self.payload:
+            out[t.dst] += t.numel
+        return out
+
+    @property
+    def links(self) -> dict[tuple[int, int], int]:
+        """Payload elements per directed link ``(src, dst)``."""
+        out: dict[tuple[int, int], int] = defaultdict(int)
+        for t in self.payload:
+            out[(t.src, t.dst)] += t.numel
+        return dict(out)
+
+    @property
+    def busiest_rank(self) -> int | None:
+        """The rank that sent plus received the most (the lowest such rank on a tie)."""
+        sent, received = self.sent, self.received
+        if not sent:
+            return None
+        return max(sent, key=lambda r: (sent[r] + received[r], -r))
+
+    def steps(self) -> list[tuple[tuple[str | None, int | None], list]]:
+        """Payload transfers grouped by ``(phase, step)``, in the order they happened."""
+        groups: dict = {}
+        for t in self.payload:
+            groups.setdefault((t.phase, t.step), []).append(t)
+        return list(groups.items())
+
+    def trace(self) -> list[tuple]:
+        """A canonical, comparable form: two runs of the same algorithm give equal traces."""
+        return sorted((t.phase or "", -1 if t.step is None else t.step, t.src, t.dst, t.numel, t.kind, t.meta)
+                      for t in self.transfers)
+
+    def summary(self) -> str:
+        """A short text table: totals, per-rank sent/received, busiest rank."""
+        sent, received = self.sent, self.received
+        lines = [f"{self.messages} messages, {self.total} elements ({self.total_bytes} bytes) of payload"
+                 f"{f', {len(self.control)} control messages' if self.control else ''}",
+                 "rank    sent  received"]
+        lines += [f"{r:>4} {sent[r]:>7} {received[r]:>9}" for r in sent]
+        lines.append(f"busiest rank: {self.busiest_rank}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"Traffic({self.messages} messages, {self.total} elements, "
+                f"world_size={self.world_size}, busiest_rank={self.busiest_rank})")
