@@ -1,0 +1,128 @@
+"""The device mesh: one object that owns every process group of a run.
+
+The ranks are laid out in a grid with one named *axis* per kind of
+parallelism, e.g. ``Mesh({"dp": 2, "tp": 2})`` puts 4 ranks in a 2 × 2 grid
+(``torch.arange(4).view(2, 2)``, as picotron's grid does). Ranks that differ
+only along one axis form that axis's group: rank 1's ``tp`` group is ``[0, 1]``
+and its ``dp`` group is ``[1, 3]``. Every strategy takes one of these groups
+(``DataParallel(model, group=mesh["dp"])``), so the data × tensor hybrid, the
+pipeline and the capstone never build groups of their own.
+
+    >>> import coursekit
+    >>> def where(rank, world_size):
+    ...     mesh = Mesh({"dp": 2, "tp": 2})
+    ...     return mesh.coordinate, mesh["dp"].ranks, mesh["tp"].ranks
+    >>> coursekit.launch(where, 4)[1]
+    ({'dp': 0, 'tp': 1}, [1, 3], [0, 1])
+
+Names follow ``torch.distributed.device_mesh.init_device_mesh(device, shape,
+mesh_dim_names=...)``: the same shape and names give the same groups (tested).
+In this course an *axis* is an axis of the mesh and a *dim* a dimension of a
+tensor; the two words are never mixed. No global singleton: make one mesh per
+run and pass it (or its axes) along.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Mesh", "MeshAxis", "as_group"]
+
+
+@dataclass(frozen=True)
+class MeshAxis:
+    """One axis of a :class:`Mesh`, seen from this rank.
+
+    ``group`` is the process group of the ranks that share every other
+    coordinate with this one; ``rank`` is this rank's index in it (its
+    coordinate along the axis), ``size`` its length, ``ranks`` the global
+    ranks of the group in order. Pass it wherever a ``group=`` is taken.
+    """
+
+    name: str
+    size: int
+    rank: int
+    ranks: list[int]
+    group: Any
+
+
+def _groups_along(grid: torch.Tensor, axis: int) -> list[list[int]]:
+    """Every group along ``axis``: move that axis last, then each row is one group."""
+    return grid.movedim(axis, -1).reshape(-1, grid.shape[axis]).tolist()
+
+
+class Mesh:
+    """Named axes over all ranks, with one process group per axis for this rank.
+
+    Args:
+        axes: ``{name: size}`` in order, outermost first, e.g. ``{"dp": 2, "pp": 1, "tp": 2}``.
+            The sizes must multiply to the world size. The last axis is the
+            innermost: its ranks are neighbours (on real machines, put tensor
+            parallelism there, inside one node).
+
+    Must be built on every rank, in the same order, after ``torch.distributed``
+    is initialised (inside :func:`coursekit.launch`): creating a group is a
+    collective call.
+    """
+
+    def __init__(self, axes: dict[str, int]):
+        if not dist.is_initialized():
+            raise RuntimeError("Mesh needs ranks: build it inside a function run by coursekit.launch(fn, n).")
+        self.shape, self.axes = _validate(axes, dist.get_world_size())
+        self.grid = torch.arange(dist.get_world_size()).view(self.shape)
+        me = dist.get_rank()
+        self.coordinate = {name: int(i) for name, i in zip(self.axes, (self.grid == me).nonzero()[0])}
+        self._axes: dict[str, MeshAxis] = {}
+        for index, name in enumerate(self.axes):
+            for ranks in _groups_along(self.grid, index):  # every rank creates every group, in one order
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
+
+    def __getitem__(self, name: str) -> MeshAxis:
+        if name not in self._axes:
+            raise KeyError(f"this mesh has axes {list(self.axes)}, not {name!r}.")
+        return self._axes[name]
+
+    def group(self, name: str):
+        """The process group along axis ``name`` that contains this rank."""
+        return self[name].group
+
+    def size(self, name: str) -> int:
+        """How many ranks lie along axis ``name``."""
+        return self[name].size
+
+    def all_groups(self, name: str) -> list[list[int]]:
+        """The global ranks of *every* group along axis ``name`` (this rank's and the others')."""
+        if name not in self.axes:
+            raise KeyError(f"this mesh has axes {list(self.axes)}, not {name!r}.")
+        return _groups_along(self.grid, self.axes.index(name))
+
+    def __repr__(self) -> str:
+        shape = " × ".join(f"{name}={size}" for name, size in zip(self.axes, self.shape))
+        return f"Mesh({shape}, this rank at {self.coordinate})"
+
+
+def _validate(axes: dict[str, int], world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    if not isinstance(axes, dict) or not axes:
+        raise ValueError(f"Mesh takes a dict of axis names and sizes, e.g. Mesh({{'dp': 2, 'tp': 2}}); got {axes!r}.")
+    for name, size in axes.items():
+        if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(f"axis {name!r} has size {size!r}: each axis needs a string name and a size >= 1.")
+    total = 1
+    for size in axes.values():
+        total *= size
+    if total != world_size:
+        sizes = " × ".join(map(str, axes.values()))
+        raise ValueError(f"the mesh {dict(axes)} has {sizes} = {total} ranks but the world has {world_size}; "
+                         f"make the sizes multiply to {world_size} (use 1 for an axis you do not split).")
+    return tuple(axes.values()), tuple(axes)
+
+
+def as_group(group):
+    """The process group behind ``group``: a :class:`MeshAxis`, a process group, or None (the whole world)."""
+    return group.group if isinstance(group, MeshAxis) else group

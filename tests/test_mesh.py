@@ -1,0 +1,95 @@
+"""coursekit.mesh: the groups of every axis equal torch's init_device_mesh, and they work."""
+
+import pytest
+import torch
+
+import coursekit
+from coursekit.mesh import Mesh, MeshAxis, as_group
+
+TIMEOUT = 180.0
+SHAPES = [{"dp": 4}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 4}, {"dp": 4, "tp": 1}, {"dp": 2, "pp": 1, "tp": 2}]
+
+
+def _compare_with_torch(rank, world_size, axes):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = Mesh(axes)
+    theirs = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=tuple(axes))
+    out = {"coordinate": mesh.coordinate}
+    for name in axes:
+        axis = mesh[name]
+        total = torch.tensor([float(rank)])
+        dist.all_reduce(total, group=axis.group)  # the group really holds those ranks
+        everyone = [None] * world_size
+        dist.all_gather_object(everyone, axis.ranks)
+        out[name] = {"ours": axis.ranks, "torch": dist.get_process_group_ranks(theirs.get_group(name)),
+                     "rank": axis.rank, "size": axis.size, "torch_rank": theirs.get_local_rank(name),
+                     "sum": total.item(), "every_group": sorted(map(tuple, everyone)),
+                     "all_groups": sorted(map(tuple, mesh.all_groups(name)))}
+    return out
+
+
+@pytest.mark.parametrize("axes", SHAPES, ids=lambda a: "x".join(f"{k}{v}" for k, v in a.items()))
+def test_every_group_equals_torchs_device_mesh(axes):
+    results = coursekit.launch(_compare_with_torch, 4, axes, timeout=TIMEOUT)
+    for rank, result in enumerate(results):
+        for name, size in axes.items():
+            got = result[name]
+            assert got["ours"] == got["torch"], f"rank {rank}, axis {name!r}: ours {got['ours']}, torch {got['torch']}"
+            assert got["size"] == size == len(got["ours"]) and rank in got["ours"]
+            assert got["rank"] == got["torch_rank"] == got["ours"].index(rank) == result["coordinate"][name]
+            assert got["sum"] == sum(got["ours"]), f"rank {rank}: all-reduce on the {name!r} group"
+            assert got["all_groups"] == sorted(set(got["every_group"]))  # every rank's group, no other
+
+
+def _hybrid_groups(rank, world_size):
+    mesh = Mesh({"dp": 2, "tp": 2})
+    return mesh["dp"].ranks, mesh["tp"].ranks, mesh.group("dp") is as_group(mesh["dp"]), repr(mesh)
+
+
+def test_a_2x2_mesh_puts_tensor_parallel_neighbours_together():
+    results = coursekit.launch(_hybrid_groups, 4, timeout=TIMEOUT)
+    assert [r[0] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]  # dp: same tp coordinate
+    assert [r[1] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]  # tp: neighbours
+    assert all(r[2] for r in results)
+    assert "dp=2 × tp=2" in results[3][3] and "'dp': 1, 'tp': 1" in results[3][3]
+
+
+def _bad_meshes(rank, world_size):
+    errors = []
+    for axes in ({"dp": 3}, {}, {"dp": 0, "tp": 4}, [("dp", 4)]):
+        try:
+            Mesh(axes)
+        except ValueError as error:
+            errors.append(str(error))
+    mesh = Mesh({"dp": 4})
+    try:
+        mesh["tp"]
+    except KeyError as error:
+        errors.append(str(error))
+    return errors
+
+
+def test_bad_meshes_say_what_to_change():
+    errors = coursekit.launch(_bad_meshes, 4, timeout=TIMEOUT)[0]
+    assert len(errors) == 5
+    assert "3 = 3 ranks but the world has 4" in errors[0]
+    assert "e.g. Mesh" in errors[1] and "e.g. Mesh" in errors[3]
+    assert "size >= 1" in errors[2]
+    assert "axes ['dp'], not 'tp'" in errors[4]
+
+
+def test_a_mesh_needs_ranks():
+    with pytest.raises(RuntimeError, match="inside a function run by coursekit.launch"):
+        Mesh({"dp": 1})
+    assert as_group(None) is None and isinstance(MeshAxis("dp", 1, 0, [0], None), MeshAxis)
+
+
+def test_docstring_example():
+    import doctest
+
+    from coursekit import mesh
+
+    failures, tried = doctest.testmod(mesh)
+    assert tried > 0 and failures == 0
