@@ -7,7 +7,9 @@ import coursekit
 from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
 from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, broadcast_parameters, shard_batch, train
+from coursekit.parallel.data import DataParallel, average_gradients, broadcast_parameters, shard_batch
+from coursekit.parallel.zero import ZeRO
+from coursekit.train import train
 from coursekit.verify import assert_equivalent, compare
 
 STRATEGIES = ("naive", "bucketed", "zero1", "zero2", "zero3")
@@ -184,7 +186,7 @@ def test_average_gradients_with_torch_or_ring_is_the_same():
     def run(rank, world_size):
         out = []
         for which in ("torch", "ring"):
-            from coursekit.parallel.data import get_collectives
+            from coursekit.collectives import get_collectives
             model = tiny_mlp(seed=0)
             x, y, w = shard_batch(*TeacherData().batch(0, 8), rank, world_size)
             (loss_fn(model(x), y) * w).backward()

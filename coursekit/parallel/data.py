@@ -1,12 +1,12 @@
-"""Data parallelism, from gradient averaging to ZeRO sharding (seed claims P4, R2).
+"""Data parallelism: every rank a full replica, gradients averaged (seed claims P4, R2).
 
 Every rank holds the same model and takes its own slice of the global batch;
 its gradients differ from the others' (R2), so before the optimiser step they
 are averaged. Then every rank takes the same step from the same weights and
 the replicas stay identical -- the same training as one process on the whole
-batch. This module builds that up in five steps:
+batch. This module builds that up in three steps:
 
-1. :func:`broadcast_parameters` -- every rank starts from rank 0's weights.
+1. :func:`broadcast_parameters` -- every rank starts from the same weights.
 2. :func:`average_gradients` -- naive: after backward, all-reduce every
    gradient and divide by the number of ranks. Communication starts only when
    the whole backward pass is over.
@@ -15,97 +15,34 @@ batch. This module builds that up in five steps:
    :meth:`DataParallel.finish_gradient_synchronization` waits before the
    optimiser step. :meth:`DataParallel.no_sync` skips communication on the
    micro-batches of gradient accumulation.
-4. :class:`ZeRO` stages 1–3 -- the catch of P4 ("every GPU holds a full copy")
-   answered: shard the optimiser state (1), then the gradients (2, a
-   reduce-scatter instead of an all-reduce), then the parameters (3,
-   all-gathered before use and freed after), over the data-parallel ranks.
-   Built on chapter 01's ring reduce-scatter and all-gather.
-5. :func:`train` -- one training loop that runs any of them and records what
-   the equivalence harness (:mod:`coursekit.verify`), the timelines
-   (:mod:`coursekit.trace`) and the memory accounting need.
 
-    >>> import coursekit
-    >>> from coursekit.parallel.data import train
-    >>> def run(rank, world_size):
-    ...     return train(rank, world_size, strategy="zero2", steps=3)["records"]
-    >>> per_rank = coursekit.launch(run, 2)                       # doctest: +SKIP
+ZeRO, which shards what these replicate, is in :mod:`coursekit.parallel.zero`;
+the training loop that runs any of them is :func:`coursekit.train.train`
+(strategies ``"naive"`` and ``"bucketed"`` are registered here).
 
-Which collective does the work is switchable: ``collectives="ring"`` (chapter
-01's ring, every element counted by :func:`coursekit.comm.record`) or
-``"torch"`` (gloo/NCCL's own). The bucketed version always uses torch's
-``async_op=True`` all-reduce, because overlap needs a collective that runs on
-another thread while this one computes.
+Every function takes ``group=``: the data-parallel process group, or a mesh
+axis (``group=mesh["dp"]``, :mod:`coursekit.mesh`); None means all ranks.
+Which collective does the work is switchable (:data:`coursekit.collectives.RING`,
+chapter 01's ring, every element counted; or ``TORCH``, gloo/NCCL's own). The
+bucketed version always uses torch's ``async_op=True`` all-reduce, because
+overlap needs a collective that runs on another thread while this one computes.
 """
 
 from __future__ import annotations
 
-import math
 from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import collectives as _ring
-from ..memory import held_bytes
+from .. import collectives as _collectives
+from ..mesh import as_group
+from ..strategy import Setup, Strategy, register
 from ..trace import Tracer
-from ..verify import FlatShard, record_step
 
-__all__ = ["Collectives", "RING", "TORCH", "get_collectives", "broadcast_parameters", "average_gradients",
-           "shard_batch", "DataParallel", "ZeRO", "train", "STRATEGIES"]
-
-
-# --------------------------------------------------------------------------
-# Which collectives: chapter 01's ring, or torch.distributed's.
-# --------------------------------------------------------------------------
-def _torch_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    dist.all_reduce(tensor, group=group)
-    return tensor
-
-
-def _torch_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
-    """Same contract as the ring's: returns this rank's owned segment (a view), fully summed."""
-    flat = tensor.view(-1)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    dist.all_reduce(flat, group=group)  # gloo has no uneven reduce-scatter; correct, but moves 2x the data
-    start, stop = _ring.segment_bounds(flat.numel(), size)[_ring.owned_segment(rank, size)]
-    return flat[start:stop]
-
-
-def _torch_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> torch.Tensor:
-    flat = out.view(-1)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    start, stop = _ring.segment_bounds(flat.numel(), size)[_ring.owned_segment(rank, size)]
-    piece = segment.reshape(-1).clone()
-    flat.zero_()
-    flat[start:stop].copy_(piece)
-    dist.all_reduce(flat, group=group)  # zeros elsewhere: the sum is an exact copy
-    return out
-
-
-class Collectives(NamedTuple):
-    """The three collectives data parallelism needs, with the ring's contracts (sum, owned segments)."""
-
-    name: str
-    all_reduce: Callable[..., torch.Tensor]
-    reduce_scatter: Callable[..., torch.Tensor]
-    all_gather: Callable[..., torch.Tensor]
-
-
-RING = Collectives("ring", _ring.ring_all_reduce, _ring.ring_reduce_scatter, _ring.ring_all_gather)
-TORCH = Collectives("torch", _torch_all_reduce, _torch_reduce_scatter, _torch_all_gather)
-
-
-def get_collectives(which: str | Collectives) -> Collectives:
-    """``"ring"`` (chapter 01, counted by ``comm.record``), ``"torch"``, or a :class:`Collectives`."""
-    if isinstance(which, Collectives):
-        return which
-    if which == "ring":
-        return RING
-    if which == "torch":
-        return TORCH
-    raise ValueError(f"collectives={which!r}: use 'ring' (chapter 01's, counted) or 'torch' (gloo/NCCL's).")
+__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed"]
 
 
 def _world(group) -> tuple[int, int]:
@@ -117,15 +54,21 @@ def _world(group) -> tuple[int, int]:
 # --------------------------------------------------------------------------
 # 1. Same start everywhere.
 # --------------------------------------------------------------------------
-def broadcast_parameters(module: nn.Module, src: int = 0, group=None) -> nn.Module:
-    """Copy rank ``src``'s parameters and buffers to every rank (frozen ones too), in place.
+def broadcast_parameters(module: nn.Module, src: int | None = None, group=None, *,
+                         group_src: int | None = None) -> nn.Module:
+    """Copy one rank's parameters and buffers to every rank of ``group`` (frozen ones too), in place.
 
-    Without it, ranks that initialised differently would train different models.
+    As ``torch.distributed.broadcast``: ``src`` is a *global* rank, ``group_src``
+    a rank within ``group``; with neither, the group's first rank (rank 0 of
+    the world when ``group`` is None). Without it, ranks that initialised
+    differently would train different models.
     """
+    group = as_group(group)
     if dist.is_initialized() and dist.get_world_size(group) > 1:
+        where = {"group_src": 0 if group_src is None else group_src} if src is None else {"src": src}
         with torch.no_grad():
             for tensor in list(module.parameters()) + list(module.buffers()):
-                dist.broadcast(tensor.data, src=src, group=group)
+                dist.broadcast(tensor.data, group=group, **where)
     return module
 
 
@@ -168,7 +111,8 @@ def average_gradients(module: nn.Module, group=None, all_reduce: Callable | None
         >>> average_gradients(model)
         >>> optimizer.step()
     """
-    all_reduce = all_reduce or _ring.ring_all_reduce
+    all_reduce = all_reduce or _collectives.ring_all_reduce
+    group = as_group(group)
     _, size = _world(group)
     for param in module.parameters():
         if param.grad is not None:
@@ -231,6 +175,7 @@ class DataParallel(nn.Module):
         self.overlap = overlap
         if bucket_size is not None and bucket_size < 1:
             raise ValueError(f"bucket_size must be a positive number of elements or None (got {bucket_size}).")
+        group = as_group(group)
         self.module = broadcast_parameters(module, group=group)
         self.group, self.tracer = group, tracer
         self.world_size = _world(group)[1]
@@ -321,353 +266,54 @@ class DataParallel(nn.Module):
 
 
 # --------------------------------------------------------------------------
-# 4. ZeRO stages 1, 2, 3.
+# The two strategies of this module, for coursekit.train.train.
 # --------------------------------------------------------------------------
-class ZeRO(nn.Module):
-    """ZeRO data parallelism: optimiser state (stage 1), gradients (2) and parameters (3) sharded over the ranks.
+@register("naive")
+class Naive(Strategy):
+    """Start from rank 0's weights; after backward, :func:`average_gradients` one tensor at a time."""
 
-    The trainable parameters are laid end to end in one flat buffer (each
-    parameter becomes a view into it) and the buffer is cut into ``N`` segments
-    as chapter 01's ring cuts it: rank ``r`` *owns* segment
-    ``owned_segment(r, N)``. Each rank keeps the optimiser state of its segment
-    only and updates only its segment.
+    options = {"collectives": "ring"}
 
-    One step:
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        broadcast_parameters(self.model, group=self.group)
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
 
-    * stage 1 and 2: forward, backward (gradients accumulate into a flat
-      gradient buffer), **reduce-scatter** (each rank gets the summed gradient
-      of its segment), optimiser step on the segment, **all-gather** the updated
-      segments into every rank's full parameters. 2Ψ elements per rank, as
-      plain data parallelism (an all-reduce *is* a reduce-scatter plus an
-      all-gather). Stage 1 keeps the full gradient buffer between steps;
-      stage 2 frees it after the reduce-scatter and keeps only its segment.
-    * stage 3: between steps a rank holds only its segment of the parameters.
-      **all-gather** before the forward pass, free after it; all-gather again
-      when the backward pass reaches the model (a hook on the output), then
-      reduce-scatter, step, free. 3Ψ elements per rank.
-
-        >>> model = ZeRO(tiny_transformer(seed=0), lambda params: torch.optim.Adam(params, lr=1e-3), stage=2)
-        >>> loss_fn(model(x), y).backward()
-        >>> model.step()        # reduce-scatter, optimiser step on my segment, all-gather
-        >>> model.zero_grad()
-
-    Backward passes between two ``step()`` calls accumulate (no communication
-    until ``step``), which is gradient accumulation without ``no_sync``.
-    After ``step()`` only my segment of the gradient is the average; the
-    reduce-scatter leaves partial sums in the rest of stage 1's buffer
-    (scratch, zeroed by ``zero_grad``).
-
-    Only element-wise optimisers are exact here (SGD, momentum, Adam, AdamW):
-    each rank sees only its segment. (Gradient clipping by global norm would
-    need one more all-reduce of the squared norms.)
-
-    Simplification (said honestly): the whole model is one unit. Stage 3 here
-    gathers *all* parameters for the forward pass, so its *peak* is a full
-    copy; real ZeRO-3/FSDP gathers one layer at a time. Between steps the
-    held bytes are what the formulas say, and that is what is measured.
-    """
-
-    def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None):
-        super().__init__()
-        if stage not in (1, 2, 3):
-            raise ValueError(f"ZeRO stage must be 1 (optimiser state), 2 (+ gradients) or 3 (+ parameters); "
-                             f"got {stage!r}.")
-        self.module = broadcast_parameters(module, group=group)
-        self.stage, self.group, self.tracer = stage, group, tracer
-        self.comm = get_collectives(collectives)
-        self.rank, self.world_size = _world(group)
-        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: first name only
-        if not named:
-            raise ValueError("the module has no trainable parameter: nothing to shard.")
-        dtypes = {p.dtype for _, p in named}
-        if len(dtypes) > 1:
-            raise ValueError(f"ZeRO here keeps one flat buffer, so all trainable parameters need one dtype "
-                             f"(found {sorted(map(str, dtypes))}).")
-        self.params = [p for _, p in named]
-        self.layout = [(name, tuple(p.shape)) for name, p in named]
-        self.numel = sum(p.numel() for p in self.params)
-        bounds = _ring.segment_bounds(self.numel, self.world_size)
-        self.start, self.stop = bounds[_ring.owned_segment(self.rank, self.world_size)]
-
-        # One flat buffer; every parameter becomes a view into it.
-        self.flat_param = torch.empty(self.numel, dtype=self.params[0].dtype)
-        offset = 0
-        self._views = []
-        for p in self.params:
-            n = p.numel()
-            self.flat_param[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = self.flat_param[offset:offset + n].view_as(p)
-            self._views.append((offset, n))
-            offset += n
-        # My segment, as the parameter the optimiser sees. Stages 1-2: a view (no copy);
-        # stage 3: its own storage, because the full buffer is freed between uses.
-        segment = self.flat_param[self.start:self.stop]
-        self.shard = nn.Parameter(segment.clone() if stage == 3 else segment)
-        self.optimizer = optimizer_fn([self.shard])
-        self.flat_grad: torch.Tensor | None = None
-        self.elements_reduce_scattered = 0
-        self.elements_all_gathered = 0
-        if stage == 3:
-            self._free_params()
-
-    # ---------------------------------------------------------------- parameters (stage 3)
-    def _gather_params(self) -> None:
-        storage = self.flat_param.untyped_storage()
-        if storage.nbytes() == 0:
-            storage.resize_(self.numel * self.flat_param.element_size())
-            # write through .data: autograd must not see this as an in-place change of a saved tensor
-            self._all_gather(self.flat_param.data)
-            self.elements_all_gathered += self.numel
-
-    def _all_gather(self, flat: torch.Tensor) -> None:
-        """Put my (updated) segment in place, then gather everyone's into ``flat``."""
-        mine = flat[self.start:self.stop]
-        if mine.data_ptr() != self.shard.data.data_ptr():
-            mine.copy_(self.shard.data)
-        with self._span("comm", "all-gather params"):
-            self.comm.all_gather(mine, flat, group=self.group)
-
-    def _free_params(self) -> None:
-        self.flat_param.untyped_storage().resize_(0)
-
-    def _span(self, kind: str, name: str):
-        if self.tracer is None:
-            return nullcontext()
-        return self.tracer.blocking(name) if kind == "comm" else self.tracer.span(kind, name)
-
-    # ---------------------------------------------------------------- forward / backward
-    def forward(self, *args, **kwargs):
-        if self.stage == 3:
-            self._gather_params()
-        if self.flat_grad is None:  # gradients accumulate into one flat buffer (views per parameter)
-            self.flat_grad = torch.zeros(self.numel, dtype=self.flat_param.dtype)
-        for p, (offset, n) in zip(self.params, self._views):
-            view = self.flat_grad[offset:offset + n].view_as(p)
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
-        output = self.module(*args, **kwargs)
-        if self.stage == 3:
-            if isinstance(output, torch.Tensor) and output.requires_grad:
-                output.register_hook(self._before_backward)
-            elif torch.is_grad_enabled():
-                raise ValueError("ZeRO-3 here gathers the parameters again when backward reaches the model's "
-                                 "output, so the module must return one tensor that requires grad (wrap it to "
-                                 "return e.g. the logits only).")
-            self._free_params()
-        return output
-
-    def _before_backward(self, grad: torch.Tensor) -> torch.Tensor:
-        self._gather_params()  # backward needs the full weights again
-        return grad
-
-    # ---------------------------------------------------------------- the step
-    @torch.no_grad()
-    def step(self) -> None:
-        """Reduce-scatter the gradients, step the optimiser on my segment, all-gather (stages 1-2) or free (3)."""
-        if self.flat_grad is None:
-            raise RuntimeError("ZeRO.step() before any backward pass: call model(inputs), loss.backward() first.")
-        with self._span("comm", "reduce-scatter grads"):
-            mine = self.comm.reduce_scatter(self.flat_grad, group=self.group)
-        self.elements_reduce_scattered += self.numel
-        mine.div_(self.world_size)
-        if self.stage == 1:
-            self.shard.grad = mine  # a view into the full gradient buffer, which stage 1 keeps
-        else:
-            self.shard.grad = mine.clone()  # keep my segment only ...
-            for p in self.params:
-                p.grad = None
-            self.flat_grad = None  # ... and free the full gradient buffer
-        with self._span("optimizer", "step"):
-            self.optimizer.step()
-        if self.stage == 3:
-            self._free_params()
-        else:
-            self._all_gather(self.flat_param)
-            self.elements_all_gathered += self.numel
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Forget the gradients (stage 1 zeroes its buffer in place; stages 2-3 drop their segment)."""
-        if self.flat_grad is not None:
-            self.flat_grad.zero_()
-        if self.stage == 1:
-            if self.shard.grad is not None:
-                self.shard.grad = None
-        else:
-            self.shard.grad = None
-
-    # ---------------------------------------------------------------- for the harness and the accounting
-    def grad_shard(self) -> FlatShard:
-        """My segment of the averaged gradient (what my optimiser used), for :func:`coursekit.verify.compare`."""
-        if self.shard.grad is None:
-            raise RuntimeError("no gradient segment yet: call step() first.")
-        return FlatShard(self.layout, self.start, self.shard.grad)
-
-    def param_shard(self) -> FlatShard:
-        """My segment of the parameters, for :func:`coursekit.verify.compare`."""
-        frozen = {n: p.data for n, p in self.module.named_parameters() if not p.requires_grad}
-        return FlatShard(self.layout, self.start, self.shard.data, frozen)
-
-    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
-        """The tensors this rank holds, by kind: ``params``, ``grads``, ``optimizer``."""
-        frozen = [p for p in self.module.parameters() if not p.requires_grad]
-        grads = [g for g in (self.flat_grad, self.shard.grad) if g is not None]
-        return {"params": [self.flat_param, self.shard] + frozen,
-                "grads": grads,
-                "optimizer": _optimizer_tensors(self.optimizer)}
+    def synchronize(self) -> None:
+        with self.span("comm", "all-reduce grads"):
+            average_gradients(self.model, group=self.group, all_reduce=self.all_reduce)
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+@register("bucketed")
+class Bucketed(Strategy):
+    """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
+
+    options = {"bucket_size": 25_000, "overlap": True}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        self.wrapped = DataParallel(self.model, bucket_size=self.option("bucket_size"), group=self.group,
+                                    tracer=self.tracer, overlap=self.option("overlap"))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.wrapped(inputs)
+
+    def backward_context(self, last: bool):
+        return nullcontext() if last else self.wrapped.no_sync()
+
+    def synchronize(self) -> None:
+        self.wrapped.finish_gradient_synchronization()
+
+    def zero_grad(self) -> None:
+        self.wrapped.zero_grad()  # in place: the gradients stay views into the buckets
+
+    def counters(self) -> dict[str, int]:
+        return {"elements_reduced": self.wrapped.elements_reduced}
 
 
-# --------------------------------------------------------------------------
-# 5. One training loop for every variant.
-# --------------------------------------------------------------------------
-STRATEGIES = ("single", "naive", "bucketed", "zero1", "zero2", "zero3")
-
-
-def _make_model(model: str | Callable[[], nn.Module], seed: int):
-    from .. import models
-
-    if callable(model):
-        return model(), None
-    if model == "mlp":
-        return models.tiny_mlp(seed=seed), models.TeacherData(seed=seed)
-    if model == "transformer":
-        return models.tiny_transformer(seed=seed), models.LanguageData(seed=seed)
-    raise ValueError(f"model={model!r}: use 'mlp', 'transformer', or a function returning a module.")
-
-
-def _make_optimizer_fn(optimizer: str, lr: float):
-    if optimizer == "adam":
-        return lambda params: torch.optim.Adam(params, lr=lr)
-    if optimizer == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
-    raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd' (with momentum 0.9).")
-
-
-def train(rank: int, world_size: int, strategy: str = "naive", model: str | Callable[[], nn.Module] = "mlp",
-          data=None, steps: int = 3, global_batch: int = 16, micro_batches: int = 1, optimizer: str = "adam",
-          lr: float = 1e-3, seed: int = 0, collectives: str | Collectives = "ring", bucket_size: int | None = 25_000,
-          group=None, record: bool = True, trace: bool = False, freeze: tuple[str, ...] = (),
-          count_traffic: bool = False, overlap: bool = True) -> dict:
-    """Train for ``steps`` steps with one data-parallel ``strategy`` and return what happened on this rank.
-
-    Run it on every rank (``coursekit.launch(lambda r, n: train(r, n, "zero2"), 4)``) or, with
-    ``strategy="single"``, as the single-process reference (rank 0 of 1).
-
-    Args:
-        strategy: ``"single"``, ``"naive"``, ``"bucketed"``, ``"zero1"``, ``"zero2"`` or ``"zero3"``.
-        model: ``"mlp"``, ``"transformer"`` or a zero-argument function returning a module (then pass ``data``).
-        data: an object with ``batch(step, batch_size) -> (inputs, targets)``; default: the model's.
-        global_batch: samples per optimiser step over all ranks (need not divide by ``world_size``).
-        micro_batches: gradient accumulation: each rank splits its slice into this many micro-batches
-            and communicates once per step.
-        freeze: names of parameters to freeze (``requires_grad=False``) before training.
-        count_traffic: record chapter 01's traffic counter around the steps (``result["traffic"]``).
-        overlap: for ``"bucketed"``: ``False`` waits for the end of backward before communicating.
-
-    Returns a dict with ``records`` (one :func:`coursekit.verify.record_step` per step),
-    ``losses``, ``spans`` (if ``trace``; every rank's, on the shared clock), ``memory`` (bytes
-    held after the last step, by kind), ``step_times`` and ``traffic``.
-    """
-    import time
-
-    from .. import comm
-    from ..models import loss_fn
-
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy={strategy!r}: use one of {STRATEGIES}.")
-    if strategy == "single" and world_size != 1:
-        raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
-    net, default_data = _make_model(model, seed)
-    data = data or default_data
-    if data is None:
-        raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
-    for name, p in net.named_parameters():
-        if name in freeze:
-            p.requires_grad_(False)
-    tracer = Tracer(rank) if trace else None
-    optimizer_fn = _make_optimizer_fn(optimizer, lr)
-    zero = None
-    if strategy.startswith("zero"):
-        zero = wrapped = ZeRO(net, optimizer_fn, stage=int(strategy[-1]), group=group, collectives=collectives,
-                              tracer=tracer)
-        opt = zero.optimizer
-    elif strategy == "bucketed":
-        wrapped = DataParallel(net, bucket_size=bucket_size, group=group, tracer=tracer, overlap=overlap)
-        opt = optimizer_fn([p for p in net.parameters() if p.requires_grad])
-    else:
-        wrapped = broadcast_parameters(net, group=group) if strategy == "naive" else net
-        opt = optimizer_fn([p for p in net.parameters() if p.requires_grad])
-    all_reduce = get_collectives(collectives).all_reduce
-    if tracer is not None:
-        tracer.start(group)
-    records, losses, step_times, memory = [], [], [], {}
-    recording = comm.record() if count_traffic else nullcontext(None)
-    with recording as traffic:
-        for step in range(steps):
-            begin = time.perf_counter()
-            inputs, targets = data.batch(step, global_batch)
-            local_x, local_y, weight = shard_batch(inputs, targets, rank, world_size)
-            micro = list(zip(local_x.tensor_split(micro_batches), local_y.tensor_split(micro_batches)))
-            if any(m[0].shape[0] == 0 for m in micro):
-                raise ValueError(f"rank {rank} has {local_x.shape[0]} samples, fewer than micro_batches="
-                                 f"{micro_batches}; use a larger global batch or fewer micro-batches.")
-            outputs, local_loss = [], 0.0
-            for i, (x, y) in enumerate(micro):
-                last = i == len(micro) - 1
-                sync = wrapped.no_sync() if (strategy == "bucketed" and not last) else nullcontext()
-                with tracer.span("forward", f"micro {i}") if tracer else nullcontext():
-                    out = wrapped(x)
-                    loss = loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
-                with sync, tracer.span("backward", f"micro {i}") if tracer else nullcontext():
-                    loss.backward()
-                outputs.append(out.detach())
-                local_loss += loss.item()
-            if strategy == "naive":
-                with tracer.blocking("all-reduce grads") if tracer else nullcontext():
-                    average_gradients(net, group=group, all_reduce=all_reduce)
-            elif strategy == "bucketed":
-                wrapped.finish_gradient_synchronization()
-            if record and zero is None:
-                grads = {n: p.grad.detach().clone() for n, p in net.named_parameters() if p.grad is not None}
-            if zero is not None:
-                zero.step()
-            else:
-                with tracer.span("optimizer", "step") if tracer else nullcontext():
-                    opt.step()
-            # the global batch's loss, for logging (torch's all-reduce: not part of the counted traffic)
-            global_loss = torch.tensor([local_loss / world_size], dtype=torch.float64)
-            if world_size > 1:
-                dist.all_reduce(global_loss, group=group)
-            losses.append(global_loss.item())
-            if record:
-                if zero is not None:
-                    records.append(record_step(torch.cat(outputs), global_loss.item(), zero.grad_shard(),
-                                               zero.param_shard()))
-                else:
-                    records.append(record_step(torch.cat(outputs), global_loss.item(), grads, net))
-            step_times.append(time.perf_counter() - begin)
-            # bytes held right after the step: parameters, gradients, optimiser state
-            if zero is not None:
-                held = zero.held_tensors()
-            else:
-                held = {"params": list(net.parameters()),
-                        "grads": [p.grad for p in net.parameters() if p.grad is not None],
-                        "optimizer": _optimizer_tensors(opt)}
-            seen: set = set()
-            memory = {kind: held_bytes(tensors, seen) for kind, tensors in held.items()}
-            if zero is not None or strategy == "bucketed":
-                wrapped.zero_grad()
-            else:
-                opt.zero_grad(set_to_none=True)
-    spans = tracer.gather(group) if tracer is not None else None
-    return {"records": records, "losses": losses, "spans": spans, "memory": memory, "step_times": step_times,
-            "traffic": traffic, "numel": sum(p.numel() for p in net.parameters() if p.requires_grad),
-            "elements_reduced": getattr(wrapped, "elements_reduced", None)}
+def __getattr__(name: str):
+    # The loop moved to coursekit.train; chapter 02's notebook still imports it from here.
+    if name == "train":
+        from ..train import train
+        return train
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,185 @@
+"""One training loop for every strategy of the course.
+
+:func:`train` runs ``steps`` optimiser steps on one rank with the strategy
+named (``"single"``, ``"naive"``, ``"bucketed"``, ``"zero1"`` … — see
+:data:`coursekit.strategy.STRATEGIES`) and records what the equivalence
+harness (:mod:`coursekit.verify`), the timelines (:mod:`coursekit.trace`) and
+the memory accounting need. A strategy plugs in through the small interface
+of :class:`coursekit.strategy.Strategy`; adding one never changes this loop.
+
+    >>> import coursekit
+    >>> def run(rank, world_size):
+    ...     return train(rank, world_size, strategy="zero2", steps=3)["losses"]
+    >>> per_rank = coursekit.launch(run, 2)                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from contextlib import nullcontext
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from . import comm
+from . import parallel  # noqa: F401  (registers the strategies of every chapter)
+from .memory import held_bytes
+from .models import loss_fn
+from .parallel.data import shard_batch
+from .strategy import STRATEGIES, Setup, Strategy, get_strategy
+from .trace import Tracer
+from .verify import record_step
+
+__all__ = ["train", "make_model", "make_optimizer_fn"]
+
+
+def make_model(model: str | Callable[[], nn.Module], seed: int):
+    """``"mlp"`` or ``"transformer"`` (with their data), or a function returning a module (no data)."""
+    from . import models
+
+    if callable(model):
+        return model(), None
+    if model == "mlp":
+        return models.tiny_mlp(seed=seed), models.TeacherData(seed=seed)
+    if model == "transformer":
+        return models.tiny_transformer(seed=seed), models.LanguageData(seed=seed)
+    raise ValueError(f"model={model!r}: use 'mlp', 'transformer', or a function returning a module.")
+
+
+def make_optimizer_fn(optimizer: str, lr: float):
+    """``"adam"`` or ``"sgd"`` (momentum 0.9), as a function of the parameters it will update."""
+    if optimizer == "adam":
+        return lambda params: torch.optim.Adam(params, lr=lr)
+    if optimizer == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=0.9)
+    raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd' (with momentum 0.9).")
+
+
+def _known_options() -> set[str]:
+    return {name for cls in STRATEGIES.values() for name in cls.options}
+
+
+def train(rank: int, world_size: int, strategy: str = "naive", model: str | Callable[[], nn.Module] = "mlp",
+          data=None, steps: int = 3, global_batch: int = 16, micro_batches: int = 1, optimizer: str = "adam",
+          lr: float = 1e-3, seed: int = 0, group=None, record: bool = True, trace: bool = False,
+          freeze: tuple[str, ...] = (), count_traffic: bool = False, progress: bool = False,
+          **options) -> dict:
+    """Train for ``steps`` steps with one ``strategy`` and return what happened on this rank.
+
+    Run it on every rank (``coursekit.launch(lambda r, n: train(r, n, "zero2"), 4)``) or, with
+    ``strategy="single"``, as the single-process reference (rank 0 of 1).
+
+    Args:
+        strategy: a name in :data:`coursekit.strategy.STRATEGIES`.
+        model: ``"mlp"``, ``"transformer"`` or a zero-argument function returning a module (then pass ``data``).
+        data: an object with ``batch(step, batch_size) -> (inputs, targets)``; default: the model's.
+        global_batch: samples per optimiser step over the data-parallel ranks (need not divide by them).
+        micro_batches: gradient accumulation: each rank splits its slice into this many micro-batches
+            and communicates once per step.
+        group: the data-parallel group (None: all ranks), or a mesh axis such as ``mesh["dp"]``.
+        freeze: names of parameters to freeze (``requires_grad=False``) before training.
+        count_traffic: record chapter 01's traffic counter around the steps (``result["traffic"]``).
+        progress: show a progress bar (``tqdm``) on rank 0.
+        **options: the strategy's own options, e.g. ``collectives="ring"`` or ``"torch"``,
+            ``bucket_size=25_000`` and ``overlap=True`` for ``"bucketed"``.
+
+    Returns a dict with ``records`` (one :func:`coursekit.verify.record_step` per step),
+    ``losses``, ``spans`` (if ``trace``; every rank's, on the shared clock), ``memory`` (bytes
+    held after the last step, by kind), ``step_times``, ``traffic`` and the strategy's counters.
+    """
+    unknown = set(options) - _known_options()
+    if unknown:
+        raise TypeError(f"train() got unknown option(s) {sorted(unknown)}; the strategies take "
+                        f"{sorted(_known_options())}.")
+    get_strategy(strategy)
+    if strategy == "single" and world_size != 1:
+        raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
+    net, default_data = make_model(model, seed)
+    data = data or default_data
+    if data is None:
+        raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
+    for name, p in net.named_parameters():
+        if name in freeze:
+            p.requires_grad_(False)
+    tracer = Tracer(rank) if trace else None
+    runner = get_strategy(strategy)(Setup(net, make_optimizer_fn(optimizer, lr), group, tracer, options))
+    if tracer is not None:
+        tracer.start(runner.group)
+    result = _loop(runner, data, steps, global_batch, micro_batches, record, count_traffic, progress and rank == 0)
+    result["spans"] = tracer.gather(runner.group) if tracer is not None else None
+    result["numel"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    result.update(runner.counters())
+    result.setdefault("elements_reduced", None)
+    return result
+
+
+def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: int, record: bool,
+          count_traffic: bool, progress: bool) -> dict:
+    """The steps themselves: forward and backward per micro-batch, synchronise, step, record."""
+    out: dict = {"records": [], "losses": [], "step_times": [], "memory": {}}
+    bar = _progress_bar(steps, type(runner).__name__) if progress else None
+    with comm.record() if count_traffic else nullcontext(None) as traffic:
+        for step in range(steps):
+            begin = time.perf_counter()
+            outputs, local_loss = _forward_backward(runner, *data.batch(step, global_batch), micro_batches)
+            runner.synchronize()
+            runner.step()
+            loss = _global_loss(local_loss, runner)
+            out["losses"].append(loss)
+            if record:  # gradients after the step: optimisers do not change .grad
+                out["records"].append(record_step(torch.cat(outputs), loss, runner.gradients(),
+                                                  runner.parameters()))
+            out["step_times"].append(time.perf_counter() - begin)
+            seen: set = set()  # bytes held right after the step, each storage once
+            out["memory"] = {kind: held_bytes(tensors, seen) for kind, tensors in runner.held_tensors().items()}
+            runner.zero_grad()
+            if bar is not None:
+                bar.set_postfix(loss=f"{loss:.3f}")
+                bar.update()
+    if bar is not None:
+        bar.close()
+    out["traffic"] = traffic
+    return out
+
+
+def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
+    """This rank's slice of the global batch, cut into micro-batches; each one forward and backward.
+
+    Each micro-batch's loss is scaled so that the sum over micro-batches, averaged over the
+    data-parallel ranks, is exactly the mean loss of the global batch (see :func:`shard_batch`).
+    """
+    local_x, local_y, weight = shard_batch(inputs, targets, runner.data_rank, runner.data_size)
+    micro = list(zip(local_x.tensor_split(micro_batches), local_y.tensor_split(micro_batches)))
+    if any(x.shape[0] == 0 for x, _ in micro):
+        raise ValueError(f"data rank {runner.data_rank} has {local_x.shape[0]} samples, fewer than micro_batches="
+                         f"{micro_batches}; use a larger global batch or fewer micro-batches.")
+    outputs, local_loss = [], 0.0
+    for i, (x, y) in enumerate(micro):
+        with runner.span("forward", f"micro {i}"):
+            out = runner.forward(x)
+            loss = loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
+        with runner.backward_context(last=i == len(micro) - 1), runner.span("backward", f"micro {i}"):
+            loss.backward()
+        outputs.append(out.detach())
+        local_loss += loss.item()
+    return outputs, local_loss
+
+
+def _global_loss(local_loss: float, runner: Strategy) -> float:
+    """The global batch's loss, the same on every rank (torch's all-reduce: not part of the counted traffic)."""
+    total = torch.tensor([local_loss / runner.data_size], dtype=torch.float64)
+    if runner.data_size > 1:
+        dist.all_reduce(total, group=runner.group)
+    return total.item()
+
+
+def _progress_bar(steps: int, name: str):
+    from tqdm import tqdm  # the text bar, not tqdm.auto: a forked rank must not try to draw a widget
+
+    # In a rank, stderr is a pipe to the notebook; the bar's \r updates travel through it live.
+    return tqdm(total=steps, desc=name, file=sys.stderr, ascii=False, dynamic_ncols=False, ncols=80)

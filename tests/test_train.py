@@ -1,0 +1,71 @@
+"""coursekit.train: one loop for every strategy; data parallelism on a mesh axis; a new strategy plugs in."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import coursekit
+from coursekit.mesh import Mesh
+from coursekit.strategy import STRATEGIES, Strategy, register
+from coursekit.train import train
+from coursekit.verify import compare
+
+TIMEOUT = 240.0
+DATA_PARALLEL = ("naive", "bucketed", "zero1", "zero2", "zero3")
+CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2, bucket_size=2000)  # 7: uneven
+
+
+def _on_the_dp_axis(rank, world_size):
+    mesh = Mesh({"dp": 2, "tp": 2})
+    return mesh["dp"].ranks, [train(rank, world_size, s, group=mesh["dp"], **CONFIG)["records"]
+                              for s in DATA_PARALLEL]
+
+
+def test_data_parallelism_on_the_dp_axis_of_a_2x2_mesh_equals_one_process():
+    results = coursekit.launch(_on_the_dp_axis, 4, timeout=TIMEOUT)
+    reference = train(0, 1, "single", **CONFIG)["records"]
+    for ranks in ([0, 2], [1, 3]):
+        assert all(results[r][0] == ranks for r in ranks)
+        for i, strategy in enumerate(DATA_PARALLEL):
+            report = compare(reference, [results[r][1][i] for r in ranks])  # in dp order: shards reassemble
+            assert report.ok, f"{strategy} on the dp group {ranks} of a 2 x 2 mesh: {report}"
+
+
+class _AllReduceThenDivide(Strategy):
+    """A strategy written outside the library: torch's all-reduce of every gradient after backward."""
+
+    def __init__(self, setup):
+        super().__init__(setup)
+        for p in self.model.parameters():
+            dist.broadcast(p.data, src=0)
+
+    def synchronize(self):
+        for p in self.model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= self.data_size
+
+
+def _plugged_in(rank, world_size):
+    register("test_all_reduce")(_AllReduceThenDivide)
+    return train(rank, world_size, "test_all_reduce", **CONFIG)["records"]
+
+
+def test_a_new_strategy_plugs_in_without_touching_the_loop():
+    results = coursekit.launch(_plugged_in, 3, timeout=TIMEOUT)
+    report = compare(train(0, 1, "single", **CONFIG)["records"], results)
+    assert report.ok, str(report)
+    assert "test_all_reduce" not in STRATEGIES  # registered inside the ranks only
+
+
+def test_unknown_options_and_strategies_say_what_exists():
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['bucket_sise'\].*bucket_size"):
+        train(0, 1, "single", bucket_sise=10)
+    with pytest.raises(ValueError, match="strategy='pipeline'.*'zero3'"):
+        train(0, 1, "pipeline")
+
+
+def test_a_progress_bar_on_rank_zero_only(capfd):
+    coursekit.launch(lambda r, n: train(r, n, "naive", steps=4, progress=True, record=False), 2, timeout=TIMEOUT)
+    err = capfd.readouterr().err
+    assert "[rank 0]" in err and "4/4" in err and "loss=" in err, err
+    assert "[rank 1]" not in err, err
