@@ -1,18 +1,23 @@
 """coursekit: a hands-on course on training neural networks on many GPUs.
 
 Start with ``coursekit.launch`` (run a function on N ranks) and
-``coursekit.Cluster`` (keep N ranks warm for interactive use).
+``coursekit.Cluster`` (keep N ranks warm for interactive use). ``coursekit.Mesh``
+owns the process groups of a run; ``coursekit.train`` is the one training loop
+every strategy plugs into.
 """
 
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
 from . import comm
 from .collectives import master_all_reduce, naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from .mesh import Mesh
 from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from .trace import Tracer
 from .verify import assert_equivalent, compare
+from .train import train
 
 __version__ = "0.1.0"
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
-           "comm", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce"]
+           "comm", "Mesh", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
+           "ring_all_gather", "ring_all_reduce"]

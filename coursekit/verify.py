@@ -250,86 +250,92 @@ def compare(reference: list[dict], ranks: list[list[dict]], rtol: float | None =
     for r, records in enumerate(ranks):
         if len(records) != len(reference):
             raise ValueError(f"rank {r} recorded {len(records)} steps, the reference {len(reference)}.")
-
-    def note(step, kind, tensors, worst, ok):
-        report.rows.append({"step": step, "kind": kind, "tensors": tensors, "max_abs_diff": worst, "ok": ok})
-
     for step, ref in enumerate(reference):
         here = [records[step] for records in ranks]
-        # forward output: the ranks' parts, concatenated in rank order
         if check_output and ref["output"] is not None:
-            parts = [rec["output"] for rec in here]
-            if any(p is None for p in parts):
-                report.divergences.append(Divergence(step, "missing", "", -1, float("inf"),
-                                                     tolerance="a rank recorded no output"))
-                got = None
-            else:
-                got = torch.cat(parts, dim=output_dim)
-            bad = None if got is None else _check(ref["output"], got, rtol, atol)
-            worst = float("inf") if got is None else _max_diff(ref["output"], got)
-            if bad:
-                rank = -1
-                if bad[1]:  # which rank's part holds the bad row
-                    sizes = [p.shape[output_dim] for p in parts]
-                    row, acc = bad[1][output_dim], 0
-                    for rank, size in enumerate(sizes):
-                        if row < acc + size:
-                            break
-                        acc += size
-                report.divergences.append(Divergence(step, "output", "", rank, *bad))
-            note(step, "output", 1, worst, bad is None and got is not None)
-        # loss: every rank must report the global batch's loss
-        expected = torch.tensor(ref["loss"], dtype=torch.float64)
-        worst, first_bad = 0.0, None
-        for rank, rec in enumerate(here):
-            got = torch.tensor(rec["loss"], dtype=torch.float64)
-            worst = max(worst, abs(rec["loss"] - ref["loss"]))
-            bad = _check(expected.float(), got.float(), rtol, atol)
-            if bad and first_bad is None:
-                first_bad = Divergence(step, "loss", "", rank, *bad)
-        if first_bad:
-            report.divergences.append(first_bad)
-        note(step, "loss", 1, worst, first_bad is None)
+            _compare_output(report, step, ref["output"], [rec["output"] for rec in here], rtol, atol, output_dim)
+        _compare_loss(report, step, ref["loss"], [rec["loss"] for rec in here], rtol, atol)
         for kind, key in (("grad", "grads"), ("param", "params")):
-            worst, count, ok = 0.0, 0, True
-            records = [rec[key] for rec in here]
-            if isinstance(records[0], FlatShard):
-                try:
-                    whole = reassemble(records)
-                    gathered = [{**whole, **rec.replicated} for rec in records]
-                except ValueError as error:
-                    report.divergences.append(Divergence(step, "missing", key, -1, float("inf"),
-                                                         tolerance=str(error)))
-                    note(step, kind, 0, float("inf"), False)
-                    continue
-                sharded = True
-            else:
-                gathered, sharded = records, False
-            for name, expected in ref[key].items():
-                count += 1
-                for rank, tensors in enumerate(gathered):
-                    got = tensors.get(name)
-                    if got is None:
-                        ok = False
-                        report.divergences.append(Divergence(
-                            step, "missing", name, -1 if sharded else rank, float("inf"),
-                            tolerance=f"{kind} of {name!r} not recorded"))
-                        break
-                    worst = max(worst, _max_diff(expected, got))
-                    bad = _check(expected, got, rtol, atol)
-                    if bad:
-                        ok = False
-                        if sharded and name in whole:
-                            flat_index = 0
-                            for i, size in zip(bad[1], expected.shape):
-                                flat_index = flat_index * size + i
-                            rank = _owner(records, records[0].layout, name, flat_index)
-                        report.divergences.append(Divergence(step, kind, name, rank, *bad))
-                        break  # one divergence per tensor is enough
-            note(step, kind, count, worst, ok)
+            _compare_tensors(report, step, kind, ref[key], [rec[key] for rec in here], rtol, atol)
     order = {"output": 0, "loss": 1, "missing": 2, "grad": 2, "param": 3}
     report.divergences.sort(key=lambda d: (d.step, order[d.kind]))
     return report
+
+
+def _note(report: Report, step: int, kind: str, tensors: int, worst: float, ok: bool) -> None:
+    report.rows.append({"step": step, "kind": kind, "tensors": tensors, "max_abs_diff": worst, "ok": ok})
+
+
+def _compare_output(report: Report, step: int, expected: torch.Tensor, parts: list, rtol, atol,
+                    output_dim: int) -> None:
+    """The forward output: the ranks' parts, concatenated in rank order."""
+    if any(p is None for p in parts):
+        report.divergences.append(Divergence(step, "missing", "", -1, float("inf"),
+                                             tolerance="a rank recorded no output"))
+        _note(report, step, "output", 1, float("inf"), False)
+        return
+    got = torch.cat(parts, dim=output_dim)
+    bad = _check(expected, got, rtol, atol)
+    if bad:
+        rank = -1
+        if bad[1]:  # which rank's part holds the bad row
+            row, acc = bad[1][output_dim], 0
+            for rank, size in enumerate(p.shape[output_dim] for p in parts):
+                if row < acc + size:
+                    break
+                acc += size
+        report.divergences.append(Divergence(step, "output", "", rank, *bad))
+    _note(report, step, "output", 1, _max_diff(expected, got), bad is None)
+
+
+def _compare_loss(report: Report, step: int, expected_loss: float, losses: list[float], rtol, atol) -> None:
+    """Every rank must report the global batch's loss (the first wrong rank is named)."""
+    expected = torch.tensor(expected_loss, dtype=torch.float64)
+    worst, first_bad = 0.0, None
+    for rank, loss in enumerate(losses):
+        worst = max(worst, abs(loss - expected_loss))
+        bad = _check(expected.float(), torch.tensor(loss, dtype=torch.float64).float(), rtol, atol)
+        if bad and first_bad is None:
+            first_bad = Divergence(step, "loss", "", rank, *bad)
+    if first_bad:
+        report.divergences.append(first_bad)
+    _note(report, step, "loss", 1, worst, first_bad is None)
+
+
+def _compare_tensors(report: Report, step: int, kind: str, expected_tensors: dict, records: list, rtol,
+                     atol) -> None:
+    """Gradients or parameters: every rank's own, or shards reassembled (:class:`FlatShard`)."""
+    sharded = isinstance(records[0], FlatShard)
+    gathered, whole = records, {}
+    if sharded:
+        try:
+            whole = reassemble(records)
+        except ValueError as error:
+            report.divergences.append(Divergence(step, "missing", f"{kind}s", -1, float("inf"), tolerance=str(error)))
+            _note(report, step, kind, 0, float("inf"), False)
+            return
+        gathered = [{**whole, **rec.replicated} for rec in records]
+    worst, ok = 0.0, True
+    for name, expected in expected_tensors.items():
+        for rank, tensors in enumerate(gathered):
+            got = tensors.get(name)
+            if got is None:
+                ok = False
+                report.divergences.append(Divergence(step, "missing", name, -1 if sharded else rank, float("inf"),
+                                                     tolerance=f"{kind} of {name!r} not recorded"))
+                break
+            worst = max(worst, _max_diff(expected, got))
+            bad = _check(expected, got, rtol, atol)
+            if bad:
+                ok = False
+                if sharded and name in whole:
+                    flat_index = 0
+                    for i, size in zip(bad[1], expected.shape):
+                        flat_index = flat_index * size + i
+                    rank = _owner(records, records[0].layout, name, flat_index)
+                report.divergences.append(Divergence(step, kind, name, rank, *bad))
+                break  # one divergence per tensor is enough
+    _note(report, step, kind, len(expected_tensors), worst, ok)
 
 
 def assert_equivalent(reference: list[dict], ranks: list[list[dict]], **kwargs) -> Report:

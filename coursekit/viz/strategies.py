@@ -73,10 +73,22 @@ def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_ba
     fig.clear()
     axes = fig.subplots(1, 4)
     n_layers = max(n_layers, n_gpus)
+    _model_panel(axes[0], n_gpus, n_layers, batch)
+    _data_panel(axes[1], n_gpus, n_layers, batch)
+    _tensor_panel(axes[2], n_gpus, n_layers)
+    _pipeline_panel(axes[3], n_gpus, n_layers, batch, micro_batches)
+    for ax in axes[:3]:
+        ax.axis("off")
+    for spine in axes[3].spines.values():
+        spine.set_visible(False)
+    fig.suptitle(f"{n_gpus} GPU{'s' if n_gpus > 1 else ''}: colour = which GPU holds it", fontsize=10)
+    fig.tight_layout()
+    return fig
 
-    # Model parallelism (P3): contiguous layers per GPU; the batch visits them in turn.
+
+def _model_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
+    """Model parallelism (P3): contiguous layers per GPU; the batch visits them in turn."""
     plan = layout("model", n_gpus, n_layers)
-    ax = axes[0]
     _draw_layers(ax, plan["layers"], 0)
     for i in range(n_layers - 1):
         if plan["layers"][i] != plan["layers"][i + 1]:
@@ -87,9 +99,10 @@ def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_ba
     ax.text(n_layers / 2, -0.35, f"whole batch of {batch} goes through GPU1 → … → GPU{n_gpus}", ha="center",
             fontsize=7)
 
-    # Data parallelism (P4): a full copy per GPU, each with its slice of the batch.
+
+def _data_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
+    """Data parallelism (P4): a full copy per GPU, each with its slice of the batch."""
     plan = layout("data", n_gpus, n_layers, batch)
-    ax = axes[1]
     for gpu in range(n_gpus):
         y = n_gpus - 1 - gpu
         _draw_layers(ax, [gpu] * n_layers, y)
@@ -100,8 +113,9 @@ def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_ba
     ax.set_xlim(-0.2, n_layers + 2.2)
     ax.set_ylim(-0.3, n_gpus + 0.1)
 
-    # Tensor parallelism (P5): every weight matrix cut into column blocks.
-    ax = axes[2]
+
+def _tensor_panel(ax, n_gpus: int, n_layers: int) -> None:
+    """Tensor parallelism (P5): every weight matrix cut into column blocks."""
     width = 0.85 / n_gpus
     for i in range(n_layers):
         for gpu in range(n_gpus):
@@ -112,26 +126,18 @@ def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_ba
     ax.set_xlim(-0.2, n_layers + 0.1)
     ax.set_ylim(-0.3, 2.0)
 
-    # Pipeline parallelism (P7): stages as in model parallelism, micro-batches overlap.
+
+def _pipeline_panel(ax, n_gpus: int, n_layers: int, batch: int, micro_batches: int) -> None:
+    """Pipeline parallelism (P7): stages as in model parallelism, micro-batches overlap."""
     plan = layout("pipeline", n_gpus, n_layers, batch, micro_batches)
-    ax = axes[3]
     for stage, step, micro in plan["schedule"]:
         ax.add_patch(Rectangle((step, n_gpus - 1 - stage), 0.95, 0.85, facecolor=_colour(stage),
                                edgecolor="black", lw=0.6))
         ax.text(step + 0.47, n_gpus - 1 - stage + 0.42, f"F{micro + 1}", ha="center", va="center", fontsize=7)
-    steps = micro_batches + n_gpus - 1
     ax.set_yticks([n_gpus - 1 - s + 0.42 for s in range(n_gpus)], [f"GPU{s + 1}" for s in range(n_gpus)],
                   fontsize=7)
     ax.set_xticks([])
     ax.set_xlabel("time → (empty = bubble)", fontsize=7)
     ax.set_title(f"pipeline parallelism\n{micro_batches} micro-batches flow through stages", fontsize=9)
-    ax.set_xlim(0, steps)
+    ax.set_xlim(0, micro_batches + n_gpus - 1)
     ax.set_ylim(-0.1, n_gpus)
-
-    for ax in axes[:3]:
-        ax.axis("off")
-    for spine in axes[3].spines.values():
-        spine.set_visible(False)
-    fig.suptitle(f"{n_gpus} GPU{'s' if n_gpus > 1 else ''}: colour = which GPU holds it", fontsize=10)
-    fig.tight_layout()
-    return fig
