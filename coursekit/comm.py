@@ -17,8 +17,9 @@
 Four calls mirror ``torch.distributed``: ``send``, ``recv``, ``isend``, ``irecv``,
 with torch's names and meanings: ``dst``/``src`` are *global* ranks, and
 ``group_dst``/``group_src`` are ranks *within* ``group`` (give one of the two;
-with ``group=None`` they coincide). The collectives walk a ring inside a
-group, so they use ``group_dst``. Where the calls go is the *transport*:
+with ``group=None`` they coincide; ``group`` may also be a mesh axis,
+``mesh["dp"]``). The collectives walk a ring inside a group, so they use
+``group_dst``. Where the calls go is the *transport*:
 
 * on real ranks (inside :func:`coursekit.launch`), ``torch.distributed``
   (gloo or NCCL);
@@ -44,6 +45,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .mesh import as_group
 from .traffic import Transfer, Traffic
 from .waiting import waiting_on
 
@@ -133,12 +135,12 @@ def control() -> Iterator[None]:
 # --------------------------------------------------------------------------
 def get_rank(group=None) -> int:
     """This rank's index within ``group`` (the whole world if None)."""
-    return _transport().rank(group)
+    return _transport().rank(as_group(group))
 
 
 def get_world_size(group=None) -> int:
     """Number of ranks in ``group`` (the whole world if None)."""
-    return _transport().world_size(group)
+    return _transport().world_size(as_group(group))
 
 
 def _peer(group, rank: int | None, group_rank: int | None, role: str) -> int:
@@ -169,6 +171,7 @@ def _note(what: str, group, peer: int, numel: int) -> str:
 def send(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst: int | None = None) -> None:
     """Send ``tensor`` to global rank ``dst`` (or to rank ``group_dst`` of ``group``); returns when the buffer
     may be reused. As ``torch.distributed.send``: ``dst`` is a *global* rank, ``group_dst`` a rank in ``group``."""
+    group = as_group(group)
     peer = _peer(group, dst, group_dst, "dst")
     if _state.recorders:
         _record(tensor, peer, group)
@@ -178,6 +181,7 @@ def send(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst:
 def recv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src: int | None = None) -> torch.Tensor:
     """Receive into ``tensor`` (as many elements as were sent) from global rank ``src`` (or rank ``group_src``
     of ``group``). As ``torch.distributed.recv``, except that ``src`` is required (no "from anyone")."""
+    group = as_group(group)
     peer = _peer(group, src, group_src, "src")
     with waiting_on(_note("recv from", group, peer, tensor.numel())):
         _transport().recv(tensor, peer, group)
@@ -209,6 +213,7 @@ class Work:
 def isend(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst: int | None = None) -> Work:
     """Start sending ``tensor`` to global rank ``dst`` (or rank ``group_dst`` of ``group``); do not touch
     ``tensor`` before ``.wait()``."""
+    group = as_group(group)
     peer = _peer(group, dst, group_dst, "dst")
     if _state.recorders:
         _record(tensor, peer, group)
@@ -218,6 +223,7 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst
 def irecv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src: int | None = None) -> Work:
     """Start receiving into ``tensor`` from global rank ``src`` (or rank ``group_src`` of ``group``); it is
     filled after ``.wait()``."""
+    group = as_group(group)
     peer = _peer(group, src, group_src, "src")
     return Work(_transport().irecv(tensor, peer, group), "irecv from", group, peer, tensor.numel())
 

@@ -93,3 +93,24 @@ def test_docstring_example():
 
     failures, tried = doctest.testmod(mesh)
     assert tried > 0 and failures == 0
+
+
+def _ring_on_each_axis(rank, world_size):
+    from coursekit import comm
+    from coursekit.collectives import ring_all_reduce
+
+    mesh = Mesh({"dp": 2, "tp": 2})
+    out = {}
+    for name in ("dp", "tp"):
+        with comm.record() as traffic:
+            out[name] = ring_all_reduce(torch.full((5,), float(rank)), group=mesh[name]).tolist()
+        out[name + "_links"] = sorted(traffic.links)
+    return out
+
+
+def test_the_ring_runs_on_a_mesh_axis_and_counts_global_links():
+    results = coursekit.launch(_ring_on_each_axis, 4, timeout=TIMEOUT)
+    for rank, result in enumerate(results):
+        dp_peer, tp_peer = (rank + 2) % 4, rank ^ 1
+        assert result["dp"] == [float(rank + dp_peer)] * 5 and result["tp"] == [float(rank + tp_peer)] * 5
+        assert result["dp_links"] == [(rank, dp_peer)] and result["tp_links"] == [(rank, tp_peer)]
