@@ -1,7 +1,11 @@
-"""The ``coursekit`` command: ``doctor`` (is this machine ready?) and ``grade`` (score an exercise).
+"""The ``coursekit`` command: ``doctor`` (is this machine ready?) and ``grade`` (score an exercise notebook).
 
     coursekit doctor
     coursekit grade exercises/01_ring_allreduce.ipynb
+
+``grade`` runs a copy of the notebook with papermill; the notebook's own grading
+cells (:func:`coursekit.grading.grade`) leave their results in a file this
+command then reads, so the score is the one the learner saw.
 """
 
 from __future__ import annotations
@@ -9,8 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 
 def doctor() -> int:
@@ -62,6 +69,58 @@ def _smoke_all_reduce(rank: int, world_size: int) -> float:
     return value.item()
 
 
+def grade_notebook(argv: list[str] | None = None) -> int:
+    """``coursekit grade NOTEBOOK``: execute a copy, print the score table; 0 only on full marks, 2 on bad usage."""
+    from . import grading
+
+    parser = argparse.ArgumentParser(prog="coursekit grade", description=grade_notebook.__doc__)
+    parser.add_argument("notebook", type=Path, help="an exercise notebook, e.g. exercises/01_ring_allreduce.ipynb")
+    parser.add_argument("--exercise", help="exercise name (default: the notebook's file name)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per notebook cell (default 600)")
+    options = parser.parse_args(argv)
+    path: Path = options.notebook
+    if not path.is_file():
+        print(f"coursekit grade: no such notebook: {path}", file=sys.stderr)
+        return 2
+    exercise = options.exercise or path.stem
+    try:
+        grading.checks_for(exercise)
+    except ValueError as error:
+        print(f"coursekit grade: {error} (pass --exercise NAME)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="coursekit-grade-") as tmp:
+        report_path = Path(tmp) / "report.json"
+        note = _execute_copy(path, Path(tmp), report_path, options.timeout)
+        report = grading.saved_report(exercise, report_path, note)
+    print(report.table())
+    return 0 if report.full_marks else 1
+
+
+def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> str:
+    """Run a copy of ``path`` in ``tmp``, its grading cells writing to ``report_path``; a note if it stopped early."""
+    from .grading import REPORT_ENV
+
+    copy = tmp / path.name
+    shutil.copyfile(path, copy)  # the learner's file is only ever read
+    previous = os.environ.get(REPORT_ENV)
+    os.environ[REPORT_ENV] = str(report_path)
+    os.environ.setdefault("MPLBACKEND", "agg")
+    try:
+        import papermill
+
+        papermill.execute_notebook(str(copy), str(tmp / ("executed-" + path.name)), kernel_name="python3",
+                                   cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False)
+    except Exception as error:  # the learner's notebook may fail anywhere: grade what ran
+        first = str(error).strip().splitlines()
+        return "the notebook stopped with an error before the end: " + (first[-1] if first else type(error).__name__)
+    finally:
+        if previous is None:
+            os.environ.pop(REPORT_ENV, None)
+        else:
+            os.environ[REPORT_ENV] = previous
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="coursekit", description="Tools for the coursekit course.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -72,9 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     if options.command == "doctor":
         return doctor()
-    from . import grading
-
-    return grading.main(options.rest)
+    return grade_notebook(options.rest)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""coursekit.grading: the ring exercise's checks on good, unfinished, cheating and stuck submissions;
-`coursekit grade` on the exercise and solution notebooks."""
+"""coursekit.grading and coursekit.checks.ring_allreduce: the ring exercise's checks on good, unfinished,
+cheating and stuck submissions; each exercise's checks registered once; `coursekit grade` on the exercise
+and solution notebooks."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -13,6 +15,8 @@ import torch
 import torch.distributed as dist
 
 from coursekit import collectives, comm, grading
+from coursekit.checks.ring_allreduce import RING
+from coursekit.cli import grade_notebook
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,14 +93,14 @@ def test_unfinished_stubs_score_zero_quickly_without_raising():
 
 
 def test_calling_torch_all_reduce_fails_with_an_explanation():
-    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_cheat_rs,
+    report = grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=_cheat_rs,
                            all_gather=_good_ag, verbose=False)
     assert report.score == 0
     assert "torch.distributed.all_reduce was called" in report.results[0].feedback
 
 
 def test_everyone_to_everyone_fails_the_traffic_check_naming_the_non_neighbour():
-    report = grading.grade(grading.RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
+    report = grading.grade(RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
                            reduce_scatter=_naive_rs, all_gather=_good_ag, verbose=False)
     correct, traffic = report.results
     assert correct.status == "pass" and traffic.earned == 0
@@ -104,7 +108,7 @@ def test_everyone_to_everyone_fails_the_traffic_check_naming_the_non_neighbour()
 
 
 def test_sending_whole_tensors_is_correct_but_reports_the_extra_traffic():
-    report = grading.grade(grading.RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
+    report = grading.grade(RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
                            reduce_scatter=_whole_tensor_rs, all_gather=_good_ag, verbose=False)
     correct, traffic = report.results
     assert correct.status == "pass", correct.feedback
@@ -114,7 +118,7 @@ def test_sending_whole_tensors_is_correct_but_reports_the_extra_traffic():
 
 
 def test_partial_credit_names_the_world_size_and_length_that_fail():
-    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_divisible_only_rs,
+    report = grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=_divisible_only_rs,
                            all_gather=_good_ag, verbose=False)
     result = report.results[0]
     assert result.status == "partial" and result.earned == pytest.approx(1.5)  # 3 of 6 cases
@@ -128,7 +132,7 @@ def test_feedback_says_which_segment_is_wrong():
         start, stop = collectives.segment_bounds(tensor.numel(), size)[rank]
         return tensor[start:stop]
 
-    report = grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=wrong_owner,
+    report = grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=wrong_owner,
                            all_gather=_good_ag, verbose=False)
     feedback = report.results[0].feedback
     assert "world size 2, length 8, float32, rank 0: returned the complete segment 0" in feedback
@@ -147,11 +151,11 @@ def test_a_deadlock_fails_after_the_timeout_and_skips_the_rest():
 def test_report_file_keeps_the_latest_result_of_each_check(tmp_path, monkeypatch):
     path = tmp_path / "report.json"
     monkeypatch.setenv(grading.REPORT_ENV, str(path))
-    grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_todo_rs, all_gather=_todo_ag,
+    grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=_todo_rs, all_gather=_todo_ag,
                   verbose=False)
-    grading.grade(grading.RING, only="reduce_scatter_correct", reduce_scatter=_good_rs, all_gather=_todo_ag,
+    grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=_good_rs, all_gather=_todo_ag,
                   verbose=False)
-    saved = json.loads(path.read_text())[grading.RING]
+    saved = json.loads(path.read_text())[RING]
     assert saved["reduce_scatter_correct"]["status"] == "pass"
 
 
@@ -159,7 +163,7 @@ def test_unknown_exercise_or_check_is_a_clear_error():
     with pytest.raises(ValueError, match="known exercises"):
         grading.grade("99_nope")
     with pytest.raises(ValueError, match="unknown checks"):
-        grading.grade(grading.RING, only="nope")
+        grading.grade(RING, only="nope")
 
 
 def _cli(path):
@@ -182,6 +186,50 @@ def test_cli_solution_scores_full_marks_and_exercise_scores_zero_without_touchin
 
 
 def test_cli_missing_notebook_or_unknown_exercise(capsys):
-    assert grading.main([str(ROOT / "exercises" / "nope.ipynb")]) == 2
-    assert grading.main([str(ROOT / "README.md")]) == 2  # no checks for an exercise called "README"
+    assert grade_notebook([str(ROOT / "exercises" / "nope.ipynb")]) == 2
+    assert grade_notebook([str(ROOT / "README.md")]) == 2  # no checks for an exercise called "README"
     assert "no such notebook" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("exercise", sorted(grading.EXERCISE_MODULES))
+def test_each_exercise_and_each_check_is_registered_once(exercise):
+    module = importlib.import_module(grading.EXERCISE_MODULES[exercise])
+    names = [c.name for c in grading.checks_for(exercise)]
+    importlib.reload(module)  # importing the module again (a reload, a notebook re-run) replaces, never adds
+    again = grading.checks_for(exercise)
+    assert [c.name for c in again] == names == [c.name for c in grading.checks_for(exercise)]
+    assert len(set(names)) == len(names) and names
+    assert all(c.fn is getattr(module, c.name) for c in again)  # the reloaded functions, not stale ones
+    assert all(c.exercise == exercise for c in again)
+    assert [e for e, m in grading.EXERCISE_MODULES.items() if m == module.__name__] == [exercise]
+
+
+def test_redefining_a_check_replaces_it_in_place():
+    exercise = "99_registry_test"
+
+    @grading.check(exercise)
+    def first(submission, ctx):
+        pass
+
+    @grading.check(exercise)
+    def second(submission, ctx):
+        pass
+
+    @grading.check(exercise, points=5, name="first")
+    def first_again(submission, ctx):
+        pass
+
+    try:
+        checks = grading.checks_for(exercise)
+        assert [(c.name, c.points) for c in checks] == [("first", 5), ("second", 1)]
+    finally:
+        grading._REGISTRY.pop(exercise)
+
+
+def test_chapter_01_names_stay_importable_from_grading():
+    from coursekit.checks import ring_allreduce
+    from coursekit.grading import check_ring_all_reduce
+
+    assert check_ring_all_reduce is ring_allreduce.check_ring_all_reduce and grading.RING == RING
+    with pytest.raises(AttributeError):
+        grading.no_such_name

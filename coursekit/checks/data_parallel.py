@@ -32,8 +32,7 @@ from ..models import LanguageData, TeacherData, loss_fn, tiny_mlp, tiny_transfor
 from ..parallel.data import shard_batch
 from ..verify import FlatShard, compare, record_step, reference_run
 
-EXERCISE = "02_data_parallel"
-grading.EXERCISE_MODULES.setdefault(EXERCISE, __name__)
+EXERCISE = "02_data_parallel"  # registered in grading.EXERCISE_MODULES, the one place exercises are named
 
 
 def check_data_parallel(attach_gradient_averaging=None, reduce_scatter_gradients=None, **options) -> grading.Report:
@@ -67,12 +66,80 @@ def _reference(name, freeze, steps, global_batch):
     return reference_run(model, optimizer, [data.batch(s, global_batch) for s in range(steps)], loss_fn)
 
 
+# ----------------------------------------------------------------------------- scoring (both parts)
+def _global_losses(per_rank):
+    """Each rank recorded its share of the loss; the global batch's loss is their sum (done here, not by ranks)."""
+    for step in range(len(per_rank[0])):
+        total = sum(records[step]["loss"] for records in per_rank)
+        for records in per_rank:
+            records[step]["loss"] = total
+    return per_rank
+
+
+def _gradient_hint(first, world_size: int, guess_unaveraged: bool) -> str:
+    """A guess at the mistake behind the first wrong gradient, from the ratio got / expected."""
+    if first.kind != "grad" or not first.expected:
+        return ""
+    ratio = first.got / first.expected
+    if abs(ratio - world_size) < 1e-3 * world_size:
+        return " (it is the *sum* over ranks: divide by the world size)"
+    if guess_unaveraged and world_size > 1 and abs(ratio * world_size - 1) > 1e-3 and abs(ratio - 1) > 1e-3:
+        return " (did this rank keep its own gradient? every gradient must be averaged)"
+    return ""
+
+
+def _score_training(ctx, rank_fn, learner_fn, cases, guess_unaveraged: bool = True) -> float:
+    """Train each case on real ranks and compare with one process on the same global batches.
+
+    A case is ``(model name, frozen parameters, world size, steps, global batch)``;
+    credit per case that matches. ``rank_fn(rank, world_size, learner_fn, *case)``
+    returns ``(records, ...)``; a crash in one case costs only that case.
+    """
+    def outcomes():
+        for name, freeze, world_size, steps, global_batch in cases:
+            results = ctx.launch_case(rank_fn, world_size, learner_fn, name, freeze, steps, global_batch)
+            if isinstance(results, grading.CheckFailed):
+                yield f"{name}, world size {world_size}: {results}"
+                continue
+            report = compare(_reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
+            hint = "" if report.ok else _gradient_hint(report.first, world_size, guess_unaveraged)
+            yield None if report.ok else f"{name}, world size {world_size}: {report.first}{hint}"
+    return grading.partial_credit(outcomes())
+
+
+# Elements a ring collective moves per step, all ranks together, for Ψ gradient elements on G ranks.
+_RING_TRAFFIC = {"all-reduce": (2, "2·(G−1)·Ψ"), "reduce-scatter": (1, "(G−1)·Ψ")}
+
+
+def _counted_traffic(ctx, rank_fn, learner_fn, world_size: int, steps: int, collective: str,
+                     silent: str) -> tuple[comm.Traffic, int]:
+    """Train the MLP on real ranks; fail unless the learner's code sent what one ring ``collective`` per step moves.
+
+    ``silent`` is the feedback when nothing went through ``coursekit.comm`` (so
+    nothing could be counted). Returns the traffic and Ψ, for further checks.
+    """
+    results = ctx.launch(rank_fn, world_size, learner_fn, "mlp", (), steps, 12)
+    traffic = comm.Traffic.merge([r[1] for r in results])
+    if traffic.total == 0:
+        raise grading.CheckFailed(silent)
+    psi = sum(p.numel() for p in tiny_mlp().parameters())
+    factor, formula = _RING_TRAFFIC[collective]
+    per_step = factor * (world_size - 1) * psi
+    if traffic.total != steps * per_step:
+        doubled = collective == "reduce-scatter" and traffic.total == 2 * steps * per_step
+        raise grading.CheckFailed(
+            f"{traffic.total / (steps * per_step):.3g}× the traffic of a ring {collective} ({traffic.total} elements "
+            f"in {steps} step{'s' if steps > 1 else ''}; {formula} = {per_step} per step)"
+            + (" — an all-reduce then a slice moves 2×: use the reduce-scatter alone" if doubled else ""))
+    return traffic, psi
+
+
 # ----------------------------------------------------------------------------- part 1
 def _hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch):
     model, data, make_opt = _setup(name, freeze)
     attach(model)
     optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
-    records, during, after = [], comm.Traffic(), comm.Traffic()
+    records, during = [], comm.Traffic()
     for step in range(steps):
         x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
         optimizer.zero_grad(set_to_none=True)
@@ -87,64 +154,26 @@ def _hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch):
     return records, during
 
 
-def _global_losses(per_rank):
-    """Each rank recorded its share of the loss; the global batch's loss is their sum (done here, not by ranks)."""
-    for step in range(len(per_rank[0])):
-        total = sum(records[step]["loss"] for records in per_rank)
-        for records in per_rank:
-            records[step]["loss"] = total
-    return per_rank
-
-
-def _hooks_score(submission, ctx, cases):
-    problems = []
-    for name, freeze, world_size, steps, global_batch in cases:
-        reference = _reference(name, freeze, steps, global_batch)
-        results = ctx.launch(_hooks_rank, world_size, submission.attach_gradient_averaging, name, freeze, steps,
-                             global_batch)
-        report = compare(reference, _global_losses([r[0] for r in results]))
-        if not report.ok:
-            first = report.first
-            hint = ""
-            if first.kind == "grad":
-                ratio = first.got / first.expected if first.expected else float("nan")
-                if abs(ratio - world_size) < 1e-3 * world_size:
-                    hint = " (it is the *sum* over ranks: divide by the world size)"
-                elif world_size > 1 and abs(ratio * world_size - 1) > 1e-3 and abs(ratio - 1) > 1e-3:
-                    hint = " (did this rank keep its own gradient? every gradient must be averaged)"
-            problems.append(f"{name}, world size {world_size}: {first}{hint}")
-    if problems:
-        raise grading.CheckFailed("\n".join(problems), fraction=(len(cases) - len(problems)) / len(cases))
-
-
 @grading.check(EXERCISE, points=3, timeout=60)
 def hooks_average_gradients(submission, ctx):
     """After backward every gradient is the average over ranks: equal to one process (G = 1, 2, 3; 3 steps)."""
-    _hooks_score(submission, ctx, [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
+    _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
+                    [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
 
 
 @grading.check(EXERCISE, points=2, timeout=60)
 def hooks_traffic(submission, ctx):
     """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step (G = 3)."""
-    world_size, steps = 3, 2
-    results = ctx.launch(_hooks_rank, world_size, submission.attach_gradient_averaging, "mlp", (), steps, 12)
-    traffic = comm.Traffic.merge([r[1] for r in results])
-    psi = sum(p.numel() for p in tiny_mlp().parameters())
-    expected = steps * 2 * (world_size - 1) * psi
-    if traffic.total == 0:
-        raise grading.CheckFailed("nothing went through coursekit.comm during loss.backward(): register hooks "
-                                  "(param.register_post_accumulate_grad_hook) that call ring_all_reduce")
-    if traffic.total != expected:
-        raise grading.CheckFailed(f"{traffic.total / expected:.3g}× the expected traffic during backward "
-                                  f"({traffic.total} elements in {steps} steps; averaging every gradient once "
-                                  f"with the ring moves 2·(G−1)·Ψ = {expected // steps} per step)")
+    _counted_traffic(ctx, _hooks_rank, submission.attach_gradient_averaging, 3, 2, "all-reduce",
+                     "nothing went through coursekit.comm during loss.backward(): register hooks "
+                     "(param.register_post_accumulate_grad_hook) that call ring_all_reduce")
 
 
 @grading.check(EXERCISE, points=1, hidden=True, timeout=60)
 def hooks_tied_frozen_uneven(submission, ctx):
     """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks."""
-    _hooks_score(submission, ctx, [("transformer", ("pos_emb.weight",), 3, 2, 7),
-                                   ("transformer", ("pos_emb.weight",), 4, 2, 7)])
+    _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
+                    [("transformer", ("pos_emb.weight",), 3, 2, 7), ("transformer", ("pos_emb.weight",), 4, 2, 7)])
 
 
 # ----------------------------------------------------------------------------- part 2
@@ -190,52 +219,21 @@ def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps,
     return records, comm.Traffic.merge(traffic_per_step), still_held
 
 
-def _zero2_score(submission, ctx, cases):
-    problems = []
-    for name, freeze, world_size, steps, global_batch in cases:
-        reference = _reference(name, freeze, steps, global_batch)
-        try:
-            results = ctx.launch(_zero2_rank, world_size, submission.reduce_scatter_gradients, name, freeze, steps,
-                                 global_batch)
-        except grading.NotDone:
-            raise
-        except grading.CheckFailed as failed:
-            problems.append(f"{name}, world size {world_size}: {failed}")
-            continue
-        report = compare(reference, _global_losses([r[0] for r in results]))
-        if not report.ok:
-            first = report.first
-            hint = ""
-            if first.kind == "grad" and first.expected and abs(first.got / first.expected - world_size) < 1e-3 * world_size:
-                hint = " (that is the sum over ranks: divide by the world size)"
-            problems.append(f"{name}, world size {world_size}: {first}{hint}")
-    if problems:
-        raise grading.CheckFailed("\n".join(problems), fraction=(len(cases) - len(problems)) / len(cases))
-
-
 @grading.check(EXERCISE, points=3, timeout=60)
 def zero2_segment(submission, ctx):
     """Each rank gets the averaged gradient of its own segment; ZeRO-2 training equals one process (G = 1–4)."""
-    _zero2_score(submission, ctx, [("mlp", (), 1, 2, 12), ("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12),
-                                   ("mlp", (), 4, 2, 12)])
+    _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
+                    [("mlp", (), 1, 2, 12), ("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12), ("mlp", (), 4, 2, 12)],
+                    guess_unaveraged=False)
 
 
 @grading.check(EXERCISE, points=2, timeout=60)
 def zero2_traffic(submission, ctx):
     """A reduce-scatter, not an all-reduce: exactly (G−1)·Ψ elements per step, each rank N − its segment (G = 4)."""
-    world_size, steps = 4, 1
-    results = ctx.launch(_zero2_rank, world_size, submission.reduce_scatter_gradients, "mlp", (), steps, 12)
-    traffic = comm.Traffic.merge([r[1] for r in results])
-    psi = sum(p.numel() for p in tiny_mlp().parameters())
-    expected = (world_size - 1) * psi
-    if traffic.total == 0:
-        raise grading.CheckFailed("nothing went through coursekit.comm: use chapter 01's ring_reduce_scatter "
-                                  "(coursekit.collectives) on the flattened gradients")
-    if traffic.total != expected:
-        extra = " — an all-reduce then a slice moves 2×: use the reduce-scatter alone" \
-            if traffic.total == 2 * expected else ""
-        raise grading.CheckFailed(f"{traffic.total / expected:.3g}× the traffic of a reduce-scatter "
-                                  f"({traffic.total} elements; (G−1)·Ψ = {expected}){extra}")
+    world_size = 4
+    traffic, psi = _counted_traffic(ctx, _zero2_rank, submission.reduce_scatter_gradients, world_size, 1,
+                                    "reduce-scatter", "nothing went through coursekit.comm: use chapter 01's "
+                                    "ring_reduce_scatter (coursekit.collectives) on the flattened gradients")
     bounds = segment_bounds(psi, world_size)
     want = {r: psi - (lambda b: b[1] - b[0])(bounds[owned_segment(r, world_size)]) for r in range(world_size)}
     if traffic.sent != want:
@@ -256,5 +254,6 @@ def zero2_frees_gradients(submission, ctx):
 @grading.check(EXERCISE, points=1, hidden=True, timeout=90)
 def zero2_hidden_variants(submission, ctx):
     """Transformer (tied head, frozen parameter), Ψ not divisible by G, a global batch of 7 on 5 ranks."""
-    _zero2_score(submission, ctx, [("transformer", ("pos_emb.weight",), 5, 2, 7),
-                                   ("transformer", (), 3, 2, 7)])
+    _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
+                    [("transformer", ("pos_emb.weight",), 5, 2, 7), ("transformer", (), 3, 2, 7)],
+                    guess_unaveraged=False)
