@@ -1,0 +1,68 @@
+"""``python -m coursekit.bench NAME --check``: the exit status says whether the targets a benchmark prints were met.
+
+Fake benchmarks are injected: nothing here runs a real benchmark (they take minutes and their timings are noise).
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from coursekit.bench.__main__ import main
+from coursekit.bench.allreduce import ring_vs_torch_targets
+
+
+def _bench(*targets, seen=None):
+    def run(argv):
+        if seen is not None:
+            seen.append(argv)
+        print("| a table |")
+        return list(targets)
+    return run
+
+
+MET, MISSED = ("warm ≤ 10 ms", "4.1 ms", True), ("cold ≤ 0.5 s", "812 ms", False)
+
+
+def test_check_exits_1_naming_the_missed_target_and_0_when_all_are_met(capsys):
+    assert main(["fake", "--check"], {"fake": _bench(MET, MISSED)}) == 1
+    out, err = capsys.readouterr()
+    assert "| cold ≤ 0.5 s | 812 ms | **MISSED** |" in out and "| warm ≤ 10 ms | 4.1 ms | met |" in out
+    assert "1 target missed: cold ≤ 0.5 s (measured 812 ms)" in err and "warm" not in err
+    assert main(["fake", "--check"], {"fake": _bench(MET)}) == 0
+    assert main(["fake", "--check"], {"fake": _bench()}) == 0  # these options measured no target: none missed
+
+
+def test_without_check_a_miss_is_printed_but_exits_0(capsys):
+    assert main(["fake"], {"fake": _bench(MISSED)}) == 0
+    assert "**MISSED**" in capsys.readouterr().out
+
+
+def test_check_may_stand_anywhere_and_is_not_passed_to_the_benchmark():
+    seen = []
+    assert main(["--check", "fake", "--repeats", "3"], {"fake": _bench(MISSED, seen=seen)}) == 1
+    assert main(["fake", "--repeats", "3", "--check"], {"fake": _bench(MET, seen=seen)}) == 0
+    assert seen == [["--repeats", "3"], ["--repeats", "3"]]
+
+
+@pytest.mark.parametrize("argv", [[], ["--check"], ["nope", "--check"]])
+def test_unknown_or_missing_benchmark_is_a_usage_error(argv, capsys):
+    assert main(argv, {"fake": _bench(MET)}) == 2
+    assert "usage: python -m coursekit.bench {fake} [options] [--check]" in capsys.readouterr().err
+
+
+def test_the_real_benchmarks_are_listed_and_nothing_runs_on_import():
+    done = subprocess.run([sys.executable, "-m", "coursekit.bench"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "{allreduce|data|launch}" in done.stderr
+
+
+def test_ring_target_is_one_row_per_size_from_1_mib_on_4_ranks_only():
+    def row(algorithm, nbytes, seconds, world_size=4):
+        return {"algorithm": algorithm, "bytes": nbytes, "seconds": seconds, "world_size": world_size}
+
+    rows = [row("ring", 1 << 18, 9.0), row("torch", 1 << 18, 1.0),          # 256 KiB: no target
+            row("ring", 1 << 20, 2.0), row("torch", 1 << 20, 1.0),          # 1 MiB: missed
+            row("ring", 4 << 20, 1.0), row("torch", 4 << 20, 1.0),          # 4 MiB: met (no slower)
+            row("ring", 1 << 20, 0.5, 2), row("torch", 1 << 20, 1.0, 2)]    # 2 ranks: no target
+    assert ring_vs_torch_targets(rows) == [("ring ≤ torch at 1 MiB, 4 ranks", "ring / torch = 2.00", False),
+                                           ("ring ≤ torch at 4 MiB, 4 ranks", "ring / torch = 1.00", True)]
