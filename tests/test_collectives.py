@@ -134,6 +134,20 @@ def test_mismatched_lengths_raise_a_clear_error_on_real_ranks(name, lengths):
         coursekit.launch(_mismatched, 4, lengths, name, timeout=TIMEOUT)
 
 
+def _mismatched_dtype(rank, world_size, name):
+    ALGORITHMS[name](torch.ones(4, dtype=torch.float64 if rank == 1 else torch.float32))
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_mismatched_dtypes_raise_a_clear_error_on_real_ranks(name):
+    """Planted bug: _LengthCheck compares lengths only -- gloo then aborts a rank ("16 vs 8") instead."""
+    with pytest.raises(coursekit.RankError) as caught:
+        coursekit.launch(_mismatched_dtype, 3, name, timeout=TIMEOUT)
+    message = str(caught.value)
+    assert "4 elements of torch.float64" in message and "4 elements of torch.float32" in message, message
+    assert "same length and dtype" in message, message
+
+
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_mismatched_lengths_or_dtypes_raise_in_the_simulator(name):
     with pytest.raises(comm.SimulatorError, match=r"has [45] elements of torch.float32 but rank \d has [45] elements.*same length"):

@@ -239,3 +239,21 @@ def test_every_wrapper_starts_from_rank_zero_and_unused_parameters_do_not_hang()
     for g in grads[1:]:
         assert all(torch.equal(a, b) for a, b in zip(g, grads[0]))  # the used grads are averaged
     assert torch.count_nonzero(grads[0][2]) == 0 and torch.count_nonzero(grads[0][3]) == 0  # unused: zeros
+
+
+def _untouched_buckets(rank, world_size):
+    torch.manual_seed(rank)
+    model = DataParallel(_WithUnused(), bucket_size=8)  # unused.bias, unused.weight: one bucket each
+    model(torch.randn(3, 4)).sum().backward()
+    for p in model.module.unused.parameters():
+        p.grad.fill_(rank + 1.0)  # in place, into the bucket: no hook fires, and it differs per rank
+    model.finish_gradient_synchronization()
+    return [p.grad.clone() for p in model.module.unused.parameters()]
+
+
+def test_a_bucket_no_hook_touched_is_still_averaged():
+    """Planted bug: finish_gradient_synchronization skips buckets whose hooks never fired."""
+    results = coursekit.launch(_untouched_buckets, 3, timeout=120)
+    for rank, grads in enumerate(results):
+        for g in grads:
+            assert torch.equal(g, torch.full_like(g, 2.0)), f"rank {rank}: {g.tolist()} is not the mean (1+2+3)/3"

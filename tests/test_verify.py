@@ -110,3 +110,27 @@ def test_tolerance_depends_on_dtype():
 def test_step_count_mismatch_is_an_error(reference):
     with pytest.raises(ValueError, match="recorded 2 steps"):
         compare(reference, [reference[:2]])
+
+
+@pytest.mark.parametrize("kind", ["grads", "params", "output", "loss"])
+def test_a_nan_is_a_divergence(reference, kind):
+    """Planted bug: the tolerance test written ``diff > tol``, which is False for NaN, so NaN slips through."""
+    ranks = _two_ranks(reference)
+    if kind == "loss":
+        ranks[1][1]["loss"] = float("nan")
+    elif kind == "output":
+        ranks[1][1]["output"][0, 0] = float("nan")
+    else:
+        ranks[1][1][kind]["layers.1.weight"][0, 0] = float("nan")
+    report = compare(reference, ranks)
+    assert not report.ok, f"a NaN in rank 1's {kind} passed as equivalent"
+    assert (report.first.step, report.first.rank) == (1, 1) and report.first.got != report.first.got  # NaN
+
+
+def test_a_wrong_loss_on_rank_one_only_is_caught(reference):
+    """Planted bug: only rank 0's loss is compared, though every rank must report the global loss."""
+    ranks = _two_ranks(reference)
+    ranks[1][0]["loss"] += 1e-2
+    report = compare(reference, ranks)
+    assert not report.ok, "rank 1 reported a wrong global loss and it passed as equivalent"
+    assert (report.first.step, report.first.kind, report.first.rank) == (0, "loss", 1), str(report)
