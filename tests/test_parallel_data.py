@@ -34,11 +34,15 @@ def _reference(**kwargs):
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_every_strategy_equals_one_process(world_size):
-    """Adam and SGD-momentum, 3 steps, a global batch of 10 (not divisible by 3 or 4), ring or torch collectives."""
+    """Adam and SGD-momentum, 3 steps, a global batch of 10 (not divisible by 3 or 4), ring and torch collectives.
+
+    Chapter 01's ring runs at every world size (planted bug caught: ZeRO taking segment ``rank`` instead of
+    the ring's owned segment ``(rank + 1) % G`` at even G only).
+    """
     configs = []
-    for optimizer, lr in (("adam", 1e-2), ("sgd", 0.1)):
+    for optimizer, lr, collectives in (("adam", 1e-2, "ring"), ("sgd", 0.1, "torch")):
         common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, bucket_size=2000,
-                      collectives="ring" if world_size % 2 else "torch")  # both kinds of collectives
+                      collectives=collectives)
         configs += [(s, common) for s in STRATEGIES]
     results = coursekit.launch(_all_strategies, world_size, configs, timeout=240)
     for i, (strategy, kwargs) in enumerate(configs):
@@ -257,3 +261,38 @@ def test_a_bucket_no_hook_touched_is_still_averaged():
     for rank, grads in enumerate(results):
         for g in grads:
             assert torch.equal(g, torch.full_like(g, 2.0)), f"rank {rank}: {g.tolist()} is not the mean (1+2+3)/3"
+
+
+def _four_small_layers():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(4)])
+
+
+def test_buckets_pack_several_tensors_each_in_backward_order():
+    """Planted bug: packing closes a bucket one tensor early (``>=`` for ``>``) or never packs two tensors."""
+    model = DataParallel(_four_small_layers(), bucket_size=24)  # weights of 16 elements, biases of 4
+    names = {id(p): n for n, p in model.module.named_parameters()}
+    assert [[names[id(p)] for p in b.params] for b in model.buckets] == [
+        ["3.bias", "3.weight", "2.bias"], ["2.weight", "1.bias"], ["1.weight", "0.bias"], ["0.weight"]]
+
+
+def _packed_buckets_average(rank, world_size):
+    import torch.distributed as dist
+
+    x = torch.randn(5, 4, generator=torch.Generator().manual_seed(rank))  # different data per rank
+    plain = _four_small_layers()
+    plain(x).pow(2).sum().backward()
+    local = [None] * world_size
+    dist.all_gather_object(local, [p.grad for p in plain.parameters()])
+    model = DataParallel(_four_small_layers(), bucket_size=24)
+    model(x).pow(2).sum().backward()
+    model.finish_gradient_synchronization()
+    return local, [p.grad.clone() for p in model.module.parameters()]
+
+
+def test_every_packed_bucket_is_averaged():
+    """Planted bug: one bucket (here any of four) is never all-reduced."""
+    for rank, (local, averaged) in enumerate(coursekit.launch(_packed_buckets_average, 3, timeout=120)):
+        for i, got in enumerate(averaged):
+            mean = sum(grads[i] for grads in local) / 3
+            assert torch.allclose(got, mean, atol=1e-6), f"rank {rank}, parameter {i}: not the mean of the ranks'"

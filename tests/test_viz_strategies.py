@@ -14,11 +14,21 @@ def test_data_parallel_splits_the_batch_and_copies_the_model():
     assert [plan["batch"].count(g) for g in range(3)] == [3, 3, 2]
 
 
-def test_pipeline_schedule_has_the_gpipe_bubble():
-    plan = layout("pipeline", 4, n_layers=4, micro_batches=4)
-    steps = {(stage, step) for stage, step, _ in plan["schedule"]}
-    total = 4 * (4 + 4 - 1)
-    assert len(steps) == 16 and total - len(steps) == 4 * 3  # (p-1) idle slots per stage
+@pytest.mark.parametrize("p, m", [(4, 4), (2, 4), (3, 5), (1, 3)])
+def test_pipeline_schedule_has_the_gpipe_bubble(p, m):
+    """Planted bug: a schedule with no bubble (every stage starts at once) -- measured on the schedule built."""
+    schedule = layout("pipeline", p, n_layers=4, micro_batches=m)["schedule"]
+    when = {(stage, micro): step for stage, step, micro in schedule}
+    assert sorted(when) == [(s, k) for s in range(p) for k in range(m)], "every stage runs every micro-batch once"
+    for (stage, micro), step in when.items():
+        if stage:  # a stage can only start a micro-batch the previous stage has finished
+            assert step > when[(stage - 1, micro)], f"stage {stage} starts micro-batch {micro} before stage {stage - 1}"
+    for stage in range(p):  # one forward at a time per stage
+        steps = [step for (s, _), step in when.items() if s == stage]
+        assert len(set(steps)) == len(steps), f"stage {stage} runs two micro-batches at once"
+    makespan = max(when.values()) + 1
+    idle = p * makespan - len(schedule)
+    assert idle / (p * makespan) == pytest.approx((p - 1) / (m + p - 1)), "GPipe's bubble: (p-1)/(m+p-1)"
 
 
 def test_bad_input_says_what_to_do():
