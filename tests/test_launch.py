@@ -1,5 +1,7 @@
 """The launcher: results, errors, timeouts, cleanup, concurrency, Cluster."""
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -116,7 +118,7 @@ def test_printed_output_is_prefixed_and_in_rank_order(capsys):
         print("second line")
         return None
 
-    launch(chatty, 3)
+    launch(chatty, 3, output="ordered")  # the default, "live", prints in arrival order
     out = capsys.readouterr().out.splitlines()
     assert out == [f"[rank {r}] {text}" for r in range(3) for text in (f"hello from {r}", "second line")]
 
@@ -179,6 +181,7 @@ def test_keyboard_interrupt_stops_every_rank():
     (dict(world_size=2.5), "world_size must be a positive integer"),
     (dict(world_size=2, backend="mpi-ish"), "unknown backend"),
     (dict(world_size=2, timeout=0), "timeout must be a positive"),
+    (dict(world_size=2, output="stream"), r"output='stream' is not one of \('live', 'ordered'\)"),
 ])
 def test_invalid_arguments_raise_value_error_saying_what_to_do(kwargs, fragment):
     world_size = kwargs.pop("world_size")
@@ -232,3 +235,191 @@ def test_doctor_passes(capsys):
     assert doctor() == 0
     out = capsys.readouterr().out
     assert "torch" in out and "2-rank all-reduce ok" in out
+
+
+# ------------------------------------------------------------ what the ranks print
+class Screen(io.TextIOBase):
+    """Stands in for the parent's sys.stdout or sys.stderr; touches ``flags[text]`` once ``text`` is shown.
+
+    Text counts as shown once flushed (a notebook or a pipe may hold unflushed
+    text back). A rank can then wait for a flag file: proof that the parent
+    showed a line while that rank was still running, with no timing guesses.
+    """
+
+    def __init__(self, flags=None):
+        self.text, self._unflushed = "", ""
+        self.flags = dict(flags or {})
+
+    def writable(self):
+        return True
+
+    def write(self, text):
+        self._unflushed += text
+        return len(text)
+
+    def flush(self):
+        self.text, self._unflushed = self.text + self._unflushed, ""
+        for needle, path in self.flags.items():
+            if needle in self.text:
+                path.touch()
+
+
+def wait_for_file(path, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def test_a_line_appears_in_the_parent_while_its_rank_still_runs(tmp_path):
+    shown = tmp_path / "parent-showed-the-line"
+    screen = Screen({"[rank 1] step 1 done\n": shown})
+
+    def waits_for_the_parent(rank, world_size):
+        if rank == 1:
+            print("step 1 done")
+            return wait_for_file(shown)  # False if the line is only printed after the launch
+        return True
+
+    with contextlib.redirect_stdout(screen):
+        assert launch(waits_for_the_parent, 2, timeout=90) == [True, True], "the line was not shown live"
+    assert screen.text == "[rank 1] step 1 done\n"
+
+
+def test_a_carriage_return_redraw_appears_while_the_rank_still_runs(tmp_path):
+    shown = tmp_path / "parent-showed-40"
+    screen = Screen({"\r[rank 0]  40%": shown})
+
+    def progress(rank, world_size):
+        sys.stderr.write("\r 10%")
+        sys.stderr.write("\r 40%")  # no newline: a progress bar between two redraws
+        seen = wait_for_file(shown)
+        sys.stderr.write("\r100%\n")
+        return seen
+
+    with contextlib.redirect_stderr(screen):
+        assert launch(progress, 1, timeout=90) == [True], "the redraw was held back"
+    assert screen.text == "[rank 0]  10%\r[rank 0]  40%\r[rank 0] 100%\n"
+
+
+def test_two_ranks_lines_prefixed_partial_line_flushed_redraws_prefixed(tmp_path):
+    bar_done = tmp_path / "bar-done"
+    out, err = Screen(), Screen({"[rank 0] 2/3\n": bar_done})
+
+    def writes(rank, world_size):
+        if rank == 0:
+            print("zero says hi")
+            for i in range(3):
+                sys.stderr.write(f"\r{i}/3")
+            sys.stderr.write("\n")
+        else:
+            wait_for_file(bar_done)  # so that nothing of rank 1 lands while rank 0's bar is unfinished
+            print("one says hi")
+            print("no newline at the end", end="")
+
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        launch(writes, 2, timeout=90)
+    assert out.text == "[rank 0] zero says hi\n[rank 1] one says hi\n[rank 1] no newline at the end\n"
+    assert err.text == "[rank 0] 0/3\r[rank 0] 1/3\r[rank 0] 2/3\n"
+
+
+def test_tqdm_on_rank_zero_redraws_with_the_prefix_after_every_carriage_return():
+    err = Screen()
+
+    def with_a_bar(rank, world_size):
+        from tqdm import tqdm
+
+        for _ in tqdm(range(5), file=sys.stderr, mininterval=0, ascii=True):
+            time.sleep(0.01)
+
+    with contextlib.redirect_stderr(err):
+        launch(with_a_bar, 1)
+    segments = err.text.split("\r")
+    assert err.text.endswith("\n") and len(segments) > 5, repr(err.text)
+    assert all(s.startswith("[rank 0] ") for s in segments if s), repr(err.text)
+    assert "5/5" in segments[-1]
+
+
+def test_another_ranks_line_ends_an_unfinished_redraw_first():
+    from coursekit._launcher.live import LiveEcho
+
+    out, err = Screen(), Screen()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        echo = LiveEcho(2)
+        echo.add(0, "stderr", "\r 40%")
+        echo.add(1, "stdout", "hello\n")  # must not land inside rank 0's bar (on a terminal they share a line)
+        echo.add(0, "stderr", "\r 50%")
+        echo.add(0, "stderr", "\n")
+        echo.finish()
+    assert err.text == "[rank 0]  40%\n[rank 0]  50%\n"
+    assert out.text == "[rank 1] hello\n"
+
+
+def test_ordered_output_is_in_rank_order_for_launch_and_cluster(capsys):
+    def reverse_order(rank, world_size):
+        for turn in reversed(range(world_size)):  # rank 2 prints first, then 1, then 0
+            if turn == rank:
+                print(f"from {rank}")
+                sys.stderr.write(f"err {rank}\n")
+            dist.barrier()
+
+    expected_out = "".join(f"[rank {r}] from {r}\n" for r in range(3))
+    expected_err = "".join(f"[rank {r}] err {r}\n" for r in range(3))
+    launch(reverse_order, 3, output="ordered")
+    assert capsys.readouterr() == (expected_out, expected_err)
+    with Cluster(3, output="ordered") as cluster:
+        cluster.run(reverse_order)
+        assert capsys.readouterr() == (expected_out, expected_err)
+        cluster.run(lambda rank, world_size: print("live too"), output="live")
+        assert sorted(capsys.readouterr().out.splitlines()) == [f"[rank {r}] live too" for r in range(3)]
+    assert_no_children()
+
+
+def test_rank_error_carries_and_shows_the_last_lines_the_rank_printed(capsys):
+    def prints_then_fails(rank, world_size):
+        for i in range(30):
+            print(f"line {i} of rank {rank}")
+        print("about to fail", end="")
+        dist.barrier()  # rank 0's lines are in its pipe before rank 1 fails
+        if rank == 1:
+            raise ValueError("after printing")
+        dist.recv(torch.zeros(1), src=1)  # stopped by the launcher
+
+    with pytest.raises(RankError) as info:
+        launch(prints_then_fails, 2, timeout=60)
+    assert info.value.rank == 1
+    kept = info.value.output.splitlines()
+    assert kept == [f"line {i} of rank 1" for i in range(10, 30)] + ["about to fail"]  # the last 20, and the rest
+    out = capsys.readouterr().out
+    assert "[rank 1] line 29 of rank 1\n" in out and "[rank 1] about to fail\n" in out
+    assert "[rank 0] line 29 of rank 0\n" in out and "[rank 0] about to fail\n" in out, "drained and shown too"
+    assert_no_children()
+
+
+def test_timeout_shows_every_ranks_last_lines(capsys):
+    def prints_then_hangs(rank, world_size):
+        print(f"rank {rank} started")
+        print(f"rank {rank} partial", end="")
+        if rank == 1:
+            dist.recv(torch.zeros(1), src=0)  # rank 0 never sends
+        return rank
+
+    with pytest.raises(LaunchTimeout) as info:
+        launch(prints_then_hangs, 2, timeout=3)
+    out = capsys.readouterr().out
+    for rank in (0, 1):
+        assert f"[rank {rank}] rank {rank} started\n" in out and f"[rank {rank}] rank {rank} partial\n" in out
+    assert info.value.output == {r: f"rank {r} started\nrank {r} partial\n" for r in (0, 1)}
+    assert_no_children()
+
+
+def test_invalid_output_for_cluster_raises_before_starting_ranks():
+    with pytest.raises(ValueError, match="'live'.*'ordered'"):
+        Cluster(2, output="replay")
+    assert_no_children()
+    with Cluster(2) as cluster:
+        with pytest.raises(ValueError, match="'live'.*'ordered'"):
+            cluster.run(lambda rank, world_size: rank, output="loud")
+        assert cluster.run(lambda rank, world_size: rank) == [0, 1], "a bad output= must not break the cluster"

@@ -1,0 +1,75 @@
+"""Saying what went wrong with a rank: what a stuck one was doing at the timeout, how a dead one died.
+
+For a stuck rank, the note comes from :mod:`coursekit.waiting` (the
+communication layer writes it before it blocks) and the stack from
+``faulthandler``, which each rank set up to dump its frames on ``SIGUSR1``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ..waiting import read_note
+from .gang import Gang
+
+
+def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
+    """For each rank in ``ranks``: what it waits on, and its innermost frames.
+
+    The notes are read first: the signal may interrupt a blocking call and so
+    change what the rank is doing.
+    """
+    notes = {rank: read_note(gang.status[rank]) for rank in ranks}
+    for rank in ranks:
+        try:
+            os.kill(gang.procs[rank].pid, signal.SIGUSR1)
+        except (ProcessLookupError, TypeError):
+            pass
+    time.sleep(0.3)  # faulthandler writes from a signal handler; give it a moment
+    described = {}
+    for rank in ranks:
+        note = notes[rank]
+        frames = innermost_frames(gang.stack_paths[rank])
+        parts = [f"waiting on {note}" if note else "busy (not inside a coursekit communication call)"]
+        if frames:
+            parts.append("at " + " <- ".join(frames))
+        described[rank] = "; ".join(parts)
+    return described
+
+
+def how_it_died(rank: int, code: int | None) -> str:
+    """Why a rank's process ended without a word, from its exit code."""
+    how = f"was killed by signal {signal.Signals(-code).name}" if code and code < 0 else f"exited with code {code}"
+    return (f"rank {rank} {how} before returning a result "
+            f"(a crash in C++, e.g. a gloo buffer-size mismatch, or os._exit).\n")
+
+
+def _is_launcher_file(path: str) -> bool:
+    """The launcher's own frames (rank_main and friends) say nothing about the learner's bug."""
+    path = path.replace(os.sep, "/")
+    return "coursekit/_launcher/" in path or path.endswith("coursekit/launch.py")
+
+
+def innermost_frames(stack_path: str, keep: int = 3) -> list[str]:
+    """The innermost ``keep`` frames of a faulthandler dump, as 'function (file:line)'."""
+    try:
+        with open(stack_path) as handle:
+            lines = [line.strip() for line in handle if line.strip().startswith("File ")]
+    except OSError:
+        return []
+    frames = []
+    for line in lines:  # faulthandler prints the most recent call first
+        # File "/path/to/file.py", line 12 in name
+        try:
+            path_part, rest = line[6:].split('", line ', 1)
+            lineno, name = rest.split(" in ", 1)
+        except ValueError:
+            continue
+        if _is_launcher_file(path_part):
+            continue
+        frames.append(f"{name} ({os.path.basename(path_part)}:{lineno})")
+        if len(frames) == keep:
+            break
+    return frames

@@ -1,0 +1,80 @@
+"""A rank's ties to its parent: the pipe, its printed output, its "waiting on" note, its stack on demand.
+
+A rank sends ``(kind, stream, value)`` tuples: ``("out", "stdout"|"stderr",
+text)`` for every write to its ``sys.stdout``/``sys.stderr``, then ``("ready",
+None, None)``, ``("result", None, pickled)`` or ``("error", None, traceback)``.
+The parent's reading side is :mod:`.inbox`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import io
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..waiting import attach
+
+
+class Channel:
+    """The pipe plus a lock: a print from another thread of the rank must not tear a message in half."""
+
+    def __init__(self, conn: Connection):
+        self.conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, stream: str | None, value: Any) -> None:
+        with self._lock:
+            self.conn.send((kind, stream, value))
+
+    def recv(self) -> Any:
+        return self.conn.recv()
+
+
+class PipeWriter(io.TextIOBase):
+    """A rank's ``sys.stdout`` or ``sys.stderr``: each write goes to the parent at once, tagged with its stream.
+
+    Nothing is buffered here, so the parent can show a line while the rank is
+    still running, and nothing is lost if the rank is killed.
+    """
+
+    def __init__(self, channel: Channel, stream: str):
+        self._channel, self._stream = channel, stream
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            self._channel.send("out", self._stream, text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass  # every write was sent already
+
+
+def connect_to_parent(conn: Connection, status: Any, stack_path: str) -> Channel:
+    """Wire this rank to its parent; called first thing in every rank."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook's stop button is the parent's to handle
+    _set_parent_death_signal()
+    channel = Channel(conn)
+    sys.stdout = PipeWriter(channel, "stdout")
+    sys.stderr = PipeWriter(channel, "stderr")
+    attach(status)  # coursekit.waiting notes now land where the parent can read them
+    stack_file = open(stack_path, "w")  # stays open: faulthandler writes to it on each SIGUSR1
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
+    return channel
+
+
+def _set_parent_death_signal() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no orphans, even if the kernel crashes)."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+        except OSError:
+            pass

@@ -1,0 +1,79 @@
+"""Starting the ranks of one launch: pick fork or spawn, give each rank a pipe and a note buffer, start them.
+
+The result is a :class:`~.gang.Gang`. If starting fails half way, the ranks
+already started are stopped before the error goes on.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import tempfile
+import threading
+import warnings
+from typing import Any
+
+import cloudpickle
+
+from ..waiting import STATUS_BYTES
+from .gang import Gang
+from .rank import RankSpec, rank_main
+from .teardown import close
+
+
+def choose_start_method(backend: str, start_method: str | None) -> str:
+    """Fork for gloo (fast, and cells' functions just work), spawn for NCCL (CUDA cannot be forked)."""
+    available = mp.get_all_start_methods()
+    if start_method is None:
+        start_method = "fork" if (backend == "gloo" and "fork" in available) else "spawn"
+    if start_method not in available:
+        raise ValueError(f"start_method {start_method!r} is not available here; use one of {available}.")
+    return start_method
+
+
+def _default_threads(start_method: str, world_size: int) -> int:
+    if start_method == "fork":
+        return 1  # see coursekit.launch: forked BLAS pools hang with more than one thread
+    return max(1, (os.cpu_count() or 1) // world_size)
+
+
+# One launch starts its ranks at a time: a rank forked by another thread's launch would inherit this
+# launch's child ends of the pipes and keep them open (a dead rank's EOF would never arrive), and
+# warnings.catch_warnings changes process-wide state.
+_fork_lock = threading.Lock()
+
+
+def start_gang(world_size: int, backend: str, start_method: str | None, payload: Any,
+               init_timeout: float) -> Gang:
+    """Start ``world_size`` ranks running ``payload`` (None: serve a Cluster); if that fails, stop them all."""
+    gang = Gang(world_size, backend, choose_start_method(backend, start_method),
+                tempfile.mkdtemp(prefix="coursekit-launch-"))
+    try:
+        _start_ranks(gang, payload, init_timeout)
+    except BaseException:
+        close(gang, graceful=False)
+        raise
+    return gang
+
+
+def _start_ranks(gang: Gang, payload: Any, init_timeout: float) -> None:
+    context = mp.get_context(gang.start_method)  # explicit: the platform default changes between versions
+    if gang.start_method != "fork" and payload is not None and not isinstance(payload, bytes):
+        payload = cloudpickle.dumps(payload)  # spawn pickles by reference; cloudpickle sends cells by value
+    store_path = os.path.join(gang.tmpdir, "rendezvous")
+    threads = _default_threads(gang.start_method, gang.world_size)
+    with _fork_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork of a threaded process
+        for rank in range(gang.world_size):
+            parent_conn, child_conn = context.Pipe(duplex=True)
+            status = context.RawArray("c", STATUS_BYTES)
+            stack_path = os.path.join(gang.tmpdir, f"stack-{rank}.txt")
+            spec = RankSpec(rank, gang.world_size, gang.backend, store_path, child_conn, status, stack_path,
+                            threads, payload, init_timeout)
+            proc = context.Process(target=rank_main, args=(spec,), name=f"coursekit-rank-{rank}", daemon=True)
+            proc.start()
+            child_conn.close()
+            gang.conns.append(parent_conn)
+            gang.procs.append(proc)
+            gang.status.append(status)
+            gang.stack_paths.append(stack_path)
