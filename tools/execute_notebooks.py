@@ -5,8 +5,10 @@
 
 A learner must never lose work, so a notebook whose file differs from the
 last git commit is only overwritten with --force (a course author who just
-edited it on purpose). The run goes to a temporary file first; the original
-is replaced only when execution succeeded.
+edited it on purpose); so is one whose state git cannot tell (not in a git
+checkout, git missing). The run goes to a temporary file in the notebook's
+own folder first; the original is replaced only when execution succeeded, by
+an atomic rename on the same filesystem.
 """
 
 from __future__ import annotations
@@ -26,20 +28,32 @@ def all_notebooks() -> list[Path]:
     return [p for folder in FOLDERS for p in sorted((ROOT / folder).glob("*.ipynb"))]
 
 
-def edited_since_commit(path: Path) -> bool:
-    result = subprocess.run(["git", "status", "--porcelain", "--", str(path)], cwd=ROOT,
-                            capture_output=True, text=True)
+def edited_since_commit(path: Path) -> bool | None:
+    """True if git shows uncommitted edits (or the file was never committed), False if it is clean,
+    None if git cannot tell (not a git checkout, git missing or failing): then nothing is overwritten."""
+    try:
+        result = subprocess.run(["git", "status", "--porcelain", "--", path.name], cwd=path.parent,
+                                capture_output=True, text=True)
+    except OSError:
+        return None
+    if result.returncode != 0:
+        return None
     return bool(result.stdout.strip())
 
 
 def execute(path: Path, timeout: int = 600, cwd: Path | None = None) -> None:
     import papermill
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / path.name
-        papermill.execute_notebook(str(path), str(out), kernel_name="python3", cwd=str(cwd or path.parent),
+    # In the notebook's own folder, so the final rename never crosses filesystems (EXDEV) and is atomic.
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".ipynb", dir=path.parent)
+    os.close(handle)
+    try:
+        papermill.execute_notebook(str(path), temporary, kernel_name="python3", cwd=str(cwd or path.parent),
                                    execution_timeout=timeout, progress_bar=False)
-        out.replace(path)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,13 +62,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite notebooks with uncommitted edits")
     options = parser.parse_args(argv)
     paths = [p.resolve() for p in options.paths] or all_notebooks()
+    refused = 0
     for path in paths:
-        if edited_since_commit(path) and not options.force:
-            print(f"skip {path.relative_to(ROOT)}: it has uncommitted edits (use --force to overwrite them)")
+        edited = edited_since_commit(path)
+        if edited is not False and not options.force:
+            why = "it has uncommitted edits" if edited else "git cannot tell whether it has uncommitted edits"
+            print(f"skip {path}: {why} (use --force to overwrite it)")
+            refused += 1
             continue
-        print(f"executing {path.relative_to(ROOT)} ...", flush=True)
+        print(f"executing {path} ...", flush=True)
         execute(path)
-    return 0
+    return 1 if refused else 0
 
 
 if __name__ == "__main__":
