@@ -13,6 +13,7 @@ Gantt chart (:mod:`coursekit.viz.timeline`).
     >>> tracer.comm(work, "bucket 0")             # issued now; completed when gloo finishes it
     >>> with tracer.span("idle", "wait"):
     ...     work.wait()
+    ...     tracer.waited(work)                   # so the comm span ends by the time the wait does
     >>> spans = tracer.gather()                   # every rank's spans, on every rank
 
 The shared clock
@@ -72,6 +73,7 @@ class Tracer:
         self.origin_ns = time.perf_counter_ns()
         self.spans: list[Span] = []
         self._lock = threading.Lock()  # completion callbacks run on gloo's threads
+        self._pending: dict[int, tuple[str, float]] = {}  # async collectives issued, not yet seen complete
 
     def start(self, group=None) -> "Tracer":
         """Barrier, then agree on time zero (the earliest rank's reading); forget earlier spans."""
@@ -82,7 +84,7 @@ class Tracer:
             self.origin_ns = int(stamp.item())
         else:
             self.origin_ns = time.perf_counter_ns()
-        self.spans = []
+        self.spans, self._pending = [], {}
         return self
 
     def now(self) -> float:
@@ -118,17 +120,32 @@ class Tracer:
             self.add("idle", name, start, end)
 
     def comm(self, work, name: str = ""):
-        """Record an async collective from now (issued) until gloo/NCCL completes it. Returns ``work``."""
+        """Record an async collective from now (issued) until gloo/NCCL completes it. Returns ``work``.
+
+        The end is the earlier of two readings: gloo's completion callback, and
+        :meth:`waited` right after ``work.wait()`` returns. The callback alone is
+        not enough: it runs on gloo's thread and may run *after* ``wait()`` has
+        returned, which would draw communication ending after the wait for it.
+        """
         if not self.enabled or work is None:
             return work
-        issued = self.now()
-
-        def completed(future):
-            self.add("comm", name, issued, self.now())
-            return None
-
-        work.get_future().then(completed)
+        key, issued = id(work), self.now()
+        with self._lock:
+            self._pending[key] = (name, issued)
+        work.get_future().then(lambda future: self._completed(key))  # the key only: never keep work alive
         return work
+
+    def waited(self, work) -> None:
+        """Say that ``work.wait()`` just returned: the collective is over by now, whenever its callback runs."""
+        if self.enabled and work is not None:
+            self._completed(id(work))
+
+    def _completed(self, key: int) -> None:
+        end = self.now()
+        with self._lock:
+            pending = self._pending.pop(key, None)  # the first of the two readings wins
+            if pending is not None:
+                self.spans.append(Span(self.rank, "comm", pending[0], pending[1], end))
 
     def gather(self, group=None) -> list[Span]:
         """All ranks' spans (a collective: every rank must call it), sorted by start time."""

@@ -42,6 +42,7 @@ def _ranks(rank, world_size):
         torch.randn(200, 200) @ torch.randn(200, 200)
     with tracer.span("idle", "wait"):
         work.wait()
+        tracer.waited(work)
     dist.barrier()
     return origin, tracer.gather()
 
@@ -70,3 +71,32 @@ def test_waiting_inside_backward_hides_nothing():
     with tracer.blocking("ring"):
         pass
     assert [s.kind for s in tracer.spans] == ["comm", "idle"]
+
+
+class _LateCallbackWork:
+    """A collective whose completion callback runs only when the test says (as gloo's thread may, late)."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def get_future(self):
+        return self
+
+    def then(self, callback):
+        self.callbacks.append(callback)
+
+
+def test_a_late_completion_callback_cannot_end_comm_after_the_wait():
+    """Planted bug: the comm span ends when gloo's callback runs, which can be after wait() returned."""
+    import time
+
+    tracer = Tracer(0)
+    work = tracer.comm(_LateCallbackWork(), "bucket 0")
+    with tracer.span("idle", "wait"):
+        tracer.waited(work)  # wait() returned
+    time.sleep(0.01)
+    for callback in work.callbacks:  # gloo's thread gets round to it only now
+        callback(None)
+    comm, idle = sorted(tracer.spans, key=lambda s: s.kind)
+    assert (comm.kind, idle.kind) == ("comm", "idle") and len(tracer.spans) == 2, "one comm span, not two"
+    assert comm.end <= idle.end, f"comm ends at {comm.end:.4f} s, after the wait for it ended at {idle.end:.4f} s"

@@ -253,6 +253,8 @@ class DataParallel(nn.Module):
             for bucket in self.buckets:
                 if bucket.work is not None:
                     bucket.work.wait()
+                    if self.tracer is not None:
+                        self.tracer.waited(bucket.work)
         for bucket in self.buckets:
             bucket.buffer.div_(self.world_size)
             bucket.ready, bucket.work = set(), None
