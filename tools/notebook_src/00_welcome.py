@@ -65,12 +65,15 @@ def hello(rank, world_size):
     return value.item()
 
 
-results = coursekit.launch(hello, WORLD_SIZE)
+results = coursekit.launch(hello, WORLD_SIZE, output="ordered")
 print("returned:", results)
 
 # %% [markdown]
-# What ranks print comes back prefixed with the rank, rank by rank (never interleaved). A rank that
-# raises stops all the others at once, and you get its traceback:
+# What ranks print comes back prefixed with the rank. By default each line appears the moment its rank
+# prints it (a progress bar on rank 0 moves while the ranks train), so lines of different ranks arrive
+# in whatever order they were printed; `output="ordered"`, used above, holds them back and shows them
+# rank by rank when the launch ends. A rank that raises stops all the others at once, and you get its
+# traceback:
 
 # %% tags=["nbval-check-output"]
 def fails_on_rank_one(rank, world_size):
