@@ -35,7 +35,7 @@ class Setup:
     """What the loop hands a strategy to build itself from.
 
     ``options`` holds the strategy's own keyword arguments given to ``train``
-    (e.g. ``bucket_size`` for ``"bucketed"``); a strategy reads those it knows.
+    (e.g. ``bucket_cap_mb`` for ``"bucketed"``); a strategy reads those it knows.
     """
 
     model: nn.Module

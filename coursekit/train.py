@@ -84,7 +84,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         count_traffic: record chapter 01's traffic counter around the steps (``result["traffic"]``).
         progress: show a progress bar (``tqdm``) on rank 0.
         **options: the strategy's own options, e.g. ``collectives="ring"`` or ``"torch"``,
-            ``bucket_size=25_000`` and ``overlap=True`` for ``"bucketed"``.
+            ``bucket_cap_mb=0.1`` (or ``bucket_elements=25_000``) and ``overlap=True`` for ``"bucketed"``.
 
     Returns a dict with ``records`` (one :func:`coursekit.verify.record_step` per step),
     ``losses``, ``spans`` (if ``trace``; every rank's, on the shared clock), ``memory`` (bytes

@@ -41,7 +41,7 @@ def test_every_strategy_equals_one_process(world_size):
     """
     configs = []
     for optimizer, lr, collectives in (("adam", 1e-2, "ring"), ("sgd", 0.1, "torch")):
-        common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, bucket_size=2000,
+        common = dict(model="mlp", steps=3, global_batch=10, optimizer=optimizer, lr=lr, bucket_elements=2000,
                       collectives=collectives)
         configs += [(s, common) for s in STRATEGIES]
     results = coursekit.launch(_all_strategies, world_size, configs, timeout=240)
@@ -55,7 +55,7 @@ def test_every_strategy_equals_one_process(world_size):
 
 def test_transformer_with_tied_weights_and_a_frozen_parameter():
     common = dict(model="transformer", steps=2, global_batch=6, optimizer="adam", lr=1e-3, collectives="ring",
-                  bucket_size=20_000, freeze=("pos_emb.weight",))
+                  bucket_elements=20_000, freeze=("pos_emb.weight",))
     configs = [(s, common) for s in STRATEGIES]
     results = coursekit.launch(_all_strategies, 3, configs, timeout=240)
     reference = _reference(**common)
@@ -71,7 +71,7 @@ def test_transformer_with_tied_weights_and_a_frozen_parameter():
 
 def test_gradient_accumulation_communicates_once_per_step():
     common = dict(model="mlp", steps=3, global_batch=24, optimizer="sgd", lr=0.1, collectives="torch",
-                  bucket_size=1000)
+                  bucket_elements=1000)
     configs = [(s, dict(common, micro_batches=3)) for s in ("bucketed", "zero2")]
     results = coursekit.launch(_all_strategies, 2, configs, timeout=240)
     reference = _reference(**common)  # one big batch per step, no accumulation
@@ -131,7 +131,7 @@ def test_memory_shards_are_uneven_when_psi_does_not_divide():
 
 def _timeline(rank, world_size):
     kw = dict(model="mlp", steps=2, global_batch=16, collectives="torch", record=False, trace=True,
-              bucket_size=1000)
+              bucket_elements=1000)
     return [train(rank, world_size, "bucketed", overlap=o, **kw)["spans"] for o in (True, False)]
 
 
@@ -140,9 +140,11 @@ def test_bucketed_all_reduce_starts_inside_backward_only_when_overlapping():
     for spans, should_overlap in ((overlapped, True), (waiting, False)):
         for rank in (0, 1):
             backward = [s for s in spans if s.rank == rank and s.kind == "backward"]
+            idle = [s for s in spans if s.rank == rank and s.kind == "idle"]  # the wait at the end of backward
             comm = [s for s in spans if s.rank == rank and s.kind == "comm"]
             assert len(comm) == 2 * 4  # 4 buckets per step (see test_bucket_layout)
-            started_inside = [any(b.start <= c.start < b.end for b in backward) for c in comm]
+            started_inside = [any(b.start <= c.start < b.end for b in backward)
+                              and not any(i.start <= c.start < i.end for i in idle) for c in comm]
             if should_overlap:
                 assert sum(started_inside) >= 2 * 3, "all but the last bucket start during backward"
             else:
@@ -150,14 +152,14 @@ def test_bucketed_all_reduce_starts_inside_backward_only_when_overlapping():
 
 
 def test_bucket_layout():
-    model = DataParallel(tiny_mlp(seed=0), bucket_size=1000)
+    model = DataParallel(tiny_mlp(seed=0), bucket_elements=1000)
     sizes = [b.buffer.numel() for b in model.buckets]
     assert sum(sizes) == PSI_MLP
     # reverse order of the forward pass; a parameter larger than the bucket gets one of its own
     assert [p.shape for p in model.buckets[0].params] == [torch.Size([4]), torch.Size([4, 64]), torch.Size([64])]
     assert sizes == [4 + 256 + 64, 4096, 64, 1024]
     assert all(p.grad.data_ptr() >= b.buffer.data_ptr() for b in model.buckets for p in b.params)  # views
-    one = DataParallel(tiny_mlp(seed=0), bucket_size=None)
+    one = DataParallel(tiny_mlp(seed=0), bucket_cap_mb=None)
     assert len(one.buckets) == 1
 
 
@@ -170,8 +172,8 @@ def test_bad_input_is_rejected_with_what_to_do():
         train(0, 1, "zero4")
     with pytest.raises(ValueError, match="world_size=1"):
         train(0, 2, "single")
-    with pytest.raises(ValueError, match="bucket_size"):
-        DataParallel(tiny_mlp(), bucket_size=0)
+    with pytest.raises(ValueError, match="bucket_elements"):
+        DataParallel(tiny_mlp(), bucket_elements=0)
     with pytest.raises(coursekit.RankError, match="cannot feed 4 ranks"):
         coursekit.launch(lambda r, n: train(r, n, "naive", global_batch=3), 4, timeout=120)
 
@@ -227,7 +229,7 @@ def _start_and_unused(rank, world_size):
             zero._gather_params()  # stage 3 keeps only a segment between steps
         started.append(flat(model))
     torch.manual_seed(rank)
-    model = DataParallel(_WithUnused(), bucket_size=8)
+    model = DataParallel(_WithUnused(), bucket_elements=8)
     model(torch.randn(3, 4)).sum().backward()
     model.finish_gradient_synchronization()
     return started, [p.grad.clone() for p in model.parameters()]
@@ -247,16 +249,16 @@ def test_every_wrapper_starts_from_rank_zero_and_unused_parameters_do_not_hang()
 
 def _untouched_buckets(rank, world_size):
     torch.manual_seed(rank)
-    model = DataParallel(_WithUnused(), bucket_size=8)  # unused.bias, unused.weight: one bucket each
-    model(torch.randn(3, 4)).sum().backward()
+    model = DataParallel(_WithUnused(), bucket_elements=8)  # unused.bias, unused.weight: one bucket each
     for p in model.module.unused.parameters():
-        p.grad.fill_(rank + 1.0)  # in place, into the bucket: no hook fires, and it differs per rank
-    model.finish_gradient_synchronization()
+        p.grad.fill_(rank + 1.0)  # in place, into the bucket: no hook will fire for it, and it differs per rank
+    model(torch.randn(3, 4)).sum().backward()  # averaged when backward ends
+    model.finish_gradient_synchronization()  # nothing left to do: must not divide again
     return [p.grad.clone() for p in model.module.unused.parameters()]
 
 
 def test_a_bucket_no_hook_touched_is_still_averaged():
-    """Planted bug: finish_gradient_synchronization skips buckets whose hooks never fired."""
+    """Planted bug: the end of backward skips buckets whose hooks never fired (or a second call divides again)."""
     results = coursekit.launch(_untouched_buckets, 3, timeout=120)
     for rank, grads in enumerate(results):
         for g in grads:
@@ -270,7 +272,7 @@ def _four_small_layers():
 
 def test_buckets_pack_several_tensors_each_in_backward_order():
     """Planted bug: packing closes a bucket one tensor early (``>=`` for ``>``) or never packs two tensors."""
-    model = DataParallel(_four_small_layers(), bucket_size=24)  # weights of 16 elements, biases of 4
+    model = DataParallel(_four_small_layers(), bucket_elements=24)  # weights of 16 elements, biases of 4
     names = {id(p): n for n, p in model.module.named_parameters()}
     assert [[names[id(p)] for p in b.params] for b in model.buckets] == [
         ["3.bias", "3.weight", "2.bias"], ["2.weight", "1.bias"], ["1.weight", "0.bias"], ["0.weight"]]
@@ -284,7 +286,7 @@ def _packed_buckets_average(rank, world_size):
     plain(x).pow(2).sum().backward()
     local = [None] * world_size
     dist.all_gather_object(local, [p.grad for p in plain.parameters()])
-    model = DataParallel(_four_small_layers(), bucket_size=24)
+    model = DataParallel(_four_small_layers(), bucket_elements=24)
     model(x).pow(2).sum().backward()
     model.finish_gradient_synchronization()
     return local, [p.grad.clone() for p in model.module.parameters()]

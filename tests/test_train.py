@@ -12,7 +12,7 @@ from coursekit.verify import compare
 
 TIMEOUT = 240.0
 DATA_PARALLEL = ("naive", "bucketed", "zero1", "zero2", "zero3")
-CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2, bucket_size=2000)  # 7: uneven
+CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2, bucket_elements=2000)  # 7: uneven
 
 
 def _on_the_dp_axis(rank, world_size):
@@ -58,8 +58,8 @@ def test_a_new_strategy_plugs_in_without_touching_the_loop():
 
 
 def test_unknown_options_and_strategies_say_what_exists():
-    with pytest.raises(TypeError, match=r"unknown option\(s\) \['bucket_sise'\].*bucket_size"):
-        train(0, 1, "single", bucket_sise=10)
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['bucket_elemnts'\].*bucket_elements"):
+        train(0, 1, "single", bucket_elemnts=10)
     with pytest.raises(ValueError, match="strategy='pipeline'.*'zero3'"):
         train(0, 1, "pipeline")
 

@@ -1,6 +1,6 @@
 """Benchmark data parallelism on the course transformer: step time, overlap, ZeRO's overhead.
 
-    python -m coursekit.bench data [--global-batch 64] [--steps 15] [--bucket-size 25000] [--repeats 5] [--check]
+    python -m coursekit.bench data [--global-batch 64] [--steps 15] [--bucket-elements 25000] [--repeats 5] [--check]
 
 Measures, on the same global batch (so the same work per step):
 
@@ -41,7 +41,7 @@ VARIANTS = [  # label, strategy, world size, extra arguments
 
 def _run(rank, world_size, strategy, options, extra):
     return train(rank, world_size, strategy, model="transformer", steps=options["steps"],
-                 global_batch=options["global_batch"], bucket_size=options["bucket_size"], record=False,
+                 global_batch=options["global_batch"], bucket_elements=options["bucket_elements"], record=False,
                  trace=True, **extra)
 
 
@@ -63,13 +63,13 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--global-batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--bucket-size", type=int, default=25_000)
+    parser.add_argument("--bucket-elements", type=int, default=25_000)
     parser.add_argument("--repeats", type=int, default=5)
     options = parser.parse_args(argv)
     config = {"steps": max(5, options.steps), "global_batch": options.global_batch,
-              "bucket_size": options.bucket_size}
+              "bucket_elements": options.bucket_elements}
     print(f"transformer (tiny_transformer(), {config['global_batch']} sequences of 31 tokens per step), "
-          f"bucket size {config['bucket_size']} elements\n")
+          f"buckets of {config['bucket_elements']} elements\n")
     print("| variant | ranks | step time | vs one process | comm / step | waiting / step | hidden behind backward |")
     print("|---|---|---|---|---|---|---|")
     # Round-robin over the variants, repeat after repeat, so that a change in the machine's load

@@ -141,40 +141,42 @@ class DataParallel(nn.Module):
 
     Gradients become ready in roughly reverse order of the forward pass. The
     parameters are grouped, in that order, into buckets of about
-    ``bucket_size`` elements; each bucket is one flat buffer and every
-    ``param.grad`` is a view into it, so backward writes the gradients straight
-    into the buffer. When the last gradient of a bucket is ready (a
-    ``post_accumulate_grad`` hook), the bucket's all-reduce is *started*
-    (``async_op=True``: gloo runs it on its own threads) while autograd
-    computes the earlier layers' gradients. Use ``model.zero_grad()`` (in
-    place) rather than ``optimizer.zero_grad()``, which would drop the views
-    (that still works, at the cost of one copy per gradient).
+    ``bucket_cap_mb`` megabytes (as ``DistributedDataParallel`` names it); each
+    bucket is one flat buffer and every ``param.grad`` is a view into it, so
+    backward writes the gradients straight into the buffer. When the last
+    gradient of a bucket is ready (a ``post_accumulate_grad`` hook), the
+    bucket's all-reduce is *started* (``async_op=True``: gloo runs it on its own
+    threads) while autograd computes the earlier layers' gradients. A callback
+    queued on autograd's engine runs when backward ends, as DDP's does: it
+    starts the buckets no hook completed (unused parameters), waits for all of
+    them and divides by the world size. So when ``loss.backward()`` returns the
+    gradients *are* the average -- never a silent sum still in flight.
 
-        >>> model = DataParallel(tiny_transformer(seed=0), bucket_size=25_000)
-        >>> loss_fn(model(x), y).backward()          # all-reduces start during backward
-        >>> model.finish_gradient_synchronization()  # wait, average, copy back
+        >>> model = DataParallel(tiny_transformer(seed=0), bucket_cap_mb=0.1)
+        >>> loss_fn(model(x), y).backward()   # all-reduces start during backward, end with it
         >>> optimizer.step()
 
-    Gradient accumulation: ``with model.no_sync(): loss.backward()`` for every
-    micro-batch but the last; their gradients add up locally and only the last
-    backward communicates.
+    :meth:`finish_gradient_synchronization` is that end-of-backward step made
+    explicit (chapter 02 calls it to show the wait); after backward it has
+    nothing left to do. Gradient accumulation: ``with model.no_sync():
+    loss.backward()`` for every micro-batch but the last; their gradients add
+    up locally and only the last backward communicates.
 
     Args:
         module: the model (its parameters are broadcast from rank 0 here).
-        bucket_size: elements per bucket (a parameter is never split; a larger
-            one gets a bucket of its own). ``None``: one bucket for everything.
-        group: the data-parallel process group.
+        bucket_cap_mb: megabytes (2**20 bytes) of gradient per bucket, DDP's default 25. A parameter
+            is never split; a larger one gets a bucket of its own. ``None``: one bucket for everything.
+        group: the data-parallel process group, or a mesh axis (``mesh["dp"]``).
         tracer: optional :class:`coursekit.trace.Tracer`; all-reduces are recorded as ``comm`` spans.
-        overlap: ``False`` starts every bucket only in ``finish_gradient_synchronization``
+        overlap: ``False`` starts every bucket only when backward has ended
             (the same buckets, waiting for the end of backward: the baseline overlap is measured against).
+        bucket_elements: the bucket size as a number of elements instead (overrides ``bucket_cap_mb``).
     """
 
-    def __init__(self, module: nn.Module, bucket_size: int | None = 25_000, group=None, tracer: Tracer | None = None,
-                 overlap: bool = True):
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, group=None,
+                 tracer: Tracer | None = None, overlap: bool = True, *, bucket_elements: int | None = None):
         super().__init__()
         self.overlap = overlap
-        if bucket_size is not None and bucket_size < 1:
-            raise ValueError(f"bucket_size must be a positive number of elements or None (got {bucket_size}).")
         group = as_group(group)
         self.module = broadcast_parameters(module, group=group)
         self.group, self.tracer = group, tracer
@@ -183,19 +185,13 @@ class DataParallel(nn.Module):
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the module has no trainable parameter: nothing to synchronise.")
-        self.buckets: list[_Bucket] = []
-        current: list[nn.Parameter] = []
-        for p in reversed(params):  # backward order
-            if current and bucket_size is not None and sum(q.numel() for q in current) + p.numel() > bucket_size:
-                self.buckets.append(_Bucket(current))
-                current = []
-            current.append(p)
-        self.buckets.append(_Bucket(current))
+        self.buckets = _make_buckets(params, _bucket_capacity(bucket_cap_mb, bucket_elements, params[0]))
         self._where = {id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)}
         self.elements_reduced = 0  # elements all-reduced so far (for exact counting in tests)
+        self._pending = False  # gradients of this backward not yet averaged
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         # Gradients live in the bucket buffers (as DDP's gradient_as_bucket_view): no copy, no extra memory.
-        self.zero_grad()
+        self.zero_grad(set_to_none=False)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -210,7 +206,12 @@ class DataParallel(nn.Module):
             self.require_sync = previous
 
     def _grad_ready(self, param: nn.Parameter) -> None:
-        if not self.require_sync or not self.overlap:
+        if not self.require_sync:
+            return
+        if not self._pending:  # the first gradient of this backward: average them all when it ends
+            self._pending = True
+            torch.autograd.Variable._execution_engine.queue_callback(self.finish_gradient_synchronization)
+        if not self.overlap:
             return
         b, i = self._where[id(param)]
         bucket = self.buckets[b]
@@ -241,15 +242,19 @@ class DataParallel(nn.Module):
         bucket.ready = set(range(len(bucket.params)))  # launched
 
     def finish_gradient_synchronization(self) -> None:
-        """Wait for every bucket's all-reduce and divide by the world size (the gradients are views).
+        """Start the buckets no hook completed, wait for every all-reduce, divide by the world size.
 
-        Buckets that never filled (a parameter unused in this forward pass) are launched now.
+        Runs by itself at the end of every backward that communicates; calling it
+        again does nothing until the next backward or ``zero_grad``. Called after
+        ``no_sync`` backward passes, it averages what they accumulated.
         """
-        for b, bucket in enumerate(self.buckets):
-            if len(bucket.ready) < len(bucket.params):
-                self._launch(b)
+        if self._synchronized and not self._pending:
+            return  # this backward's gradients are averaged already: never divide twice
         waiting = self.tracer.span("idle", "wait for all-reduce") if self.tracer else nullcontext()
-        with waiting:
+        with waiting:  # backward's compute is over: from here on this rank only waits
+            for b, bucket in enumerate(self.buckets):
+                if len(bucket.ready) < len(bucket.params):
+                    self._launch(b)
             for bucket in self.buckets:
                 if bucket.work is not None:
                     bucket.work.wait()
@@ -258,13 +263,47 @@ class DataParallel(nn.Module):
         for bucket in self.buckets:
             bucket.buffer.div_(self.world_size)
             bucket.ready, bucket.work = set(), None
+        self._pending, self._synchronized = False, True
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zero the gradient buffers in place (the gradients stay views into them)."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget the gradients, as ``nn.Module.zero_grad``: ``set_to_none=True`` sets every ``.grad`` to
+        None (the buckets stay allocated, as DDP's do); ``False`` zeroes the buffers in place and keeps
+        every gradient a view into them (no copy at the next backward)."""
+        self._synchronized = False
         for bucket in self.buckets:
-            bucket.buffer.zero_()
-            for i, p in enumerate(bucket.params):
-                self._attach(bucket, i, p)
+            if set_to_none:
+                for p in bucket.params:
+                    p.grad = None
+            else:
+                bucket.buffer.zero_()
+                for i, p in enumerate(bucket.params):
+                    self._attach(bucket, i, p)
+
+
+def _bucket_capacity(bucket_cap_mb: float | None, bucket_elements: int | None, like: torch.Tensor) -> int | None:
+    """Elements per bucket from DDP's megabytes (or an explicit element count); None: unbounded."""
+    if bucket_elements is not None:
+        if bucket_elements < 1:
+            raise ValueError(f"bucket_elements must be a positive number of elements (got {bucket_elements}).")
+        return bucket_elements
+    if bucket_cap_mb is None:
+        return None
+    if bucket_cap_mb <= 0:
+        raise ValueError(f"bucket_cap_mb must be a positive number of megabytes or None (got {bucket_cap_mb}).")
+    return max(1, int(bucket_cap_mb * 2**20) // like.element_size())
+
+
+def _make_buckets(params: list[nn.Parameter], capacity: int | None) -> list[_Bucket]:
+    """Group the parameters, in backward order (the reverse of their order in the module), into buckets."""
+    buckets: list[_Bucket] = []
+    current: list[nn.Parameter] = []
+    for p in reversed(params):
+        if current and capacity is not None and sum(q.numel() for q in current) + p.numel() > capacity:
+            buckets.append(_Bucket(current))
+            current = []
+        current.append(p)
+    buckets.append(_Bucket(current))
+    return buckets
 
 
 # --------------------------------------------------------------------------
@@ -290,12 +329,13 @@ class Naive(Strategy):
 class Bucketed(Strategy):
     """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
 
-    options = {"bucket_size": 25_000, "overlap": True}
+    options = {"bucket_cap_mb": None, "bucket_elements": 25_000, "overlap": True}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
-        self.wrapped = DataParallel(self.model, bucket_size=self.option("bucket_size"), group=self.group,
-                                    tracer=self.tracer, overlap=self.option("overlap"))
+        elements = self.option("bucket_elements") if self.option("bucket_cap_mb") is None else None
+        self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
+                                    tracer=self.tracer, overlap=self.option("overlap"), bucket_elements=elements)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.wrapped(inputs)
@@ -304,10 +344,10 @@ class Bucketed(Strategy):
         return nullcontext() if last else self.wrapped.no_sync()
 
     def synchronize(self) -> None:
-        self.wrapped.finish_gradient_synchronization()
+        self.wrapped.finish_gradient_synchronization()  # done when the last backward ended: a no-op check
 
     def zero_grad(self) -> None:
-        self.wrapped.zero_grad()  # in place: the gradients stay views into the buckets
+        self.wrapped.zero_grad(set_to_none=False)  # in place: the gradients stay views into the buckets
 
     def counters(self) -> dict[str, int]:
         return {"elements_reduced": self.wrapped.elements_reduced}
