@@ -48,8 +48,9 @@ class Setup:
 class Strategy:
     """The default strategy is one process: forward, backward, optimiser step, nothing to synchronise.
 
-    The loop calls, every step: ``forward`` on each micro-batch inside
-    ``backward_context(last)`` for its backward, then ``synchronize()``,
+    The loop calls, every step, for each micro-batch inside
+    ``micro_batch_context(last)``: ``forward``, then backward inside
+    ``backward_context(last)``; then ``synchronize()``,
     ``gradients()`` (for the record, before the step), ``step()``,
     ``parameters()`` and ``held_tensors()`` (after it), ``zero_grad()``.
     Subclasses override what differs.
@@ -81,6 +82,10 @@ class Strategy:
     # ---------------------------------------------------------------- one step
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.model(inputs)
+
+    def micro_batch_context(self, last: bool) -> ContextManager:
+        """Wrapped around each micro-batch's forward *and* backward (torch DDP's ``no_sync`` must see both)."""
+        return nullcontext()
 
     def backward_context(self, last: bool) -> ContextManager:
         """Wrapped around each micro-batch's backward; ``last`` marks the one that should communicate."""

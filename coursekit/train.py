@@ -160,11 +160,13 @@ def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Ten
                          f"{micro_batches}; use a larger global batch or fewer micro-batches.")
     outputs, local_loss = [], 0.0
     for i, (x, y) in enumerate(micro):
-        with runner.span("forward", f"micro {i}"):
-            out = runner.forward(x)
-            loss = loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
-        with runner.backward_context(last=i == len(micro) - 1), runner.span("backward", f"micro {i}"):
-            loss.backward()
+        last = i == len(micro) - 1
+        with runner.micro_batch_context(last):
+            with runner.span("forward", f"micro {i}"):
+                out = runner.forward(x)
+                loss = loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
+            with runner.backward_context(last), runner.span("backward", f"micro {i}"):
+                loss.backward()
         outputs.append(out.detach())
         local_loss += loss.item()
     return outputs, local_loss

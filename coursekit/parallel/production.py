@@ -1,0 +1,112 @@
+"""The same strategies in PyTorch's production API, as training-loop strategies to run side by side.
+
+Every chapter ends with PyTorch doing what the chapter built by hand, run by
+the same loop (:func:`coursekit.train.train`) on the same model and batches,
+so the two can be proven equal and timed together:
+
+=====================================================  ===================================================
+coursekit                                              PyTorch (registered here as)
+=====================================================  ===================================================
+``DataParallel(model, bucket_cap_mb, group)``          ``DistributedDataParallel(model, bucket_cap_mb=...,
+                                                       process_group=...)`` (``"torch_ddp"``)
+``model.no_sync()``                                    ``ddp.no_sync()``
+``broadcast_parameters(model)``                        done inside DDP's constructor
+``ZeRO(..., stage=1)`` (optimiser state sharded)       DDP + ``ZeroRedundancyOptimizer(params,
+                                                       optimizer_class=...)`` (``"torch_zero1"``)
+``ZeRO(..., stage=3)`` (parameters sharded)            FSDP2 ``fully_shard`` on each block, then the
+                                                       root (``"torch_fsdp"``)
+=====================================================  ===================================================
+
+    >>> train(rank, world_size, "torch_ddp", model="transformer", bucket_cap_mb=0.1)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..mesh import as_group
+from ..strategy import Setup, Strategy, optimizer_tensors, register
+
+__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP"]
+
+
+def _optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
+    """Which optimiser class and settings ``setup.optimizer_fn`` makes (ZeroRedundancyOptimizer wants a class)."""
+    probe = setup.optimizer_fn([nn.Parameter(torch.zeros(1))])
+    defaults = {k: v for k, v in probe.defaults.items() if k in ("lr", "momentum", "betas", "eps", "weight_decay")}
+    return type(probe), defaults
+
+
+@register("torch_ddp")
+class TorchDDP(Strategy):
+    """``torch.nn.parallel.DistributedDataParallel``: gradients averaged by the time backward returns."""
+
+    options = {"bucket_cap_mb": None}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        cap = self.option("bucket_cap_mb")
+        self.ddp = nn.parallel.DistributedDataParallel(self.model, process_group=self.group,
+                                                       **({} if cap is None else {"bucket_cap_mb": cap}))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.ddp(inputs)
+
+    def micro_batch_context(self, last: bool):
+        # DDP decides in forward whether the backward will communicate: no_sync must wrap both
+        return super().micro_batch_context(last) if last else self.ddp.no_sync()
+
+
+@register("torch_zero1")
+class TorchZeRO1(TorchDDP):
+    """DDP for the gradients, ``ZeroRedundancyOptimizer`` for the optimiser state: ZeRO stage 1."""
+
+    def __init__(self, setup: Setup):
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        super().__init__(setup)
+        optimizer_class, defaults = _optimizer_class_and_defaults(setup)
+        self.optimizer = ZeroRedundancyOptimizer([p for p in self.model.parameters() if p.requires_grad],
+                                                 optimizer_class=optimizer_class, process_group=self.group,
+                                                 **defaults)
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        held = super().held_tensors()
+        held["optimizer"] = optimizer_tensors(self.optimizer.optim)  # this rank's shard of the state only
+        return held
+
+
+@register("torch_fsdp")
+class TorchFSDP(Strategy):
+    """FSDP2: ``fully_shard`` on each block of the model, then on the root; parameters become DTensors."""
+
+    def __init__(self, setup: Setup):
+        from torch.distributed.device_mesh import DeviceMesh
+        from torch.distributed.fsdp import fully_shard
+
+        self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
+        self.group = as_group(setup.group)
+        mesh = DeviceMesh.from_group(self.group or dist.group.WORLD, "cpu")
+        for block in getattr(self.model, "blocks", None) or getattr(self.model, "layers", []):
+            fully_shard(block, mesh=mesh)  # one unit per block (per layer of the MLP)
+        fully_shard(self.model, mesh=mesh)
+        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+
+    def backward_context(self, last: bool):
+        # accumulate gradients locally, reduce-scatter only after the last micro-batch (FSDP2's no_sync)
+        self.model.set_requires_gradient_sync(last)
+        return super().backward_context(last)
+
+    def gradients(self):
+        return {n: p.grad.full_tensor() for n, p in self.model.named_parameters() if p.grad is not None}
+
+    def parameters(self):
+        return {n: p.detach().full_tensor() for n, p in self.model.named_parameters()}
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        params = [p.to_local() for p in self.model.parameters()]
+        grads = [p.grad.to_local() for p in self.model.parameters() if p.grad is not None]
+        state = [v.to_local() if hasattr(v, "to_local") else v for v in optimizer_tensors(self.optimizer)]
+        return {"params": params, "grads": grads, "optimizer": state}
