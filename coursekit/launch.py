@@ -59,8 +59,17 @@ Why each launch is safe to repeat
 * Timeout: a rank still running at the deadline is asked for its Python stack
   (``faulthandler``) and for what the communication layer says it waits on; the
   :class:`LaunchTimeout` names each such rank. Then every child is killed.
-* Every child is terminated, then killed, in a ``finally``; each also asks the
-  kernel to kill it if its parent dies (Linux ``PR_SET_PDEATHSIG``).
+* Every child is killed (or, after success, told to exit) in a ``finally``;
+  each also asks the kernel to kill it the moment its parent dies (Linux
+  ``PR_SET_PDEATHSIG``), so not even a crashed kernel leaves a rank behind.
+  One long-lived thread starts every rank, because that signal follows the
+  *thread* that forked a rank (see ``coursekit/_launcher/rank_signals.py``).
+* Ctrl-C (the notebook's stop button) always reaches the caller as
+  ``KeyboardInterrupt``, with every rank stopped, whichever stage it lands in:
+  CPython drops what a signal handler raises inside at-fork callbacks and
+  finalizers, so the launcher counts each interrupt and raises it again if it
+  was swallowed; and starting or killing a rank is never cut in half
+  (``coursekit/_launcher/interrupts.py``).
 """
 
 from __future__ import annotations
@@ -73,9 +82,10 @@ from ._launcher.echo import Echo, OrderedEcho, check_output_mode
 from ._launcher.errors import ClusterClosed, LaunchTimeout, RankError
 from ._launcher.gang import Gang
 from ._launcher.inbox import collect, drain
+from ._launcher.interrupts import watched
 from ._launcher.live import LiveEcho
 from ._launcher.start import start_gang
-from ._launcher.teardown import close
+from ._launcher.teardown import close, stop
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend"]
 
@@ -114,6 +124,14 @@ def _show_the_rest(gang: Gang, echo: Echo) -> None:
     echo.finish()
 
 
+def _stop_then_show(gang: Gang, echo: Echo, ok: bool) -> None:
+    """After a failure the ranks die first: their pipes keep what they printed, and a read cannot hang."""
+    try:
+        stop(gang, graceful=ok)
+    finally:
+        _show_the_rest(gang, echo)
+
+
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto", timeout: float = 120.0,
            start_method: str | None = None, output: str = "live", **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return results in rank order.
@@ -144,17 +162,18 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
         raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r}).")
     backend = resolve_backend(backend, world_size)  # also checks world_size
     echo = _new_echo(output, world_size)  # also checks output=, before any process starts
-    gang = start_gang(world_size, backend, start_method, (fn, args, kwargs), init_timeout=timeout)
-    ok = False
-    try:
-        results = collect(gang, echo, timeout)
-        ok = True
-        return results
-    finally:
+    with watched():  # a Ctrl-C anywhere in here reaches the caller (see coursekit/_launcher/interrupts.py)
+        gang = start_gang(world_size, backend, start_method, (fn, args, kwargs), init_timeout=timeout)
+        ok = False
         try:
-            _show_the_rest(gang, echo)
+            results = collect(gang, echo, timeout)
+            ok = True
+            return results
         finally:
-            close(gang, graceful=ok)
+            try:
+                _stop_then_show(gang, echo, ok)
+            finally:
+                close(gang, graceful=False)  # stopped already: this frees the pipes and the folder
 
 
 class Cluster:
@@ -178,15 +197,15 @@ class Cluster:
         self._gang: Gang | None = None  # set first, so close() and __del__ work even if starting fails
         backend = resolve_backend(backend, world_size)  # also checks world_size
         echo = _new_echo(output, world_size)  # also checks output=, before any process starts
-        self._gang = start_gang(world_size, backend, start_method, None, init_timeout=timeout)  # None: serve
-        self.backend = self._gang.backend
-        try:
-            collect(self._gang, echo, timeout, expect="ready")
-        except BaseException as error:
+        with watched():
+            self._gang = start_gang(world_size, backend, start_method, None, init_timeout=timeout)  # None: serve
+            self.backend = self._gang.backend
+            try:
+                collect(self._gang, echo, timeout, expect="ready")
+            except BaseException as error:
+                self._fail(echo, f"it failed to start ({type(error).__name__})")
+                raise
             _show_the_rest(self._gang, echo)
-            self._teardown(f"it failed to start ({type(error).__name__})")
-            raise
-        _show_the_rest(self._gang, echo)
 
     def run(self, fn: Callable[..., Any], *args, timeout: float = 60.0, output: str | None = None,
             **kwargs) -> list:
@@ -201,22 +220,29 @@ class Cluster:
             raise ValueError(f"fn must be callable, got {type(fn).__name__}.")
         echo = _new_echo(self.output if output is None else output, self.world_size)
         payload = cloudpickle.dumps((fn, args, kwargs))
-        try:
-            for conn in self._gang.conns:  # each rank is waiting in _serve (coursekit/_launcher/rank.py)
-                conn.send(payload)
-            results = collect(self._gang, echo, timeout)
-        except BaseException as error:
+        with watched():
+            try:
+                for conn in self._gang.conns:  # each rank is waiting in _serve (coursekit/_launcher/rank.py)
+                    conn.send(payload)
+                results = collect(self._gang, echo, timeout)
+            except BaseException as error:
+                reason = {RankError: f"rank {getattr(error, 'rank', '?')} failed",
+                          LaunchTimeout: "a run timed out"}.get(type(error), f"of {type(error).__name__}")
+                self._fail(echo, reason)
+                raise
             _show_the_rest(self._gang, echo)
-            reason = {RankError: f"rank {getattr(error, 'rank', '?')} failed",
-                      LaunchTimeout: "a run timed out"}.get(type(error), f"of {type(error).__name__}")
-            self._teardown(reason)
-            raise
-        _show_the_rest(self._gang, echo)
-        return results
+            return results
 
     @property
     def closed(self) -> bool:
         return self._closed_because is not None
+
+    def _fail(self, echo: Echo, reason: str) -> None:
+        """After an error: kill the ranks, show what they printed, free the rest; later runs say ``reason``."""
+        try:
+            _stop_then_show(self._gang, echo, ok=False)
+        finally:
+            self._teardown(reason)
 
     def _teardown(self, reason: str, graceful: bool = False) -> None:
         if self._gang is not None:

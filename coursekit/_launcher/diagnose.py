@@ -14,6 +14,8 @@ import time
 from ..waiting import read_note
 from .gang import Gang
 
+STACK_DUMP_S = 0.3  # how long a timeout waits for the stuck ranks' faulthandler dumps
+
 
 def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
     """For each rank in ``ranks``: what it waits on, and its innermost frames.
@@ -27,7 +29,7 @@ def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
             os.kill(gang.procs[rank].pid, signal.SIGUSR1)
         except (ProcessLookupError, TypeError):
             pass
-    time.sleep(0.3)  # faulthandler writes from a signal handler; give it a moment
+    time.sleep(STACK_DUMP_S)  # faulthandler writes from a signal handler; give it a moment
     described = {}
     for rank in ranks:
         note = notes[rank]

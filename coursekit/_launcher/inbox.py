@@ -3,6 +3,8 @@
 Printed text (``"out"`` messages, see :mod:`.rank_pipe`) goes to the echo the
 moment it is read, which is what makes output live. A rank's ``"error"``, a
 rank that dies, or the deadline end the wait with a RankError or LaunchTimeout.
+Each turn of the loop is also a checkpoint for a Ctrl-C swallowed on its way
+(:func:`.interrupts.check`), so one is raised within :data:`POLL_S`.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from .diagnose import describe_waiting, how_it_died
 from .echo import Echo
 from .errors import LaunchTimeout, RankError
 from .gang import Gang
+from .interrupts import check
+
+POLL_S = 1.0  # the longest the parent sleeps between two looks at the pipes (and at Ctrl-C)
 
 
 def collect(gang: Gang, echo: Echo, timeout: float, expect: str = "result") -> list:
@@ -24,6 +29,7 @@ def collect(gang: Gang, echo: Echo, timeout: float, expect: str = "result") -> l
     results: list[Any] = [None] * gang.world_size
     pending = set(range(gang.world_size))
     while pending:
+        check()
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             waiting = describe_waiting(gang, sorted(pending))
@@ -34,7 +40,7 @@ def collect(gang: Gang, echo: Echo, timeout: float, expect: str = "result") -> l
         ready = wait(list(waitables), timeout=0)
         if not ready:
             echo.flush()  # nothing more to read right now: show what came, then sleep
-            ready = wait(list(waitables), timeout=min(remaining, 1.0))
+            ready = wait(list(waitables), timeout=min(remaining, POLL_S))
         for ready_one in ready:
             rank = waitables[ready_one]
             if rank not in pending:
@@ -69,13 +75,17 @@ def _receive(gang: Gang, echo: Echo, rank: int) -> tuple | None:
 
 
 def drain(gang: Gang, echo: Echo) -> None:
-    """Show whatever the ranks have printed that was not read yet (other messages are dropped)."""
+    """Show whatever the ranks have printed that was not read yet (other messages are dropped).
+
+    After a failure the ranks are dead first: a read cut in half by Ctrl-C leaves a pipe out of
+    step, and the next read could wait forever on a live rank.
+    """
     for rank, conn in enumerate(gang.conns):
         try:
             while conn.poll():
                 kind, stream, value = conn.recv()
                 if kind == "out":
                     echo.add(rank, stream, value)
-        except (EOFError, OSError):
+        except Exception:  # EOF, or a pipe out of step: its last text is lost, not the launch's outcome
             pass
 

@@ -17,6 +17,7 @@ import cloudpickle
 from ..waiting import set_waiting
 from .group import join_process_group
 from .rank_pipe import Channel, connect_to_parent
+from .rank_signals import die_with_parent, ignore_ctrl_c
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,13 @@ class RankSpec:
     threads: int         # for torch.set_num_threads: 1 after fork (see coursekit.launch)
     payload: Any
     init_timeout: float  # seconds init_process_group waits for the other ranks
+    parent_pid: int      # the launching process: if it is gone already, the rank exits at once
 
 
 def rank_main(spec: RankSpec) -> None:
     """Entry point of every rank. Never returns: ends with ``os._exit``."""
+    ignore_ctrl_c()  # first: the notebook's stop button is the parent's to handle (see .rank_signals)
+    die_with_parent(spec.parent_pid)
     channel = connect_to_parent(spec.conn, spec.status, spec.stack_path)
     import torch
 

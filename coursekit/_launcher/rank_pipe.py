@@ -8,7 +8,6 @@ The parent's reading side is :mod:`.inbox`.
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import io
 import signal
@@ -58,9 +57,7 @@ class PipeWriter(io.TextIOBase):
 
 
 def connect_to_parent(conn: Connection, status: Any, stack_path: str) -> Channel:
-    """Wire this rank to its parent; called first thing in every rank."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the notebook's stop button is the parent's to handle
-    _set_parent_death_signal()
+    """Wire this rank to its parent; called first thing in every rank (after :mod:`.rank_signals`)."""
     channel = Channel(conn)
     sys.stdout = PipeWriter(channel, "stdout")
     sys.stderr = PipeWriter(channel, "stderr")
@@ -68,13 +65,3 @@ def connect_to_parent(conn: Connection, status: Any, stack_path: str) -> Channel
     stack_file = open(stack_path, "w")  # stays open: faulthandler writes to it on each SIGUSR1
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
     return channel
-
-
-def _set_parent_death_signal() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (no orphans, even if the kernel crashes)."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-        except OSError:
-            pass

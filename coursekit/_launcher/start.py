@@ -1,6 +1,8 @@
 """Starting the ranks of one launch: pick fork or spawn, give each rank a pipe and a note buffer, start them.
 
-The result is a :class:`~.gang.Gang`. If starting fails half way, the ranks
+The result is a :class:`~.gang.Gang`. The ranks are started by the starter
+thread (:mod:`.starter`), and a Ctrl-C meanwhile waits until every rank started
+is in the gang. If starting fails half way, or is interrupted, the ranks
 already started are stopped before the error goes on.
 """
 
@@ -9,7 +11,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import tempfile
-import threading
 import warnings
 from typing import Any
 
@@ -18,6 +19,8 @@ import cloudpickle
 from ..waiting import STATUS_BYTES
 from .gang import Gang
 from .rank import RankSpec, rank_main
+from .rank_signals import block_ctrl_c
+from .starter import in_starter
 from .teardown import close
 
 
@@ -37,19 +40,13 @@ def _default_threads(start_method: str, world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-# One launch starts its ranks at a time: a rank forked by another thread's launch would inherit this
-# launch's child ends of the pipes and keep them open (a dead rank's EOF would never arrive), and
-# warnings.catch_warnings changes process-wide state.
-_fork_lock = threading.Lock()
-
-
 def start_gang(world_size: int, backend: str, start_method: str | None, payload: Any,
                init_timeout: float) -> Gang:
     """Start ``world_size`` ranks running ``payload`` (None: serve a Cluster); if that fails, stop them all."""
     gang = Gang(world_size, backend, choose_start_method(backend, start_method),
                 tempfile.mkdtemp(prefix="coursekit-launch-"))
     try:
-        _start_ranks(gang, payload, init_timeout)
+        in_starter(_start_ranks, gang, payload, init_timeout)
     except BaseException:
         close(gang, graceful=False)
         raise
@@ -57,20 +54,22 @@ def start_gang(world_size: int, backend: str, start_method: str | None, payload:
 
 
 def _start_ranks(gang: Gang, payload: Any, init_timeout: float) -> None:
+    """Runs in the starter thread, the only one that forks: two launches never change the warning filters at once."""
     context = mp.get_context(gang.start_method)  # explicit: the platform default changes between versions
     if gang.start_method != "fork" and payload is not None and not isinstance(payload, bytes):
         payload = cloudpickle.dumps(payload)  # spawn pickles by reference; cloudpickle sends cells by value
     store_path = os.path.join(gang.tmpdir, "rendezvous")
     threads = _default_threads(gang.start_method, gang.world_size)
-    with _fork_lock, warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork of a threaded process
         for rank in range(gang.world_size):
             parent_conn, child_conn = context.Pipe(duplex=True)
             status = context.RawArray("c", STATUS_BYTES)
             stack_path = os.path.join(gang.tmpdir, f"stack-{rank}.txt")
             spec = RankSpec(rank, gang.world_size, gang.backend, store_path, child_conn, status, stack_path,
-                            threads, payload, init_timeout)
+                            threads, payload, init_timeout, os.getpid())
             proc = context.Process(target=rank_main, args=(spec,), name=f"coursekit-rank-{rank}", daemon=True)
+            block_ctrl_c(gang.start_method)  # every rank starts with SIGINT blocked (see .rank_signals)
             proc.start()
             child_conn.close()
             gang.conns.append(parent_conn)
