@@ -8,3 +8,4 @@ run side by side); each defines its classes and registers its
 
 from . import data, production, zero  # noqa: F401
 from . import fsdp  # noqa: F401  (ZeRO-3 one unit at a time: "zero3_units")
+from . import sharded_optimizer  # noqa: F401  (ZeRO-1 as a torch.optim.Optimizer: "sharded_optimizer")
