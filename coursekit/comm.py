@@ -25,6 +25,8 @@ with ``group=None`` they coincide; ``group`` may also be a mesh axis,
   (gloo or NCCL);
 * inside :func:`simulate`, a single-process simulator: one thread per rank
   and a mailbox per link, so a widget can replay a whole algorithm instantly.
+  It is as strict as real ranks: a send completes only once its receive is
+  posted, so a schedule that can deadlock on gloo deadlocks there too.
 
 The collectives in :mod:`coursekit.collectives` call only these four
 functions, so the *same* code runs on both transports.
@@ -47,7 +49,7 @@ import torch
 
 from .mesh import as_group
 from .traffic import Transfer, Traffic
-from .waiting import waiting_on
+from .waiting import set_waiting
 
 __all__ = ["get_rank", "get_world_size", "send", "recv", "isend", "irecv", "record", "phase",
            "control", "Transfer", "Traffic", "simulate", "Simulation", "SimulatorError", "Deadlock"]
@@ -65,6 +67,7 @@ class _State(threading.local):
     meta: tuple = ()               # extra (key, value) pairs from phase(...)
     seq: int = 0                   # per-rank sequence number of recorded sends
     kind: str = "payload"          # or "control", inside comm.control()
+    note: str | None = None        # what this rank is blocked in right now (the simulator reads it)
 
 
 _state = _State()
@@ -162,10 +165,33 @@ def _peer(group, rank: int | None, group_rank: int | None, role: str) -> int:
 
 
 def _note(what: str, group, peer: int, numel: int) -> str:
-    """The "waiting on" note, naming the peer by its global rank (as the launcher names ranks)."""
+    """The "waiting on" note, naming the peer by its global rank (as the launcher names ranks).
+
+    ``what`` is the call itself ("send to", "recv from", "isend to", "irecv from"),
+    so a rank stuck in ``send`` is reported as waiting in ``send``.
+    """
     who = peer if group is None else _transport().global_rank(group, peer)
     where = "" if _state.phase is None else f" ({_state.phase} step {_state.step})"
     return f"{what} rank {who}, {numel} elements{where}"
+
+
+class _blocked:
+    """While a call may block: the note goes where the launcher reads it (:mod:`coursekit.waiting`)
+    and into this thread's state, where the simulator reads it for its deadlock report."""
+
+    __slots__ = ("note",)
+
+    def __init__(self, note: str):
+        self.note = note
+
+    def __enter__(self):
+        _state.note = self.note
+        set_waiting(self.note)
+
+    def __exit__(self, *exc) -> bool:
+        _state.note = None
+        set_waiting("")
+        return False
 
 
 def send(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst: int | None = None) -> None:
@@ -175,7 +201,8 @@ def send(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst:
     peer = _peer(group, dst, group_dst, "dst")
     if _state.recorders:
         _record(tensor, peer, group)
-    _transport().send(tensor, peer, group)
+    with _blocked(_note("send to", group, peer, tensor.numel())):  # until the receiver has posted its recv
+        _transport().send(tensor, peer, group)
 
 
 def recv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src: int | None = None) -> torch.Tensor:
@@ -183,7 +210,7 @@ def recv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src:
     of ``group``). As ``torch.distributed.recv``, except that ``src`` is required (no "from anyone")."""
     group = as_group(group)
     peer = _peer(group, src, group_src, "src")
-    with waiting_on(_note("recv from", group, peer, tensor.numel())):
+    with _blocked(_note("recv from", group, peer, tensor.numel())):
         _transport().recv(tensor, peer, group)
     return tensor
 
@@ -202,7 +229,7 @@ class Work:
             if self._inner.is_completed():  # nothing to wait for: skip the "waiting on" note
                 self._inner.wait()
             else:
-                with waiting_on(_note(self._what, self._group, self._peer, self._numel)):
+                with _blocked(_note(self._what, self._group, self._peer, self._numel)):
                     self._inner.wait()
             # Keep _inner: releasing gloo's work object right after its wait was measured to
             # slow a ring by ~30%; it is released with this object, after the next step is posted.

@@ -14,11 +14,16 @@ prints one line per check (points earned, what went wrong, for which world
 size, length and segment) and returns a :class:`Report`. It never raises: an
 unfinished exercise scores zero and the notebook keeps running.
 
-A check runs the learner's code through ``ctx.launch``: real ranks, where
+A check runs the learner's code through its :class:`Context`
+(:mod:`coursekit.checks.running`): ``ctx.run`` tries the strict simulator first
+(a deadlock or a length mismatch is found in milliseconds, and explained), then
+real ranks; ``ctx.launch`` goes to real ranks directly. Either way
 ``torch.distributed``'s collectives (and its raw send/recv) are replaced by a
-function that raises and explains. An exercise that asks for a ring built from
-``coursekit.comm`` cannot pass by calling ``dist.all_reduce``, and everything
-it sends is counted. How to write a chapter's checks: see :mod:`coursekit.checks`.
+function that raises and explains, so an exercise that asks for a ring built
+from ``coursekit.comm`` cannot pass by calling ``dist.all_reduce``, and
+everything it sends is counted. An exercise module may set ``INSTEAD`` (what to
+use instead of ``torch.distributed``, said when it is called). How to write a
+chapter's checks: see :mod:`coursekit.checks`.
 """
 
 from __future__ import annotations
@@ -27,38 +32,23 @@ import importlib
 import json
 import os
 import time
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable
 
-from .launch import LaunchTimeout, RankError, launch
+from .checks.running import (FORBIDDEN, CheckFailed, Context, Deadlocked, ForbiddenCall, NotDone,
+                             forbid_torch_collectives)
 
 __all__ = ["check", "CheckFailed", "NotDone", "Deadlocked", "Check", "Context", "Result", "Report", "grade",
-           "checks_for", "partial_credit", "forbid_torch_collectives", "EXERCISE_MODULES", "REPORT_ENV"]
+           "checks_for", "partial_credit", "forbid_torch_collectives", "EXERCISE_MODULES", "REPORT_ENV",
+           "FORBIDDEN", "ForbiddenCall"]
 
 REPORT_ENV = "COURSEKIT_GRADE_REPORT"  # where grade() also writes its results (set by `coursekit grade`)
 
 # Exercise -> the module defining its checks: the one place an exercise is registered.
 EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.checks.ring_allreduce",
                     "02_data_parallel": "coursekit.checks.data_parallel"}
-
-
-class CheckFailed(AssertionError):
-    """Raise in a check: ``message`` is shown to the learner; ``fraction`` of the points is still earned."""
-
-    def __init__(self, message: str, fraction: float = 0.0):
-        super().__init__(message)
-        self.fraction = max(0.0, min(1.0, fraction))
-
-
-class NotDone(CheckFailed):
-    """The learner's function still raises NotImplementedError."""
-
-
-class Deadlocked(CheckFailed):
-    """The check ran past its timeout (usually a receive nobody sends to)."""
 
 
 @dataclass
@@ -108,105 +98,23 @@ def checks_for(exercise: str) -> list[Check]:
     return list(_REGISTRY[exercise])
 
 
-def partial_credit(outcomes: Iterable[str | None]) -> float:
+def partial_credit(outcomes: Iterable[str | None], preconditions: Iterable[str | None] = ()) -> float:
     """Score a check made of several cases: each outcome is ``None`` (right) or what went wrong.
 
     Returns 1.0 when every case is right; otherwise raises :class:`CheckFailed`
     listing every problem, worth the fraction of the cases that were right.
+
+    ``preconditions`` are cases that the typical wrong answers get right too
+    (one rank, where a sum and a mean agree and every schedule is a ring):
+    right, they earn nothing; wrong, they cost as much as any case.
     """
-    outcomes = list(outcomes)
-    problems = [outcome for outcome in outcomes if outcome]
+    outcomes, preconditions = list(outcomes), list(preconditions)
+    problems = [outcome for outcome in preconditions + outcomes if outcome]
     if problems:
-        raise CheckFailed("\n".join(problems), fraction=(len(outcomes) - len(problems)) / len(outcomes))
+        failed_preconditions = sum(1 for outcome in preconditions if outcome)
+        right = sum(1 for outcome in outcomes if not outcome)
+        raise CheckFailed("\n".join(problems), fraction=right / (len(outcomes) + failed_preconditions))
     return 1.0
-
-
-# --------------------------------------------------------------------------
-# Running checks: real ranks, a timeout, no built-in collectives.
-# --------------------------------------------------------------------------
-FORBIDDEN = ["all_reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor",
-             "broadcast", "reduce", "all_to_all", "all_to_all_single", "gather", "scatter", "all_reduce_coalesced",
-             "all_gather_object", "broadcast_object_list", "_reduce_scatter_base", "_all_gather_base",
-             "send", "recv", "isend", "irecv", "batch_isend_irecv"]
-
-
-class ForbiddenCall(RuntimeError):
-    pass
-
-
-@contextmanager
-def forbid_torch_collectives():
-    """Inside the block, ``torch.distributed``'s collectives and raw send/recv raise :class:`ForbiddenCall`.
-
-    ``coursekit.comm`` keeps working: it bound the real functions at import.
-    """
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    def forbidden(name):
-        def call(*args, **kwargs):
-            hint = ("use coursekit.comm.send/recv/isend/irecv, so that every transfer is counted"
-                    if name in ("send", "recv", "isend", "irecv", "batch_isend_irecv")
-                    else "build it from coursekit.comm.send/recv/isend/irecv")
-            raise ForbiddenCall(f"torch.distributed.{name} was called: this exercise asks you to {hint}.")
-        return call
-
-    saved = [(module, name, getattr(module, name)) for module in (dist, c10d) for name in FORBIDDEN
-             if hasattr(module, name)]
-    for module, name, _ in saved:
-        setattr(module, name, forbidden(name))
-    try:
-        yield
-    finally:
-        for module, name, original in saved:
-            setattr(module, name, original)
-
-
-def _guarded(fn):
-    def rank_main(rank, world_size, *args):
-        with forbid_torch_collectives():
-            return fn(rank, world_size, *args)
-    return rank_main
-
-
-class Context:
-    """What a check gets besides the submission: ``launch`` with the check's timeout and guard."""
-
-    def __init__(self, check_: Check, timeout: float):
-        self.check, self.timeout = check_, timeout
-
-    def launch(self, fn: Callable, world_size: int, *args) -> list:
-        """Run ``fn(rank, world_size, *args)`` on real ranks; learner errors become :class:`CheckFailed`."""
-        try:
-            return launch(_guarded(fn), world_size, *args, timeout=self.timeout)
-        except LaunchTimeout as error:
-            waits = "; ".join(f"rank {r}: {w}" for r, w in sorted(error.waiting.items()))
-            raise Deadlocked(f"world size {world_size}: ranks still running after {self.timeout:g} s, stopped. "
-                             f"A deadlock? {waits}") from None
-        except RankError as error:
-            raise _explain(error, world_size) from None
-
-    def launch_case(self, fn: Callable, world_size: int, *args) -> list | CheckFailed:
-        """:meth:`launch` for one case of several: a crash is *returned*, so that it costs only this case.
-
-        An unfinished exercise (:class:`NotDone`) or a deadlock (:class:`Deadlocked`)
-        still ends the whole check: no other case could do better.
-        """
-        try:
-            return self.launch(fn, world_size, *args)
-        except (NotDone, Deadlocked):
-            raise
-        except CheckFailed as failed:
-            return failed
-
-
-def _explain(error: RankError, world_size: int) -> CheckFailed:
-    last = error.remote_traceback.strip().splitlines()[-1] if error.remote_traceback.strip() else str(error)
-    if "NotImplementedError" in error.remote_traceback:
-        return NotDone("not implemented yet (your function raises NotImplementedError)")
-    if "ForbiddenCall" in error.remote_traceback:
-        return CheckFailed(last.split(": ", 1)[-1])
-    return CheckFailed(f"rank {error.rank} raised {last}")
 
 
 # --------------------------------------------------------------------------
@@ -217,7 +125,7 @@ class Result:
     name: str
     points: float
     earned: float
-    status: str          # pass, partial, fail, not done, timeout, skipped, not run
+    status: str          # pass, partial, fail, not done, deadlock, timeout, skipped, not run
     feedback: str = ""
     hidden: bool = False
     seconds: float = 0.0
@@ -272,8 +180,9 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
     ``only`` limits it to some checks (by name); ``timeout`` overrides each
     check's. Prints the table unless ``verbose=False``; never raises for the
     learner's mistakes. Also writes the results to ``$COURSEKIT_GRADE_REPORT``
-    when set (that is how ``coursekit grade`` reads them). After a deadlock the
-    remaining checks are skipped: each would only wait for its own timeout.
+    when set (that is how ``coursekit grade`` reads them). After a timeout on
+    real ranks the remaining checks are skipped: each would only wait for its
+    own timeout. (A deadlock the simulator finds costs nothing: the rest still run.)
     """
     checks = checks_for(exercise)
     if only is not None:
@@ -283,13 +192,15 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
             raise ValueError(f"unknown checks {sorted(unknown)}; {exercise} has {[c.name for c in checks]}.")
         checks = [c for c in checks if c.name in wanted]
     namespace = SimpleNamespace(**submission)
+    instead = getattr(importlib.import_module(EXERCISE_MODULES[exercise]), "INSTEAD", None) \
+        if exercise in EXERCISE_MODULES else None
     report, stuck = Report(exercise), None
     for item in checks:
         if stuck is not None:
             report.results.append(Result(item.name, item.points, 0.0, "skipped",
                                          f"not run: {stuck} timed out first; fix that deadlock", item.hidden))
             continue
-        result = _run_one(item, namespace, timeout)
+        result = _run_one(item, namespace, Context(item, timeout or item.timeout, instead))
         stuck = item.name if result.status == "timeout" else None
         report.results.append(result)
     if verbose:
@@ -298,17 +209,17 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
     return report
 
 
-def _run_one(item: Check, submission: SimpleNamespace, timeout: float | None) -> Result:
+def _run_one(item: Check, submission: SimpleNamespace, ctx: Context) -> Result:
     """Run one check; whatever the learner's code does, come back with a :class:`Result`."""
     start = time.perf_counter()
     try:
-        outcome = item.fn(submission, Context(item, timeout or item.timeout))
+        outcome = item.fn(submission, ctx)
         fraction = 1.0 if outcome is None else float(outcome)
         status, feedback = ("pass" if fraction >= 1 else "partial"), ""
     except NotDone as failed:
         fraction, status, feedback = 0.0, "not done", str(failed)
     except Deadlocked as failed:
-        fraction, status, feedback = 0.0, "timeout", str(failed)
+        fraction, status, feedback = 0.0, "timeout" if failed.waited else "deadlock", str(failed)
     except CheckFailed as failed:
         fraction, feedback = failed.fraction, str(failed)
         status = "partial" if fraction > 0 else "fail"

@@ -1,14 +1,26 @@
-"""The single-process simulator: every rank a thread, every link a mailbox.
+"""The single-process simulator: every rank a thread, every link a mailbox, and sends as strict as gloo's.
 
 :func:`simulate` runs ``fn(rank, world_size)`` for all ranks inside this
 process with :mod:`coursekit.comm`'s calls routed to an in-memory transport, so
 the *same* collective code that runs on real ranks can be stepped through by a
-widget instantly, and a program where every rank waits on a message nobody
-sends is reported as a :class:`Deadlock` naming who waits on what.
+widget instantly.
+
+It is exactly as strict as real ranks about *waiting*: a blocking ``send`` (and
+the ``wait()`` of an ``isend``) returns only once the receiver has *posted* the
+matching receive (a rendezvous; gloo does the same, for one element as for a
+million). So "every rank sends first, then receives" deadlocks here as it does
+on gloo, and a program where every live rank waits on a call nobody will match
+is reported at once as a :class:`Deadlock` that says who waits in which call::
+
+    deadlock: rank 0 waits in send to rank 1, 4 elements; rank 1 waits in send to rank 0, 4 elements
+
+It is stricter than gloo about *lengths*: a message that does not fit the
+receive posted for it raises a clear error instead of aborting a process.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 import traceback
@@ -20,7 +32,7 @@ import torch  # noqa: F401  (the docstring examples use it)
 from .comm import _state
 from .traffic import Traffic
 
-__all__ = ["simulate", "Simulation", "SimulatorError", "Deadlock"]
+__all__ = ["simulate", "Simulation", "SimulatorError", "Deadlock", "describe_waits"]
 
 
 class SimulatorError(RuntimeError):
@@ -28,18 +40,33 @@ class SimulatorError(RuntimeError):
 
     def __init__(self, rank: int, remote_traceback: str):
         self.rank = rank
+        self.remote_traceback = remote_traceback
         super().__init__(f"simulated rank {rank} failed.\n\n--- traceback from rank {rank} ---\n"
                          f"{remote_traceback.rstrip()}")
 
 
-class Deadlock(RuntimeError):
-    """Every simulated rank still running waits on a message nobody will send. ``.waiting`` says on what."""
+def describe_waits(waiting: dict[int, str]) -> str:
+    """One line for a deadlock, the same on real ranks and here: ``rank 0 waits in send to rank 1, …; rank 1 …``.
 
-    def __init__(self, waiting: dict[int, str]):
-        self.waiting = waiting
-        lines = ["deadlock: every rank still running waits on a message that will never come"]
-        lines += [f"  rank {r}: waiting on {what}" for r, what in sorted(waiting.items())]
-        super().__init__("\n".join(lines))
+    ``waiting`` maps each stuck rank to the call it is blocked in, as
+    :mod:`coursekit.comm` notes it ("send to rank 1, 4 elements (reduce-scatter step 0)").
+    """
+    return "; ".join(f"rank {rank} waits in {note or 'an unknown call'}" for rank, note in sorted(waiting.items()))
+
+
+class Deadlock(RuntimeError):
+    """Every simulated rank still running waits on a call no other rank will match.
+
+    ``.waiting`` maps each stuck rank to the call it waits in; ``.finished``
+    lists the ranks that had already returned.
+    """
+
+    def __init__(self, waiting: dict[int, str], finished=()):
+        self.waiting, self.finished = dict(waiting), sorted(finished)
+        done = (f" ({'ranks' if len(self.finished) > 1 else 'rank'} {', '.join(map(str, self.finished))} "
+                f"already returned)") if self.finished else ""
+        super().__init__(f"deadlock: {describe_waits(self.waiting)}{done}. No rank can go on: each waits for a "
+                         f"send or a receive that no other rank will post.")
 
 
 class _Abort(BaseException):
@@ -47,28 +74,56 @@ class _Abort(BaseException):
 
 
 class _SimWorld:
-    def __init__(self, world_size: int):
-        self.world_size = world_size
+    """What all simulated ranks share: the mailboxes, the receives posted per link, who waits on what."""
+
+    def __init__(self, world_size: int, on_send: Callable | None):
+        self.world_size, self.on_send = world_size, on_send
         self.cond = threading.Condition()
-        self.boxes: dict[tuple[int, int], deque] = defaultdict(deque)
-        self.waiting: dict[int, tuple[int, str]] = {}
+        self.boxes: dict[tuple[int, int], deque] = defaultdict(deque)  # (src, dst) -> messages not yet received
+        self.sent: dict[tuple[int, int], int] = defaultdict(int)       # (src, dst) -> sends posted so far
+        self.posted: dict[tuple[int, int], int] = defaultdict(int)     # (src, dst) -> receives posted so far
+        self.waiting: dict[int, tuple[Callable[[], bool], str]] = {}   # rank -> (can it go on?, its note)
         self.finished: set[int] = set()
         self.deadlock: Deadlock | None = None
         self.aborted = False
 
     def _stuck(self) -> bool:
-        """True when no rank can make progress: each live one waits on an empty mailbox."""
+        """True when no rank can make progress: each live one waits, and none of their waits can end."""
         live = [r for r in range(self.world_size) if r not in self.finished]
-        return bool(live) and all(r in self.waiting and not self.boxes[(self.waiting[r][0], r)] for r in live)
+        return bool(live) and all(r in self.waiting and not self.waiting[r][0]() for r in live)
+
+    def block(self, rank: int, note: str, ready: Callable[[], bool]) -> None:
+        """Wait (``cond`` held) until ``ready()``; raise :class:`_Abort` once stopped or deadlocked."""
+        self.waiting[rank] = (ready, note)
+        try:
+            while not ready():
+                if self.aborted:
+                    raise _Abort()
+                if self.deadlock is None and self._stuck():
+                    self.deadlock = Deadlock({r: n for r, (_, n) in self.waiting.items()}, self.finished)
+                    self.aborted = True
+                    self.cond.notify_all()
+                    raise _Abort()
+                self.cond.wait(0.5)  # every change notifies; the timeout is only a safety net
+        finally:
+            del self.waiting[rank]
 
 
-class _Done:
-    @staticmethod
-    def wait():
-        return True
+class _SimSend:
+    """A posted send: complete once the receiver has posted the matching receive (the rendezvous)."""
 
-    @staticmethod
-    def is_completed():
+    __slots__ = ("transport", "dst", "index", "note")
+
+    def __init__(self, transport, dst: int, index: int, note: str):
+        self.transport, self.dst, self.index, self.note = transport, dst, index, note
+
+    def is_completed(self) -> bool:
+        return self.transport.world.posted[(self.transport.my_rank, self.dst)] > self.index
+
+    def wait(self):
+        world = self.transport.world
+        with world.cond:
+            world.block(self.transport.my_rank, _state.note or self.note, self.is_completed)
         return True
 
 
@@ -85,21 +140,21 @@ class _SimRecv:
         return self.filled
 
     def wait(self):
-        posted = self.transport.posted[self.src]
+        queue = self.transport.queued[self.src]
         while not self.filled:
-            self.transport.fill(posted[0])  # the oldest receive from this peer gets the next message
-            posted.popleft().filled = True
+            self.transport.fill(queue[0])  # the oldest receive from this peer gets the next message
+            queue.popleft().filled = True
         return True
 
 
 class _SimTransport:
-    """Eager, buffered sends (a send never blocks); receives wait on a mailbox per link."""
+    """One rank's side: sends go into the link's mailbox and wait for their receive; receives wait for a message."""
 
     name = "simulator"
 
     def __init__(self, world: _SimWorld, rank: int):
         self.world, self.my_rank = world, rank
-        self.posted: dict[int, deque] = defaultdict(deque)  # receives posted, per source, not yet filled
+        self.queued: dict[int, deque] = defaultdict(deque)  # receives posted, per source, not yet filled
 
     @staticmethod
     def _no_groups(group):
@@ -128,23 +183,30 @@ class _SimTransport:
             raise ValueError(f"rank {self.my_rank} cannot {what} rank {peer}: peers are 0..{self.world.world_size - 1}"
                              f" other than itself.")
 
-    def send(self, tensor, dst, group):
+    def isend(self, tensor, dst, group) -> _SimSend:
         self._no_groups(group)
         self._check_peer(dst, "send to")
-        world = self.world
+        world, message = self.world, tensor.detach().clone()
         with world.cond:
-            world.boxes[(self.my_rank, dst)].append(tensor.detach().clone())
+            world.boxes[(self.my_rank, dst)].append(message)
+            index = world.sent[(self.my_rank, dst)]
+            world.sent[(self.my_rank, dst)] += 1
             world.cond.notify_all()
+        if world.on_send is not None:
+            world.on_send(self.my_rank, dst, message, _state.kind)
+        return _SimSend(self, dst, index, f"isend to rank {dst}, {tensor.numel()} elements")
 
-    def isend(self, tensor, dst, group):
-        self.send(tensor, dst, group)
-        return _Done()
+    def send(self, tensor, dst, group):
+        self.isend(tensor, dst, group).wait()  # blocking: returns once rank dst has posted its receive
 
-    def irecv(self, tensor, src, group):
+    def irecv(self, tensor, src, group) -> _SimRecv:
         self._no_groups(group)
         self._check_peer(src, "receive from")
         work = _SimRecv(self, tensor, src)
-        self.posted[src].append(work)
+        self.queued[src].append(work)
+        with self.world.cond:
+            self.world.posted[(src, self.my_rank)] += 1  # a sender waiting on this receive may go on
+            self.world.cond.notify_all()
         return work
 
     def recv(self, tensor, src, group):
@@ -156,21 +218,8 @@ class _SimTransport:
         world, me = self.world, self.my_rank
         box = world.boxes[(src, me)]
         with world.cond:
-            world.waiting[me] = (src, f"recv from rank {src}, {tensor.numel()} elements"
-                                      f"{'' if _state.phase is None else f' ({_state.phase} step {_state.step})'}")
-            try:
-                while not box:
-                    if world.aborted:
-                        raise _Abort()
-                    if world.deadlock is None and world._stuck():
-                        world.deadlock = Deadlock({r: w for r, (_, w) in world.waiting.items()})
-                        world.aborted = True
-                        world.cond.notify_all()
-                        raise _Abort()
-                    world.cond.wait(0.5)
-                message = box.popleft()
-            finally:
-                del world.waiting[me]
+            world.block(me, _state.note or f"recv from rank {src}, {tensor.numel()} elements", lambda: bool(box))
+            message = box.popleft()
         if message.numel() != tensor.numel() or message.dtype != tensor.dtype:
             raise ValueError(f"rank {me} posted a receive of {tensor.numel()} {tensor.dtype} elements from rank {src}, "
                              f"which sent {message.numel()} {message.dtype} elements: sender and receiver must agree "
@@ -185,11 +234,41 @@ class Simulation(NamedTuple):
     traffic: Traffic
 
 
-def simulate(fn: Callable[..., Any], world_size: int, *args, timeout: float = 60.0, **kwargs) -> Simulation:
+def _stop(thread: threading.Thread) -> None:
+    """Raise :class:`_Abort` inside a simulated rank that is still running (an endless loop)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Abort))
+
+
+def _run_rank(world: _SimWorld, rank: int, record: Traffic, results: list, errors: dict, call: Callable) -> None:
+    """One simulated rank's thread: its transport and recorder, then ``call()``; a failure stops every rank."""
+    _state.transport = _SimTransport(world, rank)
+    _state.recorders = (record,)
+    _state.seq = 0
+    try:
+        results[rank] = call()
+    except _Abort:
+        pass
+    except BaseException:
+        errors[rank] = traceback.format_exc()
+        with world.cond:
+            world.aborted = True
+            world.cond.notify_all()
+    finally:
+        _state.transport, _state.recorders, _state.note = None, (), None
+        with world.cond:
+            world.finished.add(rank)
+            world.cond.notify_all()
+
+
+def simulate(fn: Callable[..., Any], world_size: int, *args, timeout: float = 60.0,
+             on_send: Callable | None = None, **kwargs) -> Simulation:
     """Run ``fn(rank, world_size, *args, **kwargs)`` for every rank in this process; record all traffic.
 
     Every ``comm`` call inside ``fn`` goes to the simulator, so collectives from
-    :mod:`coursekit.collectives` run unchanged. Sends are buffered (never block).
+    :mod:`coursekit.collectives` run unchanged. A send completes once its
+    receive is posted, as on gloo. ``on_send(src, dst, message, kind)``, if
+    given, sees a copy of every message as it is sent (``kind``: "payload" or "control").
 
         >>> from coursekit.collectives import ring_all_reduce
         >>> results, traffic = simulate(lambda r, g: ring_all_reduce(torch.ones(8) * r).tolist(), 4)
@@ -198,32 +277,18 @@ def simulate(fn: Callable[..., Any], world_size: int, *args, timeout: float = 60
 
     Raises:
         SimulatorError: a rank raised (the first one to fail).
-        Deadlock: every live rank waits on a message no one will send; says who waits on what.
+        Deadlock: every live rank waits on a call no one will match; says who waits in which call.
+        TimeoutError: ranks still running after ``timeout`` seconds (they are stopped).
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer (got {world_size!r}).")
-    world = _SimWorld(world_size)
+    world = _SimWorld(world_size, on_send)
     results: list = [None] * world_size
     errors: dict[int, str] = {}
     records = [Traffic(world_size=world_size) for _ in range(world_size)]
 
     def body(rank: int):
-        _state.transport = _SimTransport(world, rank)
-        _state.recorders = (records[rank],)
-        _state.seq = 0
-        try:
-            results[rank] = fn(rank, world_size, *args, **kwargs)
-        except _Abort:
-            pass
-        except BaseException:
-            errors[rank] = traceback.format_exc()
-            with world.cond:
-                world.aborted = True
-                world.cond.notify_all()
-        finally:
-            with world.cond:
-                world.finished.add(rank)
-                world.cond.notify_all()
+        _run_rank(world, rank, records[rank], results, errors, lambda: fn(rank, world_size, *args, **kwargs))
 
     threads = [threading.Thread(target=body, args=(r,), name=f"sim-rank-{r}", daemon=True) for r in range(world_size)]
     for thread in threads:
@@ -235,7 +300,9 @@ def simulate(fn: Callable[..., Any], world_size: int, *args, timeout: float = 60
         with world.cond:
             world.aborted = True
             world.cond.notify_all()
-        raise TimeoutError(f"simulated ranks still running after {timeout:g} s (an endless loop?)")
+        for thread in threads:
+            _stop(thread)
+        raise TimeoutError(f"simulated ranks still running after {timeout:g} s (an endless loop?); they were stopped")
     if errors:
         first = min(errors)
         raise SimulatorError(first, errors[first])

@@ -1,39 +1,18 @@
-"""Exercise 02's grader: the solution gets full marks, the stub zero, typical mistakes partial credit."""
+"""Exercise 02's grader: the solution gets full marks, the stub zero, typical mistakes what they deserve.
+(More wrong attempts, each with its expected score: tests/test_grading_submissions.py.)"""
+
+import sys
+from pathlib import Path
 
 import torch
 
 from coursekit import comm
 from coursekit.checks.data_parallel import check_data_parallel
-from coursekit.collectives import ring_all_reduce, ring_reduce_scatter
+from coursekit.collectives import ring_all_reduce
 
-
-def attach_gradient_averaging(model, group=None):
-    world_size = comm.get_world_size(group)
-
-    def average(param):
-        ring_all_reduce(param.grad, group=group)
-        param.grad.div_(world_size)
-
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(average)
-
-
-def reduce_scatter_gradients(model, group=None):
-    params = [p for p in model.parameters() if p.requires_grad]
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    for p in params:
-        p.grad = None
-    return ring_reduce_scatter(flat, group=group).div_(comm.get_world_size(group))
-
-
-def summing_hooks(model, group=None):  # forgets to divide
-    def add_up(param):
-        ring_all_reduce(param.grad, group=group)
-
-    for p in model.parameters():
-        if p.requires_grad:
-            p.register_post_accumulate_grad_hook(add_up)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "submissions"))
+from _solutions import attach_gradient_averaging, reduce_scatter_gradients  # noqa: E402
+from dp_sum_not_mean import attach_gradient_averaging as summing_hooks  # noqa: E402  (forgets to divide)
 
 
 def all_reduce_then_slice(model, group=None):  # right values, twice the traffic, keeps the gradients
@@ -52,13 +31,13 @@ def test_solution_full_marks_and_stub_zero():
     assert stub.score == 0 and all(r.status == "not done" for r in stub.results)
 
 
-def test_typical_mistakes_get_partial_credit_and_say_why():
+def test_typical_mistakes_lose_what_they_get_wrong_and_say_why():
     report = check_data_parallel(summing_hooks, all_reduce_then_slice, verbose=False,
                                  only=["hooks_average_gradients", "zero2_segment", "zero2_traffic",
                                        "zero2_frees_gradients"])
     by_name = {r.name: r for r in report.results}
     hooks = by_name["hooks_average_gradients"]
-    assert 0 < hooks.earned < hooks.points  # world size 1 is right, 2 and 3 are not
+    assert hooks.earned == 0  # world size 1 is right, but a sum and a mean agree there: it earns nothing
     assert "divide by the world size" in hooks.feedback
     assert by_name["zero2_segment"].status == "pass"
     assert by_name["zero2_traffic"].earned == 0 and "2×" in by_name["zero2_traffic"].feedback

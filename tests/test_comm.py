@@ -84,7 +84,7 @@ def test_simulator_detects_a_deadlock_and_names_what_each_rank_waits_on():
     with pytest.raises(comm.Deadlock) as info:
         comm.simulate(run, 3)
     assert set(info.value.waiting) == {0, 1, 2}
-    assert "rank 0: waiting on recv from rank 1, 5 elements (oops step 3)" in str(info.value)
+    assert "rank 0 waits in recv from rank 1, 5 elements (oops step 3)" in str(info.value)
 
 
 def test_simulator_reports_the_failing_rank_and_stops_the_others():
@@ -113,19 +113,83 @@ def test_simulator_rejects_a_receive_of_the_wrong_length_and_bad_peers():
         comm.simulate(lambda r, g: comm.get_rank(group=object()), 2)
 
 
+def test_an_endless_loop_in_the_simulator_is_stopped():
+    """Planted bug: the timeout raises but leaves the spinning thread running (and eating a core) for good."""
+    import threading
+    import time
+
+    def spin(rank, world_size):
+        while True:
+            pass
+
+    with pytest.raises(TimeoutError, match="endless loop"):
+        comm.simulate(spin, 2, timeout=1.0)
+    deadline = time.monotonic() + 30.0  # liveness only: the stop is asynchronous
+    while any(t.name.startswith("sim-rank-") for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("sim-rank-")]
+
+
 def test_outside_any_rank_the_error_says_what_to_do():
     with pytest.raises(RuntimeError, match="coursekit.launch"):
         comm.get_rank()
 
 
-def test_a_real_deadlock_times_out_naming_what_each_rank_waited_on():
-    def run(rank, world_size):
-        with comm.phase("reduce-scatter", step=1):
-            comm.recv(torch.empty(7), 1 - rank)
+# Every deadlock the real-rank tests provoke, written with coursekit.comm, and the one-line report both
+# transports must give for it: the strict simulator at once, real ranks (gloo) at their timeout. Sources:
+# this file's real deadlock, tests/test_launch.py (a rank receives from one that returned),
+# tests/test_grading.py (everyone receives, nobody sends) and tests/submissions/ring_send_before_recv.py.
+def _everyone_receives(rank, world_size):
+    with comm.phase("reduce-scatter", step=1):
+        comm.recv(torch.empty(7), 1 - rank)
 
-    with pytest.raises(coursekit.LaunchTimeout) as info:
-        coursekit.launch(run, 2, timeout=8.0)
-    assert "recv from rank 1, 7 elements (reduce-scatter step 1)" in str(info.value)
+
+def _everyone_sends_first(rank, world_size):
+    t = torch.ones(4)
+    comm.send(t, 1 - rank)  # a send returns once its receive is posted: nobody gets that far
+    comm.recv(t, 1 - rank)
+
+
+def _receive_from_a_rank_that_returned(rank, world_size):
+    if rank == 1:
+        comm.recv(torch.empty(4), 0)
+
+
+def _send_to_a_rank_that_returned(rank, world_size):
+    if rank == 0:
+        comm.send(torch.ones(2), 1)
+
+
+def _isend_waited_before_any_receive(rank, world_size):
+    t = torch.ones(3)
+    comm.isend(t, (rank + 1) % world_size).wait()
+    comm.irecv(t, (rank - 1) % world_size).wait()
+
+
+DEADLOCKS = [
+    (_everyone_receives, 2, "rank 0 waits in recv from rank 1, 7 elements (reduce-scatter step 1); "
+                            "rank 1 waits in recv from rank 0, 7 elements (reduce-scatter step 1)"),
+    (_everyone_sends_first, 2, "rank 0 waits in send to rank 1, 4 elements; rank 1 waits in send to rank 0, 4 elements"),
+    (_receive_from_a_rank_that_returned, 2, "rank 1 waits in recv from rank 0, 4 elements"),
+    (_send_to_a_rank_that_returned, 2, "rank 0 waits in send to rank 1, 2 elements"),
+    (_isend_waited_before_any_receive, 3, "rank 0 waits in isend to rank 1, 3 elements; rank 1 waits in isend to "
+                                          "rank 2, 3 elements; rank 2 waits in isend to rank 0, 3 elements"),
+]
+
+
+@pytest.mark.parametrize("program, world_size, report", DEADLOCKS, ids=[d[0].__name__.strip("_") for d in DEADLOCKS])
+def test_every_real_deadlock_is_reported_the_same_by_the_simulator(program, world_size, report):
+    """Planted bug: a simulator whose sends never wait (buffered) finds no deadlock in the send cases."""
+    from coursekit.checks.running import notes_from_timeout
+    from coursekit.simulator import describe_waits
+
+    with pytest.raises(comm.Deadlock) as simulated:
+        comm.simulate(program, world_size)
+    assert describe_waits(simulated.value.waiting) == report
+    assert report in str(simulated.value)
+    with pytest.raises(coursekit.LaunchTimeout) as real:
+        coursekit.launch(program, world_size, timeout=3.0)
+    assert describe_waits(notes_from_timeout(real.value)) == report, str(real.value)
 
 
 def test_docstring_examples_run():

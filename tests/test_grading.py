@@ -99,22 +99,26 @@ def test_calling_torch_all_reduce_fails_with_an_explanation():
     assert "torch.distributed.all_reduce was called" in report.results[0].feedback
 
 
-def test_everyone_to_everyone_fails_the_traffic_check_naming_the_non_neighbour():
+def test_everyone_to_everyone_earns_nothing_and_the_traffic_check_names_the_non_neighbour():
+    """Right values by the wrong algorithm: not the ring's reduce-scatter, so no credit for them either."""
     report = grading.grade(RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
                            reduce_scatter=_naive_rs, all_gather=_good_ag, verbose=False)
     correct, traffic = report.results
-    assert correct.status == "pass" and traffic.earned == 0
+    assert correct.earned == 0 and traffic.earned == 0
+    # G = 2, N = 8: naive sends each rank's whole tensor to the other (one message of 8 > ceil(8/2) elements)
+    assert ("world size 2, length 8: right values, but not the ring's reduce-scatter: rank 0 sent 8 elements in "
+            "one message (the whole tensor)") in correct.feedback
     assert "rank 0 sent to rank 2" in traffic.feedback and "right neighbour" in traffic.feedback
 
 
-def test_sending_whole_tensors_is_correct_but_reports_the_extra_traffic():
+def test_sending_whole_tensors_is_not_a_ring_step_and_reports_the_extra_traffic():
     report = grading.grade(RING, only=["reduce_scatter_correct", "ring_traffic_pattern"],
                            reduce_scatter=_whole_tensor_rs, all_gather=_good_ag, verbose=False)
     correct, traffic = report.results
-    assert correct.status == "pass", correct.feedback
+    assert correct.earned == 0 and "right values, but not the ring's reduce-scatter" in correct.feedback
     assert "(the whole tensor)" in traffic.feedback
     # G=4, N=10: reduce-scatter moves 4·3·10, all-gather (the good one) 3·10 -> 150 / 60
-    assert "correct result but 2.5× the expected traffic (150 elements moved" in traffic.feedback
+    assert "2.5× the expected traffic (150 elements moved" in traffic.feedback
 
 
 def test_partial_credit_names_the_world_size_and_length_that_fail():
@@ -135,17 +139,68 @@ def test_feedback_says_which_segment_is_wrong():
     report = grading.grade(RING, only="reduce_scatter_correct", reduce_scatter=wrong_owner,
                            all_gather=_good_ag, verbose=False)
     feedback = report.results[0].feedback
-    assert "world size 2, length 8, float32, rank 0: returned the complete segment 0" in feedback
-    assert "expected segment 1 = elements 4:8" in feedback
+    assert ("world size 2, length 8, float32, rank 0: returned segment 0; after G−1 steps rank r owns segment "
+            "(r+1) mod G, so expected segment 1 = elements 4:8") in feedback
 
 
-def test_a_deadlock_fails_after_the_timeout_and_skips_the_rest():
+def test_a_deadlock_is_found_by_the_simulator_at_once_and_named():
+    """Every rank receives, nobody sends: the strict simulator sees it without waiting for a timeout."""
+    report = grading.check_ring_all_reduce(_stuck_rs, _good_ag, timeout=60.0, verbose=False)
+    first = report.results[0]
+    assert first.status == "deadlock" and first.earned == 0, report.table()
+    assert "world size 2: deadlock" in first.feedback
+    assert "rank 0 waits in recv from rank 1, 8 elements; rank 1 waits in recv from rank 0, 8 elements" in first.feedback
+    assert first.seconds < 60  # liveness only: far below the check's 60 s timeout, which is never waited for
+
+
+def _stuck_outside_the_simulator_rs(tensor, group=None):
+    rank = dist.get_rank()  # torch.distributed's own rank: the simulator cannot run this, real ranks can
+    comm.recv(tensor, (rank - 1) % dist.get_world_size())  # nobody sends
+    return tensor
+
+
+def test_a_deadlock_on_real_ranks_fails_after_the_timeout_and_skips_the_rest():
     start = time.perf_counter()
-    report = grading.check_ring_all_reduce(_stuck_rs, _good_ag, timeout=6.0, verbose=False)
-    assert report.results[0].status == "timeout" and "recv from rank" in report.results[0].feedback
+    report = grading.check_ring_all_reduce(_stuck_outside_the_simulator_rs, _good_ag, timeout=6.0, verbose=False)
+    first = report.results[0]
+    assert first.status == "timeout", report.table()
+    assert "still running after 6 s, stopped: rank 0 waits in recv from rank 1, 8 elements" in first.feedback
     assert {r.status for r in report.results[1:]} <= {"skipped", "pass"}
     assert report.score < report.max_score
-    assert time.perf_counter() - start < 90
+    assert time.perf_counter() - start < 6.0 * 10  # liveness: one 6 s timeout, the rest skipped
+
+
+def test_a_rank_that_gloo_aborts_is_one_line_and_no_gloo_text_is_printed():
+    """In a process of its own, faulthandler on as a kernel or pytest may have it, so that everything any rank
+    writes to an inherited descriptor is seen. Planted bugs: quiet_rank disabled (gloo's "terminate called"
+    and Python's "Fatal Python error: Aborted" are printed) or death_summary disabled (the feedback says only
+    "killed by signal SIGABRT", or a peer's "Connection reset by peer")."""
+    script = ("import sys; sys.path.insert(0, 'tests/submissions'); from _real_ranks_abort import reduce_scatter; "
+              "from _solutions import all_gather; from coursekit import grading; "
+              "grading.grade('01_ring_allreduce', only='reduce_scatter_correct', reduce_scatter=reduce_scatter, "
+              "all_gather=all_gather)")
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=dict(os.environ, MPLBACKEND="agg"))
+    printed = done.stdout + done.stderr
+    assert done.returncode == 0, printed
+    assert "reduce_scatter_correct    0/3    fail" in done.stdout, printed
+    assert ("world size 2, length 8: rank 1 was aborted by gloo: a message of 20 bytes arrived where the receive "
+            "posted for it holds 16 bytes: sender and receiver disagree on a length") in done.stdout, printed
+    for noise in ("terminate called", "EnforceNotMet", "Connection reset by peer", "Connection closed by peer",
+                  "Fatal Python error", "SIGABRT"):
+        assert noise not in printed, f"{noise!r} was printed:\n{printed}"
+
+
+def test_grading_leaves_torch_distributed_as_it_was():
+    """The simulator's ranks are threads of this process, each inside forbid_torch_collectives. Planted bug
+    (seen): each thread saving and restoring the functions itself left them switched off for good."""
+    from coursekit.grading import FORBIDDEN
+
+    before = {name: getattr(dist, name) for name in FORBIDDEN if hasattr(dist, name)}
+    for _ in range(3):
+        grading.grade(RING, only=["reduce_scatter_correct", "all_reduce_bit_identical"], reduce_scatter=_good_rs,
+                      all_gather=_good_ag, verbose=False)
+    assert {name: getattr(dist, name) for name in before} == before
 
 
 def test_report_file_keeps_the_latest_result_of_each_check(tmp_path, monkeypatch):

@@ -33,6 +33,9 @@ from ..parallel.data import shard_batch
 from ..verify import FlatShard, compare, record_step, reference_run
 
 EXERCISE = "02_data_parallel"  # registered in grading.EXERCISE_MODULES, the one place exercises are named
+# Said when torch.distributed's collectives are called (they are switched off while grading):
+INSTEAD = ("use chapter 01's ring (from coursekit.collectives import ring_all_reduce, ring_reduce_scatter), "
+           "so that every transfer is counted")
 
 
 def check_data_parallel(attach_gradient_averaging=None, reduce_scatter_gradients=None, **options) -> grading.Report:
@@ -44,6 +47,9 @@ def check_data_parallel(attach_gradient_averaging=None, reduce_scatter_gradients
 
 
 # ----------------------------------------------------------------------------- set-ups
+FROZEN = "layers.1.bias"  # the MLP parameter the visible ZeRO-2 check freezes
+
+
 def _setup(name: str, freeze: tuple = ()):
     if name == "mlp":
         model, data, make_opt = tiny_mlp(seed=0), TeacherData(), lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)
@@ -88,23 +94,48 @@ def _gradient_hint(first, world_size: int, guess_unaveraged: bool) -> str:
     return ""
 
 
+def _moved_weights(results) -> str:
+    """Hooks that changed the parameters themselves during backward: say so (it explains every later mismatch)."""
+    moved = sorted({name for r in results if len(r) > 2 for name in r[2]})
+    if not moved:
+        return ""
+    return (f" — your hooks changed the parameters during loss.backward() ({', '.join(moved[:3])}"
+            f"{', …' if len(moved) > 3 else ''}): average each parameter's gradient p.grad, not its weights p.data")
+
+
+def _judge_training(case, results, guess_unaveraged: bool) -> str | None:
+    """None if a case's training equals one process on the same global batches, else what differs first."""
+    name, freeze, world_size, steps, global_batch = case
+    report = compare(_reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
+    if report.ok:
+        return None
+    hint = _moved_weights(results) or _gradient_hint(report.first, world_size, guess_unaveraged)
+    return f"{_case_name(case)}: {report.first}{hint}"
+
+
+def _case_name(case) -> str:
+    """``mlp with layers.1.bias frozen, world size 3``."""
+    name, freeze, world_size = case[:3]
+    return f"{name}{' with ' + ', '.join(freeze) + ' frozen' if freeze else ''}, world size {world_size}"
+
+
 def _score_training(ctx, rank_fn, learner_fn, cases, guess_unaveraged: bool = True) -> float:
     """Train each case on real ranks and compare with one process on the same global batches.
 
     A case is ``(model name, frozen parameters, world size, steps, global batch)``;
     credit per case that matches. ``rank_fn(rank, world_size, learner_fn, *case)``
-    returns ``(records, ...)``; a crash in one case costs only that case.
+    returns ``(records, ...)``; a crash in one case costs only that case. Cases
+    with one rank are preconditions: there a sum and a mean agree, so they earn nothing.
     """
-    def outcomes():
-        for name, freeze, world_size, steps, global_batch in cases:
-            results = ctx.launch_case(rank_fn, world_size, learner_fn, name, freeze, steps, global_batch)
-            if isinstance(results, grading.CheckFailed):
-                yield f"{name}, world size {world_size}: {results}"
-                continue
-            report = compare(_reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
-            hint = "" if report.ok else _gradient_hint(report.first, world_size, guess_unaveraged)
-            yield None if report.ok else f"{name}, world size {world_size}: {report.first}{hint}"
-    return grading.partial_credit(outcomes())
+    outcomes = []
+    for case in cases:
+        name, freeze, world_size, steps, global_batch = case
+        results = ctx.launch_case(rank_fn, world_size, learner_fn, name, freeze, steps, global_batch)
+        if isinstance(results, grading.CheckFailed):
+            outcomes.append((world_size, f"{_case_name(case)}: {results}"))
+        else:
+            outcomes.append((world_size, _judge_training(case, results, guess_unaveraged)))
+    return grading.partial_credit([o for g, o in outcomes if g > 1], [o for g, o in outcomes if g == 1])
 
 
 # Elements a ring collective moves per step, all ranks together, for Ψ gradient elements on G ranks.
@@ -115,13 +146,19 @@ def _counted_traffic(ctx, rank_fn, learner_fn, world_size: int, steps: int, coll
                      silent: str) -> tuple[comm.Traffic, int]:
     """Train the MLP on real ranks; fail unless the learner's code sent what one ring ``collective`` per step moves.
 
-    ``silent`` is the feedback when nothing went through ``coursekit.comm`` (so
-    nothing could be counted). Returns the traffic and Ψ, for further checks.
+    Traffic is scored only when the training is right: the same number of
+    elements moved for a wrong answer earns nothing. ``silent`` is the feedback
+    when nothing went through ``coursekit.comm``. Returns the traffic and Ψ.
     """
-    results = ctx.launch(rank_fn, world_size, learner_fn, "mlp", (), steps, 12)
+    case = ("mlp", (), world_size, steps, 12)
+    results = ctx.launch(rank_fn, world_size, learner_fn, *case[:2], *case[3:])
     traffic = comm.Traffic.merge([r[1] for r in results])
     if traffic.total == 0:
         raise grading.CheckFailed(silent)
+    wrong = _judge_training(case, results, guess_unaveraged=collective == "all-reduce")
+    if wrong:
+        raise grading.CheckFailed(f"{wrong}\nthe result is wrong (see the check above): traffic is scored only "
+                                  f"for a right one")
     psi = sum(p.numel() for p in tiny_mlp().parameters())
     factor, formula = _RING_TRAFFIC[collective]
     per_step = factor * (world_size - 1) * psi
@@ -139,26 +176,28 @@ def _hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch):
     model, data, make_opt = _setup(name, freeze)
     attach(model)
     optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
-    records, during = [], comm.Traffic()
+    records, during, moved = [], comm.Traffic(), set()
     for step in range(steps):
         x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
         optimizer.zero_grad(set_to_none=True)
         output = model(x)
         loss = loss_fn(output, y) * weight
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
         with comm.record() as traffic:
             loss.backward()
         during.transfers += traffic.transfers
+        moved |= {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
         records.append(record_step(output, loss.item() / world_size, grads, model))  # summed over ranks below
-    return records, during
+    return records, during, sorted(moved)
 
 
 @grading.check(EXERCISE, points=3, timeout=60)
 def hooks_average_gradients(submission, ctx):
-    """After backward every gradient is the average over ranks: equal to one process (G = 1, 2, 3; 3 steps)."""
-    _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
-                    [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
+    """After backward every gradient is the average over ranks: equal to one process (G = 2, 3; G = 1 must work too)."""
+    return _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
+                           [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
 
 
 @grading.check(EXERCISE, points=2, timeout=60)
@@ -172,8 +211,9 @@ def hooks_traffic(submission, ctx):
 @grading.check(EXERCISE, points=1, hidden=True, timeout=60)
 def hooks_tied_frozen_uneven(submission, ctx):
     """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks."""
-    _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
-                    [("transformer", ("pos_emb.weight",), 3, 2, 7), ("transformer", ("pos_emb.weight",), 4, 2, 7)])
+    return _score_training(ctx, _hooks_rank, submission.attach_gradient_averaging,
+                           [("transformer", ("pos_emb.weight",), 3, 2, 7),
+                            ("transformer", ("pos_emb.weight",), 4, 2, 7)])
 
 
 # ----------------------------------------------------------------------------- part 2
@@ -198,16 +238,26 @@ def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps,
         loss = loss_fn(output, y) * weight
         loss.backward()
         with comm.record() as traffic:
-            mine = reduce_scatter_gradients(model)
+            try:
+                mine = reduce_scatter_gradients(model)
+            except AttributeError as error:
+                if "NoneType" not in str(error) or not any(not p.requires_grad for p in model.parameters()):
+                    raise
+                raise AttributeError(f"{error}: a frozen parameter (requires_grad=False) has no gradient, p.grad is "
+                                     f"None: flatten only the trainable parameters") from None
         traffic_per_step.append(traffic)
         if not isinstance(mine, torch.Tensor):
             raise TypeError(f"reduce_scatter_gradients returned {type(mine).__name__}, expected a tensor")
         still_held.append(sum(p.grad.numel() for _, p in named if p.grad is not None))
         mine = mine.detach().reshape(-1)
         if mine.numel() != stop - start:
+            everything = sum(p.numel() for p in model.parameters())
+            a, b = segment_bounds(everything, world_size)[owned_segment(rank, world_size)]
+            frozen = (f" — that is its segment of all {everything} parameters, frozen ones included: flatten only "
+                      f"those with requires_grad") if everything != numel and mine.numel() == b - a else ""
             raise ValueError(f"rank {rank} returned {mine.numel()} elements; it owns segment "
                              f"{owned_segment(rank, world_size)} = elements {start}:{stop} ({stop - start}) "
-                             f"of the {numel} flattened gradients")
+                             f"of the {numel} flattened gradients of the trainable parameters{frozen}")
         shard.grad = mine.clone()
         optimizer.step()
         ring_all_gather(flat[start:stop], flat)  # (not counted: outside the recorded block)
@@ -221,10 +271,11 @@ def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps,
 
 @grading.check(EXERCISE, points=3, timeout=60)
 def zero2_segment(submission, ctx):
-    """Each rank gets the averaged gradient of its own segment; ZeRO-2 training equals one process (G = 1–4)."""
-    _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
-                    [("mlp", (), 1, 2, 12), ("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12), ("mlp", (), 4, 2, 12)],
-                    guess_unaveraged=False)
+    """Each rank gets the averaged gradient of its own segment; ZeRO-2 training equals one process (G = 2–4, and
+    G = 3 with a frozen parameter; G = 1 must work too)."""
+    return _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
+                           [("mlp", (), 1, 2, 12), ("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12), ("mlp", (), 4, 2, 12),
+                            ("mlp", (FROZEN,), 3, 2, 12)], guess_unaveraged=False)
 
 
 @grading.check(EXERCISE, points=2, timeout=60)
@@ -254,6 +305,6 @@ def zero2_frees_gradients(submission, ctx):
 @grading.check(EXERCISE, points=1, hidden=True, timeout=90)
 def zero2_hidden_variants(submission, ctx):
     """Transformer (tied head, frozen parameter), Ψ not divisible by G, a global batch of 7 on 5 ranks."""
-    _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
-                    [("transformer", ("pos_emb.weight",), 5, 2, 7), ("transformer", (), 3, 2, 7)],
-                    guess_unaveraged=False)
+    return _score_training(ctx, _zero2_rank, submission.reduce_scatter_gradients,
+                           [("transformer", ("pos_emb.weight",), 5, 2, 7), ("transformer", (), 3, 2, 7)],
+                           guess_unaveraged=False)
