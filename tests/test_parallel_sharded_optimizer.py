@@ -207,6 +207,18 @@ def test_traffic_is_one_ring_all_gather_per_group_and_step():
 
 
 # --------------------------------------------------------------------------------------------------------
+def _assert_same_state(ours: dict, theirs: dict, dtype: torch.dtype) -> None:
+    """Two full optimiser state dicts: the same groups and entries, values within verify's TOLERANCES."""
+    assert ours["param_groups"] == theirs["param_groups"]
+    assert sorted(ours["state"]) == sorted(theirs["state"]), "state for different parameters"
+    tol_r, tol_a = TOLERANCES[dtype]
+    for index, entry in theirs["state"].items():
+        assert sorted(ours["state"][index]) == sorted(entry), f"parameter {index}: different state entries"
+        for key, value in entry.items():
+            torch.testing.assert_close(ours["state"][index][key], value, rtol=tol_r, atol=tol_a,
+                                       msg=lambda m: f"state {key!r} of parameter {index}: {m}")
+
+
 def _checkpoint_reference(tmp_path):
     """One process: 5 AdamW steps, an LR change in group 1 (as a scheduler would), its state saved, 5 more."""
     model = _model()
@@ -262,14 +274,7 @@ def test_checkpoint_round_trip_continues_identically_at_any_world_size(tmp_path)
 
     uninterrupted = coursekit.launch(first, 3, timeout=300)
     saved = torch.load(path)
-    assert saved["optim"]["param_groups"] == plain_state["param_groups"]
-    assert sorted(saved["optim"]["state"]) == sorted(plain_state["state"])  # no entry for the frozen pos_emb
-    tol_r, tol_a = TOLERANCES[torch.float64]
-    for index, entry in plain_state["state"].items():
-        assert sorted(saved["optim"]["state"][index]) == sorted(entry)
-        for key, value in entry.items():
-            torch.testing.assert_close(saved["optim"]["state"][index][key], value, rtol=tol_r, atol=tol_a,
-                                       msg=lambda m: f"state {key!r} of parameter {index}: {m}")
+    _assert_same_state(saved["optim"], plain_state, torch.float64)  # no entry for the frozen pos_emb either
     resumed = coursekit.launch(resume, 2, timeout=300)
     model = _model()
     model.load_state_dict(saved["model"])
@@ -314,13 +319,7 @@ def test_side_by_side_with_torch_zero_redundancy_optimizer():
         report = compare(theirs, [ours])
         assert report.ok, f"rank {rank}: ShardedOptimizer against ZeroRedundancyOptimizer: {report}"
     (_, theirs), (_, ours) = results[0]
-    assert ours["param_groups"] == theirs["param_groups"]
-    assert sorted(ours["state"]) == sorted(theirs["state"])
-    tol_r, tol_a = TOLERANCES[torch.float32]
-    for index, entry in theirs["state"].items():
-        for key, value in entry.items():
-            torch.testing.assert_close(ours["state"][index][key], value, rtol=tol_r, atol=tol_a,
-                                       msg=lambda m: f"state {key!r} of parameter {index}: {m}")
+    _assert_same_state(ours, theirs, torch.float32)
 
 
 # --------------------------------------------------------------------------------------------------------
