@@ -1,0 +1,325 @@
+"""ZeRO-3 one unit at a time, as FSDP2's ``fully_shard`` on each block: the full model never exists on a rank.
+
+:mod:`coursekit.parallel.zero`'s stage 3 gathers the *whole* model for the
+forward pass, so its peak is a full copy. Here the model is cut into
+**units**: each unit is a module (by default every module of an
+``nn.ModuleList``: each transformer block, each MLP layer) whose trainable
+parameters live in one flat buffer of their own, cut into ``N`` segments as
+chapter 01's ring cuts it (rank ``r`` owns segment ``(r + 1) % N``). What no
+unit holds (embeddings, final norm, head) is the **root** unit. Between uses
+a rank holds only its segment of every unit. Each unit lives through::
+
+    all-gather ─ forward ─ free ··· all-gather ─ backward ─ free, reduce-scatter its gradient
+
+* just before the unit's forward its parameters are all-gathered; right after
+  it they are freed (the storage resized to 0 bytes; each parameter then reads
+  as an empty tensor: :meth:`ShardedUnits.full_parameters` gathers them);
+* when backward reaches the unit (a hook on its output's gradient) they are
+  all-gathered again; when its last gradient has accumulated they are freed
+  and its flat gradient is reduce-scattered: my segment, divided by ``N``, is
+  what my optimiser steps (the optimiser sees only the segments).
+
+**Prefetch.** Unit ``i``'s forward issues unit ``i+1``'s all-gather; unit
+``i``'s backward issues the all-gather of the unit before it (the reverse of
+this step's forward order). The collectives run on one communication thread
+in the order issued (the same on every rank, so the rings match), and move
+while this thread computes: the thread makes chapter 01's blocking ring
+asynchronous, as a GPU's communication stream does. The price: two full units.
+
+**Peak parameter bytes** per rank during a step (measured at every gather and
+free, :attr:`ShardedUnits.peak_param_bytes`)::
+
+    Σ my segments + frozen + root + max over consecutive units (u_i + u_{i+1})
+
+The root is gathered for the whole forward (and again for the whole backward):
+it holds the **tied** embedding/head weight, used by the first and the last
+layer, and a parameter must stay gathered from its first use to its last (a
+parameter used by a module outside its unit raises ``ValueError``). Today's
+ZeRO-3 peaks at ``Σ segments + Ψ``. **Frozen** parameters are kept whole on
+every rank, outside every flat buffer: never sent, never updated.
+
+**Traffic** per step, summed over ranks, with the ring: every unit is
+all-gathered twice and reduce-scattered once, ``(N−1)·n_u`` elements each, so
+exactly ``3(N−1)Ψ`` whatever the (uneven) segments. Rank ``r`` sends
+``3n_u − len_u((r+1) % N) − 2·len_u((r+2) % N)`` of unit ``u``.
+
+The same thing in PyTorch (``tests/test_parallel_fsdp.py`` trains both)::
+
+    coursekit                          FSDP2 (torch.distributed.fsdp)
+    ShardedUnits(model, units=...)     fully_shard(block) for each unit, then fully_shard(model)
+    a unit / the root unit             a module given to fully_shard / the root module
+    unit's flat buffer, ring segment   FSDPParamGroup; each parameter a DTensor, Shard(0) and padded
+    prefetch=True                      implicit backward prefetch; set_modules_to_forward_prefetch
+    (always) free after forward        reshard_after_forward=True (the root's default is False:
+                                       gathered once for forward and backward, 2(N−1)Ψ_root)
+    group=                             mesh= (init_device_mesh("cpu", (N,)))
+    no_sync()                          set_requires_gradient_sync(False)
+    shard_parameters()                 model.parameters() (the DTensor shards)
+    full_parameters()                  p.full_tensor()
+    frozen: kept whole                 frozen: sharded like the others, not updated
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import contextmanager, nullcontext
+from functools import partial
+
+import torch
+import torch.nn as nn
+
+from ..collectives import get_collectives
+from ..memory import held_bytes
+from ..mesh import as_group
+from ..strategy import Setup, Strategy, optimizer_tensors, register
+from .data import _world, broadcast_parameters
+from .units import CommThread, Unit, default_units, gather_whole, plan_units
+
+__all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]
+
+
+class ShardedUnits(nn.Module):
+    """ZeRO-3 by units (see the module docstring): gather, forward, free; gather, backward, free, reduce-scatter.
+
+        >>> model = ShardedUnits(tiny_transformer(seed=0))       # units: blocks.0, blocks.1, root
+        >>> optimizer = torch.optim.Adam(model.shard_parameters(), lr=1e-3)
+        >>> loss_fn(model(x), y).backward()   # when it returns, every segment's gradient is the average
+        >>> optimizer.step(); optimizer.zero_grad()
+
+    Args:
+        units: module names, in forward order (default :func:`default_units`); the rest is the root.
+        collectives: ``"ring"`` (chapter 01's, counted by ``comm.record``) or ``"torch"``.
+        prefetch: issue the next unit's all-gather ahead and reduce-scatter without waiting (False:
+            every collective blocks where it is needed: the baseline prefetch is measured against).
+    """
+
+    def __init__(self, module: nn.Module, units: list[str] | None = None, group=None, collectives="ring",
+                 tracer=None, prefetch: bool = True):
+        super().__init__()
+        self.group = as_group(group)
+        self.module = broadcast_parameters(module, group=self.group)
+        self.rank, self.world_size = _world(self.group)
+        self.comm, self.prefetch = get_collectives(collectives), prefetch
+        plan = plan_units(module, default_units(module) if units is None else list(units))
+        self.units = [Unit(n, m, named, self.rank, self.world_size) for n, m, named in plan]
+        self.root = self.units[-1] if plan and plan[-1][0] == "root" else None
+        self.blocks = [u for u in self.units if u is not self.root]  # the units prefetched one by one
+        self.frozen = {n: p for n, p in module.named_parameters() if not p.requires_grad}
+        for unit in self.blocks:
+            unit.module.register_forward_pre_hook(partial(self._before_forward, unit))
+            unit.module.register_forward_hook(partial(self._after_forward, unit))
+        for unit in self.units:
+            for p in unit.params:
+                p.register_post_accumulate_grad_hook(partial(self._grad_ready, unit))
+        self._thread = CommThread(tracer, asynchronous=prefetch)
+        weakref.finalize(self, self._thread.close)
+        self._sync, self._order = True, []
+        self.elements_all_gathered = self.elements_reduce_scattered = 0
+        self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + list(self.frozen.values()))
+        for unit in self.units:
+            self._free(unit)
+        self.reset_peak()
+
+    def reset_peak(self) -> int:
+        """The peak since the last reset (or construction); start measuring afresh."""
+        peak, self.peak_param_bytes = self.peak_param_bytes, self._fixed
+        return peak
+
+    def shard_parameters(self) -> list[nn.Parameter]:
+        """My segment of every unit: give these to the optimiser."""
+        return [u.shard for u in self.units]
+
+    # ---------------------------------------------------------------- gather, free, measure
+    def _issue(self, unit: Unit) -> None:
+        """Allocate the unit's full buffer and queue its all-gather (no-op if gathered or on its way)."""
+        if unit.gather is not None or unit.gathered:
+            return
+        unit.flat.untyped_storage().resize_(unit.numel * unit.flat.element_size())
+        self._measure()
+        unit.gather = self._thread.run(f"all-gather {unit.name}", lambda: self.comm.all_gather(
+            unit.shard.data, unit.flat.data, group=self.group))
+        self.elements_all_gathered += unit.numel
+
+    def _gather(self, unit: Unit) -> None:
+        self._issue(unit)
+        self._ready(unit)
+
+    def _ready(self, unit: Unit) -> None:
+        """Wait for the unit's all-gather; its parameters are full from now on."""
+        self._wait(unit, "gather")
+        unit.show(full=True)
+
+    def _free(self, unit: Unit) -> None:
+        self._wait(unit, "gather")  # never free a buffer the comm thread is still writing
+        unit.show(full=False)
+        unit.flat.untyped_storage().resize_(0)
+        self._measure()
+
+    def _measure(self) -> None:
+        alive = self._fixed + sum(u.flat.untyped_storage().nbytes() for u in self.units)
+        self.peak_param_bytes = max(self.peak_param_bytes, alive)
+
+    def _wait(self, unit: Unit, which: str) -> None:
+        """Wait for the unit's ``"gather"`` or ``"reduce"`` job, if one is on its way."""
+        self._thread.wait(getattr(unit, which), f"wait {which} {unit.name}")
+        setattr(unit, which, None)
+
+    # ---------------------------------------------------------------- forward
+    def forward(self, *args, **kwargs):
+        self._order = []
+        if self.root is not None:
+            self._issue(self.root)
+        if self.prefetch and self.blocks:
+            self._issue(self.blocks[0])
+        if self.root is not None:
+            self._ready(self.root)
+        output = self.module(*args, **kwargs)
+        if torch.is_grad_enabled():
+            if not (isinstance(output, torch.Tensor) and output.requires_grad):
+                raise ValueError("ShardedUnits gathers the root unit again when backward reaches the model's "
+                                 "output, so the module must return one tensor that requires grad.")
+            output.register_hook(self._root_backward)
+        if self.root is not None:
+            self._free(self.root)
+        return output
+
+    def _before_forward(self, unit: Unit, module, args) -> None:
+        self._order.append(unit)
+        self._issue(unit)  # usually issued already, by the unit before
+        i = self.blocks.index(unit)
+        if self.prefetch and i + 1 < len(self.blocks):
+            self._issue(self.blocks[i + 1])  # queued behind mine: it moves while I compute
+        self._ready(unit)
+
+    def _after_forward(self, unit: Unit, module, args, output) -> None:
+        tensors = [output] if isinstance(output, torch.Tensor) else [t for t in output if isinstance(t, torch.Tensor)]
+        for t in tensors:
+            if t.requires_grad:
+                t.register_hook(partial(self._unit_backward, unit))
+        self._free(unit)
+
+    # ---------------------------------------------------------------- backward
+    def _root_backward(self, grad: torch.Tensor) -> torch.Tensor:
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if self.root is not None:
+            self._issue(self.root)
+        if self.prefetch and self._order:
+            self._issue(self._order[-1])
+        if self.root is not None:
+            self._start_backward(self.root)
+        return grad
+
+    def _unit_backward(self, unit: Unit, grad: torch.Tensor) -> torch.Tensor:
+        if not unit.in_backward:
+            self._start_backward(unit)
+            i = len(self._order) - 1 - self._order[::-1].index(unit)  # its last use in this forward
+            if self.prefetch and i > 0:
+                self._issue(self._order[i - 1])
+        return grad
+
+    def _start_backward(self, unit: Unit) -> None:
+        """Gather the unit again and point every ``p.grad`` into its flat gradient buffer."""
+        self._gather(unit)
+        if unit.flat_grad is None:
+            unit.flat_grad = torch.zeros_like(unit.flat)
+        for p, view in zip(unit.params, unit.views(unit.flat_grad).values()):
+            p.grad = view
+        unit.pending, unit.in_backward = {id(p) for p in unit.params}, True
+
+    def _grad_ready(self, unit: Unit, param: nn.Parameter) -> None:
+        unit.pending.discard(id(param))
+        if unit.in_backward and not unit.pending:
+            self._backward_done(unit)
+
+    def _backward_done(self, unit: Unit) -> None:
+        """The unit's gradients are complete: free its parameters, reduce-scatter its gradient."""
+        unit.in_backward = False
+        self._free(unit)
+        if self._sync:
+            self._reduce_scatter(unit)
+
+    def _reduce_scatter(self, unit: Unit) -> None:
+        flat = unit.flat_grad
+
+        def work():
+            unit.reduced = self.comm.reduce_scatter(flat, group=self.group).div(self.world_size)
+
+        unit.reduce = self._thread.run(f"reduce-scatter {unit.name}", work)
+        self.elements_reduce_scattered += unit.numel
+
+    def _finish_backward(self) -> None:
+        """End of backward (queued on autograd's engine): finish every unit, wait for the reduce-scatters."""
+        for unit in self.units:
+            if unit.in_backward:  # some parameter got no gradient: it counts as zero, as in DDP
+                self._backward_done(unit)
+            elif self._sync and unit.flat_grad is not None and unit.reduce is None and unit.reduced is None:
+                self._reduce_scatter(unit)  # accumulated under no_sync, not reached by this backward
+        if not self._sync:
+            return
+        for unit in self.units:
+            self._wait(unit, "reduce")
+            if unit.reduced is not None:
+                unit.shard.grad = unit.reduced if unit.shard.grad is None else unit.shard.grad + unit.reduced
+                unit.reduced, unit.flat_grad = None, None
+                for p in unit.params:
+                    p.grad = None  # the full gradient buffer is freed: only my segment stays
+
+    @contextmanager
+    def no_sync(self):
+        """Backward passes inside keep the full unit gradients (no reduce-scatter): gradient accumulation."""
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
+
+    # ---------------------------------------------------------------- for the record (torch's collectives: not counted)
+    def full_gradients(self) -> dict[str, torch.Tensor]:
+        """Every averaged gradient, whole (gathered for the record only, outside the counted traffic)."""
+        missing = [u.name for u in self.units if u.shard.grad is None]
+        if missing:
+            raise RuntimeError(f"no gradient segment for unit(s) {missing}: run forward and backward first "
+                               f"(or a reduce-scatter never ran).")
+        return gather_whole(self.units, lambda u: u.shard.grad, self.group)
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter, whole, frozen ones included (for the record only)."""
+        whole = gather_whole(self.units, lambda u: u.shard.data, self.group)
+        return {**whole, **{n: p.data for n, p in self.frozen.items()}}
+
+
+@register("zero3_units")
+class Zero3Units(Strategy):
+    """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
+
+    options = {"collectives": "ring", "units": None, "prefetch": True}
+
+    def __init__(self, setup: Setup):
+        self.setup, self.tracer, self.group = setup, setup.tracer, as_group(setup.group)
+        self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
+                                  setup.tracer, self.option("prefetch"))
+        self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
+        self.peaks: list[int] = []
+
+    def backward_context(self, last: bool):
+        return nullcontext() if last else self.model.no_sync()
+
+    def zero_grad(self) -> None:
+        self.peaks.append(self.model.reset_peak())  # this step's peak; the next step starts afresh
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def gradients(self):
+        return self.model.full_gradients()
+
+    def parameters(self):
+        return self.model.full_parameters()
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        units = self.model.units
+        return {"params": [u.flat for u in units] + [u.shard for u in units] + list(self.model.frozen.values()),
+                "grads": [g for u in units for g in (u.flat_grad, u.shard.grad) if g is not None],
+                "optimizer": optimizer_tensors(self.optimizer)}
+
+    def counters(self) -> dict:
+        return {"peak_param_bytes": list(self.peaks), "elements_all_gathered": self.model.elements_all_gathered,
+                "elements_reduce_scattered": self.model.elements_reduce_scattered}

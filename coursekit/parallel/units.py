@@ -1,0 +1,172 @@
+"""The parts of per-unit ZeRO-3 (:mod:`coursekit.parallel.fsdp`): units, their flat buffers, the communication thread.
+
+* :func:`default_units` -- the default policy: every module of an ``nn.ModuleList``.
+* :func:`plan_units` -- which trainable parameters each unit holds; the root takes the rest;
+  a parameter used outside its unit (a tied weight split between units) is refused.
+* :class:`Unit` -- one unit's parameters laid end to end in one flat buffer (each parameter a
+  view into it), cut into ring segments; my segment is the parameter the optimiser steps.
+* :class:`CommThread` -- one thread that runs this rank's collectives in the order issued, so a
+  blocking ring (chapter 01's) moves data while the calling thread computes.
+* :func:`gather_whole` -- whole named tensors from every rank's segments, for the record.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from .. import comm
+from ..collectives import TORCH, owned_segment, segment_bounds
+
+__all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole"]
+
+
+def default_units(model: nn.Module) -> list[str]:
+    """The default policy: every module held in an ``nn.ModuleList`` (outermost lists only)."""
+    names: list[str] = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and not any(name.startswith(n + ".") for n in names):
+            names += [f"{name}.{child}" if name else child for child, _ in module.named_children()]
+    return names
+
+
+class Job:
+    """A collective queued on the communication thread: ``wait()`` it; ``get_future()`` for the tracer."""
+
+    def __init__(self):
+        self.future = torch.futures.Future()
+
+    def get_future(self):
+        return self.future
+
+    def wait(self) -> None:
+        self.future.wait()  # raises what the collective raised
+
+
+class CommThread:
+    """One thread runs this rank's collectives in the order issued, counted as if this thread sent them.
+
+    :meth:`run` queues a collective and returns its :class:`Job`, drawn on ``tracer`` as a ``comm``
+    span from issue to completion; with ``asynchronous=False`` it waits right there instead (one
+    blocking span) and returns None. :meth:`wait` waits for a job, drawn as an ``idle`` span.
+    """
+
+    def __init__(self, tracer=None, asynchronous: bool = True):
+        self.tracer, self.asynchronous = tracer, asynchronous
+        self.jobs: queue.Queue = queue.Queue()
+        threading.Thread(target=self._work, daemon=True, name="coursekit-fsdp-comm").start()
+
+    def run(self, name: str, fn) -> Job | None:
+        if self.asynchronous:
+            job = self._submit(fn)
+            return self.tracer.comm(job, name) if self.tracer is not None else job
+        with self.tracer.blocking(name) if self.tracer is not None else nullcontext():
+            self._submit(fn).wait()
+        return None
+
+    def wait(self, job: Job | None, name: str) -> None:
+        if job is None:
+            return
+        with self.tracer.span("idle", name) if self.tracer is not None else nullcontext():
+            job.wait()
+            if self.tracer is not None:
+                self.tracer.waited(job)
+
+    def _submit(self, fn) -> Job:
+        job = Job()  # the transport (real ranks or simulator) and comm.record()'s recorders follow the work
+        self.jobs.put((fn, job, comm._state.transport, comm._state.recorders))
+        return job
+
+    def _work(self) -> None:
+        while (item := self.jobs.get()) is not None:
+            fn, job, comm._state.transport, comm._state.recorders = item
+            try:
+                fn()
+                job.future.set_result(None)
+            except BaseException as error:  # noqa: BLE001  (handed to whoever waits)
+                job.future.set_exception(error)
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+
+class Unit:
+    """One unit's trainable parameters: a flat buffer (views for every parameter) and my segment of it."""
+
+    def __init__(self, name: str, module: nn.Module, named: list[tuple[str, nn.Parameter]], rank: int, size: int):
+        if len({p.dtype for _, p in named}) > 1:
+            raise ValueError(f"unit {name!r}: one flat buffer needs one dtype for all its parameters.")
+        self.name, self.module, self.names = name, module, [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.shapes = [p.shape for p in self.params]
+        self.numel = sum(p.numel() for p in self.params)
+        self.start, self.stop = segment_bounds(self.numel, size)[owned_segment(rank, size)]
+        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.empty = self.flat.new_empty(0)
+        self.show(full=True)
+        self.shard = nn.Parameter(self.flat[self.start:self.stop].clone())  # what the optimiser steps
+        self.flat_grad: torch.Tensor | None = None
+        self.gather: Job | None = None   # all-gather issued, not yet waited
+        self.reduce: Job | None = None   # reduce-scatter issued, not yet waited
+        self.reduced: torch.Tensor | None = None
+        self.pending: set[int] = set()    # parameters whose gradient this backward has not yet accumulated
+        self.in_backward = False
+
+    @property
+    def gathered(self) -> bool:
+        return self.flat.untyped_storage().nbytes() > 0
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every parameter's piece of a flat tensor laid out as this unit's buffer, by name."""
+        out, offset = {}, 0
+        for name, shape in zip(self.names, self.shapes):
+            out[name] = flat[offset:offset + shape.numel()].view(shape)
+            offset += shape.numel()
+        return out
+
+    def show(self, full: bool) -> None:
+        """Point every parameter at its view of the full buffer, or, while freed, at an empty tensor: a view
+        of freed storage would crash the process when read (autograd's saved views share the storage, so
+        they see the next gather)."""
+        for p, view in zip(self.params, self.views(self.flat).values()):
+            p.data = view if full else self.empty
+
+
+def plan_units(model: nn.Module, unit_names: list[str]) -> list[tuple[str, nn.Module, list]]:
+    """(name, module, trainable named parameters) per unit, the root last; each tied parameter in one unit only."""
+    modules = dict(model.named_modules())
+    names = {id(p): n for n, p in model.named_parameters()}  # a tied weight under its first name
+    owner: dict[int, str] = {}
+    plan = []
+    for unit in unit_names:
+        if not unit or any(unit.startswith(other + ".") for other in unit_names):
+            raise ValueError(f"units: {unit!r} is the whole model or lies inside another unit; units must not nest.")
+    for unit in [*unit_names, ""]:
+        if unit not in modules:
+            raise ValueError(f"units: {unit!r} is not a module of the model (try {default_units(model)[:3]}).")
+        mine = [(names[id(p)], p) for p in modules[unit].parameters() if p.requires_grad and id(p) not in owner]
+        owner.update((id(p), unit) for _, p in mine)
+        plan.append((unit or "root", modules[unit], mine))
+    for where, module in modules.items():  # a parameter is used by modules of its own unit only
+        for p in module.parameters(recurse=False):
+            unit = owner.get(id(p), "")
+            if unit and not (where == unit or where.startswith(unit + ".")):
+                raise ValueError(f"parameter {names[id(p)]!r} (unit {unit!r}) is also used by module {where!r} "
+                                 f"outside that unit (a tied weight?): put both modules in one unit, or leave "
+                                 f"them to the root unit.")
+    return [(n, m, named) for n, m, named in plan if named]
+
+
+def gather_whole(units: list[Unit], pick, group) -> dict[str, torch.Tensor]:
+    """Every unit's segments ``pick(unit)`` gathered into whole named tensors, with torch's collectives
+    (outside chapter 01's counted traffic: for the record only)."""
+    out = {}
+    for unit in units:
+        flat = torch.empty(unit.numel, dtype=unit.flat.dtype)
+        TORCH.all_gather(pick(unit), flat, group=group)
+        out.update(unit.views(flat))
+    return out
