@@ -1,0 +1,340 @@
+"""A network model: how long a recorded collective would take on a cluster of ``G`` GPUs.
+
+The collectives of :mod:`coursekit.collectives` label every transfer with its
+``(phase, step)``; :func:`coursekit.comm.simulate` records them (who sends how
+many bytes to whom, in which step). This module *replays that trace* on a
+modeled network. Nothing about an algorithm is written here: change the
+collective and the model's times change with it.
+
+    >>> net = Network(bandwidth=50e9, latency=10e-6)           # 50 GB/s each way, 10 µs
+    >>> t = collective_time("ring", 8, 2**20, net)              # 1 Mi float32 on 8 GPUs
+    >>> round(t.total * 1e6, 2), len(t.steps)                   # 2·7·(10 µs + 512 KiB/8 / 50 GB/s)
+    (286.8, 14)
+
+Assumptions, stated once
+------------------------
+* Each GPU has one full-duplex link to a non-blocking switch: ``B`` bytes/s
+  out and, independently, ``B`` bytes/s in, with latency ``α``. With
+  ``gpus_per_node=k``, GPUs ``r // k`` equal share a node and each GPU has a
+  second link (``B_intra``, ``α_intra``, e.g. NVLink) used for every transfer
+  to a GPU of its own node; transfers between nodes use the first link.
+* A *side* is one direction of one link of one GPU (its send side, its
+  receive side). A side carries one byte stream at a time: what goes over it
+  is serialised.
+* Steps run one after another: a ``(phase, step)`` group of the trace is one
+  step, and the next starts when the last transfer of this one has arrived.
+* Control messages (the length check) are ignored: only payload is timed.
+
+The timing rule
+---------------
+In one step, a side that carries ``L`` bytes (summed over all its transfers)
+is busy for ``α + L/B`` (its link's ``α`` and ``B``): latency is paid once
+per side per step, since the messages queued on a side stream back to back
+and their latencies overlap. The step takes the longest busy time over all
+sides::
+
+    T_step = max over sides (α_side + L_side / B_side),    T = Σ T_step
+
+That the busiest side is also *enough* is the open-shop theorem: with a
+non-blocking switch, transfers that may be cut into pieces can be scheduled
+so that no side idles while it has bytes left. :class:`Timing` splits
+``T`` into its latency part (Σ α of each step's busiest side) and bandwidth
+part (Σ L/B).
+
+The closed forms (``N`` elements of ``b`` bytes, one link level)
+----------------------------------------------------------------
+* **master** (receives every gradient, then sends the sum back): step
+  "gather" puts ``(G−1)·N·b`` bytes through the root's receive side, step
+  "broadcast" as many through its send side (the others carry ``N·b``)::
+
+      T_master = 2·α + 2·(G−1)·N·b/B          (grows linearly in G)
+
+* **naive** (everyone sends everything to everyone, one step): every side
+  carries ``(G−1)·N·b``::
+
+      T_naive = α + (G−1)·N·b/B
+
+* **ring**: ``2·(G−1)`` steps, in each every GPU sends one segment to its
+  right neighbour; segments hold ``⌈N/G⌉`` or ``⌊N/G⌋`` elements and the
+  largest is sent in every step, so::
+
+      T_ring = 2·(G−1)·(α + ⌈N/G⌉·b/B)       (bandwidth term ≈ 2·N·b/B, flat in G)
+
+With nodes, apply the rule per link: e.g. a ring of ``G = 8`` in nodes of 4
+sends ``3→4`` and ``7→0`` between nodes and the rest inside, so each step is
+``max(α + s·b/B, α_intra + s·b/B_intra)`` with ``s = ⌈N/G⌉``.
+
+Recording large ``G``
+---------------------
+Every message of these collectives has an *affine* size in ``q = ⌊N/G⌋``
+for a fixed remainder ``N mod G`` (whole tensors: ``G·q + r``; segments:
+``q`` or ``q + 1``). So :func:`collective_trace` records the pattern twice,
+at ``q = 1`` and ``q = 2`` (tiny tensors), checks both have the same
+transfers, and extrapolates each message's size to the requested ``N``:
+exact, not an approximation (tested against direct recordings).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Callable, Sequence
+
+import torch
+
+from . import comm
+from .traffic import Traffic, Transfer
+
+__all__ = ["Network", "StepTime", "Timing", "simulate_time", "collective_trace", "collective_time",
+           "calibrate", "COLLECTIVES"]
+
+
+@dataclass(frozen=True)
+class Network:
+    """``G`` GPUs on a non-blocking switch: ``bandwidth`` in bytes/s each way, ``latency`` in seconds.
+
+    With ``gpus_per_node=k``, transfers inside a node use ``intra_bandwidth``
+    and ``intra_latency`` (default: the same as between nodes).
+    """
+
+    bandwidth: float
+    latency: float
+    gpus_per_node: int | None = None
+    intra_bandwidth: float | None = None
+    intra_latency: float | None = None
+
+    def link(self, src: int, dst: int) -> tuple[str, float, float]:
+        """``(name, bandwidth, latency)`` of the link a transfer ``src → dst`` uses."""
+        k = self.gpus_per_node
+        if k is not None and src // k == dst // k:
+            bandwidth = self.bandwidth if self.intra_bandwidth is None else self.intra_bandwidth
+            latency = self.latency if self.intra_latency is None else self.intra_latency
+            return "intra", bandwidth, latency
+        return "net", self.bandwidth, self.latency
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step: its time, split into latency + bandwidth, and the side that set it."""
+
+    phase: str | None
+    step: int | None
+    seconds: float
+    latency: float
+    bandwidth: float
+    bottleneck: tuple[int, str, str]   # (gpu, link "net"/"intra", "send"/"recv")
+    bytes: int                         # bytes through that side
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A collective's modeled time: ``total`` seconds = ``latency`` + ``bandwidth`` parts, per step."""
+
+    steps: tuple[StepTime, ...]
+
+    @property
+    def total(self) -> float:
+        return sum(s.seconds for s in self.steps)
+
+    @property
+    def latency(self) -> float:
+        return sum(s.latency for s in self.steps)
+
+    @property
+    def bandwidth(self) -> float:
+        return sum(s.bandwidth for s in self.steps)
+
+    def __repr__(self) -> str:
+        return (f"Timing({self.total:.6g} s = latency {self.latency:.6g} + bandwidth {self.bandwidth:.6g}, "
+                f"{len(self.steps)} steps)")
+
+
+def _step_time(key: tuple, transfers: list[Transfer], network: Network, itemsize: int | None) -> StepTime:
+    """The timing rule for one step: the busiest side's ``α + L/B``."""
+    load: dict[tuple[int, str, str], int] = {}
+    links: dict[str, tuple[float, float]] = {}
+    for t in transfers:
+        name, bandwidth, latency = network.link(t.src, t.dst)
+        links[name] = (bandwidth, latency)
+        nbytes = t.numel * (t.itemsize if itemsize is None else itemsize)
+        for side in ((t.src, name, "send"), (t.dst, name, "recv")):
+            load[side] = load.get(side, 0) + nbytes
+
+    def busy(side):
+        bandwidth, latency = links[side[1]]
+        return latency + load[side] / bandwidth, latency, load[side] / bandwidth
+
+    side = max(sorted(load), key=lambda s: busy(s)[0])   # sorted: the lowest such side on a tie
+    seconds, latency, transfer = busy(side)
+    return StepTime(key[0], key[1], seconds, latency, transfer, side, load[side])
+
+
+def simulate_time(traffic: Traffic, network: Network, itemsize: int | None = None) -> Timing:
+    """Replay a recorded trace on ``network``: one :class:`StepTime` per ``(phase, step)``, in order.
+
+    Only payload is timed (control messages are ignored). ``itemsize`` (bytes
+    per element) overrides the recorded one, e.g. 2 to time bf16 gradients
+    from a float32 recording.
+    """
+    return Timing(tuple(_step_time(key, transfers, network, itemsize) for key, transfers in traffic.steps()))
+
+
+# ----------------------------------------------------------------- recording the trace
+def _collectives() -> dict[str, Callable]:
+    from .collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
+
+    return {"master": master_all_reduce, "naive": naive_all_reduce, "ring": ring_all_reduce}
+
+
+COLLECTIVES = ("master", "naive", "ring")
+
+
+def _record_rank(rank: int, world_size: int, name: str, numel: int) -> None:
+    _collectives()[name](torch.zeros(numel))
+
+
+class _Done:
+    """A receive or send of the dry run: already complete."""
+
+    def __init__(self, fill: Callable[[], None] = lambda: None):
+        self.fill = fill
+
+    def is_completed(self) -> bool:
+        return False   # so wait() runs, and fills the buffer
+
+    def wait(self) -> bool:
+        self.fill()
+        return True
+
+
+class _DryTransport:
+    """One rank of a *dry run*: sends complete at once, a receive gets the matching message of an
+    earlier pass if there was one (control messages; payload values are not kept). Group None only."""
+
+    name = "dry run"
+
+    def __init__(self, rank: int, size: int, mail: dict, counts: dict):
+        self.me, self.size, self.mail, self.counts = rank, size, mail, counts
+
+    def rank(self, group) -> int:
+        return self.me
+
+    def world_size(self, group) -> int:
+        return self.size
+
+    def global_rank(self, group, rank: int) -> int:
+        return rank
+
+    group_rank = global_rank
+
+    def _next(self, way: str, src: int, dst: int) -> int:
+        """The index of this message among those ``src`` sent to ``dst`` (as the sender or receiver counts)."""
+        k = self.counts.get((way, src, dst), 0)
+        self.counts[(way, src, dst)] = k + 1
+        return k
+
+    def isend(self, tensor, dst, group):
+        k = self._next("send", self.me, dst)
+        if comm._state.kind == "control":
+            self.mail[(self.me, dst, k)] = tensor.clone()
+        return _Done()
+
+    def irecv(self, tensor, src, group):
+        message = self.mail.get((src, self.me, self._next("recv", src, self.me)))
+        return _Done(lambda: None if message is None else tensor.copy_(message))
+
+    def send(self, tensor, dst, group):
+        self.isend(tensor, dst, group).wait()
+
+    def recv(self, tensor, src, group):
+        self.irecv(tensor, src, group).wait()
+
+
+def _dry_run(name: str, world_size: int, numel: int) -> Traffic:
+    """Record ``name``'s trace with every rank run in turn in this thread (O(transfers), not O(G·transfers)).
+
+    Pass 1 collects every control message (the length checks are sent before
+    any check is verified; a rank whose check finds nothing yet stops early),
+    pass 2 reruns every rank with them and records. Valid for collectives whose
+    transfers do not depend on the values received (all of :data:`COLLECTIVES`);
+    tested equal to :func:`coursekit.comm.simulate`'s trace.
+    """
+    mail: dict = {}
+    saved = (comm._state.transport, comm._state.recorders, comm._state.seq)
+    records = [Traffic(world_size=world_size) for _ in range(world_size)]
+    try:
+        for recording in (False, True):
+            counts: dict = {}
+            for rank in range(world_size):
+                comm._state.transport = _DryTransport(rank, world_size, mail, counts)
+                comm._state.recorders, comm._state.seq = ((records[rank],) if recording else ()), 0
+                try:
+                    _record_rank(rank, world_size, name, numel)
+                except ValueError:
+                    if recording:
+                        raise
+    finally:
+        comm._state.transport, comm._state.recorders, comm._state.seq = saved
+    return Traffic.merge(records)
+
+
+@lru_cache(maxsize=64)
+def _recorded(name: str, world_size: int, numel: int, dry: bool = True) -> Traffic:
+    if name not in COLLECTIVES:
+        raise ValueError(f"unknown collective {name!r}: use one of {', '.join(COLLECTIVES)}.")
+    if dry:
+        return _dry_run(name, world_size, numel)
+    _, traffic = comm.simulate(_record_rank, world_size, name, numel, timeout=600.0)
+    return traffic
+
+
+def _shape(t: Transfer) -> tuple:
+    return (t.phase, t.step, t.src, t.dst, t.kind, t.meta, t.seq)
+
+
+def collective_trace(name: str, world_size: int, numel: int) -> Traffic:
+    """The trace of collective ``name`` on ``world_size`` ranks for ``numel`` elements (float32).
+
+    Recorded directly when ``numel < 2·G``; otherwise recorded at ``q = 1``
+    and ``q = 2`` elements per rank (same remainder) and every message's size
+    extrapolated affinely to ``q = ⌊numel/G⌋`` (see the module docstring).
+    """
+    q, r = divmod(numel, world_size)
+    if q < 2:
+        return _recorded(name, world_size, numel)
+    one, two = _recorded(name, world_size, world_size + r), _recorded(name, world_size, 2 * world_size + r)
+    if [_shape(t) for t in one.transfers] != [_shape(t) for t in two.transfers]:
+        raise RuntimeError(f"{name}: the trace's pattern changes with the size; record it directly instead.")
+    transfers = [replace(a, numel=a.numel + (q - 1) * (b.numel - a.numel)) for a, b in zip(one.transfers, two.transfers)]
+    return Traffic(transfers, world_size)
+
+
+def collective_time(name: str, world_size: int, numel: int, network: Network, itemsize: int = 4) -> Timing:
+    """Modeled time of all-reducing ``numel`` elements of ``itemsize`` bytes with ``name``
+    ("master", "naive", "ring") on ``world_size`` GPUs of ``network``."""
+    return simulate_time(collective_trace(name, world_size, numel), network, itemsize)
+
+
+# ----------------------------------------------------------------- calibration
+def calibrate(samples: Sequence[tuple[float, float]], name: str = "ring", world_size: int = 2,
+              itemsize: int = 4) -> Network:
+    """The :class:`Network` whose model reproduces measured ``(bytes, seconds)`` pairs of one collective.
+
+    ``time = a + c·bytes`` is fitted by :func:`coursekit.bench.allreduce.fit_alpha_beta`
+    (least squares, weighted by 1/time). The model's own time is linear in
+    the bytes too, ``n_α·α + k·bytes/B``; its coefficients ``n_α`` (latency
+    terms) and ``k`` (bytes through the busiest side per byte all-reduced)
+    are read from the model itself, so ``α = a/n_α`` and ``B = k/c``.
+    """
+    from .bench.allreduce import fit_alpha_beta
+
+    rows = [{"algorithm": name, "bytes": nbytes, "seconds": seconds} for nbytes, seconds in samples]
+    fits = fit_alpha_beta(rows)
+    if name not in fits:
+        raise ValueError("calibrate needs at least two (bytes, seconds) samples.")
+    a, c = fits[name]
+    numel = 64 * world_size   # a multiple of G: the bandwidth coefficient is exact
+    latency_terms = collective_time(name, world_size, numel, Network(math.inf, 1.0), itemsize).total
+    per_byte = collective_time(name, world_size, numel, Network(1.0, 0.0), itemsize).total / (numel * itemsize)
+    return Network(bandwidth=per_byte / c if c > 0 else math.inf, latency=a / latency_terms)
