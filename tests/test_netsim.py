@@ -58,8 +58,9 @@ def test_two_level_network_hand_derived():
     """8 GPUs in nodes of 4: GPU r links to the others of its node at B_in, α_in, to other nodes at B, α.
     Ring: 3→4 and 7→0 cross nodes, so each step is max(α + s·b/B, α_in + s·b/B_in);
     master (root 0): gather brings 3N over the node link and 4N over the network, each on its own link;
-    naive: each GPU sends 3N inside and 4N out. Planted: one link per GPU for both (loads summed) ->
-    master 7N through one side, fails; all transfers on the network link -> ring and master fail."""
+    naive: each GPU sends 3N inside and 4N out. Planted: one link per GPU for both levels (loads summed)
+    -> master 7N through the root's one side, fails; nodes ignored (every transfer on the network link)
+    -> master fails (the ring does not notice: its steps are set by the slow link anyway)."""
     b_in, a_in = 400e9, 2e-6
     net = Network(BW, ALPHA, gpus_per_node=4, intra_bandwidth=b_in, intra_latency=a_in)
     G, N, b = 8, 8 * 1000 + 5, 4
@@ -99,7 +100,7 @@ def test_itemsize_overrides_the_recorded_one():
 def test_extrapolated_trace_equals_direct_recording(name, G, N):
     """The pattern recorded at ⌊N/G⌋ = 1 and 2, extrapolated to N, equals a trace recorded at N by
     comm.simulate (the threaded simulator). Planted: linear scaling by ⌊N/G⌋ of the q = 1 recording
-    (ignoring the remainder) -> wrong sizes where G does not divide N."""
+    -> the length check's control messages grow with N and, where G does not divide N, segments are off."""
     direct = netsim._recorded(name, G, N, dry=False)
     extrapolated = collective_trace(name, G, N)
     assert extrapolated.trace() == direct.trace(), f"{name} G={G} N={N}: extrapolated trace differs"
@@ -135,3 +136,13 @@ def test_calibration_recovers_alpha_and_bandwidth_exactly(name):
 def test_unknown_collective_is_named():
     with pytest.raises(ValueError, match="unknown collective 'tree'"):
         collective_time("tree", 4, 100, NET)
+
+
+def test_large_world_and_tensor_through_the_extrapolated_pattern():
+    """G = 64 and N = 10⁹ + 7 bf16 (no such tensor is ever built): the three closed forms still hold.
+    Planted: linear scaling of the q = 1 recording (N = G + 7 elements, times q) -> master 5.59 s, not 5.04."""
+    G, N, b = 64, 10**9 + 7, 2
+    _close(collective_time("master", G, N, NET, b).total, 2 * ALPHA + 2 * (G - 1) * N * b / BW, "master G=64")
+    _close(collective_time("naive", G, N, NET, b).total, ALPHA + (G - 1) * N * b / BW, "naive G=64")
+    _close(collective_time("ring", G, N, NET, b).total, 2 * (G - 1) * (ALPHA + math.ceil(N / G) * b / BW),
+           "ring G=64")
