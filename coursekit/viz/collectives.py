@@ -12,6 +12,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Rectangle
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 PHASE_COLOURS = {"reduce-scatter": "#d1495b", "all-gather": "#2e86ab"}
 
@@ -94,14 +95,20 @@ def plot_traffic(rows: list[dict], ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.6))
     colours = {"naive": "#d1495b", "master": "#edae49", "ring": "#2e86ab"}
+    # master and ring move the same total: draw the master dashed with hollow markers so neither hides
+    styles = {"naive": ("-", "o", 6), "master": ("--", "s", 9), "ring": ("-", "o", 5)}
     for name in colours:
         mine = sorted((r for r in rows if r["algorithm"] == name), key=lambda r: r["G"])
         if not mine:
             continue
-        ax.plot([r["G"] for r in mine], [r["formula"] for r in mine], "-", color=colours[name], alpha=0.6,
-                label=f"{name}: formula")
-        ax.plot([r["G"] for r in mine], [r["measured"] for r in mine], "o", color=colours[name],
-                label=f"{name}: counted")
+        line, marker, size = styles[name]
+        label = f"{name}{' (= ring)' if name == 'master' else ''}"
+        ax.plot([r["G"] for r in mine], [r["formula"] for r in mine], line, color=colours[name], alpha=0.6,
+                label=f"{label}: formula")
+        ax.plot([r["G"] for r in mine], [r["measured"] for r in mine], marker, color=colours[name],
+                markersize=size, markerfacecolor="none" if name == "master" else colours[name],
+                label=f"{label}: counted")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # G is a whole number of GPUs
     ax.set_xlabel("G (GPUs)")
     ax.set_ylabel(f"elements moved (N = {rows[0]['N']})")
     ax.legend(fontsize=8)
@@ -123,7 +130,7 @@ def plot_rank_load(loads: dict[str, dict[int, int]], ax=None):
     ax.set_xlabel("rank")
     ax.set_ylabel("elements sent + received")
     ax.set_xticks(sorted(next(iter(loads.values()))))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars, never over them
     ax.grid(alpha=0.3, axis="y")
     return ax
 
@@ -141,11 +148,23 @@ def plot_timings(rows: list[dict], fits: dict[str, tuple[float, float]] | None =
         ax.plot(sizes, [r["seconds"] * 1e3 for r in mine], "o", color=colour, label=name)
         if fits and name in fits:
             alpha, beta = fits[name]
-            ax.plot(sizes, [(alpha + beta * b) * 1e3 for b in sizes], "-", color=colour, alpha=0.6)
+            ax.plot(sizes, [(alpha + beta * b) * 1e3 for b in sizes], "-", color=colour, alpha=0.6,
+                    label=f"{name}: fitted α + β·bytes")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
+    ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+    for axis_ticks in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+        axis_ticks(FuncFormatter(lambda value, _position: f"{value:g}"))  # 3, 10, 30 ms, not 3×10⁰
+    ax.set_xlabel("message size")
     ax.set_ylabel("median time (ms)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return ax
+
+
+def _size_label(value: float, _position=None) -> str:
+    """Axis label for a byte count: 4 KiB, 1 MiB, … (powers of two, as the sizes are)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:g} {unit}"
+    return f"{value:g} B"
