@@ -15,6 +15,10 @@ could be switched off unnoticed (issue 10, item 4):
 * ``ring_calls_dist_all_reduce``: a ring that calls ``dist.all_reduce``. Planted bug: ``only_point_to_point``
   switched off -> it earns its point. (Every check that runs the forbidden call fails with the same
   sentence: a check that credited such code would credit a cheat, so it cannot fail that check alone.)
+
+``dp_accumulation_overwrites`` (issue 12, item 8) is right with one backward per step and fails only
+``hooks_gradient_accumulation``. Planted bug: that check's body replaced by ``return 1.0`` -> seen failing
+("hooks_gradient_accumulation earned 2.0, not 0").
 """
 
 import importlib
@@ -40,7 +44,8 @@ def _load(name: str):
 
 def test_every_row_of_the_issue_has_an_attempt():
     assert {"ring_parameter_server", "ring_off_by_one_receive", "ring_wrong_owned_segment", "ring_send_before_recv",
-            "dp_average_weights", "dp_sum_not_mean", "dp_zero2_frozen", "dp_dist_all_reduce"} <= set(ATTEMPTS)
+            "dp_average_weights", "dp_sum_not_mean", "dp_zero2_frozen", "dp_dist_all_reduce",
+            "dp_accumulation_overwrites"} <= set(ATTEMPTS)
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

@@ -7,7 +7,9 @@ The learner writes two functions:
 
 * ``attach_gradient_averaging(model, group=None)``: register hooks so that,
   by the end of ``loss.backward()``, every trainable parameter's ``.grad`` is
-  the average over the ranks (built on chapter 01's ``ring_all_reduce``).
+  the average over the ranks (built on chapter 01's ``ring_all_reduce``) —
+  also with gradient accumulation (several ``loss.backward()`` before the
+  optimiser step): the hook averages the accumulated ``p.grad`` on every backward.
 * ``reduce_scatter_gradients(model, group=None) -> Tensor``: after backward,
   ZeRO-2's step: the gradients of the trainable parameters, flattened in
   ``model.parameters()`` order, reduce-scattered with chapter 01's ring; return
@@ -206,6 +208,107 @@ def hooks_traffic(submission, ctx):
     _counted_traffic(ctx, _hooks_rank, submission.attach_gradient_averaging, 3, 2, "all-reduce",
                      "nothing went through coursekit.comm during loss.backward(): register hooks "
                      "(param.register_post_accumulate_grad_hook) that call ring_all_reduce")
+
+
+def _micro_batches(inputs, targets, weight):
+    """A rank's shard as two micro-batches, each weighted by its share: the two losses add up to the shard's."""
+    parts = list(zip(inputs.tensor_split(2), targets.tensor_split(2)))
+    return [(x, y, weight * x.shape[0] / inputs.shape[0]) for x, y in parts]
+
+
+def _accumulation_rank(rank, world_size, attach, name, freeze, steps, global_batch):
+    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` before each optimiser step."""
+    model, data, make_opt = _setup(name, freeze)
+    attach(model)
+    optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
+    records, moved = [], set()
+    for step in range(steps):
+        x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
+        optimizer.zero_grad(set_to_none=True)
+        outputs, total = [], 0.0
+        for micro_x, micro_y, micro_weight in _micro_batches(x, y, weight):
+            output = model(micro_x)
+            loss = loss_fn(output, micro_y) * micro_weight
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            loss.backward()                                 # accumulates into p.grad; the hooks run each time
+            moved |= {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+            outputs.append(output.detach())
+            total += loss.item()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        optimizer.step()
+        records.append(record_step(torch.cat(outputs), total / world_size, grads, model))
+    return records, None, sorted(moved)
+
+
+@functools.lru_cache(maxsize=8)
+def _micro_batch_means(name, freeze, world_size, global_batch):
+    """Step 0's gradient of each micro-batch, averaged over the ranks (one process): the two parts of the answer."""
+    model, data, _ = _setup(name, freeze)
+    inputs, targets = data.batch(0, global_batch)
+    means = []
+    for micro in range(2):
+        model.zero_grad(set_to_none=True)
+        for rank in range(world_size):
+            x, y, weight = _micro_batches(*shard_batch(inputs, targets, rank, world_size))[micro]
+            (loss_fn(model(x), y) * weight / world_size).backward()
+        means.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+    return means
+
+
+def _accumulation_hint(case, results) -> str:
+    """Which multiples of the two micro-batches' averaged gradients the learner's step-0 gradient is, if any.
+
+    After two backward calls the gradient must be 1 × (first micro-batch's average) + 1 × (second's);
+    fitting ``got ≈ a·first + b·second`` names the usual mistakes: a = 0 (the hook replaced ``p.grad``
+    with this backward's average), a = 1/G (the first share divided twice), b = G (a sum, not a mean).
+    """
+    name, freeze, world_size, _, global_batch = case
+    first, second = _micro_batch_means(name, freeze, world_size, global_batch)
+    got = results[0][0][0]["grads"]
+    names = [n for n in first if n in got and got[n].shape == first[n].shape]
+    if len(names) != len(first):
+        return ""
+    m1, m2, g = (torch.cat([t[n].reshape(-1).double() for n in names]) for t in (first, second, got))
+    solution = torch.linalg.lstsq(torch.stack([m1, m2], 1), g.unsqueeze(1)).solution.reshape(-1)
+    a, b = solution.tolist()
+    if (torch.stack([m1, m2], 1) @ solution - g).norm() > 1e-3 * g.norm().clamp_min(1e-12):
+        return ""                                      # not a combination of the two: nothing to say
+    near = lambda value, target: abs(value - target) <= 1e-3 * max(1.0, abs(target))  # noqa: E731
+    if near(a, 1) and near(b, 1):
+        return ""
+    nice = lambda value: f"{0.0 if abs(value) < 1e-6 else value:.3g}"  # noqa: E731  (rounding noise is 0)
+    said = (f" (after the two backward calls of step 0 your gradient is {nice(a)} × the first micro-batch's "
+            f"average + {nice(b)} × the second's; expected 1 × + 1 ×")
+    if near(a, 0) and near(b, 1):
+        return (said + ": your hook replaced p.grad with the average of this backward's gradient, discarding "
+                       "what the first backward had accumulated — average the accumulated p.grad in place)")
+    if near(a, 1 / world_size) and near(b, 1):
+        return said + ": the first micro-batch's share was divided by the world size twice)"
+    if world_size > 1 and near(b, world_size):  # (a = G²: the first share summed on both backward calls)
+        return said + ": it is the *sum* over ranks: divide by the world size)"
+    return said + ")"
+
+
+@grading.check(EXERCISE, points=2, timeout=60)
+def hooks_gradient_accumulation(submission, ctx):
+    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` calls before each step, equal
+    to one process on the whole batch (G = 2, 3)."""
+    outcomes = []
+    for case in [("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12)]:
+        name, freeze, world_size, steps, global_batch = case
+        results = ctx.launch_case(_accumulation_rank, world_size, submission.attach_gradient_averaging,
+                                  name, freeze, steps, global_batch)
+        if isinstance(results, grading.CheckFailed):
+            outcomes.append(f"{_case_name(case)}, two backward calls per step: {results}")
+            continue
+        report = compare(_reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
+        if report.ok:
+            outcomes.append(None)
+            continue
+        hint = _moved_weights(results) or _accumulation_hint(case, results) or _gradient_hint(
+            report.first, world_size, guess_unaveraged=True)
+        outcomes.append(f"{_case_name(case)}, two backward calls per step: {report.first}{hint}")
+    return grading.partial_credit(outcomes)
 
 
 @grading.check(EXERCISE, points=1, hidden=True, timeout=60)

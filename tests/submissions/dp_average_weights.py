@@ -15,6 +15,7 @@ _MOVED = "your hooks changed the parameters during loss.backward()"
 LOSES = {
     "hooks_average_gradients": (0, _MOVED),
     "hooks_traffic": (0, "traffic is scored only for a right one"),
+    "hooks_gradient_accumulation": (0, _MOVED),
     "hooks_tied_frozen_uneven": (0, _MOVED),
 }
 

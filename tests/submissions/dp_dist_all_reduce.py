@@ -16,6 +16,7 @@ _RING = ("torch.distributed.all_reduce was called: this exercise asks you to use
 LOSES = {
     "hooks_average_gradients": (0, _RING),
     "hooks_traffic": (0, _RING),
+    "hooks_gradient_accumulation": (0, _RING),
     "hooks_tied_frozen_uneven": (0, _RING),
 }
 

@@ -12,6 +12,10 @@ _SUM = "(it is the *sum* over ranks: divide by the world size)"
 LOSES = {
     "hooks_average_gradients": (0, "mlp, world size 2: step 0, grad 'layers.0.weight'"),
     "hooks_traffic": (0, "traffic is scored only for a right one"),
+    # two backward calls: 4 × the first micro-batch's average + 2 × the second's on 2 ranks (summed twice, then once)
+    "hooks_gradient_accumulation": (0, ("mlp, world size 2, two backward calls per step",
+                                        "4 × the first micro-batch's average + 2 × the second's",
+                                        "it is the *sum* over ranks: divide by the world size")),
     "hooks_tied_frozen_uneven": (0, _SUM),
 }
 

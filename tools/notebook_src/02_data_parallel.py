@@ -5,14 +5,18 @@
 # END SOLUTION
 #
 # In `notebooks/02_data_parallelism.ipynb` you saw that averaging the ranks' gradients makes data
-# parallelism exactly equal to one device (**P4**, **R2**), that starting the communication *during*
-# backward hides it, and that ZeRO-2 replaces the all-reduce by a **reduce-scatter** so that each rank
-# keeps only its own slice of the gradient. Now you write both.
+# parallelism exactly equal to one device (**P4**, **R2**), that communication started *during* backward
+# and run asynchronously can hide behind it, and that ZeRO-2 replaces the all-reduce by a
+# **reduce-scatter** so that each rank keeps only its own slice of the gradient. Now you write both.
 #
 # **Part 1** `attach_gradient_averaging(model, group=None)`: register hooks so that, by the time
-# `loss.backward()` returns, every trainable parameter's `.grad` is the **average** over all ranks.
-# Each hook runs as soon as that parameter's gradient is ready, so communication starts while backward
-# is still going on.
+# `loss.backward()` returns, every trainable parameter's `.grad` is the **average** over all ranks —
+# also with gradient accumulation (several `loss.backward()` calls before `optimizer.step()`).
+# Each hook runs as soon as that parameter's gradient is ready, so its communication *starts* before
+# backward has reached the earlier layers. But chapter 01's `ring_all_reduce` is **blocking**: backward
+# waits inside the hook until the ring is done, so here communication does not overlap computation.
+# Overlap needs asynchronous work, as chapter 02's `DataParallel` does with gloo's
+# `dist.all_reduce(..., async_op=True)`, waited for at the end of backward.
 #
 # **Part 2** `reduce_scatter_gradients(model, group=None) -> Tensor`: ZeRO-2's gradient step, called
 # after `loss.backward()`. Flatten the gradients of the trainable parameters (in `model.parameters()`
@@ -28,6 +32,8 @@
 # course's equivalence harness (outputs, loss, every gradient, every parameter after each step, for
 # several world sizes, a batch that does not divide evenly, a tied and a frozen weight), and the
 # traffic is counted against its formula: 2·(G−1)·Ψ elements per step for part 1, (G−1)·Ψ for part 2.
+# Part 1 is also trained with gradient accumulation: two micro-batches per rank, two `loss.backward()`
+# calls per step, compared with one process on the whole batch.
 # From a terminal: `coursekit grade exercises/02_data_parallel.ipynb` (it grades a copy of your file).
 
 # %% tags=["parameters"]
@@ -52,6 +58,15 @@ from coursekit.verify import compare, record_step, reference_run
 # been computed in backward (`hook` must return `None`). In the hook: all-reduce `param.grad` in place
 # with the ring, then divide by the world size. Skip parameters that do not require a gradient (frozen
 # ones never get one). A tied weight is *one* parameter, so it gets one hook — nothing special to do.
+#
+# **Gradient accumulation** (a large batch as several micro-batches, one `loss.backward()` each, then
+# one `optimizer.step()`): each backward *adds* its gradient into `param.grad`, then your hook runs.
+# Average the accumulated `param.grad` in place on **every** backward: after the first, `param.grad` is
+# the average of the first micro-batch, the same on every rank, so averaging it again on the second
+# backward leaves it unchanged, and the result is the average of the sum — exactly one process on the
+# whole batch. (It costs one all-reduce per backward; DDP's `no_sync()` skips all but the last.) Do not
+# replace `param.grad` by the average of only this backward's gradient: that throws away what the
+# earlier micro-batches accumulated.
 
 # %%
 def attach_gradient_averaging(model, group=None):
@@ -106,10 +121,12 @@ except Exception as error:                  # an unfinished exercise lands here
     print(type(error).__name__, str(error).strip().splitlines()[-1])
 
 # %% [markdown]
-# Then the grader: the same comparison for 1, 2 and 3 ranks, and the traffic counted during backward.
+# Then the grader: the same comparison for 1, 2 and 3 ranks, the traffic counted during backward, and
+# gradient accumulation (two backward calls per step on 2 and 3 ranks).
 
 # %%
-check_data_parallel(attach_gradient_averaging, None, only=["hooks_average_gradients", "hooks_traffic"],
+check_data_parallel(attach_gradient_averaging, None,
+                    only=["hooks_average_gradients", "hooks_traffic", "hooks_gradient_accumulation"],
                     timeout=CHECK_TIMEOUT);
 
 # %% [markdown]
