@@ -23,6 +23,7 @@ from coursekit import Cluster, launch
 from coursekit._launcher import inbox, rank as rank_module
 from coursekit._launcher.inbox import POLL_S
 from coursekit._launcher.teardown import TEARDOWN_MAX_S
+from launch_support import wait_for_files
 
 PROMPT_S = POLL_S + TEARDOWN_MAX_S  # Ctrl-C -> KeyboardInterrupt in the caller, every rank stopped
 TIMEOUT_S = 3 * PROMPT_S            # the launches' own timeout: far later than a prompt interrupt
@@ -42,18 +43,11 @@ def sigint_to_self(sent: list) -> None:
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def wait_for_files(paths, seconds=TIMEOUT_S) -> bool:
-    deadline = time.monotonic() + seconds
-    while not all(os.path.exists(p) for p in paths):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def sigint_once_there(paths, sent: list) -> threading.Thread:
     """A thread that sends SIGINT to this process once every file in ``paths`` exists (the stage is reached)."""
-    thread = threading.Thread(target=lambda: wait_for_files(paths) and sigint_to_self(sent), daemon=True)
+    thread = threading.Thread(target=lambda: wait_for_files(paths, TIMEOUT_S) and sigint_to_self(sent), daemon=True)
     thread.start()
     return thread
 

@@ -19,6 +19,7 @@ import pytest
 
 from coursekit import Cluster
 from coursekit._launcher.rank_signals import DIES_WITH_PARENT_WITHIN_S
+from launch_support import wait_for_files
 
 ORPHAN_BOUND_S = 10 * DIES_WITH_PARENT_WITHIN_S
 STARTUP_S = 120.0  # liveness only: the ranks writing their files (spawn re-imports torch in each, ~1-2 s here)
@@ -44,13 +45,6 @@ else:
 """
 
 
-def wait_for_files(paths, seconds) -> bool:
-    deadline = time.monotonic() + seconds
-    while not all(os.path.exists(p) for p in paths):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def running(procs):

@@ -45,13 +45,15 @@ class Echo:
         return self.tails[rank].text()
 
     def _show(self, rank: int, stream: str, text: str) -> None:
-        raise NotImplementedError
+        """How one chunk a rank printed is shown: each output mode (a subclass) decides."""
+        raise NotImplementedError("Echo is abstract: use LiveEcho or OrderedEcho")
 
     def flush(self) -> None:
         """Make what was printed so far visible (called before the parent waits for more)."""
 
     def finish(self) -> None:
-        raise NotImplementedError
+        """Show what is still held back when the launch ends: each output mode (a subclass) decides."""
+        raise NotImplementedError("Echo is abstract: use LiveEcho or OrderedEcho")
 
 
 class OrderedEcho(Echo):
