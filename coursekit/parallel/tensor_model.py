@@ -1,0 +1,284 @@
+"""The course transformer, tensor-parallel; and the ``"tensor"`` and ``"dp_tp"`` strategies (seed claims P5, P8).
+
+:func:`parallelize_transformer` turns the dense ``tiny_transformer`` into its
+tensor-parallel form from the dense weights (every rank passes the same dense
+model); :func:`gather_dense` reassembles the dense tensors from the shards (for
+checking and checkpoints). Per transformer layer, forward issues 2 all-reduces
+of ``b·s·h`` elements (attention's and the MLP's **g**) and backward 2 (their
+**f**); the embedding adds one forward (its **g**), the tied head one backward
+(its **f**), and the vocabulary-parallel loss 3 of ``b·s`` forward
+(:func:`expected_counts` is that formula).
+
+    >>> def run(rank, world_size):
+    ...     tp = parallelize_transformer(tiny_transformer(seed=0), tp_axis=None)   # the whole world
+    ...     return tp.loss(x, y)                                                 # doctest: +SKIP
+
+Strategies for :func:`coursekit.train.train`:
+
+* ``"tensor"``: tensor parallelism over ``group`` (None: every rank; or ``mesh["tp"]``); every rank of the
+  group takes the whole batch.
+* ``"dp_tp"``: the data × tensor hybrid on ``Mesh({"dp": world // tp, "tp": tp})`` (option ``tp``, default 2;
+  or pass ``group=`` a :class:`coursekit.mesh.Mesh` with axes ``dp`` and ``tp``). Each data-parallel slice of
+  the batch goes to one tensor group; gradients are averaged over the ``dp`` axis only.
+
+The loop computes the loss from whole logits (``loss_fn(output, targets)``), so these strategies all-gather
+the vocabulary shards of the logits (one all-gather of ``b·s·V`` forward, none backward); a model used
+on its own computes the vocabulary-parallel loss instead (:meth:`TensorParallelTransformer.loss`).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import collectives as _collectives
+from ..mesh import Mesh, as_group
+from ..strategy import Setup, Strategy, optimizer_tensors, register
+from .data import average_gradients
+from .tensor import (CommCounts, ParallelMLP, ParallelSelfAttention, _ShardedLinear, count_communication,
+                     gather_from_parallel_region, tp_rank_size)
+from .tensor_vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
+
+__all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense",
+           "expected_counts", "TensorParallel", "DataTensorParallel"]
+
+
+class ParallelBlock(nn.Module):
+    """A pre-norm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``; the norms are replicated on every rank."""
+
+    def __init__(self, dense: nn.Module, group=None):
+        super().__init__()
+        self.ln1, self.ln2 = _copy(dense.ln1), _copy(dense.ln2)
+        self.attn = ParallelSelfAttention.from_dense(dense.attn, group)
+        self.mlp = ParallelMLP.from_dense(dense.fc, dense.out, group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+def _copy(module: nn.Module) -> nn.Module:
+    """A replicated module (a norm, the position embedding): a copy of the dense one's, whole on every rank."""
+    return copy.deepcopy(module)
+
+
+class TensorParallelTransformer(nn.Module):
+    """The course transformer with its vocabulary, heads and MLP split over the ranks of ``group``.
+
+    ``forward(idx)`` returns this rank's logits ``(b, s, V/t)``; :meth:`loss` the
+    vocabulary-parallel mean cross-entropy; :meth:`full_logits` all-gathers them.
+    """
+
+    def __init__(self, dense: nn.Module, group=None):
+        super().__init__()
+        if dense.head.weight is not dense.tok_emb.weight:
+            raise ValueError("parallelize_transformer supports the tied head of the course transformer "
+                             "(tie_weights=True): the vocabulary-parallel head reuses the embedding's rows.")
+        self.group, self.max_seq_len = group, dense.max_seq_len
+        self.vocab_size = dense.tok_emb.num_embeddings
+        self.tok_emb = VocabParallelEmbedding.from_dense(dense.tok_emb, group)
+        self.pos_emb = _copy(dense.pos_emb)
+        self.blocks = nn.ModuleList(ParallelBlock(block, group) for block in dense.blocks)
+        self.ln_f = _copy(dense.ln_f)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        seq = idx.shape[1]
+        if seq > self.max_seq_len:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}.")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(seq, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return parallel_lm_logits(self.ln_f(x), self.tok_emb.weight, self.group)
+
+    def full_logits(self, idx: torch.Tensor) -> torch.Tensor:
+        """The whole ``(b, s, V)`` logits on every rank (one all-gather; backward keeps this rank's slice)."""
+        return gather_from_parallel_region(self(idx), -1, self.group, self.vocab_size)
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy, equal to ``loss_fn(dense(idx), targets)``, without gathering the logits."""
+        return vocab_parallel_cross_entropy(self(idx), targets, self.tok_emb.vocab_start, self.group).mean()
+
+
+def parallelize_transformer(dense: nn.Module, tp_axis=None) -> TensorParallelTransformer:
+    """This rank's tensor-parallel shard of the course transformer ``dense`` (same weights on every rank).
+
+    ``tp_axis``: the tensor-parallel group (None: every rank), a process group or ``mesh["tp"]``.
+    Raises ``ValueError`` when the degree exceeds the heads, the vocabulary or the MLP width.
+    """
+    return TensorParallelTransformer(dense, as_group(tp_axis))
+
+
+def _dense_name(name: str) -> str:
+    return name.replace(".mlp.", ".")  # the dense block holds fc and out itself
+
+
+def _shard_dim(module: nn.Module, param_name: str) -> int | None:
+    """Along which dim a parameter is split, or None when every rank holds it whole."""
+    if isinstance(module, VocabParallelEmbedding):
+        return 0
+    if isinstance(module, _ShardedLinear) and (param_name == "weight" or module.shard_dim == 0):
+        return module.shard_dim
+    return None
+
+
+def gather_dense(model: TensorParallelTransformer, grads: bool = False) -> dict[str, torch.Tensor]:
+    """The dense model's tensors, named as in ``tiny_transformer``: parameters (or, with ``grads``, gradients).
+
+    Each split tensor is all-gathered over the model's group and every rank's
+    rows (or columns) put back where they came from -- for q, k and v by heads.
+    Collective: call it on every rank of the group. Not counted.
+    """
+    group = model.group
+    rank, size = tp_rank_size(group)
+    out = {}
+    for module_name, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False):
+            tensor = param.grad if grads else param.detach()
+            if tensor is None:
+                continue
+            full_name = _dense_name(f"{module_name}.{name}" if module_name else name)
+            dim = _shard_dim(module, name)
+            if dim is None or size == 1:
+                out[full_name] = tensor.clone()
+                continue
+            index = module.index
+            counts = torch.tensor([len(index)])
+            everyone = [torch.zeros_like(counts) for _ in range(size)]
+            dist.all_gather(everyone, counts, group=group)
+            widest = max(int(c) for c in everyone)
+            pad = widest - len(index)
+            padded = (torch.cat([index, index.new_zeros(pad)]),
+                      F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, pad]))
+            indices = [torch.empty_like(padded[0]) for _ in range(size)]
+            pieces = [torch.empty_like(padded[1]) for _ in range(size)]
+            dist.all_gather(indices, padded[0], group=group)
+            dist.all_gather(pieces, padded[1].contiguous(), group=group)
+            full_shape = list(tensor.shape)
+            full_shape[dim] = sum(int(c) for c in everyone)
+            full = tensor.new_empty(full_shape)
+            for n, where, piece in zip(everyone, indices, pieces):
+                full.index_copy_(dim, where[:int(n)], piece.narrow(dim, 0, int(n)))
+            out[full_name] = full
+    return out
+
+
+def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: int,
+                    vocab: int | None = None, gathered_logits: bool = False) -> CommCounts:
+    """The formula: the collectives one forward and backward of the course transformer issue at ``degree``.
+
+    Per layer 2 all-reduces of ``b·s·h`` forward and 2 backward; the embedding
+    one forward, the head one backward; then either the vocabulary-parallel
+    loss's 3 of ``b·s`` forward, or (``gathered_logits``) one all-gather of ``b·s·V``.
+    """
+    counts = CommCounts()
+    if degree == 1:
+        return counts
+    bsh = batch * seq * d_model
+    for _ in range(2 * n_layers + 1):
+        counts.add("all_reduce", "forward", bsh, 0.0)
+        counts.add("all_reduce", "backward", bsh, 0.0)
+    if gathered_logits:
+        counts.add("all_gather", "forward", batch * seq * vocab, 0.0)
+    else:
+        for _ in range(3):
+            counts.add("all_reduce", "forward", batch * seq, 0.0)
+    return counts
+
+
+# --------------------------------------------------------------------------
+# Strategies for coursekit.train.train.
+# --------------------------------------------------------------------------
+@register("tensor")
+class TensorParallel(Strategy):
+    """Megatron tensor parallelism over ``group`` (every rank of it sees the whole batch)."""
+
+    options = {}
+
+    def __init__(self, setup: Setup):
+        self.setup, self.tracer = setup, setup.tracer
+        self.tp_group, self.dp_axis = self._axes(setup)
+        self.group = self.dp_axis.group if self.dp_axis is not None else None  # the loop's data-parallel group
+        self.model = parallelize_transformer(_check_model(setup.model), self.tp_group)
+        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+        self.counts = CommCounts()
+
+    def _axes(self, setup: Setup):
+        if isinstance(setup.group, Mesh):
+            raise ValueError("strategy='tensor' takes group= the tensor-parallel axis (mesh['tp']), not a Mesh; "
+                             "for data x tensor parallelism use strategy='dp_tp'.")
+        return as_group(setup.group), None
+
+    @property
+    def data_rank(self) -> int:
+        return 0 if self.dp_axis is None else self.dp_axis.rank
+
+    @property
+    def data_size(self) -> int:
+        return 1 if self.dp_axis is None else self.dp_axis.size
+
+    def micro_batch_context(self, last: bool):
+        return count_communication(self.counts)  # forward and backward of each micro-batch
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model.full_logits(inputs)
+
+    def gradients(self):
+        return gather_dense(self.model, grads=True)
+
+    def parameters(self):
+        return gather_dense(self.model)
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        params = list(self.model.parameters())
+        return {"params": params, "grads": [p.grad for p in params if p.grad is not None],
+                "optimizer": optimizer_tensors(self.optimizer)}
+
+    def counters(self) -> dict:
+        return {**self.counts.as_dict(), "tp_comm_seconds": self.counts.seconds}
+
+
+@register("dp_tp")
+class DataTensorParallel(TensorParallel):
+    """Data × tensor parallelism on a 2-D mesh: tensor groups inside, gradients averaged over ``dp`` only."""
+
+    options = {"tp": 2, "collectives": "ring"}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+        self.elements_reduced = 0
+
+    def _axes(self, setup: Setup):
+        mesh = setup.group
+        if mesh is None:
+            world, tp = dist.get_world_size(), self.option("tp")
+            if not isinstance(tp, int) or tp < 1 or world % tp:
+                raise ValueError(f"tp={tp!r} must be a positive divisor of the world size {world} "
+                                 f"(the mesh is dp={world}//tp × tp).")
+            mesh = Mesh({"dp": world // tp, "tp": tp})
+        if not isinstance(mesh, Mesh) or set(mesh.axes) != {"dp", "tp"}:
+            raise ValueError(f"strategy='dp_tp' takes group= a Mesh with axes 'dp' and 'tp' (or None, with the "
+                             f"option tp=...), got {mesh!r}.")
+        self.mesh = mesh
+        return mesh["tp"].group, mesh["dp"]
+
+    def synchronize(self) -> None:
+        with self.span("comm", "all-reduce grads over dp"):
+            average_gradients(self.model, group=self.dp_axis, all_reduce=self.all_reduce)
+        if self.dp_axis.size > 1:
+            self.elements_reduced += sum(p.grad.numel() for p in self.model.parameters() if p.grad is not None)
+
+    def counters(self) -> dict:
+        return {**super().counters(), "elements_reduced": self.elements_reduced}
+
+
+def _check_model(model: nn.Module) -> nn.Module:
+    if not all(hasattr(model, name) for name in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
+        raise ValueError("the tensor-parallel strategies parallelize the course transformer: train(..., "
+                         "model='transformer') or a function returning tiny_transformer(...).")
+    return model
+
