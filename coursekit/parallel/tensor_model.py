@@ -125,14 +125,15 @@ def _shard_dim(module: nn.Module, param_name: str) -> int | None:
     return None
 
 
-def gather_dense(model: TensorParallelTransformer, grads: bool = False) -> dict[str, torch.Tensor]:
+def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str, torch.Tensor]:
     """The dense model's tensors, named as in ``tiny_transformer``: parameters (or, with ``grads``, gradients).
 
     Each split tensor is all-gathered over the model's group and every rank's
     rows (or columns) put back where they came from -- for q, k and v by heads.
+    Works on any module made of this chapter's layers (``group``: default ``model.group``).
     Collective: call it on every rank of the group. Not counted.
     """
-    group = model.group
+    group = as_group(group if group is not None else getattr(model, "group", None))
     rank, size = tp_rank_size(group)
     out = {}
     for module_name, module in model.named_modules():
