@@ -58,6 +58,13 @@ class Strategy:
 
     options: dict = {}  # the options this strategy reads, with their defaults
 
+    #: A strategy that runs a whole step itself sets this to a method
+    #: ``run_step(micro_batches, micro_loss) -> (output or None, local_loss)``: ``micro_batches`` is this rank's
+    #: list of ``(inputs, targets)``, ``micro_loss(output, inputs, targets)`` the loop's scaled loss of one. The loop
+    #: then calls it instead of its own forward and backward per micro-batch: a pipeline schedule interleaves the
+    #: micro-batches' forwards and backwards across ranks (:mod:`coursekit.parallel.pipeline`).
+    run_step: Callable | None = None
+
     def __init__(self, setup: Setup):
         self.setup = setup
         self.model = setup.model

@@ -132,8 +132,8 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
             loss = _global_loss(local_loss, runner)
             out["losses"].append(loss)
             if record:  # gradients after the step: optimisers do not change .grad
-                out["records"].append(record_step(torch.cat(outputs), loss, runner.gradients(),
-                                                  runner.parameters()))
+                output = torch.cat(outputs) if outputs else None  # None: this rank computes no output
+                out["records"].append(record_step(output, loss, runner.gradients(), runner.parameters()))
             out["step_times"].append(time.perf_counter() - begin)
             seen: set = set()  # bytes held right after the step, each storage once
             out["memory"] = {kind: held_bytes(tensors, seen) for kind, tensors in runner.held_tensors().items()}
@@ -158,13 +158,20 @@ def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Ten
     if any(x.shape[0] == 0 for x, _ in micro):
         raise ValueError(f"data rank {runner.data_rank} has {local_x.shape[0]} samples, fewer than micro_batches="
                          f"{micro_batches}; use a larger global batch or fewer micro-batches.")
+
+    def micro_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
+
+    if runner.run_step is not None:  # the strategy runs the whole step (a pipeline schedule)
+        output, local_loss = runner.run_step(micro, micro_loss)
+        return ([] if output is None else [output]), local_loss
     outputs, local_loss = [], 0.0
     for i, (x, y) in enumerate(micro):
         last = i == len(micro) - 1
         with runner.micro_batch_context(last):
             with runner.span("forward", f"micro {i}"):
                 out = runner.forward(x)
-                loss = loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
+                loss = micro_loss(out, x, y)
             with runner.backward_context(last), runner.span("backward", f"micro {i}"):
                 loss.backward()
         outputs.append(out.detach())

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["FlatShard", "Divergence", "Report", "TOLERANCES", "record_step", "reference_run", "compare",
+__all__ = ["FlatShard", "NamedPart", "Divergence", "Report", "TOLERANCES", "record_step", "reference_run", "compare",
            "assert_equivalent", "reassemble"]
 
 # (rtol, atol): |got - expected| <= atol * scale + rtol * |expected|, where scale
@@ -64,6 +64,19 @@ class FlatShard:
     start: int
     data: torch.Tensor
     replicated: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. frozen parameters, not sharded
+
+
+@dataclass
+class NamedPart:
+    """The named tensors this rank holds when each rank holds *some* of the model (model and pipeline
+    parallelism: the layers of its stages).
+
+    Every tensor of the reference must be held by at least one rank; one held by several (the tied
+    embedding of the first and the last stage) is checked on each. Only ranks that computed an output
+    (the last stage) record one; the others record ``None``.
+    """
+
+    tensors: dict[str, torch.Tensor]
 
 
 def reassemble(shards: list[FlatShard]) -> dict[str, torch.Tensor]:
@@ -114,6 +127,8 @@ def record_step(output: torch.Tensor | None, loss: float | torch.Tensor, grads: 
     a ``{name: tensor}`` dict, or a :class:`FlatShard`.
     """
     def as_record(value, attribute):
+        if isinstance(value, NamedPart):
+            return NamedPart({name: t.detach().clone() for name, t in value.tensors.items()})
         if isinstance(value, FlatShard):
             return FlatShard(value.layout, value.start, value.data.detach().clone(),
                              {k: v.detach().clone() for k, v in value.replicated.items()})
@@ -253,7 +268,11 @@ def compare(reference: list[dict], ranks: list[list[dict]], rtol: float | None =
     for step, ref in enumerate(reference):
         here = [records[step] for records in ranks]
         if check_output and ref["output"] is not None:
-            _compare_output(report, step, ref["output"], [rec["output"] for rec in here], rtol, atol, output_dim)
+            holders = list(range(len(here)))
+            if isinstance(here[0]["grads"], NamedPart):  # only the stages that compute the output hold it
+                holders = [r for r, rec in enumerate(here) if rec["output"] is not None] or holders
+            _compare_output(report, step, ref["output"], [here[r]["output"] for r in holders], rtol, atol, output_dim,
+                            holders)
         _compare_loss(report, step, ref["loss"], [rec["loss"] for rec in here], rtol, atol)
         for kind, key in (("grad", "grads"), ("param", "params")):
             _compare_tensors(report, step, kind, ref[key], [rec[key] for rec in here], rtol, atol)
@@ -267,8 +286,8 @@ def _note(report: Report, step: int, kind: str, tensors: int, worst: float, ok: 
 
 
 def _compare_output(report: Report, step: int, expected: torch.Tensor, parts: list, rtol, atol,
-                    output_dim: int) -> None:
-    """The forward output: the ranks' parts, concatenated in rank order."""
+                    output_dim: int, ranks: list[int] | None = None) -> None:
+    """The forward output: the ranks' parts (of ``ranks``, default all), concatenated in rank order."""
     if any(p is None for p in parts):
         report.divergences.append(Divergence(step, "missing", "", -1, float("inf"),
                                              tolerance="a rank recorded no output"))
@@ -284,6 +303,7 @@ def _compare_output(report: Report, step: int, expected: torch.Tensor, parts: li
                 if row < acc + size:
                     break
                 acc += size
+            rank = rank if ranks is None else ranks[rank]
         report.divergences.append(Divergence(step, "output", "", rank, *bad))
     _note(report, step, "output", 1, _max_diff(expected, got), bad is None)
 
@@ -305,6 +325,9 @@ def _compare_loss(report: Report, step: int, expected_loss: float, losses: list[
 def _compare_tensors(report: Report, step: int, kind: str, expected_tensors: dict, records: list, rtol,
                      atol) -> None:
     """Gradients or parameters: every rank's own, or shards reassembled (:class:`FlatShard`)."""
+    if isinstance(records[0], NamedPart):
+        _compare_parts(report, step, kind, expected_tensors, records, rtol, atol)
+        return
     sharded = isinstance(records[0], FlatShard)
     gathered, whole = records, {}
     if sharded:
@@ -335,6 +358,26 @@ def _compare_tensors(report: Report, step: int, kind: str, expected_tensors: dic
                     rank = _owner(records, records[0].layout, name, flat_index)
                 report.divergences.append(Divergence(step, kind, name, rank, *bad))
                 break  # one divergence per tensor is enough
+    _note(report, step, kind, len(expected_tensors), worst, ok)
+
+
+def _compare_parts(report: Report, step: int, kind: str, expected_tensors: dict, records: list[NamedPart], rtol,
+                   atol) -> None:
+    """Each reference tensor on every rank that holds it (:class:`NamedPart`); held by none: missing."""
+    worst, ok = 0.0, True
+    for name, expected in expected_tensors.items():
+        holders = [(rank, rec.tensors[name]) for rank, rec in enumerate(records) if name in rec.tensors]
+        if not holders:
+            ok = False
+            report.divergences.append(Divergence(step, "missing", name, -1, float("inf"),
+                                                 tolerance=f"{kind} of {name!r} held by no rank"))
+        for rank, got in holders:
+            worst = max(worst, _max_diff(expected, got))
+            bad = _check(expected, got, rtol, atol)
+            if bad:
+                ok = False
+                report.divergences.append(Divergence(step, kind, name, rank, *bad))
+                break
     _note(report, step, kind, len(expected_tensors), worst, ok)
 
 

@@ -1,0 +1,217 @@
+"""Pipeline parallelism: one executor that runs any valid schedule (:mod:`coursekit.parallel.schedules`).
+
+Model parallelism (:mod:`coursekit.parallel.model`) is a chain: one rank computes while the others wait.
+Pipelining (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021) cuts the batch into ``m`` micro-batches
+so that while stage 1 works on micro-batch 0, stage 0 already starts micro-batch 1 (seed claim P7). *Which*
+rank does *what* and *when* is the schedule -- plain data, a list of actions per rank -- and this module
+only carries it out, action by action:
+
+* ``F(s, i)``: forward of micro-batch ``i`` through stage ``s`` (its input: the batch on stage 0, else what
+  ``RECV_F`` received or, when stage ``s-1`` is on this rank too, its output). On the last stage it also
+  computes the micro-batch's loss, scaled as the training loop does (the sum over micro-batches is the
+  loss of the whole batch), so the gradients *accumulate* to exactly one process's.
+* ``B(s, i)``: backward of stage ``s``. When the schedule also has ``W`` actions (zero bubble, Qi et al.
+  2023) the backward is split: ``B`` computes only the gradient of the stage's *input* --
+  ``torch.autograd.grad(output, input, grad, retain_graph=True)`` -- which the previous stage waits for,
+  and ``W(s, i)`` later computes the *weight* gradients (``torch.autograd.grad(output, weights, grad)``,
+  added into ``.grad``). Here W runs autograd from the stage output again, so it redoes the
+  activation-gradient work B did; real implementations (torch's ``stage_backward_weight``) keep B's
+  intermediate gradients and compute only the weight GEMMs ``dW = Xᵀ·dY``.
+* ``SEND_F``/``SEND_B``: :func:`coursekit.comm.isend` (non-blocking; all waited at the end of the step);
+  ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv`. Messages between two ranks match in order.
+
+Every action is a span on the shared clock (``F3@s1`` of kind ``forward``, ``B``/``W`` of kind ``backward``,
+receives as ``idle``), so the measured Gantt chart can be drawn under the planned one. Memory is measured,
+not assumed: every tensor autograd saves during ``F(s, i)`` (parameters and the batch itself excluded) is
+watched through a weak reference, so a micro-batch counts as *held* until its saved tensors are really
+freed -- the activations GPipe keeps for all ``m`` micro-batches and 1F1B for at most ``min(p - r, m)``.
+
+    >>> train(rank, world_size, "pipeline", model="transformer", micro_batches=4, schedule="1f1b")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+from ..strategy import Setup, register
+from .model import Channel, StagedStrategy, broadcast_loss, sum_tied_gradients
+from .schedules import Schedule, make_schedule, validate
+
+__all__ = ["ExecutorStats", "execute", "PipelineParallel"]
+
+
+@dataclass
+class ExecutorStats:
+    """What one step of the executor measured on this rank."""
+
+    actions: int = 0
+    peak_in_flight: int = 0            # most micro-batch-stage pairs whose saved activations were alive at once
+    peak_activation_bytes: int = 0     # bytes of those saved tensors at that moment (each storage once)
+    activation_bytes: dict = field(default_factory=dict)   # (stage, micro-batch) -> bytes saved by its F
+
+
+class _SavedTensors:
+    """Weak references to the tensors autograd saves for backward, by (stage, micro-batch)."""
+
+    def __init__(self, exclude: set[int]):
+        self.exclude = exclude       # storages not to count: parameters, the batch
+        self.refs: dict[tuple[int, int], list] = {}
+        self.current: tuple[int, int] | None = None
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in self.exclude:
+            self.refs.setdefault(self.current, []).append((weakref.ref(t), ptr, t.untyped_storage().nbytes()))
+        return t
+
+    def alive(self) -> dict[tuple[int, int], int]:
+        """Bytes still held per (stage, micro-batch), each storage once; forgets what was freed."""
+        out, seen = {}, set()
+        for key in list(self.refs):
+            live = [(ref, ptr, nbytes) for ref, ptr, nbytes in self.refs[key] if ref() is not None]
+            if live:
+                self.refs[key] = live
+                out[key] = sum(nbytes for _, ptr, nbytes in live if not (ptr in seen or seen.add(ptr)))
+            else:
+                del self.refs[key]
+        return out
+
+
+def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_batches, micro_loss,
+            channel: Channel, tracer=None, check: bool = True) -> tuple[list[torch.Tensor], float, ExecutorStats]:
+    """Run ``schedule.actions[rank]`` in order; return the last stage's outputs, the loss summed, the stats.
+
+    ``stages`` maps each global stage this rank holds to its module; ``micro_batches`` is the list of
+    ``(inputs, targets)``; ``micro_loss(output, inputs, targets)`` the scaled loss of one. Gradients
+    accumulate into the stages' ``.grad`` (call ``zero_grad`` between steps).
+    """
+    if check:
+        validate(schedule)
+    p, last, split = schedule.n_ranks, schedule.n_stages - 1, schedule.split_backward
+    owner = schedule.stage_owner
+    key = [tuple(x.shape) for x, _ in micro_batches]  # both ends of a link know a micro-batch's shape
+    exclude = {p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()}
+    exclude |= {t.untyped_storage().data_ptr() for batch in micro_batches for t in batch}
+    saved, stats = _SavedTensors(exclude), ExecutorStats()
+    inputs, outputs, received, grads, to_send, for_w = {}, {}, {}, {}, {}, {}
+    results, loss_sum = {}, 0.0
+    for action in schedule.actions[rank]:
+        op, s, i = action.op, action.stage, action.micro_batch
+        name = str(action)
+        if op == "F":
+            if s == 0:
+                x = micro_batches[i][0]
+            else:  # from RECV_F, or this rank's own stage s-1: a new leaf either way, so stages backward apart
+                x = (received.pop((s, i)) if owner(s - 1) != rank else outputs[(s - 1, i)].detach())
+                x.requires_grad_(True)
+            saved.current = (s, i)
+            with _span(tracer, "forward", name), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
+                out = stages[s](x)
+                if s == last:
+                    results[i] = out.detach()
+                    out = micro_loss(out, *micro_batches[i])
+                    loss_sum += out.item()
+            inputs[(s, i)], outputs[(s, i)] = x, out
+            held = saved.alive()
+            stats.activation_bytes[(s, i)] = held.get((s, i), 0)
+            if len(held) > stats.peak_in_flight or (len(held) == stats.peak_in_flight
+                                                     and sum(held.values()) > stats.peak_activation_bytes):
+                stats.peak_in_flight, stats.peak_activation_bytes = len(held), sum(held.values())
+        elif op == "B":
+            x, out = inputs.pop((s, i)), outputs[(s, i)]
+            grad = None if s == last else grads.pop((s, i))
+            with _span(tracer, "backward", name):
+                if split:  # the input gradient only; the graph stays for W
+                    dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0] if x.requires_grad else None
+                    for_w[(s, i)] = (out, grad)
+                else:      # input and weight gradients; the graph (and its saved activations) is freed
+                    torch.autograd.backward(out, grad)
+                    dx = x.grad if x.requires_grad else None
+                    del outputs[(s, i)]
+            if s > 0 and owner(s - 1) == rank:
+                grads[(s - 1, i)] = dx           # this rank's stage s-1 carries on from here
+            elif s > 0:
+                to_send[(s, i)] = dx             # for SEND_B
+        elif op == "W":
+            out, grad = for_w.pop((s, i))
+            weights = [w for w in stages[s].parameters() if w.requires_grad]
+            with _span(tracer, "backward", name):
+                for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True)):
+                    if g is not None:
+                        w.grad = g if w.grad is None else w.grad.add_(g)
+            del outputs[(s, i)]
+        elif op == "SEND_F":
+            with _span(tracer, "comm", name):
+                channel.isend(outputs[(s, i)].detach(), owner(s + 1), key=(s, key[i]))
+        elif op == "SEND_B":
+            with _span(tracer, "comm", name):
+                channel.isend(to_send.pop((s, i)), owner(s - 1))
+        elif op == "RECV_F":
+            received[(s, i)] = channel.recv(owner(s - 1), (s - 1, key[i]), name=name)
+        elif op == "RECV_B":
+            grads[(s, i)] = channel.recv(owner(s + 1), None, like=outputs[(s, i)], name=name)
+        else:
+            raise ValueError(f"rank {rank}: unknown action {action}")
+        stats.actions += 1
+        if op.startswith("SEND"):
+            channel.prune()
+    channel.wait()
+    outs = [results[i] for i in sorted(results)]
+    return outs, loss_sum, stats
+
+
+def _span(tracer, kind: str, name: str):
+    return nullcontext() if tracer is None else tracer.span(kind, name)
+
+
+@register("pipeline")
+class PipelineParallel(StagedStrategy):
+    """Stages ``r, r+p, ...`` on rank ``r``; each step runs one schedule over the loop's micro-batches.
+
+    Options: ``schedule`` -- ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zb_h1"`` or a
+    :class:`~coursekit.parallel.schedules.Schedule` of your own (validated before it runs);
+    ``stages_per_rank`` (v, for ``"interleaved"``); ``partition_by`` / ``layers_per_stage`` as ``"model"``.
+    The loop's ``micro_batches`` is m.
+    """
+
+    options = {**StagedStrategy.options, "schedule": "1f1b", "stages_per_rank": 1}
+
+    def __init__(self, setup: Setup):
+        schedule = setup.options.get("schedule", "1f1b")
+        v = schedule.stages_per_rank if isinstance(schedule, Schedule) else setup.options.get("stages_per_rank", 1)
+        super().__init__(setup, stages_per_rank=v)
+        self.v, self._schedules, self.stats = v, {}, []
+
+    def schedule_for(self, m: int) -> Schedule:
+        if m not in self._schedules:
+            choice = self.option("schedule")
+            if isinstance(choice, Schedule):
+                if (choice.n_ranks, choice.n_micro_batches) != (self.size, m):
+                    raise ValueError(f"schedule {choice.name!r} is for p={choice.n_ranks}, m={choice.n_micro_batches}; "
+                                     f"this run has p={self.size} ranks and m={m} micro-batches.")
+                validate(choice)
+            else:
+                choice = make_schedule(choice, self.size, m, self.v)
+            self._schedules[m] = choice
+        return self._schedules[m]
+
+    def run_step(self, micro_batches, micro_loss):
+        schedule = self.schedule_for(len(micro_batches))
+        outs, total, stats = execute(schedule, self.rank, self.mine, micro_batches, micro_loss, self.channel,
+                                     self.tracer, check=False)
+        self.stats.append(stats)
+        sum_tied_gradients(self.tied, owner=schedule.stage_owner, group=self.group)
+        loss = broadcast_loss(total, src=schedule.stage_owner(schedule.n_stages - 1), group=self.group)
+        return (torch.cat(outs) if outs else None), loss
+
+    def counters(self) -> dict:
+        return {"peak_in_flight": max((s.peak_in_flight for s in self.stats), default=0),
+                "peak_activation_bytes": max((s.peak_activation_bytes for s in self.stats), default=0),
+                "activation_bytes": self.stats[-1].activation_bytes if self.stats else {},
+                "actions_per_step": self.stats[-1].actions if self.stats else 0}
+
