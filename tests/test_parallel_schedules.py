@@ -7,6 +7,7 @@ Each test names, in its docstring, the bug planted by hand to see it fail.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from fractions import Fraction
 from types import SimpleNamespace
@@ -20,21 +21,28 @@ from coursekit.parallel.schedules import (SCHEDULES, Action, Schedule, ScheduleE
 P_RANGE, M_RANGE = range(1, 7), range(1, 9)
 
 
-def all_schedules():
+@functools.cache
+def all_schedules() -> list[tuple[str, int, int, int, Schedule]]:
     """Every (name, p, m, v) the generators accept for p <= 6, m <= 8, v <= 3."""
+    found = []
     for name in SCHEDULES:
         for p in P_RANGE:
             for m in M_RANGE:
                 for v in ((1, 2, 3) if name == "interleaved" else (1,)):
                     try:
-                        yield name, p, m, v, make_schedule(name, p, m, v)
+                        found.append((name, p, m, v, make_schedule(name, p, m, v)))
                     except ValueError:
                         continue
+    return found
+
+
+@functools.cache
+def planned(name: str, p: int, m: int, v: int):
+    return plan(make_schedule(name, p, m, v))
 
 
 def test_every_generated_schedule_validates_and_covers_the_cases_asked_for():
-    """Planted bug: RECVs placed right before their consumer, ignoring the sender's order (add_communication):
-    interleaved p=2 fails with 'the 3rd message from rank 0 is SEND_B0@s2, but the 3rd receive ... is RECV_F2@s1'."""
+    """Planted bug: add_communication sending no gradient from stage 1 (``a.stage > 1``): ScheduleError."""
     seen = set()
     for name, p, m, v, schedule in all_schedules():
         validate(schedule)
@@ -57,18 +65,18 @@ def test_1f1b_by_hand_p2_m3():
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_planned_bubble_equals_the_papers_formula(name):
-    """Planted bugs, each seen failing: ZB-H1 with W right after every B (``k >= 0``): 'zb_h1 p=2 m=2: 1/4 != 1/5';
-    interleaved warm-up (v−1)·round + (p−1−r): '1/4 != 1/5' at p=2 m=2 v=2; plan charging an unsplit B only T_B."""
+    """Planted bugs, each seen failing: ZB-H1 with W right after every B (``k >= 0``): 'zb_h1 p=2 m=2 v=1: 1/4 !=
+    1/7'; interleaved backward chunks in forward order (``reverse=False``)."""
     for n, p, m, v, schedule in all_schedules():
         if n == name:
-            got, want = plan(schedule).bubble_fraction, bubble_formula(name, p, m, v)
+            got, want = planned(name, p, m, v).bubble_fraction, bubble_formula(name, p, m, v)
             assert isinstance(got, Fraction) and got == want, f"{name} p={p} m={m} v={v}: {got} != {want}"
 
 
 @pytest.mark.parametrize("times", [{"F": 1, "B": 2, "W": 1}, {"F": 3, "B": 2, "W": 2}, {"F": 2, "B": 3, "W": 1}])
 def test_bubble_with_other_times(times):
-    """GPipe/1F1B for any times; ZB-H1 whenever T_W <= min(T_F, T_B). Planted bug: ZB-H1's deferred W's
-    placed before the last B (cool-down): 'p=2 m=2: 1/5 != 1/7'-style mismatch."""
+    """GPipe/1F1B for any times; ZB-H1 whenever T_W <= min(T_F, T_B). Planted bug: plan ignoring ``times``
+    (default units): ZB-H1 '(2, 2): 1/7 == 1/5' (GPipe's and 1F1B's fractions do not depend on the times)."""
     for name in ("gpipe", "1f1b"):
         for p in P_RANGE:
             for m in M_RANGE:
@@ -80,18 +88,18 @@ def test_bubble_with_other_times(times):
 
 def test_zero_bubble_idles_a_third_of_1f1b():
     """Qi et al.: with T_F = T_B = T_W, ZB-H1's bubble is (p−1) units against 1F1B's 3(p−1) (B+W = 3 after F).
-    Planted bug: plan charging an unsplit B T_B only (1F1B makespan 2(m+p−1), not 3(m+p−1))."""
+    Planted bug: plan charging an unsplit B T_B only: '1F1B p=1 m=1: 2 == 3'."""
     for p in range(1, 7):
         for m in range(p, 9):
-            assert plan(one_f_one_b(p, m)).makespan == 3 * m + 3 * (p - 1)
-            assert plan(zb_h1(p, m)).makespan == 3 * m + (p - 1)
+            assert plan(one_f_one_b(p, m)).makespan == 3 * m + 3 * (p - 1), f"1F1B p={p} m={m}"
+            assert plan(zb_h1(p, m)).makespan == 3 * m + (p - 1), f"ZB-H1 p={p} m={m}"
 
 
 def test_plan_respects_every_dependency_and_runs_one_thing_at_a_time():
-    """Checked from the spans alone. Planted bug: plan not waiting at a RECV (``clock = issued``  dropped):
-    'interleaved p=2 m=2 v=1: F0@s1 starts at 0 before F0@s0 ends at 1'."""
+    """Checked from the spans alone. Planted bug: plan not waiting at a RECV (the ``max`` with the send time
+    dropped): 'gpipe p=2 m=1 v=1: B0@s0 starts at 1 before B0@s1 ends at 3'."""
     for name, p, m, v, schedule in all_schedules():
-        spans = plan(schedule).spans
+        spans = planned(name, p, m, v).spans
         when = {a: (start, end) for rank in spans for a, start, end in rank}
         last = schedule.n_stages - 1
         for a, (start, end) in when.items():
@@ -110,11 +118,12 @@ def test_plan_respects_every_dependency_and_runs_one_thing_at_a_time():
 @pytest.mark.parametrize("name", sorted(SCHEDULES))
 def test_peak_activations_equal_the_formula(name):
     """GPipe m, 1F1B and ZB-H1 min(p−r, m), interleaved from Megatron-LM's warm-up count. Planted bugs:
-    1F1B warm-up p−r: '1f1b p=2 m=3: [3, 1] != [2, 1]'; GPipe backwards interleaved with forwards."""
+    1F1B warm-up p−r: '1f1b p=1 m=2 v=1: [2] == [1]'; interleaved warm-up (v−1)·round + (p−1−r) (its bubble
+    still meets the formula: only this test catches it); GPipe given 1F1B's order."""
     for n, p, m, v, schedule in all_schedules():
         if n == name:
             want = [peak_activations_formula(name, p, m, r, v) for r in range(p)]
-            assert plan(schedule).peak_activations == want, f"{name} p={p} m={m} v={v}"
+            assert planned(name, p, m, v).peak_activations == want, f"{name} p={p} m={m} v={v}"
 
 
 def test_1f1b_holds_p_micro_batches_where_gpipe_holds_m():
@@ -193,7 +202,7 @@ def drop(x: str):
 
 
 def test_rejects_a_micro_batch_that_does_not_exist():
-    """Planted bug: the micro-batch range check removed -> 'missing: ... F1@s1' instead of the real cause."""
+    """Planted bug: the micro-batch range check removed -> (1, 'F1@s1', 'missing: ...'): a symptom, not the cause."""
     bad = edit(one_f_one_b(2, 2), 1, lambda names, acts: [A("F2@s1") if n == "F1@s1" else a
                                                           for n, a in zip(names, acts)])
     e = rejected(bad)
@@ -201,7 +210,7 @@ def test_rejects_a_micro_batch_that_does_not_exist():
 
 
 def test_rejects_a_stage_on_the_wrong_rank():
-    """Planted bug: the owner check removed -> 'F0@s1 appears twice' (names a symptom, not the rank)."""
+    """Planted bug: the owner check removed -> blamed on rank 1's own F0@s1 ('appears twice'), not rank 0."""
     bad = edit(gpipe(2, 1), 0, lambda names, acts: [A("F0@s1") if n == "F0@s0" else a for n, a in zip(names, acts)])
     e = rejected(bad)
     assert (e.rank, str(e.action)) == (0, "F0@s1")
@@ -209,7 +218,7 @@ def test_rejects_a_stage_on_the_wrong_rank():
 
 
 def test_rejects_a_forward_before_its_input_arrives():
-    """Swap RECV_F and F. Planted bug: the local-order pass skipped -> caught only later, as something else."""
+    """Swap RECV_F and F. Planted bug: the local-order pass skipped -> DID NOT RAISE."""
     e = rejected(edit(one_f_one_b(2, 2), 1, swap("RECV_F0@s1", "F0@s1")))
     assert (e.rank, str(e.action)) == (1, "F0@s1")
     assert e.reason == "F0@s1 needs its input, but RECV_F0@s1 comes later on rank 1: put RECV_F0@s1 before F0@s1"
@@ -224,21 +233,21 @@ def test_rejects_a_dropped_receive():
 
 
 def test_rejects_a_backward_before_its_forward():
-    """Planted bug: B's dependency on its own F left out of _inputs -> validates, and the executor would crash."""
+    """Planted bug: B's dependency on its own F left out of _inputs -> DID NOT RAISE."""
     e = rejected(edit(one_f_one_b(2, 2), 1, swap("F0@s1", "B0@s1")))
     assert (e.rank, str(e.action)) == (1, "B0@s1")
     assert e.reason == "B0@s1 needs its forward, but F0@s1 comes later on rank 1: put F0@s1 before B0@s1"
 
 
 def test_rejects_a_weight_gradient_before_its_backward():
-    """Planted bug: W's dependency left out -> DID NOT RAISE."""
+    """Planted bug: W's dependency left out of _inputs -> blamed on SEND_B0@s1, not W0@s1."""
     e = rejected(edit(zb_h1(2, 2), 1, swap("B0@s1", "W0@s1")))
     assert (e.rank, str(e.action)) == (1, "W0@s1")
     assert e.reason == "W0@s1 needs its B, but B0@s1 comes later on rank 1: put B0@s1 before W0@s1"
 
 
 def test_rejects_a_missing_and_a_repeated_compute_action():
-    """Planted bug: completeness pass skipped -> the missing B is not noticed at all (DID NOT RAISE)."""
+    """Planted bug: completeness pass skipped -> blamed on SEND_B1@s1 ('needs what it sends'), not the missing B."""
     e = rejected(edit(one_f_one_b(2, 2), 1, drop("B1@s1")))
     assert (e.rank, str(e.action), e.reason) == (1, "B1@s1", "missing: every (stage, micro-batch) needs one B")
     e = rejected(edit(zb_h1(2, 2), 0, drop("W1@s0")))
@@ -279,15 +288,26 @@ def test_rejects_a_deadlock_naming_every_stuck_rank():
 
 
 def test_rejects_a_message_to_a_stage_that_does_not_exist():
-    """The last stage has nobody to send its output to. Planted bug: the peer range check removed ->
-    KeyError/None unpacking inside the validator instead of a sentence."""
+    """The last stage has nobody to send its output to. Planted bug: the peer range check removed -> 'rank 0
+    receives 1 message from rank 1, ... add RECV_F0@s2 on rank 0' (a stage 2 that does not exist)."""
     e = rejected(edit(gpipe(2, 1), 1, lambda names, acts: acts + [A("SEND_F0@s1")]))
     assert (e.rank, str(e.action)) == (1, "SEND_F0@s1")
     assert e.reason == "stage 1 is the last stage: there is no stage 2 to talk to; remove it"
 
 
+def test_add_communication_orders_receives_as_the_sender_sends():
+    """Rank 1 runs micro-batch 1 first, rank 0 sends 0 first: both RECVs must come before F1 (in order 0, 1).
+    Planted bug: each RECV right before its consumer (``at = need[recv]``): 'the 1st message from rank 0 is
+    SEND_F0@s0, but the 1st receive from rank 0 here is RECV_F1@s1'."""
+    compute = [[A(x) for x in "F0@s0 F1@s0 B0@s0 B1@s0".split()], [A(x) for x in "F1@s1 F0@s1 B0@s1 B1@s1".split()]]
+    s = add_communication(Schedule("mine", 2, 2, 1, compute))
+    validate(s)
+    assert [str(a) for a in s.actions[1][:4]] == ["RECV_F0@s1", "RECV_F1@s1", "F1@s1", "F0@s1"]
+
+
 def test_add_communication_keeps_a_learners_compute_order():
-    """Planted bug: RECV_B placed after the B that needs it -> 'B0@s0 needs its output gradient'."""
+    """Planted bug: RECVs placed after the action that needs them -> ScheduleError 'B0@s0 needs its output
+    gradient, but RECV_B0@s0 comes later on rank 0'."""
     compute = [[A(x) for x in "F0@s0 F1@s0 B0@s0 B1@s0".split()], [A(x) for x in "F0@s1 B0@s1 F1@s1 B1@s1".split()]]
     s = add_communication(Schedule("mine", 2, 2, 1, compute))
     validate(s)

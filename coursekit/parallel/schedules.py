@@ -298,6 +298,10 @@ def _inputs(schedule: Schedule, a: Action) -> list[tuple[Action, str]]:
 
 
 # ----------------------------------------------------------------------------- validation
+def _count(k: int) -> str:
+    return f"{k} message{'' if k == 1 else 's'}"
+
+
 def _ordinal(k: int) -> str:
     return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
 
@@ -382,12 +386,12 @@ def _check_pairs(schedule: Schedule) -> None:
                                     f"ranks match in order): receive {expected} here, or reorder rank {src}'s sends")
         if len(sends) > len(recvs):
             send, expected = sends[len(recvs)]
-            raise ScheduleError(src, send, f"rank {dst} receives {len(recvs)} messages from rank {src}, this is "
+            raise ScheduleError(src, send, f"rank {dst} receives {_count(len(recvs))} from rank {src}, this is "
                                 f"the {_ordinal(len(recvs) + 1)} send to it: add {expected} on rank {dst}, or "
                                 "remove this send")
         if len(recvs) > len(sends):
             recv = recvs[len(sends)]
-            raise ScheduleError(dst, recv, f"rank {src} sends {len(sends)} messages here, this is the "
+            raise ScheduleError(dst, recv, f"rank {src} sends {_count(len(sends))} here, this is the "
                                 f"{_ordinal(len(sends) + 1)} receive from it: add the matching send on rank {src}, "
                                 "or remove this receive")
 
