@@ -28,8 +28,8 @@ import torch
 
 from .collectives import owned_segment, segment_bounds
 
-__all__ = ["PRECISIONS", "held_bytes", "formula_bytes", "expected_held_bytes", "comm_elements",
-           "max_parameters"]
+__all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "expected_held_bytes", "shard_elements",
+           "peak_held_bytes", "comm_elements", "max_parameters"]
 
 # bytes per parameter: (parameters, gradients, optimiser state)
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
@@ -59,6 +59,36 @@ def held_bytes(tensors: list[torch.Tensor], seen: set | None = None) -> int:
     return total
 
 
+class PeakMemory:
+    """The most bytes held at any moment it was shown, by kind and in total.
+
+    Memory that matters is the *peak*: plain data parallelism holds every
+    gradient at the end of backward and may free them after the step, so a
+    snapshot after the step can flatter a strategy. Call :meth:`note` at every
+    moment something is about to be freed (the end of backward, inside a hook
+    just before a bucket is dropped, after the optimiser step); ``by_kind``
+    keeps each kind's maximum, ``total`` the maximum of the sum at one moment.
+
+        >>> peak = PeakMemory()
+        >>> _ = peak.note({"grads": [torch.zeros(10)]}); _ = peak.note({"grads": []})
+        >>> peak.by_kind, peak.total
+        ({'grads': 40}, 40)
+    """
+
+    def __init__(self):
+        self.by_kind: dict[str, int] = {}
+        self.total = 0
+
+    def note(self, held: dict[str, list[torch.Tensor]]) -> dict[str, int]:
+        """Measure ``held`` now (each storage once, as :func:`held_bytes`), keep the maxima, return the bytes."""
+        seen: set = set()
+        now = {kind: held_bytes(tensors, seen) for kind, tensors in held.items()}
+        for kind, nbytes in now.items():
+            self.by_kind[kind] = max(self.by_kind.get(kind, 0), nbytes)
+        self.total = max(self.total, sum(now.values()))
+        return now
+
+
 def _check(stage: int, world_size: int, precision: str) -> tuple[int, int, int]:
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0 (plain data parallelism), 1, 2 or 3 (got {stage!r}).")
@@ -85,21 +115,65 @@ def formula_bytes(psi: float, world_size: int = 1, stage: int = 0, precision: st
     return {"params": share(p, stage >= 3), "grads": share(g, stage >= 2), "optimizer": share(k, stage >= 1)}
 
 
-def expected_held_bytes(numel: int, n_tensors: int, world_size: int, rank: int, stage: int) -> dict[str, int]:
-    """Exactly what :func:`coursekit.parallel.data.train` should measure on ``rank`` with fp32 Adam.
+def shard_elements(numel: int, world_size: int, rank: int, bucket_sizes: list[int] | None = None) -> list[int]:
+    """How many elements of each bucket ``rank`` keeps under ZeRO: its ring segment of every bucket.
 
-    The formula's terms, with the real segment size (the ring's split: segments
-    differ by at most one element) and the one thing the formula leaves out:
-    ``torch.optim.Adam`` keeps a 4-byte ``step`` counter per parameter tensor
-    (``n_tensors`` of them for plain DP; one, for the flat segment, under ZeRO).
+    ZeRO reduce-scatters bucket by bucket, so a rank's shard is one segment per
+    bucket (one bucket of ``numel`` elements by default).
+
+        >>> shard_elements(10, 4, 0), shard_elements(10, 4, 0, [6, 4])
+        ([3], [2, 1])
     """
-    start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
-    mine = stop - start
+    sizes = [numel] if bucket_sizes is None else list(bucket_sizes)
+    if sum(sizes) != numel:
+        raise ValueError(f"bucket sizes {sizes} add up to {sum(sizes)}, not numel={numel}.")
+    out = []
+    for size in sizes:
+        start, stop = segment_bounds(size, world_size)[owned_segment(rank, world_size)]
+        out.append(stop - start)
+    return out
+
+
+def expected_held_bytes(numel: int, n_tensors: int, world_size: int, rank: int, stage: int,
+                        bucket_sizes: list[int] | None = None) -> dict[str, int]:
+    """Exactly what :func:`coursekit.train.train` should measure on ``rank`` right after a step with fp32 Adam.
+
+    The formula's terms, with the real segment sizes (the ring's split: segments
+    differ by at most one element; one segment per bucket, see
+    :func:`shard_elements`) and the one thing the formula leaves out:
+    ``torch.optim.Adam`` keeps a 4-byte ``step`` counter per parameter tensor
+    (``n_tensors`` of them for plain DP; one per non-empty segment under ZeRO).
+    """
+    pieces = shard_elements(numel, world_size, rank, bucket_sizes)
+    mine = sum(pieces)
     if stage == 0:
         return {"params": 4 * numel, "grads": 4 * numel, "optimizer": 8 * numel + 4 * n_tensors}
     return {"params": 4 * (mine if stage >= 3 else numel),
             "grads": 4 * (mine if stage >= 2 else numel),
-            "optimizer": 8 * mine + 4}
+            "optimizer": 8 * mine + 4 * sum(1 for n in pieces if n)}
+
+
+def peak_held_bytes(numel: int, n_tensors: int, world_size: int, rank: int, stage: int,
+                    bucket_sizes: list[int] | None = None) -> dict[str, int]:
+    """Each kind's peak *during* a step on ``rank`` (fp32 Adam), as :class:`PeakMemory` measures it.
+
+    * gradients: plain DP and ZeRO-1 hold all of them at the end of backward, 4Ψ. ZeRO-2 and -3
+      reduce-scatter each bucket as backward completes it (buckets in backward order) and free it, so
+      when bucket b is reduced a rank holds that bucket and its segments of buckets 0..b:
+      4·max_b(size_b + Σ_{k≤b} seg_k) -- about 4(bucket + Ψ/N) instead of 4Ψ.
+    * parameters: ZeRO-3 gathers the whole model while it computes, on top of its own segments,
+      4(Ψ + Σ seg); the others hold 4Ψ throughout.
+    * optimiser state: created in the first step and kept, so its peak is what is held after the step.
+
+    (A model whose backward finishes a later bucket before an earlier one would hold two at once;
+    the course models finish them in order.)
+    """
+    after = expected_held_bytes(numel, n_tensors, world_size, rank, stage, bucket_sizes)
+    sizes = [numel] if bucket_sizes is None else list(bucket_sizes)
+    segments = shard_elements(numel, world_size, rank, sizes)
+    grads = 4 * numel if stage < 2 else 4 * max(size + sum(segments[:b + 1]) for b, size in enumerate(sizes))
+    return {"params": 4 * (numel + sum(segments)) if stage == 3 else 4 * numel, "grads": grads,
+            "optimizer": after["optimizer"]}
 
 
 def comm_elements(psi: int, world_size: int, stage: int = 0) -> int:

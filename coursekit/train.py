@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from . import comm
 from . import parallel  # noqa: F401  (registers the strategies of every chapter)
-from .memory import held_bytes
+from .memory import PeakMemory
 from .models import loss_fn
 from .parallel.data import shard_batch
 from .strategy import STRATEGIES, Setup, Strategy, get_strategy
@@ -88,7 +88,9 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
 
     Returns a dict with ``records`` (one :func:`coursekit.verify.record_step` per step),
     ``losses``, ``spans`` (if ``trace``; every rank's, on the shared clock), ``memory`` (bytes
-    held after the last step, by kind), ``step_times``, ``traffic`` and the strategy's counters.
+    held after the last step, by kind), ``peak_memory`` (the most held at any measured moment, by
+    kind, and ``total``: see :class:`coursekit.memory.PeakMemory`), ``step_times``, ``traffic``
+    and the strategy's counters.
     """
     unknown = set(options) - _known_options()
     if unknown:
@@ -122,12 +124,18 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
           count_traffic: bool, progress: bool) -> dict:
     """The steps themselves: forward and backward per micro-batch, synchronise, step, record."""
     out: dict = {"records": [], "losses": [], "step_times": [], "memory": {}}
+    # Memory at its peak, not after the step: the loop measures after backward, after synchronising and
+    # after the step; a strategy that frees memory inside backward brings its own meter (``runner.peak``),
+    # noted at its own peak moments (ZeRO-2 just before it drops a bucket).
+    peak = getattr(runner, "peak", None) or PeakMemory()
     bar = _progress_bar(steps, type(runner).__name__) if progress else None
     with comm.record() if count_traffic else nullcontext(None) as traffic:
         for step in range(steps):
             begin = time.perf_counter()
             outputs, local_loss = _forward_backward(runner, *data.batch(step, global_batch), micro_batches)
+            peak.note(runner.held_tensors())
             runner.synchronize()
+            peak.note(runner.held_tensors())
             runner.step()
             loss = _global_loss(local_loss, runner)
             out["losses"].append(loss)
@@ -135,8 +143,7 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
                 output = torch.cat(outputs) if outputs else None  # None: this rank computes no output
                 out["records"].append(record_step(output, loss, runner.gradients(), runner.parameters()))
             out["step_times"].append(time.perf_counter() - begin)
-            seen: set = set()  # bytes held right after the step, each storage once
-            out["memory"] = {kind: held_bytes(tensors, seen) for kind, tensors in runner.held_tensors().items()}
+            out["memory"] = peak.note(runner.held_tensors())  # bytes held right after the step, by kind
             runner.zero_grad()
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -144,6 +151,7 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
     if bar is not None:
         bar.close()
     out["traffic"] = traffic
+    out["peak_memory"] = dict(peak.by_kind, total=peak.total)
     return out
 
 

@@ -16,8 +16,9 @@ gradient and every parameter, and reports the **first** divergence: which
 step, which tensor, which rank, where, by how much.
 
 Sharded tensors are reassembled before comparison: a rank that holds only a
-slice of the flattened parameters (ZeRO) records a :class:`FlatShard`, and the
-harness concatenates the ranks' slices.
+slice of the flattened parameters (ZeRO) records a :class:`FlatShard` (or a
+list of them, one per bucket, when it holds several slices), and the harness
+concatenates the ranks' slices.
 
     >>> report = compare(reference, per_rank)          # doctest: +SKIP
     >>> report.ok
@@ -107,16 +108,16 @@ def reassemble(shards: list[FlatShard]) -> dict[str, torch.Tensor]:
 
 
 def _owner(shards: list[FlatShard], layout, name: str, flat_index: int) -> int:
-    """Rank (position in ``shards``) that holds element ``flat_index`` of tensor ``name``."""
+    """Position in ``shards`` of the shard that holds element ``flat_index`` of tensor ``name`` (-1: none)."""
     offset = 0
     for n, shape in layout:
         if n == name:
             break
         offset += math.prod(shape)
     absolute = offset + flat_index
-    for rank, shard in enumerate(shards):
+    for position, shard in enumerate(shards):
         if shard.start <= absolute < shard.start + shard.data.numel():
-            return rank
+            return position
     return -1
 
 
@@ -124,9 +125,11 @@ def record_step(output: torch.Tensor | None, loss: float | torch.Tensor, grads: 
     """One step record (see the module docstring). Tensors are detached and cloned.
 
     ``grads``/``params`` may be a module (its named parameters / their ``.grad``),
-    a ``{name: tensor}`` dict, or a :class:`FlatShard`.
+    a ``{name: tensor}`` dict, a :class:`FlatShard` or a list of them.
     """
     def as_record(value, attribute):
+        if isinstance(value, list):  # several slices of the flat parameters (ZeRO with buckets)
+            return [as_record(shard, attribute) for shard in value]
         if isinstance(value, NamedPart):
             return NamedPart({name: t.detach().clone() for name, t in value.tensors.items()})
         if isinstance(value, FlatShard):
@@ -324,20 +327,24 @@ def _compare_loss(report: Report, step: int, expected_loss: float, losses: list[
 
 def _compare_tensors(report: Report, step: int, kind: str, expected_tensors: dict, records: list, rtol,
                      atol) -> None:
-    """Gradients or parameters: every rank's own, or shards reassembled (:class:`FlatShard`)."""
+    """Gradients or parameters: every rank's own, or shards reassembled (:class:`FlatShard`, or lists of them)."""
     if isinstance(records[0], NamedPart):
         _compare_parts(report, step, kind, expected_tensors, records, rtol, atol)
         return
-    sharded = isinstance(records[0], FlatShard)
+    sharded = isinstance(records[0], (FlatShard, list))
     gathered, whole = records, {}
     if sharded:
+        per_rank = [rec if isinstance(rec, list) else [rec] for rec in records]
+        shards = [shard for pieces in per_rank for shard in pieces]
+        owners = [rank for rank, pieces in enumerate(per_rank) for _ in pieces]
         try:
-            whole = reassemble(records)
+            whole = reassemble(shards)
         except ValueError as error:
             report.divergences.append(Divergence(step, "missing", f"{kind}s", -1, float("inf"), tolerance=str(error)))
             _note(report, step, kind, 0, float("inf"), False)
             return
-        gathered = [{**whole, **rec.replicated} for rec in records]
+        gathered = [{**whole, **{k: v for shard in pieces for k, v in shard.replicated.items()}}
+                    for pieces in per_rank]
     worst, ok = 0.0, True
     for name, expected in expected_tensors.items():
         for rank, tensors in enumerate(gathered):
@@ -355,7 +362,8 @@ def _compare_tensors(report: Report, step: int, kind: str, expected_tensors: dic
                     flat_index = 0
                     for i, size in zip(bad[1], expected.shape):
                         flat_index = flat_index * size + i
-                    rank = _owner(records, records[0].layout, name, flat_index)
+                    holder = _owner(shards, shards[0].layout, name, flat_index)
+                    rank = owners[holder] if holder >= 0 else -1
                 report.divergences.append(Divergence(step, kind, name, rank, *bad))
                 break  # one divergence per tensor is enough
     _note(report, step, kind, len(expected_tensors), worst, ok)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, held_bytes, max_parameters
+from coursekit.memory import (PeakMemory, comm_elements, expected_held_bytes, formula_bytes, held_bytes,
+                              max_parameters, shard_elements)
 
 
 def test_held_bytes_counts_storage_once_and_freed_storage_as_zero():
@@ -41,3 +42,26 @@ def test_largest_model_that_fits():
         max_parameters(1e9, 2, 5)
     with pytest.raises(ValueError, match="precision"):
         formula_bytes(10, 2, 1, "fp8")
+
+
+def test_a_shard_is_one_ring_segment_per_bucket():
+    """10 elements in buckets of 6 and 4 on 4 ranks: rank r keeps segment (r + 1) % 4 of each.
+
+    Seen failing with the planted bug "one segment of the whole buffer, whatever the buckets"
+    (``sizes = [numel]`` always): [3] != [2, 1].
+    """
+    # segment_bounds(6, 4) = 2, 2, 1, 1 elements; (4, 4) = 1 each; rank 0 owns segment 1, rank 2 segment 3
+    assert shard_elements(10, 4, 0, [6, 4]) == [2, 1]
+    assert shard_elements(10, 4, 2, [6, 4]) == [1, 1]
+    assert expected_held_bytes(10, 2, 4, 2, 2, [6, 4]) == {"params": 40, "grads": 8, "optimizer": 16 + 8}
+    with pytest.raises(ValueError, match="add up to 9"):
+        shard_elements(10, 4, 0, [5, 4])
+
+
+def test_peak_memory_keeps_the_largest_moment():
+    """Seen failing with the planted bug "the last moment, not the largest" (``by_kind[kind] = nbytes``)."""
+    peak = PeakMemory()
+    big, small = torch.zeros(100), torch.zeros(10)
+    peak.note({"grads": [big], "params": [small]})
+    peak.note({"grads": [], "params": [small, big[:5]]})  # a view of big: its whole storage counts
+    assert peak.by_kind == {"grads": 400, "params": 440} and peak.total == 440

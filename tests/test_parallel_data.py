@@ -5,7 +5,7 @@ import torch
 
 import coursekit
 from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
-from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes
+from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.data import DataParallel, average_gradients, broadcast_parameters, shard_batch
 from coursekit.parallel.zero import ZeRO
@@ -66,7 +66,9 @@ def test_transformer_with_tied_weights_and_a_frozen_parameter():
     # the frozen parameter was never sharded nor updated: every rank still holds it, unchanged
     for r in range(3):
         for i in (2, 3, 4):  # zero1..3
-            assert "pos_emb.weight" not in dict(results[r][i]["records"][0]["params"].layout)
+            shards = results[r][i]["records"][0]["params"]  # one FlatShard per bucket
+            assert all("pos_emb.weight" not in dict(shard.layout) for shard in shards)
+            assert "pos_emb.weight" in shards[0].replicated
 
 
 def test_gradient_accumulation_communicates_once_per_step():
@@ -127,6 +129,64 @@ def test_memory_shards_are_uneven_when_psi_does_not_divide():
         assert memory == {"params": 4 * (stop - start), "grads": 4 * (stop - start),
                           "optimizer": 8 * (stop - start) + 4}
     assert sizes == {1101, 1102}
+
+
+def _peaks(rank, world_size, bucket_elements):
+    runs = [train(rank, world_size, s, model="transformer", steps=2, global_batch=6, collectives="ring",
+                  record=False, bucket_elements=bucket_elements) for s in ("naive", "zero1", "zero2", "zero3")]
+    return [run["peak_memory"] for run in runs], runs[2]["bucket_sizes"]
+
+
+def _buckets_backward_first(model, capacity):
+    """Bucket sizes as the docs state the rule: whole parameters, last first, a new bucket when one would overflow."""
+    sizes, current = [], 0
+    for p in reversed([p for p in model.parameters() if p.requires_grad]):
+        if current and current + p.numel() > capacity:
+            sizes.append(current)
+            current = 0
+        current += p.numel()
+    return sizes + [current]
+
+
+def test_peak_memory_zero2_holds_its_shard_and_one_bucket_not_every_gradient():
+    """Peak bytes during the step (not after it), per rank, against the formulas; course transformer, 3 ranks.
+
+    Plain data parallelism and ZeRO-1 hold every gradient at the end of backward: 4Ψ bytes. ZeRO-2
+    reduce-scatters each bucket as backward completes it and frees it, so at the moment bucket b is
+    reduced a rank holds that bucket and its segments of buckets 0..b: 4·max_b(size_b + Σ_{k≤b} seg_k),
+    below plain data parallelism by the difference. ZeRO-3 (whole-model gather) holds the full
+    parameters on top of its own segments while it computes: 4(Ψ + Σ seg).
+
+    Seen failing with the planted bugs "ZeRO-2 keeps each bucket's full gradient after reduce-scattering
+    it" (``bucket.grad = None`` dropped: "rank 0: ZeRO-2's gradient peak 559104 != 198996") and "memory
+    measured by the loop only, not inside backward" (ZeRO's ``peak.note`` before freeing a bucket
+    dropped: "... peak 139776 != 198996", just the shard).
+    """
+    from coursekit.models import count_parameters, tiny_transformer
+    world_size, capacity = 3, 17_000
+    psi = count_parameters(tiny_transformer())
+    sizes = _buckets_backward_first(tiny_transformer(), capacity)
+    assert len(sizes) > 4 and max(sizes) < psi / 4, sizes  # several buckets, each well below the model
+    results = coursekit.launch(_peaks, world_size, capacity, timeout=240)
+    assert results[0][1] == sizes, "ZeRO's buckets are not the documented packing"
+    n_tensors = len([p for p in tiny_transformer().parameters()])
+    for r in range(world_size):
+        naive, zero1, zero2, zero3 = results[r][0]
+        for stage, peak in enumerate(results[r][0]):  # the library's formula (drawn in chapter 02) agrees
+            formula = peak_held_bytes(psi, n_tensors, world_size, r, stage, sizes if stage else None)
+            assert {k: peak[k] for k in formula} == formula, f"rank {r}, stage {stage}"
+        segments = [stop - start for start, stop in (segment_bounds(n, world_size)[owned_segment(r, world_size)]
+                                                     for n in sizes)]
+        mine = sum(segments)
+        for name, peak in (("naive", naive), ("zero1", zero1)):
+            assert peak["grads"] == 4 * psi, f"rank {r}, {name}: every gradient exists at the end of backward"
+        expected = 4 * max(size + sum(segments[:b + 1]) for b, size in enumerate(sizes))
+        assert zero2["grads"] == expected, f"rank {r}: ZeRO-2's gradient peak {zero2['grads']} != {expected}"
+        assert zero3["grads"] == expected, f"rank {r}: ZeRO-3 frees gradients as ZeRO-2 does"
+        assert [p["params"] for p in (naive, zero1, zero2)] == [4 * psi] * 3, f"rank {r}"
+        assert zero3["params"] == 4 * (psi + mine), f"rank {r}: full gather + own segments"
+        pieces = sum(1 for n in segments if n)
+        assert zero2["optimizer"] == zero1["optimizer"] == 8 * mine + 4 * pieces, f"rank {r}: Adam's m, v, steps"
 
 
 def _timeline(rank, world_size):

@@ -98,6 +98,35 @@ def test_flat_shards_are_reassembled_and_the_owner_is_named():
         reassemble([shards[1], shards[2]])
 
 
+def test_a_rank_may_hold_several_slices_and_the_owner_is_still_named():
+    """ZeRO with buckets: each rank records a list of FlatShards (its segment of every bucket).
+
+    Seen failing with the planted bug "the owner is the shard's position in the flattened list, not
+    its rank" (``rank = holder``): the divergence named rank 3 instead of 1.
+    """
+    model = tiny_mlp(seed=1)
+    layout = [(n, tuple(p.shape)) for n, p in model.named_parameters()]
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    buckets = flat.tensor_split([4000])  # two buckets, each cut into 3 segments
+    per_rank = [[], [], []]
+    offset = 0
+    for bucket in buckets:
+        segments = bucket.tensor_split(3)
+        starts = [offset, offset + segments[0].numel(), offset + segments[0].numel() + segments[1].numel()]
+        for r in range(3):
+            per_rank[r].append(FlatShard(layout, starts[(r + 1) % 3], segments[(r + 1) % 3].clone()))
+        offset += bucket.numel()
+    reference = [record_step(None, 1.0, model, model)]
+    ranks = [[{"output": None, "loss": 1.0, "grads": pieces, "params": [FlatShard(layout, s.start, s.data.clone())
+                                                                      for s in pieces]}] for pieces in per_rank]
+    assert compare(reference, ranks).ok
+    ranks[1][0]["params"][1].data[-1] += 1.0  # the model's last element: bucket 1's segment 2, rank 1's
+    report = compare(reference, ranks)
+    assert (report.first.kind, report.first.name, report.first.rank) == ("param", "layers.2.bias", 1), report.first
+    del ranks[2][0]["grads"][0]  # a slice missing: the layout does not tile
+    assert compare(reference, ranks).first.kind == "missing"
+
+
 def test_tolerance_depends_on_dtype():
     assert TOLERANCES[torch.float64][0] < TOLERANCES[torch.float32][0] < TOLERANCES[torch.bfloat16][0]
     for dtype, expect_ok in ((torch.float32, True), (torch.float64, False)):

@@ -38,7 +38,7 @@ import torch
 
 import coursekit
 from coursekit import comm
-from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes
+from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import average_gradients, shard_batch
 from coursekit.train import train
@@ -330,9 +330,14 @@ plt.show()
 #
 # An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much
 # data as plain data parallelism (2Ψ per rank); stage 3 gathers the parameters twice (forward and
-# backward): 3Ψ. Below, measured: bytes of storage each rank actually holds after an optimiser step
-# (counted from the tensors' storage, a view costs nothing, a freed buffer counts zero), and every
-# element the ring sent, counted by `comm.record()`.
+# backward): 3Ψ. Below, measured: bytes of storage each rank actually holds (counted from the tensors'
+# storage, a view costs nothing, a freed buffer counts zero) **after** an optimiser step and **at the
+# peak during** the step, and every element the ring sent, counted by `comm.record()`.
+#
+# Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of
+# backward. ZeRO-2 cuts the gradients into buckets (25,000 elements by default, in backward order, as
+# DDP does), reduce-scatters each bucket *during backward* as soon as its last gradient is complete,
+# keeps its own segment and frees the bucket: at its peak a rank holds its segments plus one bucket.
 
 # %%
 MEMORY_RANKS = 4
@@ -343,7 +348,8 @@ def memory_and_traffic(rank, world_size):
     for strategy in ("naive", "zero1", "zero2", "zero3"):
         result = train(rank, world_size, strategy, model="transformer", steps=1, global_batch=8,
                        count_traffic=True, record=False)
-        out[strategy] = (result["memory"], result["traffic"], result["numel"])
+        out[strategy] = (result["memory"], result["traffic"], result["numel"], result["peak_memory"],
+                         result.get("bucket_sizes"))
     return out
 
 
@@ -353,22 +359,37 @@ labels = {"naive": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"
 measured = {labels[s]: runs[0][s][0] for s in labels}
 formula = {labels[s]: sum(formula_bytes(psi, MEMORY_RANKS, stage).values())
            for stage, s in enumerate(labels)}
-fig = draw_memory(measured, formula=formula, title=f"measured bytes on rank 0 of {MEMORY_RANKS}, "
-                  f"fp32 Adam, Ψ = {psi:,} (black: formula)")
+n_tensors = len(list(tiny_transformer().parameters()))
+peaks = {labels[s]: {k: runs[0][s][3][k] for k in ("params", "grads", "optimizer")} for s in labels}
+peak_formula = {labels[s]: sum(peak_held_bytes(psi, n_tensors, MEMORY_RANKS, 0, stage, runs[0][s][4]).values())
+                for stage, s in enumerate(labels)}
+fig, (after_ax, peak_ax) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+draw_memory(measured, formula=formula, ax=after_ax, title=f"after the step: rank 0 of {MEMORY_RANKS}, fp32 Adam, "
+            f"Ψ = {psi:,} (black: formula)")
+draw_memory(peaks, formula=peak_formula, ax=peak_ax, title="at the peak during the step (each kind at its own peak)")
 plt.show()
 
 # %% tags=["nbval-check-output"]
-n_tensors = len(list(tiny_transformer().parameters()))
 print(f"Ψ = {psi:,} parameters, N = {MEMORY_RANKS} ranks, fp32 Adam\n")
 print(f"{'':<7} {'params':>8} {'grads':>8} {'optimizer':>10}   {'formula (bytes)':<34} exact?")
 for stage, strategy in enumerate(labels):
     held = runs[0][strategy][0]
     f = formula_bytes(psi, MEMORY_RANKS, stage)
-    exact = all(runs[r][strategy][0] == expected_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage)
+    exact = all(runs[r][strategy][0] == expected_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, runs[r][strategy][4])
                 for r in range(MEMORY_RANKS))
     print(f"{labels[strategy]:<7} {held['params']:>8} {held['grads']:>8} {held['optimizer']:>10}   "
           f"{f['params']:>8} {f['grads']:>8} {f['optimizer']:>10}   {'yes' if exact else 'NO'}")
 print("\n(optimizer = Adam's m and v, 8 bytes per parameter, + a 4-byte step counter per parameter tensor)")
+print(f"\nat the peak during the step, rank 0 (ZeRO's buckets: {runs[0]['zero2'][4]} elements):")
+print(f"{'':<7} {'params':>8} {'grads':>8}   {'formula':<17} exact?")
+for stage, strategy in enumerate(labels):
+    peak = runs[0][strategy][3]
+    exact = all({k: runs[r][strategy][3][k] for k in ("params", "grads", "optimizer")} ==
+                peak_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, runs[r][strategy][4])
+                for r in range(MEMORY_RANKS))
+    f = peak_held_bytes(psi, n_tensors, MEMORY_RANKS, 0, stage, runs[0][strategy][4])
+    print(f"{labels[strategy]:<7} {peak['params']:>8} {peak['grads']:>8}   {f['params']:>8} {f['grads']:>8}   "
+          f"{'yes' if exact else 'NO'}")
 print(f"\nelements sent per step, all ranks together (counted by comm.record):")
 for stage, strategy in enumerate(labels):
     traffic = comm.Traffic.merge([runs[r][strategy][1] for r in range(MEMORY_RANKS)])
@@ -378,12 +399,15 @@ for stage, strategy in enumerate(labels):
           f"per rank ≈ {factor}Ψ(N-1)/N = {traffic.sent[0]:,}   {'exact' if traffic.total == expected else 'NO'}")
 
 # %% [markdown]
-# (Here the DP row uses chapter 01's ring once per gradient tensor; ZeRO's one reduce-scatter and one
-# all-gather run over a single flat buffer of all parameters, cut into N segments as the ring cuts it:
-# rank r owns segment (r + 1) mod N.)
+# (Here the DP row uses chapter 01's ring once per gradient tensor; ZeRO lays all parameters in one
+# flat buffer, cuts it into buckets and runs the ring's reduce-scatter and all-gather bucket by bucket:
+# rank r owns segment (r + 1) mod N of every bucket.)
 #
-# The numbers above are what each rank holds *between* steps. This ZeRO-3 (`"zero3"`) treats the
-# whole model as one unit, so during forward and backward it holds a full copy for a moment. Real
+# At the peak, DP and ZeRO-1 hold all 4Ψ bytes of gradients (the end of backward); ZeRO-2 holds its
+# segments plus the bucket being reduced. The formula for that peak is 4·max_b(size_b + Σ_{k≤b} seg_k)
+# (`coursekit.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
+# (`"zero3"`) treats the whole model as one unit, so during forward and backward it holds a full copy
+# of the parameters on top of its segments: its parameter peak is *above* plain DP's. Real
 # ZeRO-3 / FSDP gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.fsdp.ShardedUnits`)
 # makes every transformer block a unit with its own flat buffer and segments, gathers a block just
 # before its forward, frees it after, gathers it again before its backward, and reduce-scatters its
