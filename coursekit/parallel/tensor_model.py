@@ -29,6 +29,7 @@ on its own computes the vocabulary-parallel loss instead (:meth:`TensorParallelT
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed as dist
@@ -251,7 +252,7 @@ class DataTensorParallel(TensorParallel):
     def __init__(self, setup: Setup):
         super().__init__(setup)
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
-        self.elements_reduced = 0
+        self.elements_reduced, self.dp_seconds = 0, 0.0
 
     def _axes(self, setup: Setup):
         mesh = setup.group
@@ -268,13 +269,15 @@ class DataTensorParallel(TensorParallel):
         return mesh["tp"].group, mesh["dp"]
 
     def synchronize(self) -> None:
+        begin = time.perf_counter()
         with self.span("comm", "all-reduce grads over dp"):
             average_gradients(self.model, group=self.dp_axis, all_reduce=self.all_reduce)
+        self.dp_seconds += time.perf_counter() - begin
         if self.dp_axis.size > 1:
             self.elements_reduced += sum(p.grad.numel() for p in self.model.parameters() if p.grad is not None)
 
     def counters(self) -> dict:
-        return {**super().counters(), "elements_reduced": self.elements_reduced}
+        return {**super().counters(), "elements_reduced": self.elements_reduced, "dp_comm_seconds": self.dp_seconds}
 
 
 def _check_model(model: nn.Module) -> nn.Module:
