@@ -26,7 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tensor import _all_reduce, _bounds, copy_to_parallel_region, reduce_from_parallel_region
+from .tensor import copy_to_parallel_region, reduce_from_parallel_region
+from .tensor_comm import _all_reduce, _bounds
 
 __all__ = ["VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy"]
 
