@@ -1,0 +1,80 @@
+"""Figures of planned pipeline schedules: every box where the plan puts it, the white area is the bubble.
+
+Each test names the bug planted by hand (in coursekit/viz/pipeline.py) to see it fail.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from coursekit.parallel.schedules import gpipe, interleaved_1f1b, one_f_one_b, plan, zb_h1  # noqa: E402
+from coursekit.trace import Span  # noqa: E402
+from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, measured_bubble  # noqa: E402
+
+CASES = [gpipe(3, 4), one_f_one_b(4, 8), interleaved_1f1b(2, 4, 2), zb_h1(3, 5), one_f_one_b(1, 2)]
+
+
+def boxes(ax) -> dict[str, Rectangle]:
+    return {r.get_gid(): r for r in ax.patches if isinstance(r, Rectangle) and r.get_gid()}
+
+
+@pytest.mark.parametrize("schedule", CASES, ids=lambda s: f"{s.name}-p{s.n_ranks}-m{s.n_micro_batches}")
+def test_every_compute_action_is_a_box_where_the_plan_puts_it(schedule):
+    """Planted bugs: only forwards drawn (the old strategy-map staircase): 'missing B0@s0 ...'; boxes at their
+    index on the rank (``start = k``) instead of the planned start: 'B0@s0 at x=4 != 10'."""
+    planned = plan(schedule)
+    fig = draw_plan(planned)
+    drawn = boxes(fig.axes[0])
+    want = {str(a): (rank, start, end) for rank, spans in enumerate(planned.spans) for a, start, end in spans}
+    assert sorted(drawn) == sorted(want), f"missing {sorted(set(want) - set(drawn))[:3]}"
+    for name, (rank, start, end) in want.items():
+        box = drawn[name]
+        assert box.get_x() == pytest.approx(float(start)), f"{name} at x={box.get_x()} != {start}"
+        assert box.get_width() == pytest.approx(float(end - start)), name
+        assert schedule.n_ranks - 1 - rank < box.get_y() < schedule.n_ranks - rank, f"{name} not on rank {rank}'s row"
+    plt.close(fig)
+
+
+def test_white_area_is_the_bubble_of_the_formula():
+    """1F1B p=4, m=8: (p−1)/(m+p−1) = 3/11 of the area is white, read off the boxes. Planted bug: every box one
+    unit wide (B drawn as long as F): '0.5 != 0.2727'."""
+    fig = draw_plan(plan(one_f_one_b(4, 8)))
+    ax = fig.axes[0]
+    width = sum(b.get_width() for b in boxes(ax).values())
+    right = max(b.get_x() + b.get_width() for b in boxes(ax).values())
+    assert 1 - width / (4 * right) == pytest.approx(3 / 11)
+    assert "bubble 27.3% (formula 27.3%)" in ax.get_title()
+    plt.close(fig)
+
+
+def test_each_rank_says_its_peak():
+    """1F1B p=3, m=4: peaks 3, 2, 1 (min(p−r, m)); ZB-H1 also says what it holds until W (3 on every rank).
+    Planted bug: the label reads peak_activations[0] for every rank: ['peak 3', 'peak 3', 'peak 3']."""
+    fig = draw_plan(plan(one_f_one_b(3, 4)))
+    texts = [t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("peak")]
+    assert texts == ["peak 3", "peak 2", "peak 1"]
+    fig2 = draw_plan(plan(zb_h1(3, 4)))
+    texts = [t.get_text() for t in fig2.axes[0].texts if t.get_text().startswith("peak")]
+    assert texts == ["peak 3", "peak 2\n(3 until W)", "peak 1\n(3 until W)"]
+    plt.close(fig), plt.close(fig2)
+
+
+def test_plan_above_the_measured_run():
+    """Two ranks, hand-made spans: length 4 ms, compute 2 + 3 ms -> bubble 1 − 5/8. Planted bug: measured bubble
+    divided by the step length only (not ranks × length): '-0.25 != 0.375'."""
+    spans = [Span(0, "forward", "F0@s0", 0.000, 0.001), Span(0, "backward", "B0@s0", 0.003, 0.004),
+             Span(1, "forward", "F0@s1", 0.001, 0.002), Span(1, "backward", "B0@s1", 0.002, 0.004),
+             Span(1, "idle", "RECV_F0@s1", 0.000, 0.001)]
+    assert measured_bubble(spans) == pytest.approx(1 - 5 / 8)
+    fig = draw_plan_and_measured(plan(one_f_one_b(2, 1)), spans, title="1f1b on 2 ranks")
+    top, bottom = fig.axes[:2]
+    assert sorted(boxes(top)) == ["B0@s0", "B0@s1", "F0@s0", "F0@s1"]
+    assert "bubble 37.5%" in bottom.get_title() and "1f1b on 2 ranks" in bottom.get_title()
+    assert top.get_title().startswith("1f1b: p = 2, m = 1")
+    plt.close(fig)
