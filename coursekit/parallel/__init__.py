@@ -1,11 +1,20 @@
 """parallel: one module per parallelism strategy; importing it registers every strategy with the loop.
 
-``data`` (replicas, gradients averaged) and ``zero`` (ZeRO stages 1–3) so far,
-and ``production`` (PyTorch's own DDP, ZeroRedundancyOptimizer and FSDP2, to
-run side by side); each defines its classes and registers its
-:class:`coursekit.strategy.Strategy` subclasses for :func:`coursekit.train.train`.
+Each module defines its classes and registers its :class:`coursekit.strategy.Strategy`
+subclasses for :func:`coursekit.train.train`:
+
+* ``data`` (replicas, gradients averaged: "naive", "bucketed") and ``zero`` (ZeRO stages 1–3),
+  ``fsdp`` (ZeRO-3 one unit at a time: "zero3_units"), ``sharded_optimizer`` (ZeRO-1 as a
+  ``torch.optim.Optimizer``) -- chapter 02;
+* ``model`` (layers cut into stages: "model") -- chapter 03; ``schedules`` (pipeline schedules as
+  data) and ``pipeline`` (their executor: "pipeline") -- chapter 04;
+* ``tensor`` and ``tensor_model`` (Megatron-LM's column and row splits: "tensor", "dp_tp") -- chapter 05;
+* PyTorch's own, to run side by side: ``production`` (DDP, ZeroRedundancyOptimizer, FSDP2),
+  ``pipelining_torch`` (``torch.distributed.pipelining``: "torch_pipeline").
 """
 
 from . import data, production, zero  # noqa: F401
 from . import fsdp  # noqa: F401  (ZeRO-3 one unit at a time: "zero3_units")
 from . import sharded_optimizer  # noqa: F401  (ZeRO-1 as a torch.optim.Optimizer: "sharded_optimizer")
+from . import model, pipeline, pipelining_torch  # noqa: F401  (chapters 03 and 04)
+from . import tensor, tensor_model  # noqa: F401  (chapter 05)
