@@ -14,21 +14,45 @@ def test_data_parallel_splits_the_batch_and_copies_the_model():
     assert [plan["batch"].count(g) for g in range(3)] == [3, 3, 2]
 
 
-@pytest.mark.parametrize("p, m", [(4, 4), (2, 4), (3, 5), (1, 3)])
-def test_pipeline_schedule_has_the_gpipe_bubble(p, m):
-    """Planted bug: a schedule with no bubble (every stage starts at once) -- measured on the schedule built."""
-    schedule = layout("pipeline", p, n_layers=4, micro_batches=m)["schedule"]
-    when = {(stage, micro): step for stage, step, micro in schedule}
-    assert sorted(when) == [(s, k) for s in range(p) for k in range(m)], "every stage runs every micro-batch once"
-    for (stage, micro), step in when.items():
-        if stage:  # a stage can only start a micro-batch the previous stage has finished
-            assert step > when[(stage - 1, micro)], f"stage {stage} starts micro-batch {micro} before stage {stage - 1}"
-    for stage in range(p):  # one forward at a time per stage
-        steps = [step for (s, _), step in when.items() if s == stage]
-        assert len(set(steps)) == len(steps), f"stage {stage} runs two micro-batches at once"
-    makespan = max(when.values()) + 1
-    idle = p * makespan - len(schedule)
-    assert idle / (p * makespan) == pytest.approx((p - 1) / (m + p - 1)), "GPipe's bubble: (p-1)/(m+p-1)"
+def _pipeline_boxes(p: int, m: int) -> dict[str, tuple[int, float, float]]:
+    """What the strategy map's pipeline panel draws: action -> (GPU row, start, end), read off the figure."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    fig = draw_strategies(n_gpus=p, n_layers=max(4, p), micro_batches=m)
+    ax = fig.axes[3]
+    boxes = {r.get_gid(): (p - 1 - round(r.get_y()), r.get_x(), r.get_x() + r.get_width() + 0.05)
+             for r in ax.patches if isinstance(r, Rectangle) and r.get_gid()}
+    plt.close(fig)
+    return boxes
+
+
+@pytest.mark.parametrize("p, m", [(4, 4), (2, 4), (3, 5), (1, 3), (4, 2)])
+def test_pipeline_panel_draws_forward_and_backward_with_the_real_bubble(p, m):
+    """Read off the drawn boxes, against the definition and (p−1)/(m+p−1) (issue 10, item 5). Planted bugs, each
+    seen failing: the old panel, forwards only ('no backward drawn'); every stage starting at time 0 (no bubble:
+    'F0@s1 starts before F0@s0 ends'); backward boxes one unit wide (white area '0.6 != 0.4286' at p=4, m=4)."""
+    boxes = _pipeline_boxes(p, m)
+    assert sorted(boxes) == sorted(f"{op}{i}@s{s}" for op in "FB" for s in range(p) for i in range(m)), \
+        "every GPU runs F and B of every micro-batch once" + ("" if any(k[0] == "B" for k in boxes) else
+                                                             ": no backward drawn")
+    for name, (gpu, start, end) in boxes.items():
+        op, (i, s) = name[0], map(int, name[1:].split("@s"))
+        assert gpu == s, f"{name} drawn on GPU{gpu + 1}"
+        before = ([f"F{i}@s{s - 1}"] if op == "F" and s else []) + \
+                 ([f"F{i}@s{s}"] + ([f"B{i}@s{s + 1}"] if s < p - 1 else []) if op == "B" else [])
+        for need in before:
+            assert start >= boxes[need][2] - 1e-9, f"{name} starts before {need} ends"
+    for gpu in range(p):  # one thing at a time per GPU
+        spans = sorted((start, end) for g, start, end in boxes.values() if g == gpu)
+        assert all(b[0] >= a[1] - 1e-9 for a, b in zip(spans, spans[1:])), f"GPU{gpu + 1} runs two things at once"
+    makespan = max(end for _, _, end in boxes.values())
+    busy = sum(end - start for _, start, end in boxes.values())
+    assert 1 - busy / (p * makespan) == pytest.approx((p - 1) / (m + p - 1)), "1F1B's bubble: (p-1)/(m+p-1)"
+    if p > 1 and m > 1:  # P7: while some micro-batches go forward, others' gradients flow backward
+        assert any(op_a == "F" and op_b == "B" and sa < eb and sb < ea
+                   for a, (ga, sa, ea) in boxes.items() for b, (gb, sb, eb) in boxes.items()
+                   for op_a, op_b in [(a[0], b[0])] if ga != gb)
 
 
 def test_bad_input_says_what_to_do():

@@ -14,6 +14,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
+from ..parallel.schedules import one_f_one_b, plan
+
 STRATEGIES = ("model", "data", "tensor", "pipeline")
 
 
@@ -128,16 +130,25 @@ def _tensor_panel(ax, n_gpus: int, n_layers: int) -> None:
 
 
 def _pipeline_panel(ax, n_gpus: int, n_layers: int, batch: int, micro_batches: int) -> None:
-    """Pipeline parallelism (P7): stages as in model parallelism, micro-batches overlap."""
-    plan = layout("pipeline", n_gpus, n_layers, batch, micro_batches)
-    for stage, step, micro in plan["schedule"]:
-        ax.add_patch(Rectangle((step, n_gpus - 1 - stage), 0.95, 0.85, facecolor=_colour(stage),
-                               edgecolor="black", lw=0.6))
-        ax.text(step + 0.47, n_gpus - 1 - stage + 0.42, f"F{micro + 1}", ha="center", va="center", fontsize=7)
+    """Pipeline parallelism (P7): 1F1B's planned times -- forwards of some micro-batches while others go backward.
+
+    Boxes come from :func:`coursekit.parallel.schedules.plan` of ``one_f_one_b``
+    (F = 1 unit, B = 2), so the empty cells are the real bubble, (p−1)/(m+p−1).
+    """
+    layout("pipeline", n_gpus, n_layers, batch, micro_batches)  # same size checks as the other panels
+    planned = plan(one_f_one_b(n_gpus, micro_batches))
+    for gpu, spans in enumerate(planned.spans):
+        y = n_gpus - 1 - gpu
+        for action, start, end in spans:
+            ax.add_patch(Rectangle((float(start), y), float(end - start) - 0.05, 0.85, facecolor=_colour(gpu),
+                                   alpha=1.0 if action.op == "F" else 0.45, edgecolor="black", lw=0.6,
+                                   gid=str(action)))
+            ax.text(float(start + end) / 2, y + 0.42, f"{action.op}{action.micro_batch + 1}", ha="center",
+                    va="center", fontsize=6)
     ax.set_yticks([n_gpus - 1 - s + 0.42 for s in range(n_gpus)], [f"GPU{s + 1}" for s in range(n_gpus)],
                   fontsize=7)
     ax.set_xticks([])
-    ax.set_xlabel("time → (empty = bubble)", fontsize=7)
-    ax.set_title(f"pipeline parallelism\n{micro_batches} micro-batches flow through stages", fontsize=9)
-    ax.set_xlim(0, micro_batches + n_gpus - 1)
+    ax.set_xlabel(f"time → (empty = bubble, {float(planned.bubble_fraction):.0%} of GPU time)", fontsize=7)
+    ax.set_title(f"pipeline parallelism (1F1B)\n{micro_batches} micro-batches: F forward, B backward", fontsize=9)
+    ax.set_xlim(0, float(planned.makespan))
     ax.set_ylim(-0.1, n_gpus)
