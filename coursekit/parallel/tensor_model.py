@@ -147,25 +147,31 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
             if dim is None or size == 1:
                 out[full_name] = tensor.clone()
                 continue
-            index = module.index
-            counts = torch.tensor([len(index)])
-            everyone = [torch.zeros_like(counts) for _ in range(size)]
-            dist.all_gather(everyone, counts, group=group)
-            widest = max(int(c) for c in everyone)
-            pad = widest - len(index)
-            padded = (torch.cat([index, index.new_zeros(pad)]),
-                      F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, pad]))
-            indices = [torch.empty_like(padded[0]) for _ in range(size)]
-            pieces = [torch.empty_like(padded[1]) for _ in range(size)]
-            dist.all_gather(indices, padded[0], group=group)
-            dist.all_gather(pieces, padded[1].contiguous(), group=group)
+            indices = _everyones_index(module, group, size)
+            widest = max(len(i) for i in indices)
+            padded = F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, widest - tensor.shape[dim]]).contiguous()
+            pieces = [torch.empty_like(padded) for _ in range(size)]
+            dist.all_gather(pieces, padded, group=group)
             full_shape = list(tensor.shape)
-            full_shape[dim] = sum(int(c) for c in everyone)
+            full_shape[dim] = sum(len(i) for i in indices)
             full = tensor.new_empty(full_shape)
-            for n, where, piece in zip(everyone, indices, pieces):
-                full.index_copy_(dim, where[:int(n)], piece.narrow(dim, 0, int(n)))
+            for where, piece in zip(indices, pieces):
+                full.index_copy_(dim, where, piece.narrow(dim, 0, len(where)))
             out[full_name] = full
     return out
+
+
+def _everyones_index(module: nn.Module, group, size: int) -> list[torch.Tensor]:
+    """Which dense rows (or columns) every rank of ``group`` holds for ``module``; exchanged once, then cached."""
+    if getattr(module, "_everyones_index", None) is None:
+        index = module.index
+        lengths = [torch.zeros(1, dtype=torch.long) for _ in range(size)]
+        dist.all_gather(lengths, torch.tensor([len(index)]), group=group)
+        widest = max(int(n) for n in lengths)
+        gathered = [torch.empty(widest, dtype=index.dtype) for _ in range(size)]
+        dist.all_gather(gathered, torch.cat([index, index.new_zeros(widest - len(index))]), group=group)
+        module._everyones_index = [g[:int(n)] for g, n in zip(gathered, lengths)]
+    return module._everyones_index
 
 
 def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: int,

@@ -25,10 +25,13 @@ coursekit (:mod:`coursekit.parallel.tensor`)  PyTorch (``torch.distributed.tenso
 ``RowParallelLinear``                         ``RowwiseParallel()`` (weight ``Shard(1)``, bias ``Replicate``)
 ``ParallelSelfAttention.from_dense``          ``ColwiseParallel`` on ``qkv`` after :func:`qkv_rank_order`
                                               (``Shard(0)`` cuts the stacked rows in ``t`` blocks)
-``VocabParallelEmbedding``                    ``RowwiseParallel()`` on ``nn.Embedding`` (not run here)
-``vocab_parallel_cross_entropy``              ``loss_parallel()`` with the head's output ``Shard(-1)``
-                                              (not run here)
+``VocabParallelEmbedding``                    ``RowwiseParallel(input_layouts=Replicate())`` on ``nn.Embedding``
+                                              (vocabulary rows ``Shard(0)``, lookups summed: an all-reduce)
+``parallel_lm_logits`` (the tied head)        ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``,
+                                              then the tie restored (``head.weight = tok_emb.weight``)
+``vocab_parallel_cross_entropy``              ``F.cross_entropy`` inside ``loss_parallel()`` (3 all-reduces)
 ``parallelize_transformer``                   ``parallelize_module(model, device_mesh, plan)``
+                                              (:func:`torch_parallelize_transformer`)
 ``gather_dense``                              ``DTensor.full_tensor()``
 ``count_communication``                       ``CommDebugMode`` (``get_comm_counts()``,
                                               ``comm_module_counts["Global"]["forward"]``)
@@ -53,7 +56,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 __all__ = ["TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
-           "dense_qkv", "comm_counts"]
+           "dense_qkv", "torch_parallelize_transformer", "comm_counts"]
 
 
 class TorchMLP(nn.Module):
@@ -119,6 +122,29 @@ def torch_parallel_attention(attn: nn.Module, device_mesh) -> TorchSelfAttention
 
     module = TorchSelfAttention(attn, device_mesh.size())
     return parallelize_module(module, device_mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel()})
+
+
+def torch_parallelize_transformer(dense: nn.Module, device_mesh) -> nn.Module:
+    """A copy of the course transformer parallelized by DTensor: vocabulary, heads and MLP over ``device_mesh``.
+
+    Its forward returns the logits as a DTensor ``Shard(-1)`` (vocabulary split); compute the loss with
+    ``F.cross_entropy`` inside ``torch.distributed.tensor.parallel.loss_parallel()``.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if dense.head.weight is not dense.tok_emb.weight:
+        raise ValueError("torch_parallelize_transformer expects the course transformer's tied head.")
+    model = copy.deepcopy(dense)
+    plan = {"tok_emb": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+            "head": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)}
+    for i, block in enumerate(model.blocks):
+        block.attn = TorchSelfAttention(block.attn, device_mesh.size())
+        plan.update({f"blocks.{i}.attn.qkv": ColwiseParallel(), f"blocks.{i}.attn.proj": RowwiseParallel(),
+                     f"blocks.{i}.fc": ColwiseParallel(), f"blocks.{i}.out": RowwiseParallel()})
+    parallelize_module(model, device_mesh, plan)
+    model.head.weight = model.tok_emb.weight  # parallelize_module distributed each use separately: tie again
+    return model
 
 
 def comm_counts(mode) -> dict[str, dict[str, int]]:
