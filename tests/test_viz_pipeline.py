@@ -78,3 +78,39 @@ def test_plan_above_the_measured_run():
     assert "bubble 37.5%" in bottom.get_title() and "1f1b on 2 ranks" in bottom.get_title()
     assert top.get_title().startswith("1f1b: p = 2, m = 1")
     plt.close(fig)
+
+
+def test_describe_gives_bubble_and_peaks_per_rank():
+    """1F1B p=4, m=8: 3/11 = 27.3%, peaks 4, 3, 2, 1; ZB-H1 p=3, m=4: until B 3, 2, 1, until W 3 on every rank.
+    Planted bug: the peaks read from peak_in_flight (the same for 1F1B; ZB-H1 says '3, 3, 3' twice)."""
+    from coursekit.widgets.pipeline import describe
+
+    text = describe("1f1b", 4, 8)
+    assert "Bubble 27.3% of the GPU time (formula 27.3%)" in text
+    assert "rank 0: 4, rank 1: 3, rank 2: 2, rank 3: 1." in text
+    text = describe("zb_h1", 3, 4)
+    assert "rank 0: 3, rank 1: 2, rank 2: 1. Until W: rank 0: 3, rank 1: 3, rank 2: 3." in text
+    assert describe("zb_h1", 4, 2).startswith("Not available: ZB-H1 needs m >= p")
+
+
+def test_explorer_draws_its_default_state_and_redraws(monkeypatch):
+    """Planted bugs: no ``redraw()`` at construction ('0 == 1'); the dropdown not observed ('1 == 2')."""
+    import coursekit.widgets.pipeline as explorer
+
+    drawn = []
+    real = explorer.draw_plan
+    monkeypatch.setattr(explorer, "draw_plan", lambda planned, **k: drawn.append(planned) or real(planned, **k))
+    box = explorer.schedule_explorer()
+    assert len(drawn) == 1 and drawn[0].schedule.name == "1f1b"  # drawn at once, without waiting for an event
+    names, chunks = box.children[0].children
+    ranks, micro = box.children[1].children
+    sentence = box.children[2]
+    assert chunks.disabled  # v only means something for interleaved
+    names.value = "interleaved"
+    assert len(drawn) == 2 and drawn[-1].schedule.stages_per_rank == 2 and not chunks.disabled
+    assert "formula 15.8%" in sentence.value  # 3/(2*8+3)
+    names.value = "zb_h1"
+    micro.value = 2
+    assert len(drawn) == 3 and sentence.value.startswith("Not available")  # no chart for m < p
+    ranks.value = 2
+    assert len(drawn) == 4 and drawn[-1].schedule.n_ranks == 2 and "formula 14.3%" in sentence.value  # 1/(1+6)
