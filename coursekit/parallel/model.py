@@ -25,7 +25,6 @@ one rank busy at a time (pipelining, :mod:`coursekit.parallel.pipeline`, fills i
 
 from __future__ import annotations
 
-import statistics
 import time
 from contextlib import nullcontext
 from typing import Callable, Sequence
@@ -95,7 +94,8 @@ def _sample_input(model: nn.Module) -> torch.Tensor:
 def layer_costs(model: nn.Module, by: str = "params", sample: torch.Tensor | None = None,
                 repeats: int = 5) -> list[float]:
     """A cost per layer: its parameter count (a tied weight counts in both layers that hold it), or
-    (``by="time"``) the median of ``repeats`` measured forward + backward times on ``sample``."""
+    (``by="time"``) its forward + backward time on ``sample``: the least of ``repeats`` runs, in CPU time of
+    this process, so that other processes sharing the cores do not count."""
     named = layers(model)
     if by == "params":
         return [float(sum(p.numel() for p in layer.parameters())) for _, layer in named]
@@ -106,11 +106,11 @@ def layer_costs(model: nn.Module, by: str = "params", sample: torch.Tensor | Non
         x = x.detach().requires_grad_(x.is_floating_point())
         times = []
         for _ in range(repeats):
-            begin = time.perf_counter()
+            begin = time.process_time()
             out = layer(x)
             out.float().sum().backward()
-            times.append(time.perf_counter() - begin)
-        costs.append(statistics.median(times))
+            times.append(time.process_time() - begin)
+        costs.append(min(times))
         x = out
     for p in model.parameters():  # timing left gradients behind
         p.grad = None
@@ -330,7 +330,7 @@ class StagedStrategy(Strategy):
 
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
         held = super().held_tensors()
-        held["params"] = [p for _, p in self.own]
+        held["params"] = list(self.model.parameters())  # the other ranks' are released: empty, 0 bytes
         held["grads"] = [p.grad for _, p in self.own if p.grad is not None]
         return held
 
