@@ -8,8 +8,8 @@ import torch.nn.functional as F
 import coursekit
 from coursekit.mesh import Mesh
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.tensor import count_communication, shard_sizes, tp_rank_size
-from coursekit.parallel.tensor_model import gather_dense, parallelize_transformer
+from coursekit.parallel.tensor import count_communication, shard_sizes, split_to_parallel_region, tp_rank_size
+from coursekit.parallel.tensor_model import expected_counts, gather_dense, parallelize_transformer
 from coursekit.parallel.tensor_vocab import vocab_parallel_cross_entropy
 from coursekit.train import train
 from coursekit.verify import compare
@@ -119,6 +119,8 @@ def test_tensor_parallel_transformer_equals_dense_at_degrees_1_to_4():
                 expected_elements = {("all_reduce", "forward"): (2 * layers + 1) * bsh + 3 * bs,
                                      ("all_reduce", "backward"): (2 * layers + 1) * bsh}
             assert r["calls"] == expected_calls, f"{where}: collectives issued {r['calls']}, formula {expected_calls}"
+            library = expected_counts(BATCH, 8, config["d_model"], layers, degree)  # what the chapter prints
+            assert (dict(library.calls), dict(library.elements)) == (expected_calls, expected_elements)
             assert r["elements"] == expected_elements, \
                 f"{where}: elements moved {r['elements']}, formula {expected_elements}"
     assert checked == {1, 2, 3, 4}
@@ -154,6 +156,60 @@ def test_vocab_parallel_cross_entropy_equals_cross_entropy_on_the_whole_logits()
         for degree, (loss_diff, grad_diff) in per_rank.items():
             assert loss_diff < 1e-4, f"degree {degree}, rank {rank}: loss differs from F.cross_entropy by {loss_diff:.3g}"
             assert grad_diff < 1e-6, f"degree {degree}, rank {rank}: gradient of the logits differs by {grad_diff:.3g}"
+
+
+def _layers_alone(rank, world_size):
+    """Column-parallel with its output gathered, then row-parallel splitting a whole input: two dense layers."""
+    from coursekit.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+
+    results = {}
+    for degree, group in _tp_groups(world_size).items():
+        if group is None:
+            continue
+        generator = torch.Generator().manual_seed(2)
+        first, second = torch.nn.Linear(5, 7), torch.nn.Linear(7, 4)  # 7 features: uneven at 2, 3 and 4
+        with torch.no_grad():
+            for p in (*first.parameters(), *second.parameters()):
+                p.copy_(torch.randn(p.shape, generator=generator))
+        x = torch.randn(6, 5, generator=generator)
+        column = ColumnParallelLinear.from_dense(first, group, gather_output=True)
+        row = RowParallelLinear.from_dense(second, group, input_is_parallel=False)
+        inputs = x.clone().requires_grad_(True)
+        with count_communication() as counts:
+            y = row(column(inputs))
+            y.sum().backward()
+        dense_inputs = x.clone().requires_grad_(True)
+        second(first(dense_inputs)).sum().backward()
+        grads = {**{f"first.{n}": p.grad for n, p in first.named_parameters()},
+                 **{f"second.{n}": p.grad for n, p in second.named_parameters()}}
+        got = {**{f"first.{n}": t for n, t in gather_dense(column, grads=True, group=group).items()},
+               **{f"second.{n}": t for n, t in gather_dense(row, grads=True, group=group).items()}}
+        alone = x.clone().requires_grad_(True)
+        split_to_parallel_region(alone, -1, group).pow(2).sum().backward()  # every rank squares its slice
+        results[degree] = {"split grad": (alone.grad - 2 * x).abs().max().item(),
+                           "output": (y - second(first(x))).abs().max().item(),
+                           "input grad": (inputs.grad - dense_inputs.grad).abs().max().item(),
+                           "grads": _diffs(grads, got), "calls": dict(counts.calls)}
+    return results
+
+
+def test_column_gathered_then_row_split_equal_two_dense_layers():
+    """gather_from_parallel_region after the column-parallel layer (all-gather forward, slice backward) and
+    split_to_parallel_region before the row-parallel one (slice forward, all-gather backward), uneven features.
+    Planted bug, seen failing here: the split's backward zero-fills the other ranks' slices instead of gathering
+    them (split alone: the gradient misses the other ranks' features; after the gather, whose backward keeps
+    this rank's slice anyway, only the missing backward all-gather in the count shows it)."""
+    for rank, per_rank in enumerate(coursekit.launch(_layers_alone, 4, timeout=TIMEOUT)):
+        for degree, r in per_rank.items():
+            where = f"degree {degree}, rank {rank}"
+            assert r["output"] < 1e-5, f"{where}: output differs by {r['output']:.3g}"
+            assert r["input grad"] < 1e-5, f"{where}: input gradient differs by {r['input grad']:.3g}"
+            bad = {n: d for n, d in r["grads"].items() if not d < 1e-5}
+            assert not bad, f"{where}: gradients differ: {bad}"
+            assert r["split grad"] < 1e-6, f"{where}: split's backward left {r['split grad']:.3g} of the gradient out"
+            each_way = {} if degree == 1 else {(op, d): 1 for op in ("all_reduce", "all_gather")
+                                               for d in ("forward", "backward")}
+            assert r["calls"] == each_way, f"{where}: collectives {r['calls']}, expected {each_way}"
 
 
 def _too_small(rank, world_size):

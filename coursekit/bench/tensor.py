@@ -29,7 +29,6 @@ import torch
 
 from ..launch import launch
 from ..train import train
-from ..parallel import tensor_model  # noqa: F401  (registers "tensor" and "dp_tp")
 
 VARIANTS = [  # label, strategy, world size, extra arguments
     ("tensor, degree 1 (one process)", "tensor", 1, {}),

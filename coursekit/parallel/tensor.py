@@ -7,7 +7,9 @@ for some input features, takes the matching slice of ``X``, and the ranks'
 partial products are summed by one all-reduce. A column-parallel layer
 followed by a row-parallel one (the MLP: ``fc`` then ``out``; attention:
 ``qkv`` by heads, then ``proj``) needs exactly one all-reduce forward and one
-backward, done by two conjugate operators the paper calls **f** and **g**:
+backward, done by two conjugate operators the paper calls **f** and **g**.
+(The paper writes ``Y = XA`` with ``A = Wᵀ``: "column" means a column of ``A``,
+a row of PyTorch's ``weight``.)
 
 ==========================================  ============================  ============================
 operator (here)                             forward                       backward
@@ -19,7 +21,8 @@ operator (here)                             forward                       backwa
 ==========================================  ============================  ============================
 
     >>> def layer(rank, world_size):
-    ...     dense = torch.nn.Linear(8, 6)                      # same seed on every rank
+    ...     torch.manual_seed(0)                               # the same dense layer on every rank
+    ...     dense = torch.nn.Linear(8, 6)
     ...     col = ColumnParallelLinear.from_dense(dense)       # 3 of the 6 output features each
     ...     return col(torch.ones(2, 8)).shape                 # doctest: +SKIP
     >>> coursekit.launch(layer, 2)                             # doctest: +SKIP
