@@ -240,15 +240,18 @@ CONFIG = dict(model="transformer", steps=3, global_batch=7, optimizer="adam", lr
 
 
 def _train(rank, world_size, strategy, options):
-    result = train(rank, world_size, strategy, **CONFIG, **options)
-    return result["records"], {k: v for k, v in result.items() if k.startswith("tp_") or k == "elements_reduced"}
+    result = train(rank, world_size, strategy, **CONFIG, trace=strategy == "tensor", **options)
+    counters = {k: v for k, v in result.items() if k.startswith("tp_") or k == "elements_reduced"}
+    if result["spans"] is not None:  # the collectives drawn on the timeline, as counted
+        counters["spans"] = sum(1 for s in result["spans"] if s.kind == "comm" and s.rank == rank)
+    return result["records"], counters
 
 
 def test_strategies_train_like_one_process():
     """"tensor" at degrees 1 (in this process), 2 and 3 (uneven), and "dp_tp" on a 2 x 2 mesh with a global
     batch of 7 (4 + 3 per data slice): outputs, loss, gradients and parameters after 3 Adam steps equal
     strategy="single" on the same global batch; collectives per step as the formula (whole logits gathered
-    for the loop's loss). Planted bug, seen failing here: the hybrid's gradients all-reduced over the tp axis
+    for the loop's loss), each one a comm span on the traced timeline. Planted bug, seen failing here: the hybrid's gradients all-reduced over the tp axis
     instead of dp (each data slice then trains on its half of the batch: gradients off at step 0)."""
     reference = train(0, 1, "single", **CONFIG)["records"]
     single_tp = train(0, 1, "tensor", **CONFIG)["records"]
@@ -274,5 +277,7 @@ def test_strategies_train_like_one_process():
                 replicated = 64 * 64 + layers * (2 * 2 * h + 2 * h) + 2 * h  # pos_emb; 2 norms, 2 row biases; ln_f
                 split = vocab * h + layers * (3 * h * h + h * h + 4 * h * h + 4 * h + 4 * h * h)
                 expected["elements_reduced"] = CONFIG["steps"] * (replicated + split // 2)
+            if strategy == "tensor":  # traced: one comm span per collective
+                expected["spans"] = CONFIG["steps"] * (2 * (2 * layers + 1) + 1)
             got = {k: counters[k] for k in expected}
             assert got == expected, f"{strategy} on {world_size} ranks, rank {rank}: counted {got}, formula {expected}"

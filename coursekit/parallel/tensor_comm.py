@@ -22,7 +22,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -44,17 +44,24 @@ class CommCounts:
     ``op`` is ``"all_reduce"`` or ``"all_gather"``, ``direction`` ``"forward"`` or
     ``"backward"``. ``elements`` adds up the size of each reduced (or gathered)
     tensor: ``b·s·h`` for a layer's activations, not the bytes on the wire.
-    ``seconds`` is the wall time spent inside the blocking calls.
+    ``seconds`` is the wall time spent inside the blocking calls. With a
+    ``tracer`` (:class:`coursekit.trace.Tracer`), each call is also a ``comm``
+    span (and ``idle``: the rank waits on it) named e.g. ``"all_reduce forward"``.
     """
 
     calls: Counter = field(default_factory=Counter)
     elements: Counter = field(default_factory=Counter)
     seconds: float = 0.0
+    tracer: Any = None
 
     def add(self, op: str, direction: str, numel: int, seconds: float) -> None:
         self.calls[op, direction] += 1
         self.elements[op, direction] += numel
         self.seconds += seconds
+        if self.tracer is not None:
+            end = self.tracer.now()
+            for kind in ("comm", "idle"):
+                self.tracer.add(kind, f"{op} {direction}", end - seconds, end)
 
     def as_dict(self, prefix: str = "tp_") -> dict[str, int]:
         """Flat counters, e.g. ``{"tp_all_reduce_forward_calls": 5, "tp_all_reduce_forward_elements": ...}``."""

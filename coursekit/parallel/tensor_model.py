@@ -212,7 +212,7 @@ class TensorParallel(Strategy):
         self.group = self.dp_axis.group if self.dp_axis is not None else None  # the loop's data-parallel group
         self.model = parallelize_transformer(_check_model(setup.model), self.tp_group)
         self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
-        self.counts = CommCounts()
+        self.counts = CommCounts(tracer=setup.tracer)  # with trace=True, every collective is a span
 
     def _axes(self, setup: Setup):
         if isinstance(setup.group, Mesh):
