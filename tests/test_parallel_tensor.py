@@ -101,7 +101,7 @@ def test_tensor_parallel_transformer_equals_dense_at_degrees_1_to_4():
             where = f"degree {degree}, {name}, rank {rank}"
             checked.add(degree)
             assert r["logits"] < 1e-4, f"{where}: logits differ from the dense model's by {r['logits']:.3g}"
-            assert r["loss"] < 1e-5, f"{where}: vocabulary-parallel loss differs from F.cross_entropy by {r['loss']:.3g}"
+            assert r["loss"] < 1e-5, f"{where}: vocabulary-parallel loss is {r['loss']:.3g} off F.cross_entropy"
             for kind in ("grads", "params"):
                 bad = sorted(((d, n) for n, d in r[kind].items() if not d < 1e-5), reverse=True)
                 assert not bad, (f"{where}: {len(bad)} of {len(r[kind])} {kind} differ from the dense model's, "
@@ -154,7 +154,7 @@ def test_vocab_parallel_cross_entropy_equals_cross_entropy_on_the_whole_logits()
     do not own the target."""
     for rank, per_rank in enumerate(coursekit.launch(_loss_alone, 4, timeout=TIMEOUT)):
         for degree, (loss_diff, grad_diff) in per_rank.items():
-            assert loss_diff < 1e-4, f"degree {degree}, rank {rank}: loss differs from F.cross_entropy by {loss_diff:.3g}"
+            assert loss_diff < 1e-4, f"degree {degree}, rank {rank}: loss is {loss_diff:.3g} off F.cross_entropy"
             assert grad_diff < 1e-6, f"degree {degree}, rank {rank}: gradient of the logits differs by {grad_diff:.3g}"
 
 
@@ -251,8 +251,10 @@ def test_strategies_train_like_one_process():
     """"tensor" at degrees 1 (in this process), 2 and 3 (uneven), and "dp_tp" on a 2 x 2 mesh with a global
     batch of 7 (4 + 3 per data slice): outputs, loss, gradients and parameters after 3 Adam steps equal
     strategy="single" on the same global batch; collectives per step as the formula (whole logits gathered
-    for the loop's loss), each one a comm span on the traced timeline. Planted bug, seen failing here: the hybrid's gradients all-reduced over the tp axis
-    instead of dp (each data slice then trains on its half of the batch: gradients off at step 0)."""
+    for the loop's loss), each one a comm span on the traced timeline; the dp gradient elements as the formula.
+    Planted bugs, each seen failing here: the hybrid's gradients all-reduced over the tp axis instead of dp
+    (each data slice then trains on its half of the batch: gradients off at step 0); the tracer not handed to
+    the counter (no comm span)."""
     reference = train(0, 1, "single", **CONFIG)["records"]
     single_tp = train(0, 1, "tensor", **CONFIG)["records"]
     assert compare(reference, [single_tp]).ok, compare(reference, [single_tp])

@@ -140,7 +140,10 @@ def gather_from_parallel_region(tensor: torch.Tensor, dim: int = -1, group=None,
 
 
 def split_to_parallel_region(tensor: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
-    """Keep this rank's slice along ``dim`` forward, all-gather the gradient backward (Megatron's ``scatter_to_...``)."""
+    """Keep this rank's slice along ``dim`` forward, all-gather the gradient backward.
+
+    Megatron's ``scatter_to_tensor_model_parallel_region``; slices split as :func:`shard_sizes`.
+    """
     return _Split.apply(tensor, dim % tensor.dim(), group)
 
 
