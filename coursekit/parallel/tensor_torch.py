@@ -117,7 +117,7 @@ def torch_parallel_mlp(fc: nn.Linear, out: nn.Linear, device_mesh) -> TorchMLP:
 
 
 def torch_parallel_attention(attn: nn.Module, device_mesh) -> TorchSelfAttention:
-    """A copy of ``attn``: ``qkv`` ``ColwiseParallel`` (rows in :func:`qkv_rank_order`), ``proj`` ``RowwiseParallel``."""
+    """A copy of ``attn``: ``qkv`` ColwiseParallel (rows in :func:`qkv_rank_order`), ``proj`` RowwiseParallel."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     module = TorchSelfAttention(attn, device_mesh.size())
