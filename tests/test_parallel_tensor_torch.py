@@ -61,7 +61,7 @@ def _side_by_side(rank, world_size):
         for name, ours, theirs in (("mlp", ours_mlp, torch_mlp), ("attention", ours_attn, torch_attn)):
             y, dx, counts = _run(ours, x, grad_out, count_communication())
             ty, tdx, mode = _run(theirs, x, grad_out, CommDebugMode())
-            ours_grads = gather_dense(ours, grads=True, group=group)
+            ours_grads = gather_dense(ours, grads=True)  # over the group its layers were built with
             torch_grads = {n: _full(p.grad) for n, p in theirs.named_parameters()}
             if name == "attention":
                 torch_grads["qkv.weight"] = dense_qkv(torch_grads["qkv.weight"], block.attn.n_heads, degree)

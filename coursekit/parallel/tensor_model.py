@@ -131,10 +131,13 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
 
     Each split tensor is all-gathered over the model's group and every rank's
     rows (or columns) put back where they came from -- for q, k and v by heads.
-    Works on any module made of this chapter's layers (``group``: default ``model.group``).
-    Collective: call it on every rank of the group. Not counted.
+    Works on any module made of this chapter's layers (``group``: default, the group its layers were built
+    with). Collective: call it on every rank of the group. Not counted.
     """
-    group = as_group(group if group is not None else getattr(model, "group", None))
+    if group is None:
+        group = next((m.group for m in model.modules() if isinstance(m, (_ShardedLinear, VocabParallelEmbedding))),
+                     None)
+    group = as_group(group)
     rank, size = tp_rank_size(group)
     out = {}
     for module_name, module in model.named_modules():
