@@ -52,11 +52,15 @@ def _run_all(rank, world_size, configs):
 @pytest.fixture(scope="module")
 def runs():
     """Each world size's configurations, and the one-process reference of each (computed first, in the parent)."""
-    out = {}
-    for world_size, configs in CONFIGS.items():
-        single = [{k: v for k, v in c.items() if k not in ("partition_by", "layers_per_stage")} for c in configs]
-        references = [train(0, 1, "single", **c)["records"] for c in single]
-        out[world_size] = (references, coursekit.launch(_run_all, world_size, configs, timeout=TIMEOUT))
+    out, threads = {}, torch.get_num_threads()
+    torch.set_num_threads(1)  # the reference on one thread, like each rank (2 threads on a busy machine: 50x slower)
+    try:
+        for world_size, configs in CONFIGS.items():
+            single = [{k: v for k, v in c.items() if k not in ("partition_by", "layers_per_stage")} for c in configs]
+            references = [train(0, 1, "single", **c)["records"] for c in single]
+            out[world_size] = (references, coursekit.launch(_run_all, world_size, configs, timeout=TIMEOUT))
+    finally:
+        torch.set_num_threads(threads)
     return out
 
 

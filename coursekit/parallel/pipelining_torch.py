@@ -18,7 +18,7 @@ The loop's loss of a micro-batch is already scaled (the sum over micro-batches i
 the schedules run with ``scale_grads=False``. torch splits the batch with ``tensor_split``, as the loop does,
 but its stages receive into buffers shaped at the first micro-batch: micro-batches must be of one size.
 
-    >>> train(rank, world_size, "torch_pipeline", model="transformer", micro_batches=4, schedule="1f1b")  # doctest: +SKIP
+    >>> train(rank, world_size, "torch_pipeline", model="transformer", micro_batches=4)  # doctest: +SKIP
 """
 
 from __future__ import annotations
