@@ -1,0 +1,26 @@
+"""The right order of F and B, but no sends or receives (add_communication never called): on one rank
+that is a schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
+
+from coursekit.parallel.schedules import Action, Schedule
+
+EXERCISE = "04_pipeline_schedule"
+SCORE = 0.68  # only one rank works: valid and bubble there earn nothing; peak 3 × 7/31 (p = 1, m >= 2)
+LOSES = {
+    "valid_schedule": (0, "p=2, m=1: rank 0, action B0@s0: B0@s0 needs its output gradient, but RECV_B0@s0 is "
+                          "missing on rank 0: put RECV_B0@s0 before B0@s0"),
+    "bubble_equals_formula": (0, "not a valid schedule (see valid_schedule)"),
+    "peak_activations": (0.68, "not a valid schedule"),
+    "equals_one_process": (0, "p=2, m=4: not run, not a valid schedule"),
+}
+
+
+def one_f_one_b(p, m):
+    actions = []
+    for r in range(p):
+        warmup = min(p - 1 - r, m)
+        ops = [Action("F", r, i) for i in range(warmup)]
+        for i in range(m - warmup):
+            ops += [Action("F", r, warmup + i), Action("B", r, i)]
+        ops += [Action("B", r, i) for i in range(m - warmup, m)]
+        actions.append(ops)
+    return Schedule("1f1b", p, m, 1, actions)   # the mistake: add_communication(...) forgotten

@@ -1,0 +1,24 @@
+"""Warm-up of p − 1 − r forwards even when there are fewer micro-batches (no min(…, m)): with m < p − 1
+rank 0 runs forwards of micro-batches that do not exist."""
+
+from coursekit.parallel.schedules import Action, Schedule, add_communication
+
+EXERCISE = "04_pipeline_schedule"
+SCORE = 9.07  # valid 3 × 21/24 + bubble 2 × 21/24 + peak 3 × 27/30 + executed 2 (p=2, m=4 and p=3, m=5 are fine)
+LOSES = {
+    "valid_schedule": (2.62, "p=3, m=1: rank 0, action F1@s0: micro-batch 1 does not exist: there are 1 (0..0)"),
+    "bubble_equals_formula": (1.75, "p=3, m=1: not a valid schedule (see valid_schedule)"),
+    "peak_activations": (2.7, "p=4, m=2: not a valid schedule"),
+}
+
+
+def one_f_one_b(p, m):
+    actions = []
+    for r in range(p):
+        warmup = p - 1 - r                      # the mistake: min(p - 1 - r, m)
+        ops = [Action("F", r, i) for i in range(warmup)]
+        for i in range(m - warmup):
+            ops += [Action("F", r, warmup + i), Action("B", r, i)]
+        ops += [Action("B", r, i) for i in range(max(0, m - warmup), m)]
+        actions.append(ops)
+    return add_communication(Schedule("1f1b", p, m, 1, actions))

@@ -1,0 +1,103 @@
+"""Exercise 04's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
+
+The solution and the stub are taken from the notebook's one source (tools/notebook_src/04_pipeline_schedule.py,
+both sides of its SOLUTION block); the wrong attempts are committed in tests/submissions/pipeline_schedule/
+with their score and feedback (README there). The three checks that run in this process are graded for every
+attempt; the one that trains on real ranks (``equals_one_process``, a few seconds a case) runs in the slow tests,
+and here only where an invalid schedule is refused without starting a rank.
+
+Planted bugs, each seen failing (in coursekit/checks/pipeline_schedule.py):
+* ``validate`` not called in ``_build`` -> forgets_communication earns valid_schedule's points ("earned 3, not 0");
+* the bubble judge always right -> no_warmup "bubble_equals_formula earned 2, not 0.25";
+* the peak bound ``m`` instead of ``min(p − r, m)`` -> gpipe_order "peak_activations earned 3, not 0";
+* no precondition for m = 1 in the peak check -> gpipe_order "earned 0.38, not 0";
+* ``NotImplementedError`` not turned into NotDone -> the stub's status "fail", not "not done";
+* the reference trained on 16 samples, the ranks on 12 -> the solution's equals_one_process "earned 0"
+  with "step 0" in its feedback (slow test).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from coursekit.checks.pipeline_schedule import check_pipeline_schedule
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTEMPTS_DIR = ROOT / "tests" / "submissions" / "pipeline_schedule"
+ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py"))
+IN_PROCESS = ["valid_schedule", "bubble_equals_formula", "peak_activations"]
+
+
+def notebook_function(exercise: bool):
+    """``one_f_one_b`` as the exercise (stub) or the solution notebook defines it, from the one source."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from build_notebook import select
+
+    source = select((ROOT / "tools" / "notebook_src" / "04_pipeline_schedule.py").read_text(), exercise)
+    cells = re.split(r"^# %%.*$", source, flags=re.M)
+    code = next(c for c in cells if "def one_f_one_b" in c)
+    namespace: dict = {}
+    exec("from coursekit.parallel.schedules import Action, Schedule, add_communication\n" + code, namespace)
+    return namespace["one_f_one_b"]
+
+
+def attempt(name: str):
+    if str(ATTEMPTS_DIR) not in sys.path:
+        sys.path.insert(0, str(ATTEMPTS_DIR))
+    return importlib.import_module(name)
+
+
+def test_stub_scores_zero_and_says_not_done():
+    report = check_pipeline_schedule(notebook_function(exercise=True), verbose=False)
+    assert report.score == 0 and report.max_score == 10
+    assert all(r.status == "not done" for r in report.results), report.table()
+
+
+def test_solution_passes_the_in_process_checks():
+    report = check_pipeline_schedule(notebook_function(exercise=False), verbose=False, only=IN_PROCESS)
+    assert report.full_marks, report.table()
+
+
+@pytest.mark.slow
+def test_solution_full_marks_with_execution():
+    report = check_pipeline_schedule(notebook_function(exercise=False), verbose=False)
+    assert report.full_marks, report.table()
+
+
+def _graded(name: str, execute: bool):
+    module = attempt(name)
+    only = IN_PROCESS + (["equals_one_process"] if execute or "equals_one_process" in module.LOSES else [])
+    report = check_pipeline_schedule(module.one_f_one_b, verbose=False, only=only)
+    by_name = {r.name: r for r in report.results}
+    table = report.table()
+    for check, result in by_name.items():
+        if check in module.LOSES:
+            earned, phrases = module.LOSES[check]
+            assert result.earned == pytest.approx(earned), f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
+            for phrase in [phrases] if isinstance(phrases, str) else phrases:
+                assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
+        else:
+            assert result.earned == result.points, f"{name}: {check} should earn full marks\n{table}"
+    not_run = 0 if "equals_one_process" in by_name else 2  # full marks there, checked by the slow test
+    assert report.score + not_run == pytest.approx(module.SCORE), table
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_attempt_gets_its_score_and_feedback(name):
+    _graded(name, execute=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in ATTEMPTS if n in ("gpipe_order", "no_warmup")])
+def test_valid_attempts_train_like_one_process(name):
+    _graded(name, execute=True)
+
+
+def test_every_typical_mistake_has_an_attempt():
+    assert {"gpipe_order", "no_warmup", "warmup_ignores_m", "forgets_communication", "send_before_forward",
+            "backward_newest_first"} <= set(ATTEMPTS)
