@@ -19,6 +19,7 @@ from coursekit.trace import Span
 from coursekit.train import train
 from coursekit.traffic import Traffic
 from coursekit.verify import NamedPart, compare
+from pipeline_support import run_all
 
 TIMEOUT = 120.0
 D, V, S = 64, 16, 31  # the course transformer: d_model, vocabulary, tokens per sample (LanguageData's 32 - 1)
@@ -45,23 +46,11 @@ CONFIGS = {  # world size -> configurations run in one launch
 }
 
 
-def _run_all(rank, world_size, configs):
-    return [train(rank, world_size, "model", **config) for config in configs]
-
-
 @pytest.fixture(scope="module")
 def runs():
-    """Each world size's configurations, and the one-process reference of each (computed first, in the parent)."""
-    out, threads = {}, torch.get_num_threads()
-    torch.set_num_threads(1)  # the reference on one thread, like each rank (2 threads on a busy machine: 50x slower)
-    try:
-        for world_size, configs in CONFIGS.items():
-            single = [{k: v for k, v in c.items() if k not in ("partition_by", "layers_per_stage")} for c in configs]
-            references = [train(0, 1, "single", **c)["records"] for c in single]
-            out[world_size] = (references, coursekit.launch(_run_all, world_size, configs, timeout=TIMEOUT))
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    """``{world size: (references, results)}``, ``results[rank][config]`` the dict of ``train``."""
+    return {p: (refs, [[r[0] for r in rank] for rank in results])
+            for p, (refs, results) in run_all(("model",), CONFIGS, TIMEOUT).items()}
 
 
 def test_equal_to_one_process_at_2_to_4_ranks(runs):

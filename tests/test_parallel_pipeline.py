@@ -5,7 +5,6 @@ Every check here was seen failing on a planted bug, named in its docstring.
 """
 
 import pytest
-import torch
 
 import coursekit
 import coursekit.parallel.pipeline  # noqa: F401  (registers "pipeline")
@@ -14,6 +13,7 @@ from coursekit.parallel.schedules import Action, Schedule, ScheduleError, make_s
 from coursekit.train import train
 from coursekit.traffic import Traffic
 from coursekit.verify import compare
+from pipeline_support import run_all
 
 TIMEOUT = 120.0
 D, V, S = 64, 16, 31  # the course transformer: d_model, vocabulary, tokens per sample
@@ -46,25 +46,11 @@ CONFIGS = {
 }
 
 
-def _run_all(rank, world_size, configs):
-    return [train(rank, world_size, "pipeline", **config) for config in configs]
-
-
-def _single(config):
-    return {k: v for k, v in config.items() if k not in ("schedule", "stages_per_rank", "count_traffic", "trace")}
-
-
 @pytest.fixture(scope="module")
 def runs():
-    out, threads = {}, torch.get_num_threads()
-    torch.set_num_threads(1)  # the reference on one thread, like each rank (2 threads on a busy machine: 50x slower)
-    try:
-        for world_size, configs in CONFIGS.items():
-            references = [train(0, 1, "single", **_single(c))["records"] for c in configs]  # first: ranks inherit
-            out[world_size] = (references, coursekit.launch(_run_all, world_size, configs, timeout=TIMEOUT))
-    finally:
-        torch.set_num_threads(threads)
-    return out
+    """``{world size: (references, results)}``, ``results[rank][config]`` the dict of ``train``."""
+    return {p: (refs, [[r[0] for r in rank] for rank in results])
+            for p, (refs, results) in run_all(("pipeline",), CONFIGS, TIMEOUT).items()}
 
 
 def _each(runs):
