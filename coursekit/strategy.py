@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .mesh import as_group
+from .models import loss_fn
 from .trace import Tracer
 
 __all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "optimizer_tensors"]
@@ -49,9 +50,9 @@ class Strategy:
     """The default strategy is one process: forward, backward, optimiser step, nothing to synchronise.
 
     The loop calls, every step, for each micro-batch inside
-    ``micro_batch_context(last)``: ``forward``, then backward inside
+    ``micro_batch_context(last)``: ``forward`` and ``loss``, then backward inside
     ``backward_context(last)``; then ``synchronize()``,
-    ``gradients()`` (for the record, before the step), ``step()``,
+    ``recorded_output()`` and ``gradients()`` (for the record, before the step), ``step()``,
     ``parameters()`` and ``held_tensors()`` (after it), ``zero_grad()``.
     Subclasses override what differs.
     """
@@ -89,6 +90,22 @@ class Strategy:
     # ---------------------------------------------------------------- one step
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.model(inputs)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean loss of one micro-batch from what :meth:`forward` returned (the loop scales it).
+
+        Default: :func:`coursekit.models.loss_fn` on whole outputs. A strategy whose forward returns
+        shards overrides it (tensor parallelism: the vocabulary-parallel loss, no logits gathered).
+        """
+        return loss_fn(output, targets)
+
+    def recorded_output(self, outputs: list[torch.Tensor]) -> torch.Tensor | None:
+        """The step's output as the record shows it (the micro-batches' detached outputs, concatenated).
+
+        Called only when the loop records; a strategy whose outputs are shards reassembles them here,
+        outside the step (not counted, not traced).
+        """
+        return torch.cat(outputs) if outputs else None  # None: this rank computes no output
 
     def micro_batch_context(self, last: bool) -> ContextManager:
         """Wrapped around each micro-batch's forward *and* backward (torch DDP's ``no_sync`` must see both)."""

@@ -27,7 +27,6 @@ import torch.nn as nn
 from . import comm
 from . import parallel  # noqa: F401  (registers the strategies of every chapter)
 from .memory import PeakMemory
-from .models import loss_fn
 from .parallel.data import shard_batch
 from .strategy import STRATEGIES, Setup, Strategy, get_strategy
 from .trace import Tracer
@@ -140,7 +139,7 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
             loss = _global_loss(local_loss, runner)
             out["losses"].append(loss)
             if record:  # gradients after the step: optimisers do not change .grad
-                output = torch.cat(outputs) if outputs else None  # None: this rank computes no output
+                output = runner.recorded_output(outputs)
                 out["records"].append(record_step(output, loss, runner.gradients(), runner.parameters()))
             out["step_times"].append(time.perf_counter() - begin)
             out["memory"] = peak.note(runner.held_tensors())  # bytes held right after the step, by kind
@@ -158,8 +157,9 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
 def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Tensor, micro_batches: int):
     """This rank's slice of the global batch, cut into micro-batches; each one forward and backward.
 
-    Each micro-batch's loss is scaled so that the sum over micro-batches, averaged over the
-    data-parallel ranks, is exactly the mean loss of the global batch (see :func:`shard_batch`).
+    Each micro-batch's loss (``runner.loss``: by default ``loss_fn`` on the whole output) is scaled so
+    that the sum over micro-batches, averaged over the data-parallel ranks, is exactly the mean loss of
+    the global batch (see :func:`shard_batch`).
     """
     local_x, local_y, weight = shard_batch(inputs, targets, runner.data_rank, runner.data_size)
     micro = list(zip(local_x.tensor_split(micro_batches), local_y.tensor_split(micro_batches)))
@@ -168,7 +168,7 @@ def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Ten
                          f"{micro_batches}; use a larger global batch or fewer micro-batches.")
 
     def micro_loss(out: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return loss_fn(out, y) * weight * x.shape[0] / local_x.shape[0]
+        return runner.loss(out, y) * weight * x.shape[0] / local_x.shape[0]
 
     if runner.run_step is not None:  # the strategy runs the whole step (a pipeline schedule)
         output, local_loss = runner.run_step(micro, micro_loss)

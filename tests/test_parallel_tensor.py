@@ -250,11 +250,13 @@ def _train(rank, world_size, strategy, options):
 def test_strategies_train_like_one_process():
     """"tensor" at degrees 1 (in this process), 2 and 3 (uneven), and "dp_tp" on a 2 x 2 mesh with a global
     batch of 7 (4 + 3 per data slice): outputs, loss, gradients and parameters after 3 Adam steps equal
-    strategy="single" on the same global batch; collectives per step as the formula (whole logits gathered
-    for the loop's loss), each one a comm span on the traced timeline; the dp gradient elements as the formula.
+    strategy="single" on the same global batch; collectives per step as the formula and expected_counts (the
+    loop's loss vocabulary-parallel through Strategy.loss: 3 all-reduces of b·s, the logits never gathered in
+    training), each one a comm span on the traced timeline; the dp gradient elements as the formula.
     Planted bugs, each seen failing here: the hybrid's gradients all-reduced over the tp axis instead of dp
     (each data slice then trains on its half of the batch: gradients off at step 0); the tracer not handed to
-    the counter (no comm span)."""
+    the counter (no comm span); the logits gathered anyway (forward returning full_logits, loss on whole
+    logits: one all-gather of b·s·V per step counted, 3 loss all-reduces missing)."""
     reference = train(0, 1, "single", **CONFIG)["records"]
     single_tp = train(0, 1, "tensor", **CONFIG)["records"]
     assert compare(reference, [single_tp]).ok, compare(reference, [single_tp])
@@ -269,17 +271,20 @@ def test_strategies_train_like_one_process():
         for rank, (_, counters) in enumerate(results):
             batch = 7 if strategy == "tensor" else (4, 3)[rank // 2]
             bsh = batch * seq * h
-            expected = {"tp_all_reduce_forward_calls": CONFIG["steps"] * (2 * layers + 1),
-                        "tp_all_reduce_forward_elements": CONFIG["steps"] * (2 * layers + 1) * bsh,
+            # the vocabulary-parallel loss: 3 all-reduces of b·s forward, and no all-gather of the b·s·V logits
+            expected = {"tp_all_reduce_forward_calls": CONFIG["steps"] * (2 * layers + 1 + 3),
+                        "tp_all_reduce_forward_elements": CONFIG["steps"] * ((2 * layers + 1) * bsh + 3 * batch * seq),
                         "tp_all_reduce_backward_calls": CONFIG["steps"] * (2 * layers + 1),
                         "tp_all_reduce_backward_elements": CONFIG["steps"] * (2 * layers + 1) * bsh,
-                        "tp_all_gather_forward_calls": CONFIG["steps"],
-                        "tp_all_gather_forward_elements": CONFIG["steps"] * batch * seq * vocab}
+                        "tp_all_gather_forward_calls": 0, "tp_all_gather_forward_elements": 0,
+                        "tp_all_gather_backward_calls": 0, "tp_all_gather_backward_elements": 0}
+            per_step = expected_counts(batch, seq, h, layers, 2).as_dict()  # what the chapter prints
+            assert {k: CONFIG["steps"] * v for k, v in per_step.items()} == expected, per_step
             if strategy == "dp_tp":  # every step, each rank all-reduces its local gradients over dp once
                 replicated = 64 * 64 + layers * (2 * 2 * h + 2 * h) + 2 * h  # pos_emb; 2 norms, 2 row biases; ln_f
                 split = vocab * h + layers * (3 * h * h + h * h + 4 * h * h + 4 * h + 4 * h * h)
                 expected["elements_reduced"] = CONFIG["steps"] * (replicated + split // 2)
             if strategy == "tensor":  # traced: one comm span per collective
-                expected["spans"] = CONFIG["steps"] * (2 * (2 * layers + 1) + 1)
+                expected["spans"] = CONFIG["steps"] * (2 * (2 * layers + 1) + 3)
             got = {k: counters[k] for k in expected}
             assert got == expected, f"{strategy} on {world_size} ranks, rank {rank}: counted {got}, formula {expected}"

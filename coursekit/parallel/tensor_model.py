@@ -21,9 +21,10 @@ Strategies for :func:`coursekit.train.train`:
   or pass ``group=`` a :class:`coursekit.mesh.Mesh` with axes ``dp`` and ``tp``). Each data-parallel slice of
   the batch goes to one tensor group; gradients are averaged over the ``dp`` axis only.
 
-The loop computes the loss from whole logits (``loss_fn(output, targets)``), so these strategies all-gather
-the vocabulary shards of the logits (one all-gather of ``b·s·V`` forward, none backward); a model used
-on its own computes the vocabulary-parallel loss instead (:meth:`TensorParallelTransformer.loss`).
+Both hand the loop this rank's vocabulary shard of the logits and their own loss (:meth:`Strategy.loss
+<coursekit.strategy.Strategy.loss>`): the vocabulary-parallel cross-entropy, so training never gathers the
+logits (``b·s·V`` numbers; at a real vocabulary of 50k-250k the largest tensor of the step). Only the record
+the equivalence harness compares (``train(..., record=True)``) all-gathers them, after the step, uncounted.
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: i
 
     Per layer 2 all-reduces of ``b·s·h`` forward and 2 backward; the embedding
     one forward, the head one backward; then either the vocabulary-parallel
-    loss's 3 of ``b·s`` forward, or (``gathered_logits``) one all-gather of ``b·s·V``.
+    loss's 3 of ``b·s`` forward (what the strategies ``"tensor"`` and ``"dp_tp"``
+    issue in training), or (``gathered_logits``) one all-gather of ``b·s·V``
+    (what a loss on whole logits would cost instead).
     """
     counts = CommCounts()
     if degree == 1:
@@ -235,7 +238,17 @@ class TensorParallel(Strategy):
         return count_communication(self.counts)  # forward and backward of each micro-batch
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.model.full_logits(inputs)
+        return self.model(inputs)  # this rank's logits, (b, s, V/t)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The vocabulary-parallel mean cross-entropy from this rank's logits: 3 all-reduces of ``b·s``."""
+        return vocab_parallel_cross_entropy(output, targets, self.model.tok_emb.vocab_start, self.tp_group).mean()
+
+    def recorded_output(self, outputs):
+        """The whole logits for the record only: all-gathered after the step, not counted."""
+        with torch.no_grad():
+            return torch.cat([gather_from_parallel_region(out, -1, self.tp_group, self.model.vocab_size)
+                              for out in outputs])
 
     def gradients(self):
         return gather_dense(self.model, grads=True)
