@@ -32,7 +32,8 @@ from coursekit import grading
 
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
 ATTEMPTS = sorted(p.stem for p in SUBMISSIONS.glob("*.py") if not p.name.startswith("_"))
-FUNCTIONS = ("reduce_scatter", "all_gather", "attach_gradient_averaging", "reduce_scatter_gradients")
+FUNCTIONS = ("reduce_scatter", "all_gather", "attach_gradient_averaging", "reduce_scatter_gradients", "first_stage",
+             "second_stage")
 NOISE = ("terminate called", "EnforceNotMet", "Connection reset by peer", "Connection closed by peer", "pair.cc")
 
 
