@@ -1,0 +1,399 @@
+"""Checks of exercise 03 (``exercises/03_model_parallel.ipynb``): the two halves of a model-parallel step.
+
+    from coursekit.checks.model_parallel import check_model_parallel
+    check_model_parallel(first_stage, second_stage)
+
+The seed's example (claim P3): a two-layer network, the hidden layer on rank 0 ("GPU 1"), the output layer on
+rank 1 ("GPU 2"). The learner writes both halves of one micro-batch's forward and backward:
+
+* ``first_stage(stage, inputs)`` on rank 0: forward through ``stage``, send the activations to rank 1 (detached:
+  only numbers cross between processes), receive the gradient of the loss with respect to them, and continue
+  the backward pass from it (``activations.backward(grad)``).
+* ``second_stage(stage, targets, loss_fn, shape) -> loss`` on rank 1: receive the activations (``shape``) as a
+  leaf that requires grad, forward through ``stage``, ``loss = loss_fn(output, targets)``, ``loss.backward()``,
+  and send ``inputs.grad`` back to rank 0.
+
+Each check runs the learner's halves in the strict simulator first (a deadlock is named at once), then on two
+real ranks (``torch.distributed``'s collectives and raw send/recv switched off: everything goes through
+``coursekit.comm`` and is counted), and compares with one process training the whole network on the same
+batches (:mod:`coursekit.verify`: the loss, every gradient, every weight after each step).
+
+What a rank does is watched through a thin layer over ``coursekit.comm``'s transport (:class:`_Watch`): where
+each message goes, and whether the activations sent still required grad. When the second stage cannot send a
+gradient (``inputs.grad`` is None because the received activations did not require grad, or it is sent to
+the wrong rank), the harness sends rank 0 a zero gradient in its place, so that the run finishes and the
+feedback can say what that costs: the first stage's gradients are zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .. import comm, grading
+from ..comm import _state
+from ..launch import launch
+from ..models import TeacherData, loss_fn, tiny_mlp
+from ..parallel.model import split
+from ..verify import NamedPart, compare, record_step, reference_run
+
+EXERCISE = "03_model_parallel"  # registered in grading.EXERCISE_MODULES, the one place exercises are named
+# Said when torch.distributed's collectives are called (they are switched off while grading):
+INSTEAD = "send the activations and the gradient with coursekit.comm.send/recv (or isend/irecv)"
+
+WORLD = 2  # two stages, two ranks: the seed's example
+_ROLE = {0: "the first stage (rank 0)", 1: "the second stage (rank 1)"}
+_WHAT = {0: "the activations", 1: "the gradient"}
+
+
+def check_model_parallel(first_stage=None, second_stage=None, **options) -> grading.Report:
+    """Grade exercise 03: pass the two functions you wrote (``None`` for one not written yet)."""
+    def not_done(*args, **kwargs):
+        raise NotImplementedError
+    return grading.grade(EXERCISE, first_stage=first_stage or not_done, second_stage=second_stage or not_done,
+                         **options)
+
+
+# ----------------------------------------------------------------------------- the cases
+# (d_hidden, n_layers, layers_per_stage, steps, global_batch, micro_batches)
+SEED_EXAMPLE = (64, 2, (1, 1), 1, 12, 1)
+
+
+def _model(d_hidden: int, n_layers: int):
+    return tiny_mlp(seed=0, d_hidden=d_hidden, n_layers=n_layers)
+
+
+def _make_optimizer(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+@functools.lru_cache(maxsize=16)
+def _reference(d_hidden, n_layers, steps, global_batch):
+    """One process, the whole network, the whole batch (cached: nobody mutates it)."""
+    model, data = _model(d_hidden, n_layers), TeacherData()
+    return reference_run(model, _make_optimizer(model.parameters()),
+                         [data.batch(s, global_batch) for s in range(steps)], loss_fn)
+
+
+def _boundary_width(d_hidden: int, n_layers: int, layers_per_stage) -> int:
+    """Elements per sample of the activations crossing from stage 0 to stage 1."""
+    return d_hidden  # every hidden layer of the course MLP is d_hidden wide
+
+
+def _case_name(case) -> str:
+    d_hidden, n_layers, sizes, steps, batch, micro = case
+    layers = "two-layer network" if n_layers == 2 else f"{n_layers}-layer network split {list(sizes)}"
+    return (f"{layers} (hidden {d_hidden}), batch {batch}"
+            + (f" in {micro} micro-batches" if micro > 1 else "") + f", {steps} step{'s' if steps > 1 else ''}")
+
+
+# ----------------------------------------------------------------------------- watching a rank
+class _ForwardDone(BaseException):
+    """Raised from the harness's loss_fn when only the forward is checked (BaseException: not swallowed)."""
+
+
+class _Refused(Exception):
+    """A message the harness refused to pass on (to the wrong rank, or None instead of a tensor)."""
+
+
+class _Watch:
+    """``coursekit.comm``'s transport, watched: where each message goes and what it was.
+
+    ``comm.send`` & co. call the transport of this thread (real ranks or the simulator); this layer sits in
+    between while the learner's function runs. A receive into a leaf that requires grad is done into its data
+    (gloo writes the bytes without asking autograd; the simulator would refuse), so both transports agree.
+    """
+
+    def __init__(self, inner, rank: int):
+        self.inner, self.me, self.name = inner, rank, getattr(inner, "name", "watched")
+        self.sent: list[dict] = []       # {"dst", "numel", "requires_grad"}
+        self.received: list[torch.Tensor] = []
+
+    def __getattr__(self, name):        # rank, world_size, global_rank, group_rank
+        return getattr(self.inner, name)
+
+    def _check(self, tensor, peer: int, what: str):
+        if not isinstance(tensor, torch.Tensor):
+            raise _Refused(f"{_ROLE[self.me]} tried to {what} {type(tensor).__name__} instead of a tensor")
+        if peer == self.me:
+            raise _Refused(f"{_ROLE[self.me]} tried to {what} rank {self.me}, itself: "
+                           f"{_WHAT[self.me] if what.startswith('send') else 'what it waits for'} "
+                           f"{'goes to' if what.startswith('send') else 'comes from'} rank {1 - self.me}, its "
+                           f"neighbour in the chain")
+        if not 0 <= peer < WORLD:
+            raise _Refused(f"{_ROLE[self.me]} tried to {what} rank {peer}, which does not exist (ranks 0 and 1): "
+                           f"{_WHAT[self.me] if what.startswith('send') else 'it'} "
+                           f"{'goes to' if what.startswith('send') else 'comes from'} rank {1 - self.me}")
+
+    def _note_send(self, tensor, dst):
+        self._check(tensor, dst, "send to")
+        self.sent.append({"dst": dst, "numel": tensor.numel(), "requires_grad": tensor.requires_grad,
+                          "kind": _state.kind})
+
+    def send(self, tensor, dst, group):
+        self._note_send(tensor, dst)
+        return self.inner.send(tensor.detach(), dst, group)
+
+    def isend(self, tensor, dst, group):
+        self._note_send(tensor, dst)
+        return self.inner.isend(tensor.detach(), dst, group)
+
+    def recv(self, tensor, src, group):
+        self._check(tensor, src, "receive from")
+        self.received.append(tensor)
+        return self.inner.recv(tensor.detach(), src, group)  # detach(): the same storage, no autograd check
+
+    def irecv(self, tensor, src, group):
+        self._check(tensor, src, "receive from")
+        self.received.append(tensor)
+        return self.inner.irecv(tensor.detach(), src, group)
+
+
+def _payload_sends(watch: _Watch, since: int) -> list[dict]:
+    return [s for s in watch.sent[since:] if s["kind"] == "payload"]
+
+
+# ----------------------------------------------------------------------------- what runs on each rank
+def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_only=False):
+    """Train ``case`` with the learner's halves; returns records, per-micro-batch sends and what was rescued."""
+    d_hidden, n_layers, sizes, steps, global_batch, micro_batches = case
+    model, data = _model(d_hidden, n_layers), TeacherData()
+    names = {id(p): n for n, p in model.named_parameters()}
+    stage = split(model, 2, layers_per_stage=list(sizes))[rank]
+    own = [(names[id(p)], p) for p in stage.parameters()]
+    optimizer = _make_optimizer([p for _, p in own])
+    width = _boundary_width(d_hidden, n_layers, sizes)
+    watch = _Watch(_state.transport or comm._torch_transport, rank)
+    records, sends, rescued = [], [], []
+    for step in range(1 if forward_only else steps):
+        inputs, targets = data.batch(step, global_batch)
+        outputs, total = [], 0.0
+        for micro, (x, y) in enumerate(zip(inputs.tensor_split(micro_batches), targets.tensor_split(micro_batches))):
+            share = x.shape[0] / global_batch
+            seen: list = []
+
+            def scaled_loss(output, target, share=share, seen=seen):
+                loss = loss_fn(output, target) * share  # the micro-batches' losses add up to the batch's mean
+                seen.append((output.detach().clone(), loss.item()))
+                if forward_only:
+                    raise _ForwardDone
+                return loss
+
+            before_sent, before_received = len(watch.sent), len(watch.received)
+            saved, _state.transport = _state.transport, watch
+            try:
+                with comm.record():
+                    if rank == 0:
+                        first_stage(stage, x)
+                    else:
+                        second_stage(stage, y, scaled_loss, (x.shape[0], width))
+            except (_ForwardDone, _Refused, AttributeError, TypeError) as error:
+                got_activations = rank == 1 and len(watch.received) > before_received
+                sent_gradient = any(s["dst"] == 0 for s in _payload_sends(watch, before_sent))
+                if not got_activations or sent_gradient:
+                    raise
+                if not isinstance(error, _ForwardDone):
+                    rescued.append((step, micro, _rescue_reason(error, watch.received[-1])))
+                _state.transport = saved
+                comm._transport().send(torch.zeros(x.shape[0], width), 0, None)  # rank 0 may go on (not counted)
+            finally:
+                _state.transport = saved
+            sends.append((step, micro, x.shape[0], _payload_sends(watch, before_sent)))
+            if seen:
+                outputs.append(seen[-1][0])
+                total += seen[-1][1]
+        if forward_only:
+            return {"loss": total, "sends": sends, "rescued": rescued}
+        grads = NamedPart({n: p.grad.detach().clone() for n, p in own if p.grad is not None})
+        optimizer.step()
+        records.append(record_step(torch.cat(outputs) if outputs else None, total, grads,
+                                   NamedPart({n: p.detach() for n, p in own})))
+        optimizer.zero_grad(set_to_none=True)
+    return {"records": records, "sends": sends, "rescued": rescued}
+
+
+def _rescue_reason(error: Exception, received: torch.Tensor) -> str:
+    if isinstance(error, _Refused):
+        return str(error)
+    if not received.requires_grad:
+        return ("inputs.grad is None: the activations it received do not require grad, so autograd computed no "
+                "gradient for them — call inputs.requires_grad_() after receiving them")
+    return f"it raised {type(error).__name__}: {error} before sending it"
+
+
+# ----------------------------------------------------------------------------- judging
+def _run(ctx, submission, case, forward_only=False):
+    """The simulator first (a deadlock is named at once), then two real ranks; the results of the real ones.
+
+    The simulator runs in a rank of its own (a one-rank launch), not in this process: its two ranks are threads,
+    and after torch has multiplied matrices in threads of this process, ranks forked from it later hung in their
+    first matrix multiply (seen: 2 runs of the solution's grading in 6 stuck in ``Linear.forward``).
+    """
+    args = (submission.first_stage, submission.second_stage, case, forward_only)
+    # The reference first, here: the first optimiser built imports torch._dynamo (~5 s); once in this process,
+    # not again in every rank forked below (measured: the first check took 9.6 s instead of 0.4 s).
+    _reference(*case[:2], case[3], case[4])
+    failed = launch(_simulated, 1, ctx, args, timeout=ctx.timeout + 10)[0]
+    if failed is not None:
+        raise failed
+    return ctx.launch(_two_stage_rank, WORLD, *args)
+
+
+def _simulated(rank, world_size, ctx, args):
+    """Inside a one-rank launch: the learner's halves in the strict simulator; what it found wrong, or None."""
+    try:
+        ctx.simulate(_two_stage_rank, WORLD, *args)
+    except grading.CheckFailed as failed:
+        return failed
+    return None
+
+
+def _per_rank_records(results):
+    """Every rank reports the batch's loss: the second stage computed it (the harness shares it, not the ranks)."""
+    per_rank = [r["records"] for r in results]
+    for step, record in enumerate(per_rank[1]):
+        for records in per_rank:
+            records[step]["loss"] = record["loss"]
+    return per_rank
+
+
+def _rescue_note(results) -> str:
+    rescued = results[1]["rescued"]
+    if not rescued:
+        return ""
+    return (f"rank 1 could not send the gradient back: {rescued[0][2]}. The grader sent rank 0 zeros instead, so "
+            f"the first stage's gradients are zero")
+
+
+def _stage_of(name: str, case) -> int:
+    sizes = case[2]
+    layer = int(name.split(".")[1])
+    return 0 if layer < sizes[0] else 1
+
+
+def _judge(case, results, kinds=("loss", "grad", "param", "output", "missing")) -> dict[int, str | None]:
+    """Per stage: None if its part equals one process, else the first divergence (and what probably caused it)."""
+    d_hidden, n_layers, sizes, steps, batch, micro = case
+    report = compare(_reference(d_hidden, n_layers, steps, batch), _per_rank_records(results))
+    verdict: dict[int, str | None] = {0: None, 1: None}
+    first: dict[int, object] = {}
+    for divergence in report.divergences:
+        if divergence.kind not in kinds:
+            continue
+        stages = [0, 1] if divergence.kind == "loss" else [1] if divergence.kind == "output" else \
+            [_stage_of(divergence.name, case)] if divergence.name else [0, 1]
+        for s in stages:
+            first.setdefault(s, divergence)
+    for s, divergence in first.items():
+        verdict[s] = f"{_case_name(case)}: {divergence}"
+    note = _rescue_note(results)
+    if note and 0 in first:
+        d = first[0]
+        verdict[0] = (f"{_case_name(case)}: {note} (step {d.step}, {d.kind} {d.name!r}: expected {d.expected:.4g}, "
+                      f"got {d.got:.4g})")
+    elif 0 in first and _all_zero(results[0], case):
+        verdict[0] += (" — every gradient of the first stage is zero: it continued backward from a zero gradient "
+                       "(receive the gradient rank 1 sends, then activations.backward(grad))")
+    return verdict
+
+
+def _all_zero(result, case) -> bool:
+    grads = result["records"][0]["grads"].tensors
+    return bool(grads) and all(not t.any() for t in grads.values())
+
+
+def _right(ctx, submission, case) -> tuple[list, str | None]:
+    """Run ``case``; the results and None if the whole training equals one process, else what differs first."""
+    results = _run(ctx, submission, case)
+    verdict = _judge(case, results)
+    wrong = [v for v in verdict.values() if v]
+    return results, (wrong[0] if wrong else None)
+
+
+@grading.check(EXERCISE, points=2, timeout=30)
+def activations_reach_the_loss(submission, ctx):
+    """The seed's two-layer network: the activations rank 0 sends reach rank 1, whose loss equals one process."""
+    case = SEED_EXAMPLE
+    try:  # the whole step: a wrong backward does not make the loss wrong
+        got = _run(ctx, submission, case)[1]["records"][0]["loss"]
+    except grading.CheckFailed:  # the backward went wrong in a way that stopped the run: the forward alone
+        got = _run(ctx, submission, case, forward_only=True)[1]["loss"]
+    expected = _reference(*case[:2], case[3], case[4])[0]["loss"]
+    if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-5):
+        raise grading.CheckFailed(f"{_case_name(case)}: rank 1's loss is {got:.6g}, one process's {expected:.6g}: "
+                                  f"rank 1 did not compute the output layer on the activations rank 0 computed")
+
+
+@grading.check(EXERCISE, points=3, timeout=30)
+def gradients_of_both_stages(submission, ctx):
+    """After one backward every gradient of both stages equals one process (the seed's two-layer network)."""
+    results = _run(ctx, submission, SEED_EXAMPLE)
+    verdict = _judge(SEED_EXAMPLE, results, kinds=("loss", "grad", "missing"))
+    return grading.partial_credit([verdict[1], verdict[0]])
+
+
+TRAINING_CASES = [(64, 2, (1, 1), 3, 12, 1), (64, 2, (1, 1), 2, 10, 3)]
+
+
+@grading.check(EXERCISE, points=3, timeout=30)
+def training_equals_one_process(submission, ctx):
+    """Loss, every gradient and every weight after each of 3 steps equal one process; and with 3 uneven
+    micro-batches per step (gradients accumulate over them)."""
+    return grading.partial_credit([_right(ctx, submission, case)[1] for case in TRAINING_CASES])
+
+
+def _traffic_problems(case, results) -> list[str]:
+    width = _boundary_width(case[0], case[1], case[2])
+    problems = []
+    for rank, other in ((0, 1), (1, 0)):
+        for step, micro, samples, sent in results[rank]["sends"]:
+            want = [{"dst": other, "numel": samples * width}]
+            got = [{"dst": s["dst"], "numel": s["numel"]} for s in sent]
+            if got != want:
+                said = ", ".join(f"{s['numel']} element{'s' * (s['numel'] != 1)} to rank {s['dst']}" for s in got) or "nothing"
+                problems.append(
+                    f"step {step}, micro-batch {micro}: rank {rank} sent {said}; expected exactly one message of "
+                    f"{samples}×{width} = {samples * width} elements (micro-batch × hidden) to rank {other}: "
+                    f"{_WHAT[rank]}, nothing else")
+    return problems
+
+
+@grading.check(EXERCISE, points=2, timeout=30)
+def traffic_pattern(submission, ctx):
+    """Per micro-batch exactly one message of b×h elements forward (rank 0 → 1) and one back (1 → 0), counted by
+    coursekit.comm (3 uneven micro-batches)."""
+    case = TRAINING_CASES[1]
+    results, wrong = _right(ctx, submission, case)
+    if wrong:
+        raise grading.CheckFailed(f"{wrong}\nthe result is wrong (see the checks above): traffic is scored only "
+                                  f"for a right one")
+    problems = _traffic_problems(case, results)
+    if problems:
+        raise grading.CheckFailed("\n".join(problems[:3]) + (f"\n… {len(problems) - 3} more" if len(problems) > 3 else ""))
+
+
+@grading.check(EXERCISE, points=1, timeout=30)
+def activations_sent_detached(submission, ctx):
+    """What goes forward is data only: the activations are sent detached from rank 0's autograd graph."""
+    case = SEED_EXAMPLE
+    results, wrong = _right(ctx, submission, case)
+    if wrong:
+        raise grading.CheckFailed(f"{wrong}\nthe result is wrong (see the checks above): this is scored only for "
+                                  f"a right one")
+    attached = [s for *_, sent in results[0]["sends"] for s in sent if s["requires_grad"]]
+    if attached:
+        raise grading.CheckFailed(
+            "rank 0 sent activations that still require grad (not detached). It works — a send moves only the "
+            "numbers — but autograd cannot follow a tensor into another process: rank 1 starts a graph of its own "
+            "from a new leaf, and the gradient comes back only because you send it back by hand. Send "
+            "activations.detach() to say so (torch.distributed.pipelining detaches what it sends too), and keep "
+            "`activations` itself for activations.backward(grad)")
+
+
+@grading.check(EXERCISE, points=1, hidden=True, timeout=30)
+def other_splits_and_sizes(submission, ctx):
+    """A three-layer network split [2, 1] and [1, 2], hidden 24, a batch of 7 in 3 micro-batches, 2 steps."""
+    cases = [(24, 3, (2, 1), 2, 7, 3), (24, 3, (1, 2), 2, 7, 3)]
+    return grading.partial_credit([_right(ctx, submission, case)[1] for case in cases])

@@ -1,0 +1,68 @@
+"""Exercise 03's grader: the solution gets full marks, the stub zero, right variants full marks, and each check
+fails on the mistake it is there for. (The committed wrong attempts with their scores and feedback:
+tests/submissions/mp_*.py, graded by tests/test_grading_submissions.py; each check of this exercise is seen
+failing there: no requires_grad_ and the gradient to the wrong rank fail the gradient checks, the extra
+message traffic_pattern, the attached activations activations_sent_detached, zero_grad per call the
+micro-batch cases, and the gradient received first is a deadlock named by the simulator.)"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from coursekit import comm
+from coursekit.checks.model_parallel import check_model_parallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "submissions"))
+from _mp_solutions import first_stage, second_stage  # noqa: E402
+
+
+def test_solution_full_marks_and_stub_zero():
+    report = check_model_parallel(first_stage, second_stage, verbose=False)
+    assert report.full_marks, report.table()
+    stub = check_model_parallel(verbose=False)
+    assert stub.score == 0 and all(r.status == "not done" for r in stub.results), stub.table()
+
+
+def test_a_right_variant_earns_full_marks():
+    """isend/irecv instead of send/recv, and the receive buffer made to require grad before the receive (gloo
+    writes into it; the simulator alone would refuse an in-place copy into such a leaf: the watch layer makes
+    both agree). Planted bug: _Watch.recv passing the tensor itself instead of tensor.detach() -> this variant
+    fails in the simulator ("a leaf Variable that requires grad is being used in an in-place operation")."""
+    def first(stage, inputs):
+        activations = stage(inputs)
+        work = comm.isend(activations.detach(), dst=1)
+        grad = torch.empty_like(activations)
+        comm.irecv(grad, src=1).wait()
+        work.wait()
+        activations.backward(grad)
+
+    def second(stage, targets, loss_fn, shape):
+        inputs = torch.empty(shape, requires_grad=True)
+        comm.irecv(inputs, src=0).wait()
+        loss = loss_fn(stage(inputs), targets)
+        loss.backward()
+        comm.isend(inputs.grad, dst=0).wait()
+        return loss
+
+    report = check_model_parallel(first, second, verbose=False,
+                                  only=["gradients_of_both_stages", "training_equals_one_process"])
+    assert report.full_marks, report.table()
+
+
+def test_a_second_stage_that_ignores_what_arrived_fails_the_loss_check():
+    """Planted mistake: the second stage computes on a fresh tensor, not on the activations it received (the
+    shapes agree, so nothing crashes): the loss differs from one process, and the feedback says on what rank 1
+    should have computed."""
+    def second(stage, targets, loss_fn, shape):
+        comm.recv(torch.empty(shape), src=0)
+        inputs = torch.zeros(shape, requires_grad=True)   # the mistake
+        loss = loss_fn(stage(inputs), targets)
+        loss.backward()
+        comm.send(inputs.grad, dst=0)
+        return loss
+
+    report = check_model_parallel(first_stage, second, verbose=False, only=["activations_reach_the_loss"])
+    result = report.results[0]
+    assert result.earned == 0, report.table()
+    assert "did not compute the output layer on the activations rank 0 computed" in result.feedback
