@@ -1,0 +1,339 @@
+"""Sequence parallelism: the sequence dim of the course transformer split over ranks, the whole model on each (P9).
+
+Attention's score matrix is S×S: its memory and time grow quadratically with
+the sequence length S. Sequence (context) parallelism gives each of G ranks
+S/G of the tokens; every rank keeps a full copy of the model, as in data
+parallelism, and everything but attention is token by token, so it runs on
+the local tokens unchanged. Attention is the one place where tokens meet:
+
+* **chunk-local** (:func:`chunked_attention`): each rank attends only within its own chunk. No
+  communication, and *not* the same model: a token near the start of a chunk loses its context —
+  what P9 means by "splitting a sequence may reduce accuracy" (:func:`chunk_local_losses` measures it).
+* **ring attention** (:mod:`coursekit.parallel.ring_attention`; Liu et al. 2023): key/value blocks
+  travel around the ring, merged by the online softmax. Exact.
+* **all-to-all, DeepSpeed Ulysses** (:func:`ulysses_attention`; Jacobs et al. 2023): re-shard q, k, v
+  from sequence-split to head-split, run ordinary attention on whole sequences of H/G heads, and
+  re-shard the output back. Exact; needs the heads divisible by G.
+
+Megatron-LM's sequence parallelism, which splits the *LayerNorm/dropout* regions of tensor parallelism
+along the sequence (Korthikanti et al. 2022), is in :mod:`coursekit.parallel.sequence_tensor`.
+
+Per attention layer, elements sent over all ranks (``n = b·S·d_model``):
+
+=============  ===================  =====================  ============================
+method         forward              backward               per rank as S and G grow together
+=============  ===================  =====================  ============================
+ring           2(G−1)·n             (4G−2)·n               grows with G
+all-to-all     4(G−1)/G·n           4(G−1)/G·n             constant
+=============  ===================  =====================  ============================
+
+Strategies for :func:`coursekit.train.train` (every rank takes the *whole* batch and its part of each
+sequence; gradients are summed over the ranks, each having seen its own tokens): ``"ring_attention"``
+(option ``layout="zigzag"`` or ``"contiguous"``), ``"ulysses"``, and ``"chunk_local"`` (the naive one).
+
+    >>> def run(rank, world_size):
+    ...     return train(rank, world_size, "ring_attention", model="transformer", steps=3)["losses"]
+    >>> coursekit.launch(run, 2)                                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import collectives as _collectives
+from .. import comm
+from ..strategy import Setup, Strategy, register
+from .ring_attention import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
+
+__all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
+           "sequence_forward", "SavedBytes", "saved_bytes", "chunk_local_losses", "SequenceParallel"]
+
+
+# --------------------------------------------------------------------------
+# All-to-all and all-gather from point-to-point calls (counted; the same code in the simulator).
+# --------------------------------------------------------------------------
+def _exchange(outgoing: list[torch.Tensor], incoming_shapes: list[list[int]], group, name: str) -> list[torch.Tensor]:
+    """Send ``outgoing[j]`` to rank j and receive a tensor of ``incoming_shapes[j]`` from it; keep our own."""
+    rank, size = comm.get_rank(group), comm.get_world_size(group)
+    received = [outgoing[rank] if j == rank else outgoing[rank].new_empty(incoming_shapes[j]) for j in range(size)]
+    with comm.phase(name):
+        works = [comm.irecv(received[j], group=group, group_src=j) for j in range(size) if j != rank]
+        works += [comm.isend(outgoing[j].contiguous(), group=group, group_dst=j) for j in range(size) if j != rank]
+    for work in works:
+        work.wait()
+    return received
+
+
+def _all_to_all(tensor, scatter_dim: int, gather_dim: int, scatter_sizes, gather_sizes, group, name: str):
+    pieces = list(tensor.split(list(scatter_sizes), dim=scatter_dim))
+    shapes = []
+    for n in gather_sizes:
+        shape = list(pieces[0].shape)
+        shape[scatter_dim] = scatter_sizes[comm.get_rank(group)]
+        shape[gather_dim] = n
+        shapes.append(shape)
+    return torch.cat(_exchange(pieces, shapes, group, name), dim=gather_dim)
+
+
+class _AllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, scatter_dim, gather_dim, scatter_sizes, gather_sizes, group, name):
+        ctx.args = (gather_dim, scatter_dim, gather_sizes, scatter_sizes, group, name + " (backward)")
+        return _all_to_all(tensor, scatter_dim, gather_dim, scatter_sizes, gather_sizes, group, name)
+
+    @staticmethod
+    def backward(ctx, grad):  # the reverse re-shard
+        return _all_to_all(grad.contiguous(), *ctx.args), None, None, None, None, None, None
+
+
+def all_to_all(tensor: torch.Tensor, scatter_dim: int, gather_dim: int, scatter_sizes, gather_sizes,
+               group=None, name: str = "all-to-all") -> torch.Tensor:
+    """Cut ``tensor`` along ``scatter_dim`` into ``scatter_sizes`` (piece j for rank j) and concatenate what
+    every rank sends us along ``gather_dim`` (``gather_sizes[j]`` from rank j). Differentiable: backward is
+    the reverse all-to-all. Written from ``comm.isend``/``irecv`` so it is counted and runs in the simulator
+    (``torch.distributed.all_to_all_single`` does the same on gloo and NCCL)."""
+    return _AllToAll.apply(tensor, scatter_dim % tensor.dim(), gather_dim % tensor.dim(), tuple(scatter_sizes),
+                           tuple(gather_sizes), group, name)
+
+
+class _GatherSequence(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local, dim, seq_len, layout, group):
+        rank, size = comm.get_rank(group), comm.get_world_size(group)
+        where = [positions(seq_len, r, size, layout) for r in range(size)]
+        ctx.dim, ctx.mine = dim, where[rank]
+        shapes = []
+        for w in where:
+            shape = list(local.shape)
+            shape[dim] = len(w)
+            shapes.append(shape)
+        pieces = _exchange([local] * size, shapes, group, "gather sequence")
+        full_shape = list(local.shape)
+        full_shape[dim] = seq_len
+        full = local.new_empty(full_shape)
+        for w, piece in zip(where, pieces):
+            full.index_copy_(dim, w, piece)
+        return full
+
+    @staticmethod
+    def backward(ctx, grad):  # every rank computed the same loss from the same whole tensor: keep our tokens
+        return grad.index_select(ctx.dim, ctx.mine), None, None, None, None
+
+
+def gather_sequence(local: torch.Tensor, dim: int, seq_len: int, layout: str = "contiguous",
+                    group=None) -> torch.Tensor:
+    """The whole sequence on every rank, tokens back in order; backward keeps this rank's tokens' gradient.
+
+    (Right when every rank then computes the *same* function of the whole tensor, e.g. the loss.)
+    """
+    return _GatherSequence.apply(local, dim % local.dim(), seq_len, layout, group)
+
+
+# --------------------------------------------------------------------------
+# Ulysses.
+# --------------------------------------------------------------------------
+def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+                      seq_len: int | None = None, group=None) -> torch.Tensor:
+    """DeepSpeed Ulysses: ``(b, H, S/G, d_head)`` sequence-split in, the same out, exact attention between.
+
+    One all-to-all re-shards q, k, v (stacked) to ``(b, H/G, S, d_head)``: whole sequences of this
+    rank's heads; attention is the ordinary one; a second all-to-all re-shards the output back.
+    Chunks are contiguous (``shard_sequence(x, dim, rank, size)``), uneven lengths allowed with ``seq_len``.
+    """
+    rank, size = comm.get_rank(group), comm.get_world_size(group)
+    heads = q.shape[1]
+    if heads % size:
+        raise ValueError(f"Ulysses gives each rank whole heads: {heads} heads cannot be split over {size} ranks "
+                         f"(heads must be divisible by the sequence-parallel degree); use ring attention or "
+                         f"a degree that divides {heads}.")
+    seq_len = q.shape[2] * size if seq_len is None else seq_len
+    lengths = [b - a for (a, b), in chunk_bounds(seq_len, size)]
+    if lengths[rank] != q.shape[2]:
+        raise ValueError(f"rank {rank} holds {q.shape[2]} tokens, but {seq_len} tokens over {size} ranks give it "
+                         f"{lengths[rank]}; pass seq_len= the whole length.")
+    per_rank = [heads // size] * size
+    qkv = all_to_all(torch.stack([q, k, v]), 2, 3, per_rank, lengths, group, "ulysses qkv")
+    out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=causal)
+    return all_to_all(out, 2, 1, lengths, per_rank, group, "ulysses out")
+
+
+def ulysses_traffic(batch: int, seq_len: int, d_model: int, size: int) -> dict[str, int]:
+    """Elements sent over all ranks per Ulysses attention call: each all-to-all keeps 1/G and sends the rest."""
+    each = (size - 1) * batch * seq_len * d_model // size  # exact: the heads divide by G
+    return {"forward": 4 * each, "backward": 4 * each}
+
+
+def chunked_attention(n_chunks: int, seq_len: int | None = None) -> Callable:
+    """Attention within each of ``n_chunks`` contiguous chunks only: what a rank computes without communicating.
+
+    In one process it is the block-diagonal causal mask; ``chunked_attention(1)`` is full attention.
+    """
+    def attend(q, k, v):
+        length = q.shape[-2] if seq_len is None else seq_len
+        bounds = [b for (b,) in chunk_bounds(length, n_chunks)]
+        return torch.cat([F.scaled_dot_product_attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :],
+                                                         is_causal=True) for a, b in bounds], dim=-2)
+    return attend
+
+
+# --------------------------------------------------------------------------
+# The course transformer on this rank's tokens.
+# --------------------------------------------------------------------------
+def sequence_forward(model: nn.Module, idx: torch.Tensor, where: torch.Tensor,
+                     attention: Callable | None = None) -> torch.Tensor:
+    """``model`` (the course ``tiny_transformer``) on the tokens ``idx`` at global positions ``where``.
+
+    Everything is token by token except ``attention(q, k, v)`` on ``(b, H, L, d_head)`` tensors
+    (default: causal attention over these tokens alone). The model's own parameters are used, so
+    gradients land on them, named as in the dense model.
+    """
+    attention = attention or chunked_attention(1)
+    x = model.tok_emb(idx) + model.pos_emb(where)
+    for block in model.blocks:
+        attn, h = block.attn, block.ln1(x)
+        batch, seq, d_model = h.shape
+        q, k, v = (t.view(batch, seq, attn.n_heads, -1).transpose(1, 2) for t in attn.qkv(h).split(d_model, -1))
+        y = attention(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        x = x + attn.proj(y)
+        x = x + block.out(F.gelu(block.fc(block.ln2(x))))
+    return model.head(model.ln_f(x))
+
+
+class SavedBytes:
+    """Bytes of activations autograd saved for backward inside :func:`saved_bytes` (each storage once)."""
+
+    def __init__(self, exclude=()):
+        self.bytes, self._seen = 0, {t.untyped_storage().data_ptr() for t in exclude}
+
+
+@contextmanager
+def saved_bytes(exclude=()) -> Iterator[SavedBytes]:
+    """Measure what a forward pass keeps for backward: ``with saved_bytes(model.parameters()) as s: loss = ...``.
+
+    Parameters saved by their layers are excluded (they are held anyway); every other saved
+    storage counts once — the activations, which is what sequence parallelism divides by G.
+    """
+    meter = SavedBytes(exclude)
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in meter._seen:
+            meter._seen.add(storage.data_ptr())
+            meter.bytes += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield meter
+
+
+def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, lr: float = 5e-3,
+                       seq_len: int = 32, seed: int = 0) -> dict[int, float]:
+    """Final training loss (mean of the last 10 steps) with chunk-local attention, per number of chunks.
+
+    One process, the same model, data and optimiser for each; ``chunks=1`` is full attention.
+    Each sequence is cut into chunks exactly as over that many ranks: the block-diagonal mask.
+    """
+    from ..models import LanguageData, loss_fn, tiny_transformer
+
+    data, out = LanguageData(seq_len=seq_len, seed=seed), {}
+    for n in chunks:
+        model = tiny_transformer(seed=seed)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        losses = []
+        for step in range(steps):
+            x, y = data.batch(step, batch)
+            loss = loss_fn(sequence_forward(model, x, torch.arange(x.shape[1]), chunked_attention(n)), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        out[n] = sum(losses[-10:]) / len(losses[-10:])
+    return out
+
+
+# --------------------------------------------------------------------------
+# Strategies for coursekit.train.train.
+# --------------------------------------------------------------------------
+class SequenceParallel(Strategy):
+    """Every rank takes the whole batch and its part of every sequence; gradients summed over ``group``.
+
+    ``forward`` runs the model on this rank's tokens and all-gathers the logits along the sequence,
+    so the loop's loss sees whole sequences; each rank's gradients then hold its own tokens' share
+    of the loss, summed over the ranks by one all-reduce (option ``collectives``, default the ring).
+    """
+
+    options = {"collectives": "ring"}
+    layout = "contiguous"
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+        self.work = AttentionWork()
+
+    @property
+    def data_rank(self) -> int:
+        return 0
+
+    @property
+    def data_size(self) -> int:
+        return 1
+
+    def attention(self, seq_len: int) -> Callable:
+        raise NotImplementedError
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        rank, size = comm.get_rank(self.group), comm.get_world_size(self.group)
+        seq_len = inputs.shape[1]
+        local = shard_sequence(inputs, 1, rank, size, self.layout)
+        logits = sequence_forward(self.model, local, positions(seq_len, rank, size, self.layout),
+                                  self.attention(seq_len))
+        return gather_sequence(logits, 1, seq_len, self.layout, self.group)
+
+    def synchronize(self) -> None:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if comm.get_world_size(self.group) == 1 or not params:
+            return
+        with self.span("comm", "all-reduce grads over sequence ranks"):
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            self.all_reduce(flat, group=self.group)
+            for p, g in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(g.view_as(p))
+
+    def counters(self) -> dict:
+        return {"attention_score_elements": self.work.score_elements, "attention_blocks_skipped": self.work.skipped}
+
+
+@register("ring_attention")
+class RingAttentionStrategy(SequenceParallel):
+    """Ring attention (option ``layout``: ``"zigzag"``, balanced for the causal mask, or ``"contiguous"``)."""
+
+    options = {"collectives": "ring", "layout": "zigzag"}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        self.layout = self.option("layout")
+
+    def attention(self, seq_len: int) -> Callable:
+        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.group, self.work)
+
+
+@register("ulysses")
+class UlyssesStrategy(SequenceParallel):
+    """DeepSpeed Ulysses: all-to-all to heads and back around ordinary attention."""
+
+    def attention(self, seq_len: int) -> Callable:
+        return lambda q, k, v: ulysses_attention(q, k, v, True, seq_len, self.group)
+
+
+@register("chunk_local")
+class ChunkLocalStrategy(SequenceParallel):
+    """The naive split: each rank attends only within its own chunk (no communication; not exact)."""
+
+    def attention(self, seq_len: int) -> Callable:
+        return chunked_attention(1)
+
