@@ -1,0 +1,292 @@
+"""Sequence parallelism (chapter 06): ring attention, Ulysses and Megatron-style sequence parallelism are exact;
+chunk-local attention is not; traffic and activation memory as their formulas.
+
+Exactness is checked in this process with ``comm.simulate`` (the same code as on real ranks); one real launch
+trains every strategy against one process. Expected values come from full attention, the dense model and the
+formulas written here, never from the code under test.
+"""
+
+import pytest
+import torch
+
+import coursekit
+from coursekit import comm
+from coursekit.collectives import ring_all_reduce
+from coursekit.models import LanguageData, loss_fn, tiny_transformer
+from coursekit.parallel import sequence  # noqa: F401  (registers the strategies)
+from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full_attention, merge, positions,
+                                               ring_attention, shard_sequence)
+from coursekit.parallel.sequence import (chunked_attention, gather_sequence, saved_bytes, sequence_forward,
+                                         ulysses_attention)
+from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock
+from coursekit.train import train
+from coursekit.verify import compare
+
+B, H, D = 2, 4, 8
+
+
+def _qkv(seq, seed=1, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, H, seq, D, generator=g, dtype=dtype) for _ in range(4)]  # q, k, v, dO
+
+
+def _full(q, k, v, grad, causal):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = full_attention(*leaves, causal)
+    (out * grad).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def _sharded(attention, world_size, q, k, v, grad, layout="contiguous"):
+    """``attention`` on every simulated rank's shard; returns (per-rank [out, dq, dk, dv], traffic)."""
+    def run(rank, size):
+        mine = [shard_sequence(t, 2, rank, size, layout).requires_grad_() for t in (q, k, v)]
+        out = attention(*mine)
+        (out * shard_sequence(grad, 2, rank, size, layout)).sum().backward()
+        return [out.detach()] + [t.grad for t in mine]
+    return comm.simulate(run, world_size)
+
+
+def _against_full(attention, world_size, seq, causal, layout="contiguous"):
+    q, k, v, grad = _qkv(seq)
+    expected = _full(q, k, v, grad, causal)
+    results, traffic = _sharded(attention, world_size, q, k, v, grad, layout)
+    for rank, got in enumerate(results):
+        for name, e, g in zip(("output", "dq", "dk", "dv"), expected, got):
+            mine = shard_sequence(e, 2, rank, world_size, layout)
+            assert torch.allclose(g, mine, rtol=1e-9, atol=1e-11), (
+                f"{name} on rank {rank} of {world_size} (S={seq}, causal={causal}, {layout}): max |diff| "
+                f"{(g - mine).abs().max():.3g}")
+    return traffic
+
+
+def test_merge_is_softmax_over_both_blocks_even_when_their_maxima_differ():
+    """Two halves of the keys, one with scores 40 higher: merge gives softmax over all keys exactly.
+    Planted bug, seen failing: the parts averaged without rescaling by e^(lse_i - lse) (max |diff| 0.45)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    scores = q @ k.transpose(-1, -2)
+    scores[..., :2] += 40.0  # very different running maxima
+    expected = scores.softmax(-1) @ v
+
+    def part(s, vv):
+        lse = s.logsumexp(-1)
+        return torch.exp(s - lse.unsqueeze(-1)) @ vv, lse
+    o, lse = merge(*part(scores[..., :2], v[:, :2]), *part(scores[..., 2:], v[:, 2:]))
+    assert torch.allclose(o, expected, atol=1e-12), f"max |diff| {(o - expected).abs().max():.3g}"
+    assert torch.allclose(lse, scores.logsumexp(-1))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_attention_equals_full_attention_with_neighbour_traffic_as_the_formula(layout):
+    """Outputs and gradients of q, k, v equal full attention at G = 1..4, S = 16 and 19 (uneven), causal and not;
+    every message goes to the right-hand neighbour, one key/value block per rank per step; elements per phase
+    2(G-1)n forward, 2(G-1)n + 2Gn backward (n = b·h·S·d). Planted bugs, each seen failing: the causal mask of the
+    next step's block (off by one block: dq differs); a token masked from itself (>=: output NaN); the dk/dv pass
+    left out of backward (dk differs; the 'ring dkv' phase missing)."""
+    for world_size in (1, 2, 3, 4):
+        for seq in (16, 19):
+            for causal in (True, False):
+                traffic = _against_full(lambda q, k, v: ring_attention(q, k, v, causal, layout, seq), world_size,
+                                        seq, causal, layout)
+                n = B * H * seq * D
+                per_phase = {}
+                for t in traffic.payload:
+                    assert t.dst == (t.src + 1) % world_size, f"{t} is not to the right-hand neighbour"
+                    per_phase[t.phase] = per_phase.get(t.phase, 0) + t.numel
+                expected = {} if world_size == 1 else {"ring kv": 2 * (world_size - 1) * n,
+                                                       "ring kv (backward)": 2 * (world_size - 1) * n,
+                                                       "ring dkv": 2 * world_size * n}
+                assert per_phase == expected, (world_size, seq, causal)
+                steps = {}
+                for t in traffic.payload:
+                    steps.setdefault((t.phase, t.step, t.src), []).append(t)
+                assert all(len(v) == 1 for v in steps.values()), "a rank sent twice in one step"
+
+
+def test_zigzag_balances_the_causal_work_that_the_contiguous_split_does_not():
+    """Causal, S = 64 on G = 4: contiguous rank r computes r+1 blocks of (S/G)² scores (16² up to 4·16²);
+    zig-zag every rank 2G+1 chunk pairs of (S/2G)². Planted bug, seen failing: the zig-zag layout giving
+    rank r chunks 2r and 2r+1 (contiguous again: work [40, 104, 168, 232] != [36]*4... in units)."""
+    seq, world_size = 64, 4
+
+    def run(rank, size, layout):
+        work = AttentionWork()
+        q = torch.zeros(1, 1, seq // size, 2)
+        ring_attention(q, q, q, True, layout, seq, work=work)
+        return work.score_elements, work.skipped
+    contiguous = comm.simulate(run, world_size, "contiguous").results
+    zigzag = comm.simulate(run, world_size, "zigzag").results
+    block, chunk = seq // world_size, seq // (2 * world_size)
+    assert [w for w, _ in contiguous] == [(r + 1) * block * block for r in range(world_size)]
+    assert [w for w, _ in zigzag] == [(2 * world_size + 1) * chunk * chunk] * world_size
+    assert [s for _, s in contiguous] == [world_size - 1 - r for r in range(world_size)]
+    assert [s for _, s in zigzag] == [2 * world_size - 1] * world_size  # of 4G chunk pairs
+    assert chunk_bounds(8, 2, "zigzag") == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+    with pytest.raises(ValueError, match="needs 8 chunks of at least one token"):
+        chunk_bounds(5, 4, "zigzag")
+
+
+def test_ulysses_equals_full_attention_with_all_to_all_traffic_as_the_formula():
+    """Outputs and gradients equal full attention at G = 1, 2, 4 (H = 4), S = 16 and 19 (uneven), causal and not;
+    each of the 2 all-to-alls per direction sends (G-1)/G of b·h·S·d per tensor (4 tensors per direction).
+    Heads not divisible by G (4 over 3) rejected by name. Planted bug, seen failing: the received pieces
+    concatenated in reverse rank order (output differs)."""
+    for world_size in (1, 2, 4):
+        for seq in (16, 19):
+            for causal in (True, False):
+                traffic = _against_full(lambda q, k, v: ulysses_attention(q, k, v, causal, seq), world_size, seq,
+                                        causal)
+                per_phase = {}
+                for t in traffic.payload:
+                    per_phase[t.phase] = per_phase.get(t.phase, 0) + t.numel
+                each = (world_size - 1) * B * seq * H * D // world_size
+                expected = {} if world_size == 1 else {"ulysses qkv": 3 * each, "ulysses out": each,
+                                                       "ulysses out (backward)": each,
+                                                       "ulysses qkv (backward)": 3 * each}
+                assert per_phase == expected, (world_size, seq)
+    with pytest.raises(comm.SimulatorError, match="4 heads cannot be split over 3 ranks"):
+        _sharded(lambda q, k, v: ulysses_attention(q, k, v, True, 18), 3, *_qkv(18))
+
+
+def test_the_transformer_with_its_sequence_split_equals_the_dense_model():
+    """The course transformer on 31 tokens (uneven over 2 and 4 ranks; zig-zag cuts 8 chunks of 3-4): logits
+    gathered along the sequence equal the dense model's, and each weight's gradient summed over the ranks equals
+    the dense gradient, for ring (both layouts) and Ulysses at G = 2 and 4. Chunk-local attention equals its
+    one-process block-diagonal form and not the dense model. Planted bug, seen failing: positions of the
+    contiguous cut used with the zig-zag layout (logits differ)."""
+    model = tiny_transformer(seed=0)
+    x, y = LanguageData().batch(0, 3)
+    seq = x.shape[1]
+    dense_out = model(x)
+    loss_fn(dense_out, y).backward()
+    dense = {n: p.grad for n, p in model.named_parameters()}
+    methods = {"ring contiguous": ("contiguous", lambda q, k, v: ring_attention(q, k, v, True, "contiguous", seq)),
+               "ring zigzag": ("zigzag", lambda q, k, v: ring_attention(q, k, v, True, "zigzag", seq)),
+               "ulysses": ("contiguous", lambda q, k, v: ulysses_attention(q, k, v, True, seq))}
+    for world_size in (2, 4):
+        for name, (layout, attention) in methods.items():
+            def run(rank, size):
+                m = tiny_transformer(seed=0)
+                local = sequence_forward(m, shard_sequence(x, 1, rank, size, layout),
+                                         positions(seq, rank, size, layout), attention)
+                full = gather_sequence(local, 1, seq, layout)
+                loss_fn(full, y).backward()
+                return full.detach(), {n: p.grad for n, p in m.named_parameters()}
+            results = comm.simulate(run, world_size).results
+            assert torch.allclose(results[0][0], dense_out.detach(), atol=1e-5), (name, world_size)
+            for n, expected in dense.items():
+                got = sum(r[1][n] for r in results)
+                assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6), (name, world_size, n)
+
+    def local(rank, size):
+        logits = sequence_forward(tiny_transformer(seed=0), shard_sequence(x, 1, rank, size), positions(seq, rank,
+                                                                                                       size))
+        return gather_sequence(logits, 1, seq)
+    chunked = comm.simulate(local, 4).results[0]
+    one_process = sequence_forward(tiny_transformer(seed=0), x, torch.arange(seq), chunked_attention(4))
+    assert torch.allclose(chunked, one_process, atol=1e-6)
+    first_chunk = chunk_bounds(seq, 4)[0][0][1]
+    assert torch.allclose(chunked[:, :first_chunk], dense_out[:, :first_chunk].detach(), atol=1e-5)
+    assert (chunked[:, first_chunk:] - dense_out[:, first_chunk:]).abs().max() > 0.1  # context lost after chunk 0
+
+
+def test_activations_per_rank_fall_as_one_over_g_and_full_attention_saves_the_score_matrix():
+    """Bytes saved for backward by the whole transformer forward on S = 32 tokens: per rank exactly 1/G of one
+    process's at G = 2, 4 (ring, both layouts, and Ulysses). One attention call: full attention saves q, k, v and
+    the b·h·S² probabilities (+ the S² mask), ring attention q, k, v, o and lse — linear in S. Planted bug, seen
+    failing: ring attention saving the key/value blocks it received (all of K and V, as an all-gather design
+    would: 1/G no longer holds)."""
+    seq = 32
+    x = torch.randint(16, (2, seq), generator=torch.Generator().manual_seed(0))
+    for layout, attend in (("contiguous", lambda q, k, v: ring_attention(q, k, v, True, "contiguous", seq)),
+                           ("zigzag", lambda q, k, v: ring_attention(q, k, v, True, "zigzag", seq)),
+                           ("contiguous", lambda q, k, v: ulysses_attention(q, k, v, True, seq))):
+        per_g = {}
+        for world_size in (1, 2, 4):
+            def run(rank, size):
+                model = tiny_transformer(seed=0)
+                with saved_bytes(model.parameters()) as meter:
+                    sequence_forward(model, shard_sequence(x, 1, rank, size, layout),
+                                     positions(seq, rank, size, layout), attend)
+                return meter.bytes
+            per_g[world_size] = comm.simulate(run, world_size).results
+        one = per_g[1][0]
+        assert per_g[2] == [one // 2] * 2 and per_g[4] == [one // 4] * 4, per_g
+    for s in (16, 32, 64):
+        q, k, v, _ = _qkv(s, dtype=torch.float32)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        with saved_bytes() as full:
+            full_attention(q, k, v, True)
+        with saved_bytes() as ring:
+            ring_attention(q, k, v, True)
+        qkv_bytes = 4 * B * H * s * D
+        assert full.bytes == 3 * qkv_bytes + 4 * B * H * s * s + s * s, s
+        assert ring.bytes == 4 * qkv_bytes + 4 * B * H * s, s
+
+
+def test_megatron_sequence_parallel_block_equals_the_dense_block_with_tensor_parallel_volume():
+    """Korthikanti et al.: the block with heads/MLP split and LayerNorm regions split by tokens, at t = 1, 2, 4 on
+    31 tokens (uneven): output and input gradient equal the dense block's; every column/row shard's weight
+    gradient equals the dense gradient's slice, and the LayerNorm weights' and row biases' gradients summed over
+    ranks equal the dense ones (each rank alone has only its tokens' part). Elements moved per direction equal
+    two of chapter 01's ring all-reduces of b·s·h, measured. Planted bug, seen failing: the reduce-scatter's
+    backward returning this rank's slice instead of all-gathering (input gradient differs)."""
+    seq, h = 31, 64
+    dense = tiny_transformer(seed=0).blocks[0]
+    g = torch.Generator().manual_seed(0)
+    x, grad = torch.randn(B, seq, h, generator=g), torch.randn(B, seq, h, generator=g)
+    x_dense = x.clone().requires_grad_()
+    out = dense(x_dense)
+    (out * grad).sum().backward()
+    named = dict(dense.named_parameters())
+    for world_size in (1, 2, 4):
+        def run(rank, size):
+            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+            mine = shard_sequence(x, 1, rank, size).requires_grad_()
+            y = block(mine, seq)
+            (y * shard_sequence(grad, 1, rank, size)).sum().backward()
+            return y.detach(), mine.grad, block
+        results, traffic = comm.simulate(run, world_size)
+        for rank, (y, dx, block) in enumerate(results):
+            assert torch.allclose(y, shard_sequence(out.detach(), 1, rank, world_size), atol=1e-5)
+            assert torch.allclose(dx, shard_sequence(x_dense.grad, 1, rank, world_size), atol=1e-5), world_size
+            for mine, dense_name in (("qkv", "attn.qkv"), ("proj", "attn.proj"), ("fc", "fc"), ("out", "out")):
+                layer = getattr(block, mine)
+                expected = named[dense_name + ".weight"].grad.index_select(layer.shard_dim, layer.index)
+                assert torch.allclose(layer.weight.grad, expected, atol=1e-5), (world_size, mine)
+        for mine, dense_name in (("ln1.weight", "ln1.weight"), ("ln2.bias", "ln2.bias"),
+                                 ("proj.bias", "attn.proj.bias"), ("out.bias", "out.bias")):
+            summed = sum(dict(r[2].named_parameters())[mine].grad for r in results)
+            assert torch.allclose(summed, named[dense_name].grad, atol=1e-5), (world_size, mine)
+        all_reduce = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(B * seq * h)), world_size).traffic.total
+        sent = {d: sum(t.numel for t in traffic.payload if ("backward" in t.phase) == (d == "backward"))
+                for d in ("forward", "backward")}
+        assert sent == {"forward": 2 * all_reduce, "backward": 2 * all_reduce}, (world_size, sent, all_reduce)
+
+
+def _train_all(rank, world_size):
+    config = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
+    out = {}
+    for strategy, options in (("ring_attention", {"layout": "zigzag"}), ("ring_attention", {"layout": "contiguous"}),
+                              ("ulysses", {}), ("chunk_local", {})):
+        result = train(rank, world_size, strategy, **config, **options)
+        out[strategy + options.get("layout", "")] = result["records"]
+    return out
+
+
+def test_strategies_train_like_one_process_except_chunk_local():
+    """Real ranks (one launch, 2 ranks): ring attention (zig-zag and contiguous) and Ulysses give the outputs,
+    loss, gradients and parameters of strategy="single" for 3 SGD steps (every rank sees the whole batch:
+    data_size 1; gradients summed over the sequence ranks); chunk-local does not (its outputs differ at step 0).
+    SGD rather than Adam: Adam's first step divides by |g|, so gradients of 1e-8 (there are some) turn rounding
+    into 1e-5 parameter differences. Planted bug, seen failing: gradients averaged instead of summed."""
+    config = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
+    reference = train(0, 1, "single", **config)["records"]
+    results = coursekit.launch(_train_all, 2, timeout=120)
+    for name in ("ring_attentionzigzag", "ring_attentioncontiguous", "ulysses"):
+        for report in (compare(reference, [results[0][name]]),
+                       compare(reference, [r[name] for r in results], check_output=False)):
+            assert report.ok, f"{name}: {report.first}"
+    naive = compare(reference, [results[0]["chunk_local"]])
+    assert not naive.ok and naive.first.kind == "output" and naive.first.step == 0
