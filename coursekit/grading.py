@@ -49,7 +49,8 @@ REPORT_ENV = "COURSEKIT_GRADE_REPORT"  # where grade() also writes its results (
 # Exercise -> the module defining its checks: the one place an exercise is registered.
 EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.checks.ring_allreduce",
                     "02_data_parallel": "coursekit.checks.data_parallel",
-                    "03_model_parallel": "coursekit.checks.model_parallel"}
+                    "03_model_parallel": "coursekit.checks.model_parallel",
+                    "04_pipeline_schedule": "coursekit.checks.pipeline_schedule"}
 
 
 @dataclass
