@@ -39,16 +39,41 @@ print("backend a launch of", WORLD_SIZE, "ranks will use:", coursekit.resolve_ba
 # ## One GPU by default (R8)
 #
 # A model and its tensors live on *one* device unless you say otherwise. Even with several GPUs,
-# `model.to("cuda")` means `cuda:0`, and the other GPUs sit idle. Here, on the CPU, the same holds:
-# a plain training step is one process doing all the work.
+# `model.to("cuda")` means `cuda:0`, and the other GPUs sit idle. Let us measure it rather than say it:
+# a plain training step of a small network, watched by hooks that note, for every layer's forward and
+# every parameter's gradient, **which process** computed it and **on which device** each tensor lives
+# (parameters, gradients, activations).
 
 # %%
-model = torch.nn.Linear(8, 2)
-x = torch.randn(4, 8)
-loss = model(x).square().mean()
-loss.backward()
-devices = {p.device for p in model.parameters()}
-print("devices holding the model:", devices, "| processes doing the work: 1 (pid", os.getpid(), ")")
+device = "cuda" if torch.cuda.is_available() else "cpu"   # what plain code picks: the first GPU, or the CPU
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+seen = []                                                # (what, process id, device), noted by the hooks
+for layer in model:
+    layer.register_forward_hook(lambda layer, inputs, output: seen.append(("forward", os.getpid(), output.device)))
+for param in model.parameters():
+    param.register_post_accumulate_grad_hook(lambda p: seen.append(("gradient", os.getpid(), p.grad.device)))
+for step in range(3):                                    # a plain training loop (SGD, written out)
+    x = torch.randn(4, 8, device=device)
+    loss = model(x).square().mean()
+    model.zero_grad()
+    loss.backward()
+    with torch.no_grad():
+        for param in model.parameters():
+            param -= 0.1 * param.grad
+devices = {str(d) for _, _, d in seen} | {str(p.device) for p in model.parameters()}
+print(f"device: {sorted(devices)} | GPUs visible: {torch.cuda.device_count()}")
+
+# %% tags=["nbval-check-output"]
+print(f"forwards and gradients computed in 3 steps: {len(seen)} "
+      f"({sum(w == 'forward' for w, *_ in seen)} layer forwards, {sum(w == 'gradient' for w, *_ in seen)} gradients)")
+print("processes that computed them:", len({pid for _, pid, _ in seen}))
+print("devices holding parameters, gradients and activations:", len(devices))
+print("torch.distributed initialised (any other process to share the work with?):", dist.is_initialized())
+
+# %% [markdown]
+# One process, one device, no process group: every one of those computations ran here. On a machine
+# with 8 GPUs the first line would read `cuda:0` and `GPUs visible: 8` — and the other seven would do
+# nothing. The rest of the course is about the code that changes that.
 
 # %% [markdown]
 # ## Your first multi-rank program
