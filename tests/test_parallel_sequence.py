@@ -62,7 +62,7 @@ def _against_full(attention, world_size, seq, causal, layout="contiguous"):
 
 def test_merge_is_softmax_over_both_blocks_even_when_their_maxima_differ():
     """Two halves of the keys, one with scores 40 higher: merge gives softmax over all keys exactly.
-    Planted bug, seen failing: the parts averaged without rescaling by e^(lse_i - lse) (max |diff| 0.45)."""
+    Planted bug, seen failing: the parts averaged without rescaling by e^(lse_i - lse) ("max |diff| 1.41")."""
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
     scores = q @ k.transpose(-1, -2)
@@ -81,9 +81,10 @@ def test_merge_is_softmax_over_both_blocks_even_when_their_maxima_differ():
 def test_ring_attention_equals_full_attention_with_neighbour_traffic_as_the_formula(layout):
     """Outputs and gradients of q, k, v equal full attention at G = 1..4, S = 16 and 19 (uneven), causal and not;
     every message goes to the right-hand neighbour, one key/value block per rank per step; elements per phase
-    2(G-1)n forward, 2(G-1)n + 2Gn backward (n = b·h·S·d). Planted bugs, each seen failing: the causal mask of the
-    next step's block (off by one block: dq differs); a token masked from itself (>=: output NaN); the dk/dv pass
-    left out of backward (dk differs; the 'ring dkv' phase missing)."""
+    2(G-1)n forward, 2(G-1)n + 2Gn backward (n = b·h·S·d). Planted bugs, each seen failing: the block of the next
+    step used for the causal mask (off by one block: "output on rank 0 of 2 (S=16, causal=True, contiguous): max
+    |diff| 3.46"); a token masked from itself (>=: "max |diff| nan" at G = 1); the dk/dv pass left out of backward
+    ("dk on rank 0 of 2 ...: max |diff| 1.52")."""
     for world_size in (1, 2, 3, 4):
         for seq in (16, 19):
             for causal in (True, False):
@@ -107,7 +108,7 @@ def test_ring_attention_equals_full_attention_with_neighbour_traffic_as_the_form
 def test_zigzag_balances_the_causal_work_that_the_contiguous_split_does_not():
     """Causal, S = 64 on G = 4: contiguous rank r computes r+1 blocks of (S/G)² scores (16² up to 4·16²);
     zig-zag every rank 2G+1 chunk pairs of (S/2G)². Planted bug, seen failing: the zig-zag layout giving
-    rank r chunks 2r and 2r+1 (contiguous again: work [40, 104, 168, 232] != [36]*4... in units)."""
+    rank r chunks 2r and 2r+1 (contiguous again: "[192, 448, 704, 960] == [576, 576, 576, 576]" fails)."""
     seq, world_size = 64, 4
 
     def run(rank, size, layout):
@@ -130,8 +131,8 @@ def test_zigzag_balances_the_causal_work_that_the_contiguous_split_does_not():
 def test_ulysses_equals_full_attention_with_all_to_all_traffic_as_the_formula():
     """Outputs and gradients equal full attention at G = 1, 2, 4 (H = 4), S = 16 and 19 (uneven), causal and not;
     each of the 2 all-to-alls per direction sends (G-1)/G of b·h·S·d per tensor (4 tensors per direction).
-    Heads not divisible by G (4 over 3) rejected by name. Planted bug, seen failing: the received pieces
-    concatenated in reverse rank order (output differs)."""
+    Heads not divisible by G (4 over 3) rejected by name. Planted bug, seen failing: the all-to-all's received
+    pieces concatenated in reverse rank order ("output on rank 0 of 2 (S=16, ...): max |diff| 3.79")."""
     for world_size in (1, 2, 4):
         for seq in (16, 19):
             for causal in (True, False):
@@ -153,8 +154,8 @@ def test_the_transformer_with_its_sequence_split_equals_the_dense_model():
     """The course transformer on 31 tokens (uneven over 2 and 4 ranks; zig-zag cuts 8 chunks of 3-4): logits
     gathered along the sequence equal the dense model's, and each weight's gradient summed over the ranks equals
     the dense gradient, for ring (both layouts) and Ulysses at G = 2 and 4. Chunk-local attention equals its
-    one-process block-diagonal form and not the dense model. Planted bug, seen failing: positions of the
-    contiguous cut used with the zig-zag layout (logits differ)."""
+    one-process block-diagonal form and not the dense model. Planted bug, seen failing: the gathered logits
+    concatenated in rank order instead of put back at their positions (fails at "ring zigzag", G = 2)."""
     model = tiny_transformer(seed=0)
     x, y = LanguageData().batch(0, 3)
     seq = x.shape[1]
@@ -196,7 +197,7 @@ def test_activations_per_rank_fall_as_one_over_g_and_full_attention_saves_the_sc
     process's at G = 2, 4 (ring, both layouts, and Ulysses). One attention call: full attention saves q, k, v and
     the b·h·S² probabilities (+ the S² mask), ring attention q, k, v, o and lse — linear in S. Planted bug, seen
     failing: ring attention saving the key/value blocks it received (all of K and V, as an all-gather design
-    would: 1/G no longer holds)."""
+    would): "[346752, 346752] == [313984, 313984]" fails."""
     seq = 32
     x = torch.randint(16, (2, seq), generator=torch.Generator().manual_seed(0))
     for layout, attend in (("contiguous", lambda q, k, v: ring_attention(q, k, v, True, "contiguous", seq)),
@@ -231,7 +232,7 @@ def test_megatron_sequence_parallel_block_equals_the_dense_block_with_tensor_par
     gradient equals the dense gradient's slice, and the LayerNorm weights' and row biases' gradients summed over
     ranks equal the dense ones (each rank alone has only its tokens' part). Elements moved per direction equal
     two of chapter 01's ring all-reduces of b·s·h, measured. Planted bug, seen failing: the reduce-scatter's
-    backward returning this rank's slice instead of all-gathering (input gradient differs)."""
+    backward keeping this rank's slice instead of all-gathering (input gradient differs at t = 2)."""
     seq, h = 31, 64
     dense = tiny_transformer(seed=0).blocks[0]
     g = torch.Generator().manual_seed(0)
@@ -280,7 +281,8 @@ def test_strategies_train_like_one_process_except_chunk_local():
     loss, gradients and parameters of strategy="single" for 3 SGD steps (every rank sees the whole batch:
     data_size 1; gradients summed over the sequence ranks); chunk-local does not (its outputs differ at step 0).
     SGD rather than Adam: Adam's first step divides by |g|, so gradients of 1e-8 (there are some) turn rounding
-    into 1e-5 parameter differences. Planted bug, seen failing: gradients averaged instead of summed."""
+    into 1e-5 parameter differences. Planted bug, seen failing: gradients averaged instead of summed
+    ("ring_attentionzigzag: step 0, grad 'tok_emb.weight', rank 0: ... expected -0.00565396, got -0.00282698")."""
     config = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
     reference = train(0, 1, "single", **config)["records"]
     results = coursekit.launch(_train_all, 2, timeout=120)

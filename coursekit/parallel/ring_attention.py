@@ -52,7 +52,7 @@ import torch
 
 from .. import comm
 
-__all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
+__all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
            "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -60,6 +60,17 @@ LAYOUTS = ("contiguous", "zigzag")
 
 # --------------------------------------------------------------------------
 # Who holds which tokens.
+# --------------------------------------------------------------------------
+def rank_size(group=None) -> tuple[int, int]:
+    """This rank's index in ``group`` and its size: from ``comm`` on real or simulated ranks, (0, 1) without any."""
+    import torch.distributed as dist
+
+    if comm._state.transport is None and not dist.is_initialized():
+        return 0, 1
+    return comm.get_rank(group), comm.get_world_size(group)
+
+
+# --------------------------------------------------------------------------
 # --------------------------------------------------------------------------
 def _split(total: int, parts: int) -> list[tuple[int, int]]:
     """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more)."""
@@ -184,7 +195,7 @@ class _Ring:
 
     def __init__(self, local_len: int, seq_len: int | None, layout: str, group):
         self.group = group
-        self.rank, self.size = comm.get_rank(group), comm.get_world_size(group)
+        self.rank, self.size = rank_size(group)
         per_rank = 2 if layout == "zigzag" else 1
         if seq_len is None:
             seq_len = local_len * self.size

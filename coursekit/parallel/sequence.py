@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from .. import collectives as _collectives
 from .. import comm
 from ..strategy import Setup, Strategy, register
-from .ring_attention import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
+from .ring_attention import AttentionWork, rank_size, chunk_bounds, positions, ring_attention, shard_sequence
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
            "sequence_forward", "SavedBytes", "saved_bytes", "chunk_local_losses", "SequenceParallel"]
@@ -59,7 +59,7 @@ __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffi
 # --------------------------------------------------------------------------
 def _exchange(outgoing: list[torch.Tensor], incoming_shapes: list[list[int]], group, name: str) -> list[torch.Tensor]:
     """Send ``outgoing[j]`` to rank j and receive a tensor of ``incoming_shapes[j]`` from it; keep our own."""
-    rank, size = comm.get_rank(group), comm.get_world_size(group)
+    rank, size = rank_size(group)
     received = [outgoing[rank] if j == rank else outgoing[rank].new_empty(incoming_shapes[j]) for j in range(size)]
     with comm.phase(name):
         works = [comm.irecv(received[j], group=group, group_src=j) for j in range(size) if j != rank]
@@ -74,7 +74,7 @@ def _all_to_all(tensor, scatter_dim: int, gather_dim: int, scatter_sizes, gather
     shapes = []
     for n in gather_sizes:
         shape = list(pieces[0].shape)
-        shape[scatter_dim] = scatter_sizes[comm.get_rank(group)]
+        shape[scatter_dim] = scatter_sizes[rank_size(group)[0]]
         shape[gather_dim] = n
         shapes.append(shape)
     return torch.cat(_exchange(pieces, shapes, group, name), dim=gather_dim)
@@ -104,7 +104,7 @@ def all_to_all(tensor: torch.Tensor, scatter_dim: int, gather_dim: int, scatter_
 class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local, dim, seq_len, layout, group):
-        rank, size = comm.get_rank(group), comm.get_world_size(group)
+        rank, size = rank_size(group)
         where = [positions(seq_len, r, size, layout) for r in range(size)]
         ctx.dim, ctx.mine = dim, where[rank]
         shapes = []
@@ -145,7 +145,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     rank's heads; attention is the ordinary one; a second all-to-all re-shards the output back.
     Chunks are contiguous (``shard_sequence(x, dim, rank, size)``), uneven lengths allowed with ``seq_len``.
     """
-    rank, size = comm.get_rank(group), comm.get_world_size(group)
+    rank, size = rank_size(group)
     heads = q.shape[1]
     if heads % size:
         raise ValueError(f"Ulysses gives each rank whole heads: {heads} heads cannot be split over {size} ranks "
@@ -287,7 +287,7 @@ class SequenceParallel(Strategy):
         raise NotImplementedError
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        rank, size = comm.get_rank(self.group), comm.get_world_size(self.group)
+        rank, size = rank_size(self.group)
         seq_len = inputs.shape[1]
         local = shard_sequence(inputs, 1, rank, size, self.layout)
         logits = sequence_forward(self.model, local, positions(seq_len, rank, size, self.layout),
@@ -296,7 +296,7 @@ class SequenceParallel(Strategy):
 
     def synchronize(self) -> None:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if comm.get_world_size(self.group) == 1 or not params:
+        if rank_size(self.group)[1] == 1 or not params:
             return
         with self.span("comm", "all-reduce grads over sequence ranks"):
             flat = torch.cat([p.grad.reshape(-1) for p in params])

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import comm
-from .ring_attention import _split, chunk_bounds
+from .ring_attention import _split, chunk_bounds, rank_size
 from .sequence import _exchange
 from .tensor import ColumnParallelLinear, RowParallelLinear
 
@@ -54,7 +54,7 @@ def _gather(local: torch.Tensor, lengths: list[int], group, name: str) -> torch.
 
 
 def _reduce_scatter(full: torch.Tensor, lengths: list[int], group, name: str) -> torch.Tensor:
-    rank = comm.get_rank(group)
+    rank = rank_size(group)[0]
     pieces = list(full.split(lengths, dim=1))
     shape = list(pieces[rank].shape)
     received = _exchange(pieces, [shape] * len(lengths), group, name)
@@ -88,12 +88,12 @@ class _ReduceScatter(torch.autograd.Function):
 
 def all_gather_sequence(local: torch.Tensor, seq_len: int, group=None) -> torch.Tensor:
     """``(b, S_r, h)`` → ``(b, S, h)`` on every rank; backward reduce-scatters the gradient (Megatron's ``g``)."""
-    return _AllGather.apply(local, _lengths(seq_len, comm.get_world_size(group)), group)
+    return _AllGather.apply(local, _lengths(seq_len, rank_size(group)[1]), group)
 
 
 def reduce_scatter_sequence(full: torch.Tensor, group=None) -> torch.Tensor:
     """Partial sums ``(b, S, h)`` → this rank's tokens of their sum ``(b, S_r, h)``; backward all-gathers (``ḡ``)."""
-    return _ReduceScatter.apply(full, _lengths(full.shape[1], comm.get_world_size(group)), group)
+    return _ReduceScatter.apply(full, _lengths(full.shape[1], rank_size(group)[1]), group)
 
 
 class SequenceTensorParallelBlock(nn.Module):
@@ -107,7 +107,7 @@ class SequenceTensorParallelBlock(nn.Module):
     def __init__(self, dense: nn.Module, group=None):
         super().__init__()
         self.group = group
-        rank, size = comm.get_rank(group), comm.get_world_size(group)
+        rank, size = rank_size(group)
         d_model, n_heads = dense.attn.proj.in_features, dense.attn.n_heads
         head_dim = d_model // n_heads
         if size > n_heads:
@@ -132,7 +132,7 @@ class SequenceTensorParallelBlock(nn.Module):
         return F.linear(y, self.proj.weight)  # a partial sum over this rank's heads
 
     def forward(self, x: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
-        seq_len = x.shape[1] * comm.get_world_size(self.group) if seq_len is None else seq_len
+        seq_len = x.shape[1] * rank_size(self.group)[1] if seq_len is None else seq_len
         whole = all_gather_sequence(self.ln1(x), seq_len, self.group)
         x = x + reduce_scatter_sequence(self._attention(whole), self.group) + self.proj.bias
         whole = all_gather_sequence(self.ln2(x), seq_len, self.group)
