@@ -18,7 +18,9 @@ step, which tensor, which rank, where, by how much.
 Sharded tensors are reassembled before comparison: a rank that holds only a
 slice of the flattened parameters (ZeRO) records a :class:`FlatShard` (or a
 list of them, one per bucket, when it holds several slices), and the harness
-concatenates the ranks' slices.
+concatenates the ranks' slices. A rank that holds some of the layers (model and
+pipeline parallelism) records a :class:`NamedPart`: each tensor is checked on
+every rank that holds it, and the output on the ranks that computed one.
 
     >>> report = compare(reference, per_rank)          # doctest: +SKIP
     >>> report.ok
@@ -125,7 +127,7 @@ def record_step(output: torch.Tensor | None, loss: float | torch.Tensor, grads: 
     """One step record (see the module docstring). Tensors are detached and cloned.
 
     ``grads``/``params`` may be a module (its named parameters / their ``.grad``),
-    a ``{name: tensor}`` dict, a :class:`FlatShard` or a list of them.
+    a ``{name: tensor}`` dict, a :class:`FlatShard` or a list of them, or a :class:`NamedPart`.
     """
     def as_record(value, attribute):
         if isinstance(value, list):  # several slices of the flat parameters (ZeRO with buckets)

@@ -132,8 +132,8 @@ class _Slow(nn.Module):
     """No parameters, but 20 ms of CPU a call: "params" and "time" must disagree about it."""
 
     def forward(self, x):
-        begin = time.process_time()
-        while time.process_time() - begin < 0.02:
+        begin = time.thread_time()
+        while time.thread_time() - begin < 0.02:
             pass
         return x * 1.0
 

@@ -39,7 +39,8 @@ import torch
 import torch.nn as nn
 
 from ..strategy import Setup, register
-from .model import Channel, StagedStrategy, broadcast_loss, sum_tied_gradients
+from .model import StagedStrategy
+from .stage_comm import Channel, broadcast_loss, sum_tied_gradients
 from .schedules import Schedule, make_schedule, validate
 
 __all__ = ["ExecutorStats", "execute", "PipelineParallel"]
@@ -92,7 +93,7 @@ def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_b
     """
     if check:
         validate(schedule)
-    p, last, split = schedule.n_ranks, schedule.n_stages - 1, schedule.split_backward
+    last, split = schedule.n_stages - 1, schedule.split_backward
     owner = schedule.stage_owner
     key = [tuple(x.shape) for x, _ in micro_batches]  # both ends of a link know a micro-batch's shape
     exclude = {p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()}

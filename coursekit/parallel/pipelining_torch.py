@@ -26,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from ..strategy import Setup, register
-from .model import StagedStrategy, broadcast_loss, sum_tied_gradients
+from .model import StagedStrategy
+from .stage_comm import broadcast_loss, sum_tied_gradients
 
 __all__ = ["TorchPipeline", "torch_schedule"]
 
