@@ -142,7 +142,7 @@ def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_b
             out, grad = for_w.pop((s, i))
             weights = [w for w in stages[s].parameters() if w.requires_grad]
             with _span(tracer, "backward", name):
-                for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True)):
+                for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True) if weights else ()):
                     if g is not None:
                         w.grad = g if w.grad is None else w.grad.add_(g)
             del outputs[(s, i)]

@@ -8,9 +8,12 @@ Used by model parallelism (:mod:`coursekit.parallel.model`) and the pipeline exe
   embedding *is* its output head): each copy sees only its stage's gradient; the copies' sum is the gradient.
 * :func:`broadcast_loss` -- the loss exists on the last stage only; every rank reports it.
 
-    >>> channel = Channel(group=None)                          # doctest: +SKIP
-    >>> channel.isend(activations, 1, key=("stage 0", tuple(inputs.shape)))      # on rank 0
-    >>> activations = channel.recv(0, key=("stage 0", tuple(inputs.shape)))      # on rank 1
+For example (inside ranks)::
+
+    channel = Channel(group=None)
+    channel.isend(activations, 1, key=(0, tuple(inputs.shape)))        # on rank 0: stage 0's output
+    activations = channel.recv(0, key=(0, tuple(inputs.shape)))        # on rank 1
+    channel.wait()                                                     # on rank 0, at the end of the step
 """
 
 from __future__ import annotations
