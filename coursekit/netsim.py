@@ -60,6 +60,19 @@ The closed forms (``N`` elements of ``b`` bytes, one link level)
 
       T_ring = 2·(G−1)·(α + ⌈N/G⌉·b/B)       (bandwidth term ≈ 2·N·b/B, flat in G)
 
+* **hierarchical** (:mod:`coursekit.hierarchical`, ``k`` GPUs per node, ``n = G/k`` nodes): the
+  inner ring's ``2(k−1)`` steps over the node links, each set by the largest
+  segment ``⌈N/k⌉``; the ``k`` outer rings (one per local rank, at the same
+  time) take ``2(n−1)`` steps over the network, set by the largest shard's
+  largest segment::
+
+      T_hier = 2·(k−1)·(α_intra + ⌈N/k⌉·b/B_intra) + 2·(n−1)·(α + ⌈⌈N/k⌉/n⌉·b/B)
+
+  268 latencies instead of the flat ring's 2,046 at 1,024 GPUs in nodes of 8,
+  and ``1/k`` of the bytes per GPU over the network. Its stages are labelled
+  apart ("inner reduce-scatter", "outer reduce-scatter", ...): steps with one
+  label are run as one step, so colliding labels would overlap two stages.
+
 With nodes, apply the rule per link: e.g. a ring of ``G = 8`` in nodes of 4
 sends ``3→4`` and ``7→0`` between nodes and the rest inside, so each step is
 ``max(α + s·b/B, α_intra + s·b/B_intra)`` with ``s = ⌈N/G⌉``.
@@ -75,7 +88,16 @@ exact, not an approximation (tested against direct recordings). The
 recording is a *dry run* of the same collective code: every rank in turn in
 this thread, sends complete at once (the threaded simulator's waits cost
 about ``G`` times more per message, too slow at ``G = 1,024``); it is tested
-equal to :func:`coursekit.comm.simulate`'s trace.
+equal to :func:`coursekit.comm.simulate`'s trace. Groups are :class:`RankGroup`
+rank lists (:func:`node_groups` gives a rank's node and its cross-node ring).
+
+What it costs: the trace holds every message, ``2G(G−1)`` for the ring, and
+Python spends tens of µs on each, so recording the flat ring at ``G = 1,024``
+(2·10⁶ messages, four runs of every rank) takes minutes, not seconds; ``G ≤
+64`` takes about a second. The busiest side per link kind and step is cached
+(:func:`collective_time`), so a recorded trace is timed on a new network in
+``O(steps)``. Beyond the recorded sizes use :func:`closed_form_time`, tested
+equal to the model wherever both run.
 """
 
 from __future__ import annotations
@@ -90,8 +112,8 @@ import torch
 from . import comm
 from .traffic import Traffic, Transfer
 
-__all__ = ["Network", "StepTime", "Timing", "simulate_time", "collective_trace", "collective_time",
-           "calibrate", "COLLECTIVES"]
+__all__ = ["Network", "StepTime", "Timing", "RankGroup", "node_groups", "simulate_time", "collective_trace",
+           "collective_time", "closed_form_time", "crossover", "calibrate", "COLLECTIVES"]
 
 
 @dataclass(frozen=True)
@@ -116,6 +138,13 @@ class Network:
             latency = self.latency if self.intra_latency is None else self.intra_latency
             return "intra", bandwidth, latency
         return "net", self.bandwidth, self.latency
+
+    def level(self, link: str) -> tuple[float, float]:
+        """``(bandwidth, latency)`` of link kind ``"net"`` (between nodes) or ``"intra"`` (inside one)."""
+        if link == "intra":
+            return (self.bandwidth if self.intra_bandwidth is None else self.intra_bandwidth,
+                    self.latency if self.intra_latency is None else self.intra_latency)
+        return self.bandwidth, self.latency
 
 
 @dataclass(frozen=True)
@@ -187,15 +216,31 @@ def simulate_time(traffic: Traffic, network: Network, itemsize: int | None = Non
 # ----------------------------------------------------------------- recording the trace
 def _collectives() -> dict[str, Callable]:
     from .collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
+    from .hierarchical import hierarchical_all_reduce
 
-    return {"master": master_all_reduce, "naive": naive_all_reduce, "ring": ring_all_reduce}
+    return {"master": master_all_reduce, "naive": naive_all_reduce, "ring": ring_all_reduce,
+            "hierarchical": hierarchical_all_reduce}
 
 
-COLLECTIVES = ("master", "naive", "ring")
+COLLECTIVES = ("master", "naive", "ring", "hierarchical")
 
 
-def _record_rank(rank: int, world_size: int, name: str, numel: int) -> None:
-    _collectives()[name](torch.zeros(numel))
+def node_groups(rank: int, world_size: int, gpus_per_node: int) -> tuple[RankGroup, RankGroup]:
+    """``(inner, outer)`` of global ``rank``: its node's GPUs, and the GPUs of its local index on every
+    node, laid out as ``Mesh({"node": G // k, "local": k})`` lays them out (rank = node·k + local)."""
+    k = gpus_per_node
+    if k < 1 or world_size % k:
+        raise ValueError(f"gpus_per_node={k} must divide the world size {world_size}.")
+    node, local = divmod(rank, k)
+    return RankGroup(tuple(range(node * k, node * k + k))), RankGroup(tuple(range(local, world_size, k)))
+
+
+def _record_rank(rank: int, world_size: int, name: str, numel: int, gpus_per_node: int | None = None) -> None:
+    if name == "hierarchical":
+        inner, outer = node_groups(rank, world_size, gpus_per_node or world_size)
+        _collectives()[name](torch.zeros(numel), inner=inner, outer=outer)
+    else:
+        _collectives()[name](torch.zeros(numel))
 
 
 class _Done:
@@ -212,9 +257,22 @@ class _Done:
         return True
 
 
+@dataclass(frozen=True)
+class RankGroup:
+    """A process group of the dry run: its members' global ranks, in group order.
+
+    What :func:`collective_trace` passes as ``group=`` (e.g. a node's GPUs to
+    :func:`coursekit.hierarchical.hierarchical_all_reduce`); the dry-run
+    transport understands it as ``torch.distributed`` understands a process group.
+    """
+
+    ranks: tuple[int, ...]
+
+
 class _DryTransport:
     """One rank of a *dry run*: sends complete at once, a receive gets the matching message of an
-    earlier pass if there was one (control messages; payload values are not kept). Group None only."""
+    earlier pass if there was one (control messages; payload values are not kept). ``group`` is
+    None (every rank) or a :class:`RankGroup`; mail is keyed by global ranks."""
 
     name = "dry run"
 
@@ -222,15 +280,16 @@ class _DryTransport:
         self.me, self.size, self.mail, self.counts = rank, size, mail, counts
 
     def rank(self, group) -> int:
-        return self.me
+        return self.me if group is None else group.ranks.index(self.me)
 
     def world_size(self, group) -> int:
-        return self.size
+        return self.size if group is None else len(group.ranks)
 
     def global_rank(self, group, rank: int) -> int:
-        return rank
+        return rank if group is None else group.ranks[rank]
 
-    group_rank = global_rank
+    def group_rank(self, group, global_rank: int) -> int:
+        return global_rank if group is None else group.ranks.index(global_rank)
 
     def _next(self, way: str, src: int, dst: int) -> int:
         """The index of this message among those ``src`` sent to ``dst`` (as the sender or receiver counts)."""
@@ -239,12 +298,14 @@ class _DryTransport:
         return k
 
     def isend(self, tensor, dst, group):
+        dst = self.global_rank(group, dst)
         k = self._next("send", self.me, dst)
         if comm._state.kind == "control":
             self.mail[(self.me, dst, k)] = tensor.clone()
         return _Done()
 
     def irecv(self, tensor, src, group):
+        src = self.global_rank(group, src)
         message = self.mail.get((src, self.me, self._next("recv", src, self.me)))
         return _Done(lambda: None if message is None else tensor.copy_(message))
 
@@ -255,40 +316,57 @@ class _DryTransport:
         self.irecv(tensor, src, group).wait()
 
 
-def _dry_run(name: str, world_size: int, numel: int) -> Traffic:
+def _dry_run(name: str, world_size: int, numel: int, gpus_per_node: int | None = None) -> Traffic:
     """Record ``name``'s trace with every rank run in turn in this thread (O(transfers), not O(G·transfers)).
 
-    Pass 1 collects every control message (the length checks are sent before
-    any check is verified; a rank whose check finds nothing yet stops early),
-    pass 2 reruns every rank with them and records. Valid for collectives whose
-    transfers do not depend on the values received (all of :data:`COLLECTIVES`);
-    tested equal to :func:`coursekit.comm.simulate`'s trace.
+    Collecting passes gather the control messages (a length check is sent
+    before any check is verified; a rank whose check finds nothing yet stops
+    there), until a pass runs every rank through or brings no new message:
+    one pass for one-stage collectives, one more per later stage whose checks
+    wait on ranks that run after this one (the hierarchical all-reduce's outer
+    and second inner stage). A last pass reruns every rank with all of them and
+    records. Valid for collectives whose transfers do not depend on the values
+    received (all of :data:`COLLECTIVES`); tested equal to
+    :func:`coursekit.comm.simulate`'s trace (and to real ranks' for the
+    hierarchical one).
     """
     mail: dict = {}
     saved = (comm._state.transport, comm._state.recorders, comm._state.seq)
     records = [Traffic(world_size=world_size) for _ in range(world_size)]
+
+    def run_every_rank(recording: bool) -> int:
+        counts: dict = {}
+        stopped = 0
+        for rank in range(world_size):
+            comm._state.transport = _DryTransport(rank, world_size, mail, counts)
+            comm._state.recorders, comm._state.seq = ((records[rank],) if recording else ()), 0
+            try:
+                _record_rank(rank, world_size, name, numel, gpus_per_node)
+            except ValueError:
+                if recording:
+                    raise
+                stopped += 1
+        return stopped
+
     try:
-        for recording in (False, True):
-            counts: dict = {}
-            for rank in range(world_size):
-                comm._state.transport = _DryTransport(rank, world_size, mail, counts)
-                comm._state.recorders, comm._state.seq = ((records[rank],) if recording else ()), 0
-                try:
-                    _record_rank(rank, world_size, name, numel)
-                except ValueError:
-                    if recording:
-                        raise
+        while True:
+            before = len(mail)
+            if not run_every_rank(False) or len(mail) == before:
+                break
+        run_every_rank(True)
     finally:
         comm._state.transport, comm._state.recorders, comm._state.seq = saved
     return Traffic.merge(records)
 
 
 @lru_cache(maxsize=64)
-def _recorded(name: str, world_size: int, numel: int, dry: bool = True) -> Traffic:
+def _recorded(name: str, world_size: int, numel: int, dry: bool = True, gpus_per_node: int | None = None) -> Traffic:
     if name not in COLLECTIVES:
         raise ValueError(f"unknown collective {name!r}: use one of {', '.join(COLLECTIVES)}.")
-    if dry:
-        return _dry_run(name, world_size, numel)
+    if name != "hierarchical":
+        gpus_per_node = None   # the others' traces do not depend on it: one recording serves every k
+    if dry or name == "hierarchical":   # (the threaded simulator has no process groups)
+        return _dry_run(name, world_size, numel, gpus_per_node)
     _, traffic = comm.simulate(_record_rank, world_size, name, numel, timeout=600.0)
     return traffic
 
@@ -297,27 +375,140 @@ def _shape(t: Transfer) -> tuple:
     return (t.phase, t.step, t.src, t.dst, t.kind, t.meta, t.seq)
 
 
-def collective_trace(name: str, world_size: int, numel: int) -> Traffic:
+def collective_trace(name: str, world_size: int, numel: int, gpus_per_node: int | None = None) -> Traffic:
     """The trace of collective ``name`` on ``world_size`` ranks for ``numel`` elements (float32).
 
     Recorded directly when ``numel < 2·G``; otherwise recorded at ``q = 1``
     and ``q = 2`` elements per rank (same remainder) and every message's size
     extrapolated affinely to ``q = ⌊numel/G⌋`` (see the module docstring).
+    ``gpus_per_node`` is the ``k`` of ``"hierarchical"`` (the others ignore it).
     """
     q, r = divmod(numel, world_size)
     if q < 2:
-        return _recorded(name, world_size, numel)
-    one, two = _recorded(name, world_size, world_size + r), _recorded(name, world_size, 2 * world_size + r)
+        return _recorded(name, world_size, numel, gpus_per_node=gpus_per_node)
+    one = _recorded(name, world_size, world_size + r, gpus_per_node=gpus_per_node)
+    two = _recorded(name, world_size, 2 * world_size + r, gpus_per_node=gpus_per_node)
     if [_shape(t) for t in one.transfers] != [_shape(t) for t in two.transfers]:
         raise RuntimeError(f"{name}: the trace's pattern changes with the size; record it directly instead.")
     transfers = [replace(a, numel=a.numel + (q - 1) * (b.numel - a.numel)) for a, b in zip(one.transfers, two.transfers)]
     return Traffic(transfers, world_size)
 
 
+@lru_cache(maxsize=256)
+def _busiest_sides(name: str, world_size: int, numel: int, gpus_per_node: int | None) -> tuple:
+    """Per step of the trace: ``(key, ((link, elements, side), ...))``, the busiest side of each link kind.
+
+    All sides of one link kind share ``α`` and ``B``, so the busiest one of each
+    kind is all the timing rule needs: a network's time is then ``O(steps)``,
+    whatever the number of transfers (the widget redraws from this).
+    """
+    grouping = Network(1.0, 0.0, gpus_per_node)
+    out = []
+    for key, transfers in collective_trace(name, world_size, numel, gpus_per_node).steps():
+        load: dict[tuple[int, str, str], int] = {}
+        for t in transfers:
+            link = grouping.link(t.src, t.dst)[0]
+            for side in ((t.src, link, "send"), (t.dst, link, "recv")):
+                load[side] = load.get(side, 0) + t.numel
+        best: dict[str, tuple[int, tuple]] = {}
+        for side in sorted(load):   # sorted: the lowest side of a kind on a tie
+            if side[1] not in best or load[side] > best[side[1]][0]:
+                best[side[1]] = (load[side], side)
+        out.append((key, tuple((link, n, side) for link, (n, side) in sorted(best.items()))))
+    return tuple(out)
+
+
 def collective_time(name: str, world_size: int, numel: int, network: Network, itemsize: int = 4) -> Timing:
     """Modeled time of all-reducing ``numel`` elements of ``itemsize`` bytes with ``name``
-    ("master", "naive", "ring") on ``world_size`` GPUs of ``network``."""
-    return simulate_time(collective_trace(name, world_size, numel), network, itemsize)
+    ("master", "naive", "ring", "hierarchical") on ``world_size`` GPUs of ``network``.
+
+    Equal to ``simulate_time(collective_trace(...), network, itemsize)`` (tested), computed from the
+    busiest side of each link kind per step. ``"hierarchical"`` uses ``network.gpus_per_node`` as its
+    node size (the whole world as one node if None).
+    """
+    steps = []
+    for key, sides in _busiest_sides(name, world_size, numel, network.gpus_per_node):
+        best = None
+        for link, elements, side in sides:
+            bandwidth, latency = network.level(link)
+            nbytes = elements * itemsize
+            busy = (latency + nbytes / bandwidth, latency, nbytes / bandwidth)
+            if best is None or busy[0] > best[0][0] or (busy[0] == best[0][0] and side < best[1]):
+                best = (busy, side, nbytes)
+        (seconds, latency, transfer), side, nbytes = best
+        steps.append(StepTime(key[0], key[1], seconds, latency, transfer, side, nbytes))
+    return Timing(tuple(steps))
+
+
+# ----------------------------------------------------------------- closed forms
+def closed_form_time(name: str, world_size: int, numel: int, network: Network, itemsize: int = 4) -> float:
+    """The module docstring's closed forms, on one or two link levels (tested equal to :func:`collective_time`).
+
+    With ``k = gpus_per_node`` (``G`` if None: one level), ``n = G/k`` nodes,
+    ``T_l(L) = α_l + L·b/B_l`` the busy time of a side of level ``l`` carrying
+    ``L`` elements, and a level counted only where the algorithm uses it:
+
+    * master: ``2·max(T_intra((k−1)N), T_net((G−k)N))`` (the root's two receive sides, then send sides);
+    * naive: ``max(T_intra((k−1)N), T_net((G−k)N))``;
+    * ring: ``2(G−1)·max(T_intra(s), T_net(s))``, ``s = ⌈N/G⌉`` (exact when ``G`` divides ``N``
+      or on one level; otherwise an upper bound, as the largest segment may not cross a node);
+    * hierarchical: ``2(k−1)·T_intra(⌈N/k⌉) + 2(n−1)·T_net(⌈⌈N/k⌉/n⌉)``.
+
+    For ``N ≥ G`` (no empty segments). Cheap at any ``G``: the notebook draws it up to 1,024.
+    """
+    G, N = world_size, numel
+    k = network.gpus_per_node or G
+    n = G // k
+
+    def busy(level: str, elements: int) -> float:
+        bandwidth, latency = network.level(level if network.gpus_per_node else "net")
+        return latency + elements * itemsize / bandwidth
+
+    def worst(intra: int, net: int) -> float:
+        return max([busy("intra", intra)] * (k > 1) + [busy("net", net)] * (n > 1))
+
+    if name == "master":
+        return 2 * worst((k - 1) * N, (G - k) * N)
+    if name == "naive":
+        return worst((k - 1) * N, (G - k) * N)
+    if name == "ring":
+        s = -(-N // G)
+        return 2 * (G - 1) * worst(s, s)
+    if name == "hierarchical":
+        shard = -(-N // k)
+        return 2 * (k - 1) * (busy("intra", shard) if k > 1 else 0.0) + 2 * (n - 1) * busy("net", -(-shard // n))
+    raise ValueError(f"unknown collective {name!r}: use one of {', '.join(COLLECTIVES)}.")
+
+
+def crossover(first: str, second: str, world_size: int, network: Network, itemsize: int = 4,
+              time: Callable[..., float] | None = None, hi: int = 2**30) -> int | None:
+    """The smallest message, in elements and a multiple of ``G``, from which ``first`` is faster than ``second``.
+
+    Searched over ``numel = G·m`` for ``m`` in ``[1, hi]`` (multiples of ``G``: the closed forms are
+    exact there, and the model records one pattern for all of them). ``time(name, G, numel,
+    network, itemsize)`` is :func:`closed_form_time` by default; pass
+    ``lambda *a: collective_time(*a).total`` to search the model itself. Binary search: assumes
+    one crossing (both times are maxima of lines in ``N``). None if ``first`` is never faster in the
+    range; ``G`` if it always is.
+
+        >>> crossover("ring", "naive", 1024, Network(50e9, 10e-6)) * 4 // 1024    # KiB of float32
+        980
+    """
+    time = time or closed_form_time
+    lo = 1
+
+    def faster(m: int) -> bool:
+        numel = m * world_size
+        return time(first, world_size, numel, network, itemsize) < time(second, world_size, numel, network, itemsize)
+
+    if faster(lo):
+        return world_size
+    if not faster(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if faster(mid) else (mid, hi)
+    return hi * world_size
 
 
 # ----------------------------------------------------------------- calibration

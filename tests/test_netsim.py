@@ -146,3 +146,89 @@ def test_large_world_and_tensor_through_the_extrapolated_pattern():
     _close(collective_time("naive", G, N, NET, b).total, ALPHA + (G - 1) * N * b / BW, "naive G=64")
     _close(collective_time("ring", G, N, NET, b).total, 2 * (G - 1) * (ALPHA + math.ceil(N / G) * b / BW),
            "ring G=64")
+
+
+# ----------------------------------------------------------------- hierarchical all-reduce (issue 11 item 3)
+NVLINK, A_IN = 450e9, 2e-6       # NVLink 4 per direction, 2 µs
+IB, A_IB = 50e9, 10e-6           # 400 Gb/s InfiniBand, 10 µs
+
+
+def _two_level(k: int) -> Network:
+    return Network(IB, A_IB, gpus_per_node=k, intra_bandwidth=NVLINK, intra_latency=A_IN)
+
+
+def _hierarchical_closed_form(G: int, k: int, N: int, b: int = 4) -> float:
+    """Derived here, not read from netsim: the inner ring has 2(k−1) steps over NVLink, each set by the
+    largest segment ⌈N/k⌉; the n = G/k outer rings (one per local rank, concurrent) have 2(n−1) steps
+    over InfiniBand, set by the largest shard's largest segment ⌈⌈N/k⌉/n⌉."""
+    n, shard = G // k, -(-N // k)
+    return 2 * (k - 1) * (A_IN + shard * b / NVLINK) + 2 * (n - 1) * (A_IB + -(-shard // n) * b / IB)
+
+
+@pytest.mark.parametrize("G,k,N", [(4, 2, 1001), (8, 4, 8 * 100), (8, 2, 8 * 100 + 3), (16, 4, 1000),
+                                   (64, 8, 64 * 50), (12, 3, 12 * 7 + 5)])
+def test_hierarchical_model_is_its_closed_form(G, k, N):
+    """Planted: the stages' labels colliding (no prefix in hierarchical._Prefixed) -> G=4: 2 steps
+    instead of 4 and the model times step 0 of the inner and outer reduce-scatter as one."""
+    t = collective_time("hierarchical", G, N, _two_level(k))
+    _close(t.total, _hierarchical_closed_form(G, k, N), f"hierarchical G={G} k={k} N={N}")
+    n = G // k
+    assert len(t.steps) == 2 * (k - 1) + 2 * (n - 1), [(s.phase, s.step) for s in t.steps]
+    assert [s.bottleneck[1] for s in t.steps] == ["intra"] * (k - 1) + ["net"] * 2 * (n - 1) + ["intra"] * (k - 1)
+
+
+@pytest.mark.parametrize("name", netsim.COLLECTIVES)
+@pytest.mark.parametrize("G,N,k", [(8, 8005, 4), (6, 61, 3), (8, 8, 2), (4, 3, None)])
+def test_fast_time_equals_the_replay(name, G, N, k):
+    """collective_time (busiest side per link kind) equals simulate_time on the whole trace.
+    Planted: the busiest side taken over both link kinds at once (the first kind's) -> the ring on
+    G=8, k=4 loses its network term."""
+    net = Network(BW, ALPHA) if k is None else Network(BW, ALPHA, gpus_per_node=k, intra_bandwidth=NVLINK,
+                                                        intra_latency=A_IN)
+    trace = collective_trace(name, G, N, gpus_per_node=k)
+    assert collective_time(name, G, N, net) == simulate_time(trace, net, 4)
+
+
+@pytest.mark.parametrize("name", netsim.COLLECTIVES)
+@pytest.mark.parametrize("G,k", [(16, 4), (64, 8), (8, 1), (8, 8)])
+def test_closed_form_time_equals_the_model(name, G, k):
+    """netsim.closed_form_time (what the notebook draws beyond the recorded G) equals the model where G
+    divides N. Planted: the master's network side counted with G−1 (not G−k) senders -> fails for k > 1."""
+    net = _two_level(k)
+    for N in (G, 3 * G, 1000 * G):
+        _close(netsim.closed_form_time(name, G, N, net), collective_time(name, G, N, net).total,
+               f"{name} G={G} k={k} N={N}")
+
+
+def test_crossover_of_the_model_equals_the_closed_forms_at_32():
+    """At G = 32 in nodes of 8 the model's own crossovers (binary search on replayed traces) land on the
+    multiple of G the closed forms give. Planted: closed_form_time's hierarchical outer stage with 2n
+    steps instead of 2(n−1) -> hierarchical beats naive from 52032 elements, not 41312."""
+    G, net = 32, _two_level(8)
+    model = lambda *a: collective_time(*a).total  # noqa: E731
+    for first, second in (("hierarchical", "naive"), ("ring", "naive"), ("hierarchical", "master")):
+        assert netsim.crossover(first, second, G, net, time=model, hi=2**12) == \
+            netsim.crossover(first, second, G, net, hi=2**12), (first, second)
+
+
+def test_crossover_at_1024_gpus_against_the_hand_solved_lines():
+    """1,024 GPUs, 8 per node: solve naive = hierarchical and naive = ring by hand (both linear in N
+    above a few elements) and compare with netsim.crossover. The hierarchical all-reduce beats the flat
+    ring at every size (fewer latencies: 268 vs 2,046; and 1/k of the bytes over InfiniBand).
+    Planted: the ring's step set by the NVLink side only (max over levels dropped) -> ring beats naive
+    from 51200 elements, not 252928; crossover returning the last slower size, not the first faster
+    -> one multiple of G lower."""
+    G, k, b = 1024, 8, 4
+    n, net = G // k, _two_level(k)
+    # naive: one step, each GPU sends (G−k)·N over InfiniBand (it dominates NVLink's (k−1)·N here)
+    naive_lat, naive_bw = A_IB, (G - k) * b / IB
+    hier_lat = 2 * (k - 1) * A_IN + 2 * (n - 1) * A_IB
+    hier_bw = 2 * (k - 1) * b / (k * NVLINK) + 2 * (n - 1) * b / (G * IB)
+    ring_lat, ring_bw = 2 * (G - 1) * A_IB, 2 * (G - 1) * b / (G * IB)
+    for first, lat, bw in (("hierarchical", hier_lat, hier_bw), ("ring", ring_lat, ring_bw)):
+        n_star = (lat - naive_lat) / (naive_bw - bw)                  # equal times at N = n_star
+        want = (int(n_star // G) + 1) * G                             # the first multiple of G beyond it
+        assert netsim.crossover(first, "naive", G, net) == want, (first, n_star)
+    assert netsim.crossover("hierarchical", "ring", G, net) == G      # faster from the smallest size on
+    assert netsim.crossover("ring", "hierarchical", G, net) is None
+    _close(netsim.closed_form_time("ring", G, G, net) - ring_bw * G, ring_lat, "ring latency term")
