@@ -132,15 +132,17 @@ def measure(methods: list[str], world_size: int, options) -> dict:
 
 def longest_under(cap: float, lengths: list[int], peaks: list[float]) -> float:
     """The largest S with a + b·S + c·S² ≤ cap, the polynomial fitted (least squares) to the measured peaks."""
-    x = torch.tensor(lengths, dtype=torch.float64)
+    scale = float(max(lengths))
+    x = torch.tensor(lengths, dtype=torch.float64) / scale  # well conditioned: x in (0, 1]
     y = torch.tensor(peaks, dtype=torch.float64)
     design = torch.stack([torch.ones_like(x), x, x * x], dim=1)[:, :min(3, len(lengths))]
-    coef = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1).tolist() + [0.0, 0.0]
-    a, b, c = coef[:3]
-    c = max(c, 0.0)
-    if c == 0.0:
-        return (cap - a) / b if b > 0 else float("inf")
-    return (-b + (b * b + 4 * c * (cap - a)) ** 0.5) / (2 * c)
+    coef = torch.linalg.lstsq(design, y.unsqueeze(1), driver="gelsd").solution.squeeze(1).tolist() + [0.0, 0.0]
+    a, b, c = coef[0], coef[1] / scale, max(coef[2], 0.0) / scale ** 2
+    room = cap - a
+    if room <= 0:
+        return 0.0
+    root = b * b + 4 * c * room
+    return 2 * room / (b + root ** 0.5) if b + root ** 0.5 > 0 else float("inf")  # the positive root, stably
 
 
 def main(argv: list[str]) -> list[tuple[str, str, bool]]:
