@@ -50,7 +50,8 @@ REPORT_ENV = "COURSEKIT_GRADE_REPORT"  # where grade() also writes its results (
 EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.checks.ring_allreduce",
                     "02_data_parallel": "coursekit.checks.data_parallel",
                     "03_model_parallel": "coursekit.checks.model_parallel",
-                    "04_pipeline_schedule": "coursekit.checks.pipeline_schedule"}
+                    "04_pipeline_schedule": "coursekit.checks.pipeline_schedule",
+                    "05_tensor_parallel": "coursekit.checks.tensor_parallel"}
 
 
 @dataclass
