@@ -1,0 +1,29 @@
+"""The notebook's solution, read from its one source (tools/notebook_src/05_tensor_parallel.py): each attempt here
+imports what it gets right from this module and changes one thing. ``from_source(exercise=True)`` is the stub."""
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def from_source(exercise: bool) -> dict:
+    """The notebook's imports and classes (f, g, ColumnParallelLinear, RowParallelLinear), executed."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from build_notebook import select
+
+    source = select((ROOT / "tools" / "notebook_src" / "05_tensor_parallel.py").read_text(), exercise)
+    cells = re.split(r"^# %%.*$", source, flags=re.M)
+    namespace: dict = {}
+    exec(next(c for c in cells if "import torch" in c and "check_tensor_parallel" in c), namespace)
+    for cell in cells:
+        if "class " in cell:
+            exec(cell, namespace)
+    return namespace
+
+
+_solution = from_source(exercise=False)
+CopyToParallelRegion = _solution["CopyToParallelRegion"]
+ReduceFromParallelRegion = _solution["ReduceFromParallelRegion"]
+ColumnParallelLinear, RowParallelLinear = _solution["ColumnParallelLinear"], _solution["RowParallelLinear"]

@@ -1,0 +1,17 @@
+"""The row-parallel bias added on every rank, before the all-reduce: the sum holds it t times.
+Column-parallel is right; the row-parallel layer and the MLP are right on one rank only."""
+
+import torch.nn.functional as F
+
+from _solution import ColumnParallelLinear, ReduceFromParallelRegion
+from _solution import RowParallelLinear as _Row
+
+EXERCISE = "05_tensor_parallel"
+SCORE = 3  # column 3; row 0 (both cases wrong; one rank right earns nothing); MLP 0 (both cases wrong)
+LOSES = {"row_parallel_linear": (0, "off by (t − 1) × the bias"),
+         "mlp_one_all_reduce_each_way": (0, "the MLP's output differs")}
+
+
+class RowParallelLinear(_Row):
+    def forward(self, x_local):
+        return ReduceFromParallelRegion.apply(F.linear(x_local, self.weight, self.bias), self.group)

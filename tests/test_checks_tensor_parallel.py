@@ -1,0 +1,83 @@
+"""Exercise 05's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
+
+The solution and the stub are taken from the notebook's one source (tools/notebook_src/05_tensor_parallel.py,
+both sides of its SOLUTION blocks); the wrong attempts are committed in tests/submissions/tensor_parallel/ with
+their score and feedback (README there): the weights all-gathered instead (partial credit, "not tensor
+parallelism"), the row-parallel bias added on every rank, f without its backward all-reduce, g all-reducing
+both ways (right numbers, one all-reduce too many), and torch.distributed.all_reduce called directly.
+
+Planted bugs in coursekit/checks/tensor_parallel.py, each seen failing here:
+* the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
+* the bias hint removed (the plain "output differs" message) -> row_bias_every_rank's feedback lacks
+  "off by (t − 1) × the bias";
+* the f hint removed -> f_without_backward's feedback lacks "only its own shard's part";
+* the all-reduce count of the layers not compared -> g_all_reduces_backward_too "row_parallel_linear earned 3.0,
+  not 0";
+* NotImplementedError not turned into NotDone -> the stub's status "fail", not "not done";
+* the dense reference's bias gradient taken from the wrong rows (``[:stop - start]``) -> the solution loses
+  column_parallel_linear on 2 ranks (a grader that fails right code is caught too).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coursekit.checks.tensor_parallel import check_tensor_parallel
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTEMPTS_DIR = ROOT / "tests" / "submissions" / "tensor_parallel"
+ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def notebook_classes(exercise: bool):
+    """``ColumnParallelLinear`` and ``RowParallelLinear`` as the exercise (stub) or the solution defines them."""
+    namespace = attempt("_solution").from_source(exercise)
+    return namespace["ColumnParallelLinear"], namespace["RowParallelLinear"]
+
+
+def attempt(name: str):
+    if str(ATTEMPTS_DIR) not in sys.path:
+        sys.path.insert(0, str(ATTEMPTS_DIR))
+    return importlib.import_module(name)
+
+
+def test_stub_scores_zero_and_says_not_done():
+    report = check_tensor_parallel(*notebook_classes(exercise=True), verbose=False)
+    assert report.score == 0 and report.max_score == 10, report.table()
+    assert all(r.status == "not done" for r in report.results), report.table()
+
+
+def test_solution_gets_full_marks():
+    report = check_tensor_parallel(*notebook_classes(exercise=False), verbose=False)
+    assert report.full_marks and report.score == 10, report.table()
+
+
+def test_every_mistake_of_the_issue_has_an_attempt():
+    assert {"gathers_weights", "row_bias_every_rank", "f_without_backward"} <= set(ATTEMPTS)
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_attempt_gets_its_score_and_feedback(name, capfd):
+    module = attempt(name)
+    start = time.perf_counter()
+    report = check_tensor_parallel(module.ColumnParallelLinear, module.RowParallelLinear, verbose=False)
+    with capfd.disabled():
+        print(f"\n{name}: graded in {time.perf_counter() - start:.1f} s")
+    table = report.table()
+    by_name = {r.name: r for r in report.results}
+    assert set(module.LOSES) <= set(by_name), f"{name}: unknown checks {set(module.LOSES) - set(by_name)}"
+    for check, result in by_name.items():
+        if check in module.LOSES:
+            earned, phrases = module.LOSES[check]
+            assert result.earned == pytest.approx(earned), \
+                f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
+            for phrase in [phrases] if isinstance(phrases, str) else phrases:
+                assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
+        else:
+            assert result.earned == result.points, f"{name}: {check} should earn full marks\n{table}"
+    assert report.score == pytest.approx(module.SCORE), table
