@@ -51,7 +51,8 @@ EXERCISE_MODULES = {"01_ring_allreduce": "coursekit.checks.ring_allreduce",
                     "02_data_parallel": "coursekit.checks.data_parallel",
                     "03_model_parallel": "coursekit.checks.model_parallel",
                     "04_pipeline_schedule": "coursekit.checks.pipeline_schedule",
-                    "05_tensor_parallel": "coursekit.checks.tensor_parallel"}
+                    "05_tensor_parallel": "coursekit.checks.tensor_parallel",
+                    "06_ring_attention": "coursekit.checks.ring_attention"}
 
 
 @dataclass
