@@ -454,10 +454,11 @@ def closed_form_time(name: str, world_size: int, numel: int, network: Network, i
       or on one level; otherwise an upper bound, as the largest segment may not cross a node);
     * hierarchical: ``2(k−1)·T_intra(⌈N/k⌉) + 2(n−1)·T_net(⌈⌈N/k⌉/n⌉)``.
 
-    For ``N ≥ G`` (no empty segments). Cheap at any ``G``: the notebook draws it up to 1,024.
+    For ``N ≥ G`` (no empty segments) and ``k`` dividing ``G`` (or ``G < k``: one node). Cheap at
+    any ``G``: the notebook draws it up to 1,024.
     """
     G, N = world_size, numel
-    k = network.gpus_per_node or G
+    k = min(network.gpus_per_node or G, G)   # fewer GPUs than a node holds: all on node 0
     n = G // k
 
     def busy(level: str, elements: int) -> float:

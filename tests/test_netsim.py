@@ -190,10 +190,14 @@ def test_fast_time_equals_the_replay(name, G, N, k):
 
 
 @pytest.mark.parametrize("name", netsim.COLLECTIVES)
-@pytest.mark.parametrize("G,k", [(16, 4), (64, 8), (8, 1), (8, 8)])
+@pytest.mark.parametrize("G,k", [(16, 4), (64, 8), (8, 1), (8, 8), (2, 8), (4, 8)])
 def test_closed_form_time_equals_the_model(name, G, k):
     """netsim.closed_form_time (what the notebook draws beyond the recorded G) equals the model where G
-    divides N. Planted: the master's network side counted with G−1 (not G−k) senders -> fails for k > 1."""
+    divides N, also for fewer GPUs than a node holds. Planted: the master's network side counted with G−1
+    (not G−k) senders -> fails for k > 1; k not capped at G (G=2, k=8: "0 nodes") -> master G=2 k=8
+    N=2: model 4.000249e-06 s, closed form 4.000036e-06 s."""
+    if name == "hierarchical" and G < k:
+        pytest.skip("the hierarchical all-reduce needs whole nodes")
     net = _two_level(k)
     for N in (G, 3 * G, 1000 * G):
         _close(netsim.closed_form_time(name, G, N, net), collective_time(name, G, N, net).total,

@@ -18,12 +18,14 @@ PHASE_COLOURS = {"reduce-scatter": "#d1495b", "all-gather": "#2e86ab"}
 
 
 def _short(terms: tuple, world_size: int) -> str:
-    """a₁+b₁ stays; longer sums shrink to a₁+…+d₁ (n terms); a complete one is Σ₁."""
-    if len(terms) == world_size and world_size > 1:
-        return "Σ" + terms[0][1:]
-    if len(terms) <= (3 if world_size <= 4 else 2):
-        return "+".join(terms)
-    return f"{terms[0]}+…+{terms[-1]}"
+    """The seed's sum, written out (a₁+b₁+c₁ …, R5) at every G: four terms per line, never Σ."""
+    lines = ["+".join(terms[i:i + 4]) for i in range(0, len(terms), 4)]
+    return "+\n".join(lines)
+
+
+def ring_figsize(world_size: int) -> tuple[float, float]:
+    """Inches for :func:`draw_ring_step`: room for two lines of the seed's sums in every cell."""
+    return 1.6 * world_size + 2.2, 0.8 * world_size + 1.6
 
 
 def draw_ring_step(steps: list, index: int, fig: Figure | None = None) -> Figure:
@@ -41,14 +43,14 @@ def draw_ring_step(steps: list, index: int, fig: Figure | None = None) -> Figure
         current = steps[index - 1]
         state = current.state
     if fig is None:
-        fig = plt.figure(figsize=(1.35 * world_size + 2.2, 0.62 * world_size + 1.6))
+        fig = plt.figure(figsize=ring_figsize(world_size))
     fig.clf()
     ax = fig.add_axes([0.1, 0.04, 0.86, 0.78])
     cmap = plt.get_cmap("YlOrRd")
     received = {(t[1], t[2]) for t in current.sends} if current else set()
     for r in range(world_size):
         y = world_size - 1 - r
-        ax.text(-0.15, y + 0.5, f"GPU{r + 1}", ha="right", va="center", fontsize=10, weight="bold")
+        ax.text(-0.15, y + 0.5, f"GPU{r + 1}", ha="right", va="center", fontsize=13, weight="bold")
         for k in range(world_size):
             terms = state[r][k]
             shade = cmap(0.12 + 0.7 * (len(terms) - 1) / max(1, world_size - 1))
@@ -57,7 +59,7 @@ def draw_ring_step(steps: list, index: int, fig: Figure | None = None) -> Figure
                                    linewidth=2.5 if (r, k) in received else 0.8))
             dark = len(terms) > 0.6 * world_size and world_size > 2
             ax.text(k + 0.5, y + 0.5, _short(terms, world_size), ha="center", va="center",
-                    fontsize=max(7, 11 - world_size // 2), color="white" if dark else "black")
+                    fontsize=13 if world_size <= 4 else 11, color="white" if dark else "black", linespacing=1.1)
     if current:
         colour = PHASE_COLOURS.get(current.phase, "k")
         for src, dst, k, _ in current.sends:
@@ -68,7 +70,7 @@ def draw_ring_step(steps: list, index: int, fig: Figure | None = None) -> Figure
                                          linewidth=1.8, connectionstyle="arc3,rad=-0.35" if wrap else "arc3,rad=0",
                                          shrinkA=6, shrinkB=6, zorder=3))
     for k in range(world_size):
-        ax.text(k + 0.5, world_size + 0.05, f"segment {k + 1}", ha="center", va="bottom", fontsize=8, color="#444444")
+        ax.text(k + 0.5, world_size + 0.05, f"segment {k + 1}", ha="center", va="bottom", fontsize=11, color="#444444")
     ax.set_xlim(-0.05, world_size + 0.05)
     ax.set_ylim(-0.05, world_size + 0.4)
     ax.axis("off")
@@ -79,7 +81,7 @@ def draw_ring_step(steps: list, index: int, fig: Figure | None = None) -> Figure
         part = "phase 1, reduce-scatter (share-reduce)" if current.phase == "reduce-scatter" \
             else "phase 2, all-gather (share-only)"
         title = f"G = {world_size}, step {index}/{total}: {part}, iteration {current.step + 1}"
-    fig.suptitle(title, fontsize=10, y=0.97)
+    fig.suptitle(title, fontsize=13, y=0.97)
     return fig
 
 

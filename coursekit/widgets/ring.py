@@ -15,7 +15,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from ..collectives import ring_walkthrough
-from ..viz.collectives import draw_ring_step
+from ..viz.collectives import draw_ring_step, ring_figsize
 
 
 def _png(fig) -> bytes:
@@ -47,7 +47,7 @@ def ring_explorer(world_size: int = 4, max_world_size: int = 8) -> widgets.VBox:
 
     def redraw(_change=None) -> None:
         steps = steps_for(gpus.value)
-        fig.set_size_inches(1.35 * gpus.value + 2.2, 0.62 * gpus.value + 1.6)
+        fig.set_size_inches(*ring_figsize(gpus.value))
         draw_ring_step(steps, step.value, fig=fig)
         image.value = _png(fig)
         if step.value == 0:

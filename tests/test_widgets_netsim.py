@@ -1,0 +1,51 @@
+"""The network explorer (chapter 01): its default state drawn at construction, every slider redraws.
+
+Each test names the bug it was seen failing on (planted in coursekit/widgets/netsim.py, then restored).
+"""
+
+import matplotlib
+
+matplotlib.use("agg")
+
+import coursekit.widgets.netsim as explorer  # noqa: E402
+from coursekit.netsim import closed_form_time  # noqa: E402
+
+
+def _spy(monkeypatch):
+    drawn = []
+    real = explorer.draw_explorer
+    monkeypatch.setattr(explorer, "draw_explorer",
+                        lambda nbytes, g, net, **k: drawn.append((nbytes, g, net)) or real(nbytes, g, net, **k))
+    return drawn
+
+
+def test_default_state_is_drawn_at_construction(monkeypatch):
+    """Planted: no redraw() at construction -> 'assert [] == [...]' and an empty image."""
+    drawn = _spy(monkeypatch)
+    box = explorer.network_explorer()
+    assert [(n, g, net.gpus_per_node) for n, g, net in drawn] == [(4 << 20, 1024, 8)]
+    net = drawn[0][2]
+    assert net.bandwidth == 50e9 and net.latency == 10e-6        # 400 Gb/s = 50 GB/s each way, 10 µs
+    words, image = box.children[3], box.children[4]
+    assert bytes(image.value).startswith(b"\x89PNG")
+    # 2(G−1) = 2046 steps of 10 µs + 4 KiB/50 GB/s, the ring's closed form at G = 1024 (N divisible by G)
+    ring = 2046 * (10e-6 + (4 << 20) / 1024 / 50e9)
+    assert abs(closed_form_time("ring", 1024, (4 << 20) // 4, net) - ring) < 1e-12
+    assert f"ring {ring * 1e3:g} ms" in words.value, words.value
+
+
+def test_every_slider_redraws(monkeypatch):
+    """Planted: the latency slider not observed -> ('latency (µs)', 4): 'assert 4 == 5', not redrawn."""
+    drawn = _spy(monkeypatch)
+    box = explorer.network_explorer()
+    (g, size), (bandwidth, latency), node = box.children[0].children, box.children[1].children, box.children[2]
+    image = box.children[4]
+    for i, (control, value) in enumerate(((g, 64), (size, 1 << 30), (bandwidth, 100), (latency, 2), (node, 4))):
+        before = image.value
+        control.value = value
+        assert len(drawn) == i + 2, (control.description, len(drawn))
+        assert image.value != before, f"{control.description}: the image did not change"
+    nbytes, world_size, net = drawn[-1]
+    assert (nbytes, world_size, net.gpus_per_node) == (1 << 30, 64, 4)
+    assert (net.bandwidth, net.latency) == (100e9 / 8, 2e-6)
+    assert "G = 64, 1 GiB" in box.children[3].value
