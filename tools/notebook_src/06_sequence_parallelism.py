@@ -1,0 +1,387 @@
+# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512]}
+# %% [markdown]
+# # 06 · Sequence parallelism: split the sequence, keep attention exact
+#
+# Self-attention compares every token with every other: its score matrix is S×S, so its memory and time
+# grow **quadratically** with the sequence length S (claim **P9**). Sequence parallelism cuts the input
+# sequence into chunks, one per GPU. Like data parallelism, every GPU holds a full copy of the model; unlike
+# it, the GPUs work on the *same* sequences, each on its own tokens. Everything in a transformer except
+# attention works token by token, so it runs on the local chunk unchanged. Attention is where the chunks
+# must meet, and P9 warns that, depending on how that is done, "splitting a sequence into sub-sequences may
+# reduce accuracy". This chapter shows both sides:
+#
+# * **chunk-local attention**: each GPU attends only inside its chunk — cheap, and it *does* lose accuracy;
+# * **ring attention** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): key/value blocks
+#   travel around a ring of GPUs and are combined with the online softmax — exact;
+# * **all-to-all** (Jacobs et al. 2023, "DeepSpeed Ulysses"): re-shard from "my tokens, all heads" to
+#   "all tokens, my heads" for attention and back — exact;
+# * **Megatron-style sequence parallelism** (Korthikanti et al. 2022): inside tensor parallelism, the
+#   LayerNorm regions split along the sequence — the same traffic, fewer activations.
+
+# %% tags=["parameters"]
+# Parameters: small by default so the notebook runs in under a minute; raise them freely.
+SEQ_LENGTHS = [256, 512, 1024]   # for the quadratic cost of attention
+CHUNKS = [1, 2, 4, 8]            # chunk-local attention: chunks per sequence (1 = full attention)
+ACCURACY_STEPS = 150             # training steps per row of the accuracy table
+RANKS = 4                        # simulated ranks for ring attention and Ulysses
+
+# %%
+# %matplotlib inline
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+import coursekit
+from coursekit import comm
+from coursekit.models import LanguageData, loss_fn, tiny_transformer
+from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
+from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full_attention, merge, ring_attention,
+                                               ring_traffic, shard_sequence)
+from coursekit.parallel.sequence import chunk_local_losses, saved_bytes, ulysses_attention, ulysses_traffic
+from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock, megatron_sp_traffic
+from coursekit.train import train
+from coursekit.verify import compare
+
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## 1. Why attention is quadratic, measured
+#
+# One causal attention call, 4 heads of 16 dimensions. We measure what autograd **saves for backward**
+# (every saved tensor, each storage once) for the textbook `softmax(q kᵀ/√d) v`, and time forward +
+# backward. The saved bytes are q, k, v plus the S×S probabilities of every head.
+
+# %% tags=["nbval-check-output"]
+heads, head_dim = 4, 16
+print(" S      saved by full attention   of which S×S probabilities")
+for s in SEQ_LENGTHS:
+    q, k, v = (torch.randn(1, heads, s, head_dim, requires_grad=True) for _ in range(3))
+    with saved_bytes() as meter:
+        full_attention(q, k, v, causal=True)
+    print(f"{s:>5}  {meter.bytes / 2**20:>10.2f} MiB            {4 * heads * s * s / 2**20:>8.2f} MiB")
+
+# %% [markdown]
+# Each doubling of S multiplies the saved bytes by almost four: the probabilities dominate. Time grows faster
+# than S too (these timings vary from run to run on a shared machine):
+
+# %% tags=["nbval-ignore-output"]
+for s in SEQ_LENGTHS:
+    q, k, v = (torch.randn(1, heads, s, head_dim, requires_grad=True) for _ in range(3))
+    begin = time.perf_counter()
+    full_attention(q, k, v, causal=True).sum().backward()
+    print(f"S = {s:>5}: forward + backward {1e3 * (time.perf_counter() - begin):7.1f} ms")
+
+# %% [markdown]
+# ## 2. The naive split loses accuracy
+#
+# Cut every sequence into chunks and let each GPU attend only within its own chunk: no communication at all.
+# But it is no longer the same model: the first tokens of each chunk cannot see the tokens before them. The
+# course's language needs the two tokens before each one, so every chunk boundary costs predictions. We
+# train the same model on the same batches (Adam, `ACCURACY_STEPS` steps) with 1 (full attention), 2, 4, …
+# chunks per sequence of 31 tokens, and report the final loss (mean of the last 10 steps; the floor is 0.71).
+
+# %%
+losses = chunk_local_losses(CHUNKS, steps=ACCURACY_STEPS)
+print("chunks  tokens per chunk  final loss   vs full attention")
+for n, loss in losses.items():
+    sizes = sorted({b - a for (a, b), in chunk_bounds(31, n)})
+    print(f"{n:>6}  {'-'.join(map(str, sizes)):>16}  {loss:>10.3f}   {loss - losses[CHUNKS[0]]:+.3f}")
+
+# %% [markdown]
+# With the default parameters (150 steps), 2 chunks end within noise of full attention (one boundary in 31
+# tokens), and from 4 chunks on the loss rises as the chunks shrink: 8 chunks of 3–4 tokens end about 0.3
+# nats above full attention. That is P9's "may reduce accuracy, especially on long sequences": a long
+# sequence split over many GPUs has many boundaries, and a chunk-local model never learns what lies across them.
+
+# %% [markdown]
+# ## 3. Ring attention: exact, with the online softmax
+#
+# Two partial attention results over *disjoint* sets of keys — each normalised within its own keys, with its
+# log-sum-exp `lse = m + log l` (running max m, sum of exponentials l) — merge exactly:
+#
+# $$\mathrm{lse} = \log(e^{\mathrm{lse}_1} + e^{\mathrm{lse}_2}), \qquad
+#   o = e^{\mathrm{lse}_1 - \mathrm{lse}}\,o_1 + e^{\mathrm{lse}_2 - \mathrm{lse}}\,o_2 .$$
+#
+# Here two halves of the keys, one with scores 40 higher than the other: the merge equals the softmax over
+# all keys, while simply averaging the halves (forgetting the rescale) does not.
+
+# %% tags=["nbval-check-output"]
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(3, 5, 4, generator=g, dtype=torch.float64) for _ in range(3))
+scores = q @ k.transpose(-1, -2)
+scores[..., :2] += 40.0
+exact = scores.softmax(-1) @ v
+
+
+def part(s, vv):
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse.unsqueeze(-1)) @ vv, lse
+
+
+(o1, lse1), (o2, lse2) = part(scores[..., :2], v[:, :2]), part(scores[..., 2:], v[:, 2:])
+print("merge equals softmax over all keys:", torch.allclose(merge(o1, lse1, o2, lse2)[0], exact))
+print("averaging the halves does:         ", torch.allclose((o1 + o2) / 2, exact))
+
+# %% [markdown]
+# On G ranks, rank r starts with its own keys and values; at every step it computes its queries against the
+# block it holds, merges, and passes the block to rank r+1 while receiving the next from rank r−1. After G
+# steps each query has met every key. Which block each rank holds at each step (G = `RANKS`):
+
+# %% tags=["nbval-check-output"]
+for step in range(RANKS):
+    print(f"step {step}: " + "   ".join(f"rank {r} holds rank {(r - step) % RANKS}'s block" for r in range(RANKS)))
+
+# %% [markdown]
+# The same code runs on real ranks and, here, on the single-process simulator (`comm.simulate`). Outputs
+# and gradients of q, k and v equal full attention's, causal and not, on 2 to `RANKS` ranks, with a sequence
+# length (19) that no rank count divides evenly:
+
+
+# %% tags=["nbval-check-output"]
+def against_full(attention, world_size, seq, causal, layout="contiguous"):
+    """Largest |difference| from full attention over outputs and q, k, v gradients (float64), and the traffic."""
+    gen = torch.Generator().manual_seed(1)
+    q, k, v, grad = (torch.randn(2, 4, seq, 8, generator=gen, dtype=torch.float64) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = full_attention(*leaves, causal)
+    (out * grad).sum().backward()
+    expected = [out.detach()] + [t.grad for t in leaves]
+
+    def run(rank, size):
+        mine = [shard_sequence(t, 2, rank, size, layout).requires_grad_() for t in (q, k, v)]
+        o = attention(*mine)
+        (o * shard_sequence(grad, 2, rank, size, layout)).sum().backward()
+        return [o.detach()] + [t.grad for t in mine]
+    results, traffic = comm.simulate(run, world_size)
+    worst = max((got - shard_sequence(e, 2, r, world_size, layout)).abs().max().item()
+                for r, res in enumerate(results) for got, e in zip(res, expected))
+    return worst, traffic
+
+
+for world_size in range(2, RANKS + 1):
+    for causal in (True, False):
+        for layout in ("contiguous", "zigzag"):
+            worst, _ = against_full(lambda q, k, v: ring_attention(q, k, v, causal, layout, 19), world_size, 19,
+                                    causal, layout)
+            print(f"G={world_size} causal={causal!s:<5} {layout:<10}  equal to full attention: {worst < 1e-12}")
+
+# %% [markdown]
+# ### Causal masks and load balance: zig-zag
+#
+# With a causal mask a query never looks at later keys, so a block entirely in the future is skipped. Cut
+# contiguously, rank 0 holds the first tokens and skips almost everything, while the last rank skips
+# nothing: the ring waits for the slowest. Zig-zag cuts the sequence into 2G chunks and gives rank r chunks
+# r and 2G−1−r: an early and a late one. Score elements each rank computes (S = 64, G = `RANKS`):
+
+# %% tags=["nbval-check-output"]
+def work_per_rank(layout, seq=64):
+    def run(rank, size):
+        work = AttentionWork()
+        x = torch.zeros(1, 1, seq // size, 2)
+        ring_attention(x, x, x, True, layout, seq, work=work)
+        return work.score_elements, work.per_step
+    return comm.simulate(run, RANKS).results
+
+
+for layout in ("contiguous", "zigzag"):
+    print(f"{layout:<10} chunks {[c for c in chunk_bounds(64, RANKS, layout)]}")
+    for rank, (total, per_step) in enumerate(work_per_rank(layout)):
+        print(f"   rank {rank}: {total:>5} score elements   per ring step {per_step}")
+
+# %% [markdown]
+# Contiguous: rank r computes r+1 blocks, so the last rank does G times the first's work. Zig-zag: every
+# rank computes the same number of score elements, at every step. The same counts drawn, beside the bytes
+# full attention and ring attention (one process, G = 1) save for backward as S grows:
+
+# %%
+fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
+for offset, layout in ((-0.2, "contiguous"), (0.2, "zigzag")):
+    totals = [total for total, _ in work_per_rank(layout)]
+    left.bar([r + offset for r in range(RANKS)], totals, width=0.4, label=layout)
+left.set(xlabel="rank", ylabel="score elements computed", title=f"causal ring attention, S = 64, G = {RANKS}",
+         xticks=range(RANKS))
+left.legend()
+saved = {"full attention": [], "ring attention (blockwise)": []}
+for s in SEQ_LENGTHS:
+    q, k, v = (torch.randn(1, heads, s, head_dim, requires_grad=True) for _ in range(3))
+    for name, fn in (("full attention", full_attention), ("ring attention (blockwise)", ring_attention)):
+        with saved_bytes() as meter:
+            fn(q, k, v, True)
+        saved[name].append(meter.bytes / 2**20)
+for name, values in saved.items():
+    right.plot(SEQ_LENGTHS, values, "o-", label=name)
+right.set(xlabel="sequence length S", ylabel="saved for backward (MiB)", title="what backward keeps")
+right.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Full attention's saved bytes grow quadratically, the blockwise one's linearly: it keeps q, k, v, the
+# output and one log-sum-exp per query, and recomputes the score blocks in backward.
+#
+# ### Backward, blockwise too
+#
+# Ring attention's backward saves no S×S matrix: it recomputes each block's probabilities from the saved
+# log-sum-exp, sends the key/value blocks around the ring once more, and with each block its gradients
+# dk, dv, which arrive back at their owner after the last step. Elements sent, over all ranks, per call
+# (n = b·h·S·d = the whole sequence's keys), counted against the formula:
+
+# %% tags=["nbval-check-output"]
+seq = 16
+n = 2 * 4 * seq * 8
+for world_size in range(2, RANKS + 1):
+    _, traffic = against_full(lambda q, k, v: ring_attention(q, k, v, True, "zigzag", seq), world_size, seq, True,
+                              "zigzag")
+    forward = sum(t.numel for t in traffic.payload if t.phase == "ring kv")
+    backward = traffic.total - forward
+    print(f"G={world_size}: forward {forward:>6} (formula 2(G-1)n = {ring_traffic(n, world_size)['forward']:>6}), "
+          f"backward {backward:>6} (formula (4G-2)n = {ring_traffic(n, world_size)['backward']:>6}); "
+          f"all to the right-hand neighbour: {all(t.dst == (t.src + 1) % world_size for t in traffic.payload)}")
+
+# %% [markdown]
+# ## 4. All-to-all (DeepSpeed Ulysses)
+#
+# Ulysses re-shards instead of circulating: one all-to-all turns each rank's (its tokens, all H heads) into
+# (all tokens, H/G heads), ordinary attention runs on whole sequences, and a second all-to-all turns the
+# output back. Each all-to-all keeps 1/G of the data and sends the rest, so the volume per rank stays
+# constant when S and G grow together — but the heads must divide among the ranks.
+
+# %% tags=["nbval-check-output"]
+for world_size in (2, 4):
+    worst, traffic = against_full(lambda q, k, v: ulysses_attention(q, k, v, True, 19), world_size, 19, True)
+    formula = ulysses_traffic(2, 19, 4 * 8, world_size)
+    print(f"G={world_size}: equal to full attention: {worst < 1e-12}; elements sent {traffic.total} "
+          f"(formula {formula['forward'] + formula['backward']})")
+try:
+    against_full(lambda q, k, v: ulysses_attention(q, k, v, True, 18), 3, 18, True)
+except comm.SimulatorError as error:
+    print(str(error).strip().splitlines()[-1])
+
+# %% [markdown]
+# ## 5. Memory per rank: 1/G of the activations
+#
+# The whole course transformer on 32 tokens, every rank running its tokens (`sequence_forward`): bytes
+# saved for backward per rank (parameters excluded), for one process and for 2 and 4 ranks.
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.ring_attention import positions
+from coursekit.parallel.sequence import sequence_forward
+
+seq = 32
+x = torch.randint(16, (2, seq), generator=torch.Generator().manual_seed(0))
+for name, layout, attend in (
+        ("ring, zig-zag", "zigzag", lambda q, k, v: ring_attention(q, k, v, True, "zigzag", seq)),
+        ("all-to-all", "contiguous", lambda q, k, v: ulysses_attention(q, k, v, True, seq))):
+    row = []
+    for world_size in (1, 2, 4):
+        def run(rank, size):
+            model = tiny_transformer(seed=0)
+            with saved_bytes(model.parameters()) as meter:
+                sequence_forward(model, shard_sequence(x, 1, rank, size, layout), positions(seq, rank, size, layout),
+                                 attend)
+            return meter.bytes
+        row.append(max(comm.simulate(run, world_size).results))
+    print(f"{name:<14} " + "   ".join(f"G={g}: {b:>7} bytes" for g, b in zip((1, 2, 4), row)))
+
+# %% [markdown]
+# Exactly half at G = 2 and a quarter at G = 4. (The benchmark `python -m coursekit.bench sequence` measures
+# the whole peak, temporaries included, on real ranks, and the longest sequence each method fits under a
+# memory cap.)
+#
+# ## 6. Training equals one process
+#
+# In the training loop, a sequence-parallel strategy takes the **whole** batch on every rank (no data split)
+# and its part of every sequence; each rank's gradients hold its own tokens' share of the loss, so they are
+# summed over the ranks. Three SGD steps on 2 real ranks against one process:
+
+# %% tags=["nbval-check-output"]
+CONFIG = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
+
+
+def train_all(rank, world_size):
+    return {name: train(rank, world_size, strategy, **CONFIG, **options)["records"]
+            for name, strategy, options in (("ring attention (zig-zag)", "ring_attention", {"layout": "zigzag"}),
+                                            ("all-to-all (Ulysses)", "ulysses", {}),
+                                            ("chunk-local", "chunk_local", {}))}
+
+
+reference = train(0, 1, "single", **CONFIG)["records"]
+runs = coursekit.launch(train_all, 2)
+for name in runs[0]:
+    print(f"{name:<26} same outputs, loss, gradients and parameters as one process: "
+          f"{compare(reference, [runs[0][name]]).ok}")
+
+# %% [markdown]
+# ## 7. Megatron-style sequence parallelism, beside tensor parallelism
+#
+# Chapter 05's tensor parallelism splits attention's heads and the MLP, but every rank runs the LayerNorms
+# and residual adds on the whole (b, s, h) activations. Korthikanti et al. (2022) split those regions along
+# the sequence: the all-reduce after a row-parallel layer becomes a **reduce-scatter** (each rank gets the
+# sum for its own tokens) and an **all-gather** rebuilds the whole input before the next column-parallel
+# layer. A ring all-reduce *is* a reduce-scatter plus an all-gather, so the traffic is the same; the
+# activations of those regions are 1/t. One block on 31 tokens, t = 2 and 4, against the dense block, and
+# the elements sent against two ring all-reduces of b·s·h per direction (measured with chapter 01's ring):
+
+# %% tags=["nbval-check-output"]
+from coursekit.collectives import ring_all_reduce
+
+dense = tiny_transformer(seed=0).blocks[0]
+gen = torch.Generator().manual_seed(0)
+xb, gb = torch.randn(2, 31, 64, generator=gen), torch.randn(2, 31, 64, generator=gen)
+xd = xb.clone().requires_grad_()
+(dense(xd) * gb).sum().backward()
+for t in (2, 4):
+    def run(rank, size):
+        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+        mine = shard_sequence(xb, 1, rank, size).requires_grad_()
+        (block(mine, 31) * shard_sequence(gb, 1, rank, size)).sum().backward()
+        return (mine.grad - shard_sequence(xd.grad, 1, rank, size)).abs().max().item()
+    diffs, traffic = comm.simulate(run, t)
+    ring = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(2 * 31 * 64)), t).traffic.total
+    print(f"t={t}: input gradient equal to the dense block's: {max(diffs) < 1e-5}; elements sent {traffic.total} = "
+          f"4 ring all-reduces of b·s·h ({4 * ring}) = formula {sum(megatron_sp_traffic(2, 31, 64, t).values())}")
+
+# %% [markdown]
+# ## 8. How it composes
+#
+# Sequence parallelism is orthogonal to the other strategies (P9): on a mesh such as
+# `Mesh({"dp": 2, "sp": 2, "tp": 2})`, data parallelism splits the batch across `dp`, sequence parallelism
+# splits each sequence across `sp` (gradients summed there, then averaged across `dp`), and tensor
+# parallelism splits each layer across `tp`, usually inside a node where links are fastest. Ring attention
+# sends 2(G−1)·n per layer forward and overlaps it with the blocks' compute; Ulysses sends a constant
+# volume per rank but needs the heads divisible by the degree. Production systems combine them, with
+# Ulysses inside a node and the ring across nodes (Fang & Zhao 2024, "USP: A Unified Sequence Parallelism
+# Approach"). (This chapter's strategies take the whole world as the sequence group.)
+#
+# ## The same thing in production
+#
+# PyTorch's production API is `torch.distributed.tensor.experimental.context_parallel`: on a device mesh it
+# shards the given buffers along their sequence dims (reordered for load balance under causal masks, on by
+# default) and, inside the `with` block, runs `scaled_dot_product_attention` blockwise over the ranks with
+# the GPU kernels (flash, memory-efficient or cuDNN attention) merging the partial results by their
+# log-sum-exp, as here. The key/value shards are all-gathered by default, or passed around the ring with
+# `set_rotate_method("alltoall")`. On CPU with torch 2.13.0 it does not run: the CPU attention kernel has no
+# sharding rule. Caught, here is its own message:
+
+# %% tags=["nbval-ignore-output"]
+def context_parallel_on_cpu(rank, world_size):
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    q, k, v = (torch.randn(1, 4, 16, 8) for _ in range(3))
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return "ran"
+    except NotImplementedError as error:
+        return f"NotImplementedError: {error}"
+
+
+print(coursekit.launch(context_parallel_on_cpu, 2)[0])
+
+# %% [markdown]
+# That is why this chapter builds its own: the same code runs on a laptop, in the simulator, and on GPUs.
+# Next: the graded exercise `exercises/06_ring_attention.ipynb` asks you to write the merge and the ring loop.
