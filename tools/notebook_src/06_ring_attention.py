@@ -1,0 +1,128 @@
+# %% [markdown]
+# BEGIN SOLUTION
+# # Solution 06 · Sequence parallelism: write ring attention
+# EXERCISE: # # Exercise 06 · Sequence parallelism: write ring attention
+# END SOLUTION
+#
+# In `notebooks/06_sequence_parallelism.ipynb` the sequence was split over ranks (**P9**): chunk-local
+# attention lost accuracy, ring attention (Liu et al. 2023, "Ring Attention with Blockwise Transformers")
+# reproduced full attention to rounding. Here you write its two parts:
+#
+# 1. **`merge(o1, lse1, o2, lse2) -> (o, lse)`**, the online softmax. `o1` is attention over a first set of
+#    keys, normalised over those keys alone, and `lse1` its log-sum-exp (`lse = m + log l`: running max m,
+#    sum of exponentials l); the same for a second, disjoint set. Return attention over both, and its
+#    log-sum-exp. `o` has shape `(..., L, d)`, `lse` `(..., L)`.
+# 2. **`ring_attention_forward(q, k, v, causal=False) -> o`**, the ring loop. Every rank calls it with its
+#    contiguous chunk `(b, h, L, d)` of the sequence: rank r holds tokens `r·L … (r+1)·L − 1`. At each of G
+#    steps, compute your queries against the key/value block you hold (`block_attention` below returns its
+#    `(o, lse)`), merge, and pass the block on: `comm.isend` to rank r+1, `comm.irecv` from rank r−1. With
+#    `causal=True` a query sees only keys at or before its position: mask the future, and skip a block that
+#    is entirely in the future (it has no key to attend to).
+#
+# **Grading** (`check_ring_attention`, on the single-process simulator, 1 to 4 ranks, float64): `merge` equals
+# softmax over all keys, also when the two parts' maxima differ by a lot; the ring's outputs and the gradient
+# of q equal full attention's, without and with the causal mask; and the traffic: every message goes to the
+# right-hand neighbour, each rank sending its key and value block once per step.
+# From a terminal: `coursekit grade exercises/06_ring_attention.ipynb`.
+
+# %% tags=["parameters"]
+# Parameters: none needed; the checks run in this process in a few seconds.
+RANKS = 4
+
+# %%
+import torch
+
+from coursekit import comm
+from coursekit.checks.ring_attention import check_ring_attention
+from coursekit.parallel.ring_attention import block_attention, full_attention
+
+# %% [markdown]
+# ## Part 1: the merge
+#
+# Hint: the total log-sum-exp is `lse = log(e^lse1 + e^lse2)` (`torch.logaddexp`); part i's share of the total
+# weight is `e^(lse_i − lse)`. Averaging the parts, or weighing them by `l_i` computed against their *own*
+# maxima, is the classic bug: right only when both parts have the same maximum.
+
+
+# %%
+def merge(o1, lse1, o2, lse2):
+# BEGIN SOLUTION
+    lse = torch.logaddexp(lse1, lse2)
+    return torch.exp(lse1 - lse).unsqueeze(-1) * o1 + torch.exp(lse2 - lse).unsqueeze(-1) * o2, lse
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("weigh each part by e^(lse_i - lse), with lse = log(e^lse1 + e^lse2)")
+# END SOLUTION
+
+
+# %% [markdown]
+# Try it: two halves of 6 keys, the second half's scores 30 higher. The merge should equal softmax over all six.
+
+# %%
+g = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+scores = q @ k.transpose(-1, -2)
+scores[..., 3:] += 30.0
+halves = []
+for s, vv in ((scores[..., :3], v[:, :3]), (scores[..., 3:], v[:, 3:])):
+    lse = s.logsumexp(-1)
+    halves += [torch.exp(s - lse.unsqueeze(-1)) @ vv, lse]
+try:
+    print("merge equals softmax over all keys:", torch.allclose(merge(*halves)[0], scores.softmax(-1) @ v))
+except NotImplementedError as error:
+    print("not done yet:", error)
+
+# %% [markdown]
+# ## Part 2: the ring loop
+#
+# `comm.get_rank()` and `comm.get_world_size()` say who you are; `comm.isend(tensor, dst=...)` and
+# `comm.irecv(tensor, src=...)` return a work object whose `.wait()` completes the transfer. Post the send of
+# the block you hold and the receive of the next one *before* computing (they travel while you compute), and
+# wait before using the received block. With one rank there is nothing to send.
+
+
+# %%
+def ring_attention_forward(q, k, v, causal=False):
+# BEGIN SOLUTION
+    rank, size = comm.get_rank(), comm.get_world_size()
+    length = q.shape[-2]
+    q_pos = torch.arange(rank * length, (rank + 1) * length)
+    o = lse = None
+    kv = torch.stack([k, v])                                     # one message per step: keys and values
+    for step in range(size):
+        owner = (rank - step) % size                             # whose block this rank holds now
+        if step < size - 1:
+            incoming = torch.empty_like(kv)
+            works = [comm.isend(kv, dst=(rank + 1) % size), comm.irecv(incoming, src=(rank - 1) % size)]
+        k_pos = torch.arange(owner * length, (owner + 1) * length)
+        mask = k_pos.unsqueeze(0) > q_pos.unsqueeze(1) if causal else None
+        if mask is None or not bool(mask.all()):                 # a block entirely in the future is skipped
+            o_block, lse_block = block_attention(q, kv[0], kv[1], mask)
+            o, lse = (o_block, lse_block) if o is None else merge(o, lse, o_block, lse_block)
+        if step < size - 1:
+            for work in works:
+                work.wait()
+            kv = incoming
+    return o
+# EXERCISE:     # YOUR CODE HERE
+# EXERCISE:     raise NotImplementedError("G steps: send the block you hold to rank r+1, receive the next, merge")
+# END SOLUTION
+
+
+# %% [markdown]
+# Try it on `RANKS` simulated ranks against full attention, causal:
+
+# %%
+seq = RANKS * 4
+q, k, v = (torch.randn(1, 2, seq, 8, generator=g, dtype=torch.float64) for _ in range(3))
+try:
+    outputs = comm.simulate(lambda r, n: ring_attention_forward(*(t[..., r * 4:(r + 1) * 4, :] for t in (q, k, v)),
+                                                                causal=True), RANKS).results
+    print("equal to full attention:", torch.allclose(torch.cat(outputs, dim=-2), full_attention(q, k, v, True)))
+except comm.SimulatorError as error:
+    print(str(error).strip().splitlines()[-1])
+
+# %% [markdown]
+# ## The grader
+
+# %%
+report = check_ring_attention(merge, ring_attention_forward)
