@@ -49,3 +49,20 @@ def test_every_slider_redraws(monkeypatch):
     assert (nbytes, world_size, net.gpus_per_node) == (1 << 30, 64, 4)
     assert (net.bandwidth, net.latency) == (100e9 / 8, 2e-6)
     assert "G = 64, 1 GiB" in box.children[3].value
+
+
+def test_ring_step_writes_the_seeds_sums_past_five_gpus():
+    """Chapter 01's ring step-through at G = 6, end of the reduce-scatter: the complete segment is the
+    seed's written-out sum of six terms (R5), never Σ or a₁+…+f₁, in a font of 11 pt or more.
+    Planted: the old shortening (Σ for a complete sum) -> cells read "Σ₂", "c₃+…+a₃"."""
+    from coursekit.collectives import ring_walkthrough
+    from coursekit.viz.collectives import draw_ring_step
+
+    fig = draw_ring_step(ring_walkthrough(6), 5)
+    cells = [t for t in fig.axes[0].texts if "+" in t.get_text() or len(t.get_text()) == 2]
+    texts = [t.get_text() for t in cells]
+    assert not any("Σ" in s or "…" in s for s in texts), texts
+    complete = [s for s in texts if s.count("+") == 5]
+    assert len(complete) == 6, texts          # one complete segment per GPU
+    assert all(set("abcdef") <= set(s) for s in complete)
+    assert min(t.get_fontsize() for t in cells) >= 11
