@@ -1,4 +1,4 @@
-# ci_parameters: {"TIMELINE_STEPS": 4, "SPEED_STEPS": 5, "WIDTH": 384}
+# ci_parameters: {"TIMELINE_STEPS": 4, "WIDTH": 384}
 # %% [markdown]
 # # 03 · Model parallelism: layers on different GPUs, and the chain they form
 #
@@ -25,14 +25,12 @@ PROOF_STEPS = 3            # optimiser steps compared with one process
 WIDTH = 512                # the timed two-layer network: WIDTH -> WIDTH -> WIDTH (try 1024)
 TIMELINE_BATCH = 256       # samples per step in the timed runs
 TIMELINE_STEPS = 6         # traced steps (the first is warm-up)
-SPEED_STEPS = 8            # steps timed for one process against the two-rank chain
 MEMORY_RANKS = [2, 3, 4]   # world sizes for the course transformer
 GLOBAL_BATCH = 8           # sequences per step for the transformer
 
 # %%
 # %matplotlib inline
 import os
-import statistics
 
 import matplotlib.pyplot as plt
 import torch
@@ -164,34 +162,25 @@ print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of ea
 # start its backward before rank 1's gradient arrives; and the rank that finishes first waits for the
 # other at the end of the step. So each rank spends a large share of every step idle (the lines above
 # give this run's numbers), and the two ranks hardly ever compute at the same moment: the only work they
-# do side by side is the optimiser step, each on its own weights. (Rank 1's stage costs a little more:
-# its backward also computes the gradient of the activations it received, and its forward the loss.)
+# do side by side is the optimiser step, each on its own weights.
 #
 # Two ranks have one core each on this machine (2 cores), so these timings are not distorted by
 # sharing a core; with 3 or 4 ranks they would be (below).
 #
-# **Is a chain faster?** Does splitting the layers at least speed the step up? The same network and batch,
-# one process (one thread, like each rank) against the two-rank chain, `SPEED_STEPS` steps each, twice in
-# turn. Other processes share this machine, so each is timed by its fastest step (the least disturbed).
+# **Is a chain faster?** Does splitting the layers at least speed the step up? The same traced run,
+# per step: each rank's computing time, and the step itself.
 
 # %%
-def timed(rank, world_size):
-    strategy = "single" if world_size == 1 else "model"
-    return train(rank, world_size, strategy, model=wide, data=wide_data, steps=SPEED_STEPS,
-                 global_batch=TIMELINE_BATCH, record=False)["step_times"][1:]
-
-
-best = {1: float("inf"), 2: float("inf")}
-for _ in range(2):
-    for n in (1, 2):
-        best[n] = min(best[n], min(max(t) for t in zip(*coursekit.launch(timed, n))))
-print(f"fastest step: one process {best[1] * 1e3:.1f} ms | two ranks in a chain {best[2] * 1e3:.1f} ms "
-      f"({best[2] / best[1]:.2f}x the time of one process)")
+n_steps = len(forwards[0]) - 1
+per_step = {r: union_length(compute[r]) / n_steps * 1e3 for r in (0, 1)}
+print(f"per step: rank 0 computed {per_step[0]:.1f} ms, rank 1 {per_step[1]:.1f} ms, together {both:.1%} of the "
+      f"time, so in turn: {per_step[0] + per_step[1]:.1f} ms of computing in a step of {window / n_steps * 1e3:.1f} ms")
 
 # %% [markdown]
-# A step of the chain is the same computation as one process, done in turn, plus two transfers per cut
-# and the waits; only the two optimiser steps run side by side (the ratio above is what that came to in
-# this run). With G equal stages each GPU computes at most 1/G of the step and is idle for the rest,
+# The two stages' work is the work of one process (the same layers on the same batch), and since the
+# two ranks never compute at the same time, the chain's step lasts at least their sum — plus the
+# transfers and the waits, and minus nothing but the two optimiser steps, the only work done side by
+# side. With G equal stages each GPU computes at most 1/G of the step and is idle for the rest,
 # (G − 1)/G or more. Model parallelism is not there for speed: it is for **memory**.
 #
 # ## What it buys: each rank holds only its layers
@@ -275,8 +264,9 @@ for g in MEMORY_RANKS:
 # smaller layers — or cutting inside the layers: tensor parallelism (chapter 05).
 #
 # The two ways of cutting, side by side: layers per stage, the largest rank's parameter bytes, and the
-# slowest stage's measured forward + backward per step. On 3 and 4 ranks the processes share this
-# machine's 2 cores, so those times include waiting for a core: read them as a rough guide.
+# slowest stage's measured forward + backward per step (wall-clock time of the traced spans). On 3 and 4
+# ranks the processes share this machine's 2 cores, so those times include waiting for a core, and other
+# work on this shared machine can stretch any of them: read them as a rough guide.
 
 # %%
 print(f"{'ranks':>5}  {'cut by':<7} {'layers per stage':<16} {'largest rank (bytes)':>20} "
