@@ -1,0 +1,650 @@
+# ci_parameters: {"STEPS": 2, "TIME_ITERS": 5}
+# %% [markdown]
+# # 05 · Tensor parallelism: one matrix multiplication on several GPUs
+#
+# Chapter 03 put whole layers on different GPUs and found a chain: GPU 2 waits while GPU 1 computes
+# (**P3**). **Tensor parallelism** (seed claim **P5**, "intra-op") cuts *inside* a layer instead: each
+# weight matrix is split by rows or by columns, every GPU multiplies its piece at the same time, and the
+# pieces are combined by communication. This chapter follows Megatron-LM (Shoeybi et al. 2019):
+#
+# 1. the linear-algebra identity, on two GPUs, drawn from the shards the ranks really hold;
+# 2. the MLP and the attention block: one all-reduce forward and one backward each (the operators **f**, **g**);
+# 3. the vocabulary-parallel loss: the logits never exist whole on one GPU;
+# 4. the proof: training at tensor degrees 1, 2, 4 and 3 (uneven) equals one process;
+# 5. communication counted against the formula and against data parallelism's;
+# 6. memory per rank and a measured timeline with the all-reduces inside each layer;
+# 7. why tensor parallelism beats model parallelism (**P10**) and why it stays inside a node;
+# 8. the data × tensor mesh (**P8**);
+# 9. the same thing in production: PyTorch's DTensor.
+#
+# Every "GPU" is a process on this machine (gloo on 2 CPU cores); the library is
+# `coursekit.parallel.tensor` (operators and layers), `tensor_vocab` (the vocabulary) and `tensor_model`
+# (the whole transformer and the strategies `"tensor"` and `"dp_tp"` of `coursekit.train.train`).
+
+# %% tags=["parameters"]
+# Parameters: small by default so the notebook runs in about a minute; raise them freely.
+GPUS = 4                       # ranks of the proof and of the mesh (this machine has 2 cores: 4 ranks share them)
+PROOF_DEGREES = [1, 2, 4, 3]   # tensor-parallel degrees proven equal to one process (3: uneven shards)
+STEPS = 3                      # optimiser steps of each proof
+GLOBAL_BATCH = 8               # sequences of 31 tokens per step
+TIME_ITERS = 20                # iterations of each timing (the median is shown)
+
+# %%
+# %matplotlib inline
+import statistics
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+
+import coursekit
+from coursekit.models import LanguageData, loss_fn, tiny_transformer
+from coursekit.parallel.tensor import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear,
+                                       count_communication, shard_sizes)
+from coursekit.parallel.tensor_model import expected_counts, gather_dense, parallelize_transformer
+from coursekit.parallel.tensor_vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from coursekit.train import train
+from coursekit.verify import compare
+
+torch.set_num_threads(1)  # one thread per process, as every rank has
+
+# %% [markdown]
+# ## 1. The identity: one matrix multiplication split two ways (P5)
+#
+# A linear layer computes $Y = X W^\top$ (PyTorch's `weight` $W$ is `[out, in]`). Write $A = W^\top$ as the
+# paper does, $Y = XA$. Two ways to put it on two GPUs:
+#
+# * **split $A$ by columns** (output features): GPU $r$ holds $A_r$ and computes $Y_r = X A_r$, its own
+#   columns of $Y$. $Y = [\,Y_0 \mid Y_1\,]$: nothing to add, every GPU needs all of $X$.
+#   coursekit's `ColumnParallelLinear` (its `weight` holds rows of $W$);
+# * **split $A$ by rows** (input features): GPU $r$ holds $A_r$ and the matching columns $X_r$ of the
+#   input, and computes a *partial* product $P_r = X_r A_r$ of the full shape. $Y = P_0 + P_1$: one
+#   all-reduce. coursekit's `RowParallelLinear`.
+#
+# Below, two ranks build both layers from the *same* dense `nn.Linear(6, 4)` and return what they hold and
+# compute; the figure draws those tensors.
+
+# %%
+def one_matmul(rank, world_size):
+    torch.manual_seed(0)  # the same dense layer and input on every rank
+    dense, x = torch.nn.Linear(6, 4, bias=False), torch.randn(3, 6).round(decimals=1)
+    column = ColumnParallelLinear.from_dense(dense)
+    row = RowParallelLinear.from_dense(dense, input_is_parallel=False)
+    x_r = x[:, row.index]                                   # this rank's input columns
+    return {"x": x, "dense": dense(x).detach(), "col_w": column.weight.detach(), "col_y": column(x).detach(),
+            "row_w": row.weight.detach(), "row_x": x_r, "partial": F.linear(x_r, row.weight).detach(),
+            "row_y": row(x).detach(), "col_index": column.index, "row_index": row.index}
+
+
+held = coursekit.launch(one_matmul, 2)
+
+
+def show(ax, tensor, title, colour):
+    ax.imshow(tensor, cmap="coolwarm", vmin=-2, vmax=2)
+    for (i, j), v in zip(((i, j) for i in range(tensor.shape[0]) for j in range(tensor.shape[1])), tensor.flatten()):
+        ax.text(j, i, f"{v:.1f}", ha="center", va="center", fontsize=6)
+    ax.set_title(title, fontsize=8, color=colour)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+colours = ["tab:blue", "tab:orange"]
+fig, axes = plt.subplots(2, 5, figsize=(13, 4.6))
+for r in range(2):
+    h = held[r]
+    show(axes[0, 2 * r], h["col_w"].T, f"GPU {r}: A[:, {h['col_index'].tolist()}]  {tuple(h['col_w'].T.shape)}",
+         colours[r])
+    show(axes[0, 2 * r + 1], h["col_y"], f"GPU {r}: Y_{r} = X A_{r}  {tuple(h['col_y'].shape)}", colours[r])
+    show(axes[1, 2 * r], h["row_x"], f"GPU {r}: X[:, {h['row_index'].tolist()}]  {tuple(h['row_x'].shape)}",
+         colours[r])
+    show(axes[1, 2 * r + 1], h["partial"], f"GPU {r}: P_{r} = X_{r} A_{r}  {tuple(h['partial'].shape)}", colours[r])
+show(axes[0, 4], torch.cat([held[0]["col_y"], held[1]["col_y"]], dim=1), "[Y_0 | Y_1] = Y  (concatenate)", "black")
+show(axes[1, 4], held[0]["partial"] + held[1]["partial"], "P_0 + P_1 = Y  (all-reduce)", "black")
+axes[0, 0].set_ylabel("split A by columns", fontsize=9)
+axes[1, 0].set_ylabel("split A by rows", fontsize=9)
+fig.suptitle("Y = X A with A (6 × 4) on two GPUs, drawn from the ranks' shards", fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% tags=["nbval-check-output"]
+for r, h in enumerate(held):
+    print(f"rank {r}: ColumnParallelLinear.weight {tuple(h['col_w'].shape)} (output features "
+          f"{h['col_index'].tolist()}), RowParallelLinear.weight {tuple(h['row_w'].shape)} (input features "
+          f"{h['row_index'].tolist()})")
+dense_y = held[0]["dense"]
+print("column split, concatenated, equals X Wᵀ:",
+      torch.allclose(torch.cat([h["col_y"] for h in held], dim=1), dense_y, atol=1e-6))
+print("row split, partial products summed, equals X Wᵀ:",
+      torch.allclose(held[0]["partial"] + held[1]["partial"], dense_y, atol=1e-6))
+print("RowParallelLinear's output (after its all-reduce) on both ranks equals X Wᵀ:",
+      all(torch.allclose(h["row_y"], dense_y, atol=1e-6) for h in held))
+
+# %% [markdown]
+# Each GPU stores half of the weight (**P5**: "it beats memory limits") and does half of the multiply at the
+# same time as the other ("and runs in parallel"); the price is the all-reduce of the row split, or the
+# all-gather a column split needs when a later step wants all of $Y$ ("its cost is communication").
+#
+# ## 2. Column then row: the MLP and attention, one all-reduce each way
+#
+# The trick of Megatron-LM is to *chain* the two splits. The MLP is `out(gelu(fc(x)))`: split `fc` by
+# columns and each GPU holds some hidden features whole; GELU acts on each feature alone, so it runs on the
+# shards with no communication; `out` split by rows then takes exactly those features as its input slice,
+# and one all-reduce sums the partial outputs. Two operators do the communication:
+#
+# | operator | forward | backward | where |
+# |---|---|---|---|
+# | **f** `copy_to_parallel_region` | identity | all-reduce | before the column-parallel layer: each rank's input gradient is only its shard's part |
+# | **g** `reduce_from_parallel_region` | all-reduce | identity | after the row-parallel layer: sums the partial products |
+#
+# Attention splits the same way by **heads**: `qkv` is column-parallel (each rank keeps q, k and v of its
+# heads), each head attends alone, and the output projection `proj` is row-parallel. Measured on 2 ranks, one
+# block of the course transformer (d_model 64, 4 heads, MLP width 256), forward and backward, against the
+# dense block:
+
+# %% tags=["nbval-check-output"]
+def blocks(rank, world_size):
+    block = tiny_transformer(seed=0).blocks[0]
+    x = torch.randn(2, 31, 64, generator=torch.Generator().manual_seed(1))
+    out = {}
+    for name, ours, dense in (("MLP", ParallelMLP.from_dense(block.fc, block.out),
+                               lambda t: block.out(F.gelu(block.fc(t)))),
+                              ("attention", ParallelSelfAttention.from_dense(block.attn), block.attn)):
+        mine, ref = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        with count_communication() as counts:
+            y = ours(mine)
+            y.sum().backward()
+        dense(ref).sum().backward()
+        weights = {n: tuple(p.shape) for n, p in ours.named_parameters() if n.endswith("weight")}
+        out[name] = ((y - dense(x)).abs().max().item(), (mine.grad - ref.grad).abs().max().item(),
+                     dict(counts.calls), weights)
+    return out
+
+
+for name, (y_diff, grad_diff, calls, weights) in coursekit.launch(blocks, 2)[0].items():
+    print(f"{name:<9} rank 0 holds {weights}")
+    print(f"{'':<9} output {'equal' if y_diff < 1e-5 else 'DIFFERENT'}, input gradient "
+          f"{'equal' if grad_diff < 1e-5 else 'DIFFERENT'} (to 1e-5); collectives: "
+          + ", ".join(f"{op} {direction}: {n}" for (op, direction), n in sorted(calls.items())))
+
+# %% [markdown]
+# One all-reduce forward (the **g** after the row-parallel layer) and one backward (the **f** before the
+# column-parallel one) per block: per transformer layer, 2 forward and 2 backward, of $b \cdot s \cdot h$
+# numbers each (the layer's activations), as the paper says.
+#
+# ## 3. The vocabulary-parallel loss: the logits never exist whole
+#
+# The course transformer's output head is tied to the token embedding, `[V, h]`. Split its **rows** over the
+# ranks (rank $r$ holds tokens $[v_r, v_{r+1})$): the embedding looks up the rows it holds (zeros for the
+# others) and a **g** sums the lookups; the head is then column-parallel — rank $r$ computes only the logits
+# of its own tokens, $(b, s, V/t)$. The cross-entropy needs every token's logit, but only through three
+# numbers per position, each all-reduced:
+#
+# 1. MAX of the row's maximum (for a stable exponential);
+# 2. SUM of $\sum \exp(\text{logit} - \max)$;
+# 3. SUM of the target's logit (only the rank that holds the target contributes).
+#
+# Then $\text{loss} = \log \sum\exp - (\text{target logit} - \max)$. A vocabulary of 13 on 4 ranks (uneven:
+# 4, 3, 3, 3 rows), with logits up to about 60, against `F.cross_entropy` on the whole logits:
+
+# %% tags=["nbval-check-output"]
+def vocab_loss(rank, world_size):
+    generator = torch.Generator().manual_seed(11)
+    full = (torch.randn(40, 13, generator=generator) * 20).requires_grad_(True)
+    targets = torch.arange(40) % 13
+    expected = F.cross_entropy(full, targets, reduction="none")
+    expected.sum().backward()
+    sizes = shard_sizes(13, world_size)
+    start = sum(sizes[:rank])
+    local = full.detach()[:, start:start + sizes[rank]].clone().requires_grad_(True)
+    with count_communication() as counts:
+        loss = vocab_parallel_cross_entropy(local, targets, start)
+        loss.sum().backward()
+    return (tuple(local.shape), (loss - expected).abs().max().item(),
+            (local.grad - full.grad[:, start:start + sizes[rank]]).abs().max().item(), dict(counts.elements))
+
+
+for rank, (shape, loss_diff, grad_diff, elements) in enumerate(coursekit.launch(vocab_loss, 4)):
+    print(f"rank {rank}: logits held {shape}; loss per position {'equal' if loss_diff < 1e-4 else 'DIFFERENT'}, "
+          f"gradient of its logits {'equal' if grad_diff < 1e-6 else 'DIFFERENT'}; numbers all-reduced: {elements}")
+
+# %% [markdown]
+# Three all-reduces of 40 numbers (one per position) instead of gathering $40 \times 13$ logits. With a real
+# vocabulary (50,000 to 250,000 tokens) the logits are the largest tensor of the step, and no GPU ever
+# holds them whole. The training loop calls the strategy's own loss (`Strategy.loss`), so the strategies
+# `"tensor"` and `"dp_tp"` train on exactly this loss.
+#
+# ## 4. The proof: tensor parallelism trains like one process
+#
+# `train(rank, world_size, "tensor", model="transformer")` turns the dense course transformer into its
+# tensor-parallel form on every rank (vocabulary, heads and MLP split; norms and the position embedding
+# replicated), trains it, and records the output, the loss, every gradient and every weight, reassembled
+# from the shards (`gather_dense`). `coursekit.verify.compare` checks each against one process at every
+# step. Degree 3 does not divide the vocabulary (16 → 6, 5, 5 rows) nor the heads (4 → 2, 1, 1): the shards
+# are uneven and the model is still exactly the same one.
+
+# %% tags=["nbval-check-output"]
+PROOF = dict(model="transformer", steps=STEPS, global_batch=GLOBAL_BATCH, optimizer="sgd", lr=0.05)
+
+
+def tensor_run(rank, world_size):
+    result = train(rank, world_size, "tensor", **PROOF)
+    counts = {k: v for k, v in result.items() if k.startswith("tp_")}
+    return result["records"], counts, result["memory"]
+
+
+reference = train(0, 1, "single", **PROOF)["records"]
+proof_runs = {}
+for degree in PROOF_DEGREES:
+    proof_runs[degree] = coursekit.launch(tensor_run, degree, timeout=300)
+    report = compare(reference, [proof_runs[degree][0][0]])             # rank 0's output, loss, gradients, weights
+    every_rank = compare(reference, [r[0] for r in proof_runs[degree]], check_output=False)
+    print(f"degree {degree}: {STEPS} SGD steps, {'equal to one process' if report.ok and every_rank.ok else report}"
+          f" (outputs, losses, gradients and parameters, every rank)")
+
+# %% [markdown]
+# SGD with momentum above. With Adam, the first step moves every weight by about `lr` × g/|g|, whatever the
+# size of its gradient g, so a gradient near zero that differs in its last bits (the vocabulary-parallel loss
+# rounds differently from `F.cross_entropy`) moves its weight visibly differently. The same degrees with Adam:
+
+# %% tags=["nbval-ignore-output"]
+ADAM = dict(PROOF, optimizer="adam", lr=1e-3)
+adam_reference = train(0, 1, "single", **ADAM)["records"]
+for degree in PROOF_DEGREES[:2]:
+    adam = coursekit.launch(lambda rank, world_size: train(rank, world_size, "tensor", **ADAM)["records"], degree)
+    print(f"degree {degree}, Adam: {compare(adam_reference, adam, check_output=False)}")
+
+# %% [markdown]
+# ## 5. Communication, counted
+#
+# Every collective of the layers goes through one counted function (`count_communication`; the strategy
+# counts each training step). The formula, per forward and backward of the course transformer with $L$
+# layers on a batch of $b$ sequences of $s$ tokens, width $h$: forward $2L$ all-reduces of $bsh$ (attention's
+# and the MLP's **g**) plus the embedding's **g** plus the loss's 3 of $bs$; backward $2L$ (their **f**) plus
+# the tied head's **f**. No all-gather: the logits are not gathered.
+
+# %% tags=["nbval-check-output"]
+L, h, s, V = 2, 64, 31, 16
+per_step = expected_counts(GLOBAL_BATCH, s, h, L, 2).as_dict()
+print(f"formula per step (b = {GLOBAL_BATCH}, s = {s}, h = {h}, L = {L}):")
+for key, value in per_step.items():
+    if value:
+        print(f"  {key:<34} {value:>8,}")
+for degree in PROOF_DEGREES[1:]:
+    counted = proof_runs[degree][0][1]
+    same = all(counted[k] == STEPS * v for k, v in per_step.items())
+    print(f"degree {degree}: counted over {STEPS} steps = {STEPS} × formula: {same}")
+
+# %% [markdown]
+# Against **data parallelism**: there each rank all-reduces its *gradients* once per step — $\Psi$ numbers
+# (every parameter), whatever the batch. Tensor parallelism all-reduces *activations* — $4L \cdot bsh$
+# (+ the embedding's, the head's and the loss's) per step, growing with the batch and the sequence. Both
+# counted here on 2 ranks (data parallelism: the strategy `"bucketed"`, which counts the elements it
+# all-reduces) at several batch sizes, drawn against their formulas:
+
+# %%
+BATCHES = [2, 4, 8, 16]
+
+
+def volumes(rank, world_size, batches):
+    out = {}
+    for b in batches:
+        tp = train(rank, world_size, "tensor", model="transformer", steps=1, global_batch=b, record=False)
+        dp = train(rank, world_size, "bucketed", model="transformer", steps=1, global_batch=b, record=False)
+        out[b] = (tp["tp_all_reduce_forward_elements"] + tp["tp_all_reduce_backward_elements"], dp["elements_reduced"],
+                  dp["numel"])
+    return out
+
+
+measured_volume = coursekit.launch(volumes, 2, BATCHES)[0]
+psi = measured_volume[BATCHES[0]][2]
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+formula_tp = [sum(v for k, v in expected_counts(b, s, h, L, 2).as_dict().items() if k.endswith("elements"))
+              for b in BATCHES]
+ax.plot(BATCHES, [f / 1e3 for f in formula_tp], color="tab:orange", label="tensor: formula")
+ax.scatter(BATCHES, [measured_volume[b][0] / 1e3 for b in BATCHES], color="tab:orange", zorder=3,
+           label="tensor: counted")
+ax.plot(BATCHES, [psi / 1e3] * len(BATCHES), color="tab:blue", label="data: Ψ (formula)")
+ax.scatter(BATCHES, [measured_volume[b][1] / 1e3 for b in BATCHES], color="tab:blue", zorder=3, label="data: counted")
+ax.set(xlabel="sequences per step (b, of 31 tokens)", ylabel="thousand numbers all-reduced per step",
+       title="what each rank all-reduces per step, 2 ranks", xticks=BATCHES)
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% tags=["nbval-check-output"]
+for b in BATCHES:
+    tp_counted, dp_counted, _ = measured_volume[b]
+    print(f"b = {b:>2}: tensor {tp_counted:>7,} (formula {formula_tp[BATCHES.index(b)]:>7,}), data {dp_counted:>7,} "
+          f"(formula Ψ = {psi:,}): tensor moves {tp_counted / dp_counted:.2f}× data's")
+
+# %% [markdown]
+# Data parallelism's volume is fixed by the model; tensor parallelism's grows with the batch, here from 0.38×
+# data parallelism's at b = 2 to 3.04× at b = 16. In a large model $\Psi \approx 12 L h^2$, so the ratio is
+# about $4L \cdot bsh / 12 L h^2 = bs/(3h)$: with $h$ in the thousands the two are of the same order per
+# step. The bigger difference is *when*: data parallelism's all-reduce can overlap the
+# backward pass (chapter 02); tensor parallelism's sit between the layers, on the critical path — every layer
+# waits for them, twice forward and twice backward. That is what the next sections measure.
+#
+# ## 6. Figure 1.1, memory per rank and the timeline
+#
+# The seed's "Figure 1.1" (**P6**) compares the strategies side by side; regenerated here for `GPUS` GPUs
+# (the same figure as chapter 00's, from `coursekit.viz.strategies`): model parallelism gives each GPU whole
+# layers, data parallelism each GPU a slice of the batch and a full copy, tensor parallelism each GPU a
+# slice of *every* weight matrix (pipeline parallelism, chapter 04, is drawn too).
+
+# %%
+from coursekit.viz.strategies import draw_strategies
+
+draw_strategies(n_gpus=GPUS)
+plt.show()
+
+# %% [markdown]
+# Memory: the parameters each rank holds, measured after the proof's last step (`result["memory"]`), against
+# the formula: the split tensors (vocabulary rows, q/k/v and output projection, both MLP weights and the
+# column-parallel biases) divided by $t$, plus what every rank replicates (position embedding, the norms, the
+# row-parallel biases).
+
+# %%
+dense_model = tiny_transformer(seed=0)
+one_rank = parallelize_transformer(dense_model, None)  # degree 1 in this process: the same layers, unsplit
+split = 0
+for module in one_rank.modules():
+    if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+        split += sum(p.numel() for p in module.parameters(recurse=False))
+    elif isinstance(module, RowParallelLinear):
+        split += module.weight.numel()
+total = sum(p.numel() for p in dense_model.parameters())
+replicated = total - split
+even = [d for d in PROOF_DEGREES if 64 % d == 0 and 16 % d == 0]  # degrees that divide every split size
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
+for k, degree in enumerate(even):
+    measured_bytes = [r[2]["params"] for r in proof_runs[degree]]
+    ax.bar([k + 0.8 * (i + 0.5) / degree for i in range(degree)], [m / 2**10 for m in measured_bytes],
+           width=0.7 / degree, color="tab:orange")
+    ax.hlines(4 * (replicated + split / degree) / 2**10, k, k + 0.8, color="black", label=None if k else
+              "formula: 4·(replicated + split / t) bytes")
+ax.set(xticks=[k + 0.4 for k in range(len(even))], xticklabels=[f"t = {d}\n(each bar a rank)" for d in even],
+       ylabel="KiB of parameters per rank", title="parameters held per rank, measured")
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% tags=["nbval-check-output"]
+print(f"the course transformer: {total:,} parameters, {split:,} in split tensors, {replicated:,} replicated")
+for degree in even:
+    measured_bytes = sorted({r[2]["params"] for r in proof_runs[degree]})
+    formula = 4 * (replicated + split // degree)
+    print(f"t = {degree}: every rank holds {measured_bytes} bytes; formula 4·({replicated:,} + {split:,}/{degree}) "
+          f"= {formula:,}: {'equal' if measured_bytes == [formula] else 'NOT EQUAL'}")
+
+# %% [markdown]
+# The replicated part does not shrink with $t$: 4,992 numbers, 5% of this tiny model (mostly its 64 × 64
+# position embedding); in a large model, the norms and biases, a fraction of a percent.
+#
+# The timeline: one training step at degree 2 (2 ranks, one core each), traced (`train(..., trace=True)`);
+# every all-reduce of the layers is a span on the communication lane, inside the forward and the backward.
+
+# %%
+from coursekit.viz.timeline import draw_timelines
+
+
+def traced(rank, world_size, strategy):
+    result = train(rank, world_size, strategy, model="transformer", steps=2, global_batch=GLOBAL_BATCH,
+                   trace=True, record=False)
+    last = {r: max(s.start for s in result["spans"] if s.kind == "forward" and s.rank == r)  # the second step
+            for r in range(world_size)}
+    return [s for s in result["spans"] if s.start >= last[s.rank]]
+
+
+tensor_spans = coursekit.launch(traced, 2, "tensor")[0]
+draw_timelines({"tensor parallelism, degree 2: one step": tensor_spans})
+plt.show()
+
+# %% tags=["nbval-check-output"]
+for rank in range(2):
+    names = [s.name for s in tensor_spans if s.rank == rank and s.kind == "comm"]
+    print(f"rank {rank}: {len(names)} all-reduces in the step: {names.count('all_reduce forward')} forward, "
+          f"{names.count('all_reduce backward')} backward (formula: {2 * L + 1 + 3} and {2 * L + 1})")
+
+# %% [markdown]
+# ## 7. Why tensor rather than model parallelism (P10), and why inside a node
+#
+# **P10**: for a model too large for one GPU, "tensor parallelism is more efficient because GPUs work
+# simultaneously". The timelines below are one step of model parallelism (chapter 03: layers on 2 ranks) and
+# of tensor parallelism (degree 2), measured on the same model and batch. From each, the share of the
+# forward and backward passes (from the first forward's start to the last backward's end) during which *both*
+# ranks are inside a forward or backward, and during which both compute at once (not waiting on a receive or
+# an all-reduce):
+
+# %%
+model_spans = coursekit.launch(traced, 2, "model")[0]
+draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, degree 2": tensor_spans})
+plt.show()
+
+
+def together(spans, waits_count: bool, points=4000):
+    """Share of the forward and backward passes (first forward start to last backward end, all ranks) in which
+    every rank is inside a forward or backward span (``waits_count=False``: and not waiting inside it on a
+    receive or an all-reduce)."""
+    work = [s for s in spans if s.kind in ("forward", "backward")]
+    lo, hi = min(s.start for s in work), max(s.end for s in work)
+    ranks = sorted({s.rank for s in spans})
+
+    def busy(r, t):
+        inside = any(s.rank == r and s.start <= t < s.end for s in work)
+        waiting = any(s.rank == r and s.kind == "idle" and s.start <= t < s.end for s in spans)
+        return inside and (waits_count or not waiting)
+
+    return sum(all(busy(r, lo + (hi - lo) * (i + 0.5) / points) for r in ranks) for i in range(points)) / points
+
+
+runs = {"model": model_spans, "tensor": tensor_spans}
+inside = {name: together(spans, waits_count=True) for name, spans in runs.items()}
+computing = {name: together(spans, waits_count=False) for name, spans in runs.items()}
+step = {name: max(s.end for s in spans) - min(s.start for s in spans) for name, spans in runs.items()}
+
+# %% tags=["nbval-ignore-output"]
+for name in runs:
+    print(f"{name:<6} parallelism: both ranks inside a forward or backward during {inside[name]:.0%} of the "
+          f"passes, both computing (not waiting) during {computing[name]:.0%}; step {step[name] * 1e3:.1f} ms")
+print("(2 ranks on this machine's 2 cores, shared with other processes: times and the second share vary run to run)")
+
+# %% [markdown]
+# Model parallelism is a chain: rank 1 cannot start its forward before rank 0's activations arrive, and
+# rank 0 cannot start its backward before the gradients come back, so the two are almost never in a forward
+# or backward at the same time (first share, model). Under tensor parallelism both ranks are in the same
+# layer's forward, then the same layer's backward, for most of the passes, each doing half of it, and meet
+# at each all-reduce. What this machine does to the rest: the stretches of arithmetic between two all-reduces
+# are short (the matrices are 64 wide), and with more runnable processes than its 2 cores the two ranks
+# often get them in turns rather than together (second share); the all-reduces themselves are gloo messages
+# through the loopback. So the step times printed above measure waits, scheduling and fixed costs more than
+# the arithmetic that was split, and which of the two is faster here changes from run to run.
+#
+# On a real GPU the proportions are the reverse of this machine's, **as long as the all-reduces stay on
+# NVLink**. The chapter 01 network model (`coursekit.netsim`, replaying the ring all-reduce's recorded
+# transfers) for one all-reduce of a GPT-3-sized layer's activations — $b = 1$ sequence of $s = 2048$
+# tokens, $h = 12288$, bf16: 50 MB — on a tensor group of 8 GPUs, with these assumed links: NVLink
+# 450 GB/s each way per GPU and 2 µs latency inside a node; InfiniBand 400 Gb/s (50 GB/s) and 10 µs between
+# nodes. The compute it sits between: a layer's forward is about $24\,b s h^2$ floating-point operations,
+# divided over the 8 GPUs, at an assumed 400 TFLOP/s each.
+
+# %% tags=["nbval-check-output"]
+from coursekit.netsim import Network, collective_time
+
+b_, s_, h_, t_ = 1, 2048, 12288, 8
+numel = b_ * s_ * h_
+nvlink = Network(bandwidth=50e9, latency=10e-6, gpus_per_node=8, intra_bandwidth=450e9, intra_latency=2e-6)
+two_nodes = Network(bandwidth=50e9, latency=10e-6, gpus_per_node=4, intra_bandwidth=450e9, intra_latency=2e-6)
+eight_nodes = Network(bandwidth=50e9, latency=10e-6)
+compute = 24 * b_ * s_ * h_ ** 2 / t_ / 400e12
+print(f"one all-reduce of {numel:,} bf16 numbers ({numel * 2 / 1e6:.0f} MB) over a tensor group of {t_} GPUs:")
+rows = {}
+for label, net in (("inside one node (NVLink)", nvlink), ("across 2 nodes of 4 (InfiniBand between)", two_nodes),
+                   ("across 8 nodes (InfiniBand only)", eight_nodes)):
+    rows[label] = collective_time("ring", t_, numel, net, itemsize=2).total
+    per_layer_forward = 2 * rows[label]
+    print(f"  {label:<42} {rows[label] * 1e3:6.2f} ms; 2 per layer forward = {per_layer_forward * 1e3:5.2f} ms "
+          f"against {compute * 1e3:.2f} ms of compute ({per_layer_forward / compute:.0%})")
+
+# %% [markdown]
+# Inside a node the two forward all-reduces of a layer cost a fraction of the layer's arithmetic; as soon as
+# the tensor group crosses a node, the ring's slowest link is InfiniBand, 9 times slower than NVLink, and
+# the all-reduces take longer than the compute they split — at every layer, twice forward and twice
+# backward, with nothing to hide them behind. That is why tensor parallelism is kept inside a node (degree
+# ≤ GPUs per node, typically 8) and the GPUs beyond are combined by data (or pipeline) parallelism.
+#
+# ## 8. The data × tensor mesh (P8)
+#
+# **P8**: for models too large for one GPU, data + tensor parallelism combined is the common approach.
+# The ranks form a grid, `Mesh({"dp": 2, "tp": 2})`: each row is a tensor group (neighbouring ranks, so
+# inside a node), each column a data group. A data slice of the batch goes to each tensor group; gradients
+# are averaged over `dp` only. `train(..., "dp_tp")` on 4 ranks, global batch 7 (uneven: 4 + 3 sequences),
+# against one process:
+
+# %% tags=["nbval-check-output"]
+HYBRID = dict(PROOF, global_batch=7)
+
+
+def hybrid(rank, world_size):
+    result = train(rank, world_size, "dp_tp", tp=2, **HYBRID)
+    return result["records"], result["elements_reduced"], result["tp_all_reduce_forward_calls"]
+
+
+hybrid_runs = coursekit.launch(hybrid, GPUS, timeout=300)
+hybrid_reference = train(0, 1, "single", **HYBRID)["records"]
+report = compare(hybrid_reference, [hybrid_runs[0][0], hybrid_runs[2][0]])  # one rank of each tensor group
+every_rank = compare(hybrid_reference, [r[0] for r in hybrid_runs], check_output=False)
+print(f"dp = 2 × tp = 2 on {GPUS} ranks: {'equal to one process' if report.ok and every_rank.ok else report}")
+shard_numel = sum(p.numel() for p in parallelize_transformer(tiny_transformer(seed=0), None).parameters())
+print(f"each rank all-reduced over dp per step: {hybrid_runs[0][1] // STEPS:,} gradient numbers = its shard "
+      f"({replicated:,} replicated + {split:,}/2 split = {replicated + split // 2:,})")
+
+# %% [markdown]
+# Where the groups land on real nodes matters (section 7): the widget colours which global ranks form each
+# tensor and each data group for a number of GPUs, GPUs per node and tensor degree, and draws in red a tensor
+# group that crosses a node. Its default state, as a static image (so the chapter reads where widgets do not
+# render): 8 GPUs, nodes of 4, tp = 2.
+
+# %%
+from coursekit.viz.mesh import describe, draw_mesh
+
+draw_mesh(8, 2, 4)
+plt.show()
+print(describe(8, 2, 4))
+
+# %%
+from coursekit.widgets.mesh import mesh_explorer
+
+mesh_explorer(world_size=8, tp=2, gpus_per_node=4)
+
+# %% [markdown]
+# Try tp = 8 with 4 GPUs per node: both tensor groups turn red.
+#
+# ## 9. The same thing in production: DTensor's `parallelize_module`
+#
+# PyTorch expresses the same splits as *placements* of distributed tensors: `ColwiseParallel` shards a
+# linear layer's weight `Shard(0)` (output features), `RowwiseParallel` `Shard(1)` and turns its `Partial`
+# output into `Replicate` with an all-reduce. `coursekit.parallel.tensor_torch` parallelizes the course
+# transformer that way (`torch_parallelize_transformer`: the same plan for every block, the embedding
+# `RowwiseParallel`, the tied head `ColwiseParallel` with vocabulary-sharded logits, the loss inside
+# `loss_parallel()`). Run on a DTensor mesh `init_device_mesh("cpu", (2,))`, against coursekit's and the dense
+# model, with `CommDebugMode` counting PyTorch's collectives:
+#
+# | coursekit | PyTorch |
+# |---|---|
+# | `Mesh({"dp": 2, "tp": 2})`, `mesh["tp"]` | `init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))`, `device_mesh["tp"]` |
+# | `copy_to_parallel_region` (**f**) | `ColwiseParallel`'s `Replicate()` input: backward turns the `Partial` gradient into `Replicate` |
+# | `reduce_from_parallel_region` (**g**) | `RowwiseParallel`'s output: `Partial` → `Replicate()` |
+# | `gather_from_parallel_region` | `ColwiseParallel(output_layouts=Replicate())` |
+# | `ColumnParallelLinear` | `ColwiseParallel()` (weight `Shard(0)`) |
+# | `RowParallelLinear` | `RowwiseParallel()` (weight `Shard(1)`, bias `Replicate`) |
+# | `ParallelSelfAttention` | `ColwiseParallel` on `qkv` (rows reordered: `qkv_rank_order`) + `RowwiseParallel` on `proj` |
+# | `VocabParallelEmbedding` | `RowwiseParallel(input_layouts=Replicate())` on `nn.Embedding` |
+# | `vocab_parallel_cross_entropy` | `F.cross_entropy` inside `loss_parallel()` |
+# | `parallelize_transformer` | `parallelize_module(model, device_mesh, plan)` |
+# | `gather_dense` | `DTensor.full_tensor()` |
+# | `count_communication` | `torch.distributed.tensor.debug.CommDebugMode` |
+
+# %% tags=["nbval-check-output"]
+def side_by_side(rank, world_size, iters):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    from coursekit.parallel.tensor_torch import comm_counts, dense_qkv, torch_parallelize_transformer
+
+    device_mesh = init_device_mesh("cpu", (world_size,))
+    x, y = LanguageData().batch(0, GLOBAL_BATCH)
+    dense = tiny_transformer(seed=0)
+    theirs = torch_parallelize_transformer(dense, device_mesh)
+    ours = parallelize_transformer(dense, device_mesh.get_group())
+    expected = loss_fn(dense(x), y)
+    expected.backward()
+
+    def full(t):  # a DTensor's whole value; a tensor nothing split (position embedding, norms) as it is
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    def torch_step():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a DTensor hook warns that no input requires grad
+            with loss_parallel():
+                loss = F.cross_entropy(theirs(x).flatten(0, 1), y.flatten())
+                loss.backward()
+        return full(loss)
+
+    def our_step():
+        loss = ours.loss(x, y)
+        loss.backward()
+        return loss
+
+    with CommDebugMode() as mode:
+        torch_loss = torch_step()
+    with count_communication() as counts:
+        our_loss = our_step()
+    torch_grads = {n: full(p.grad) for n, p in theirs.named_parameters()}
+    for name in torch_grads:
+        if name.endswith("attn.qkv.weight"):
+            torch_grads[name] = dense_qkv(torch_grads[name], dense.blocks[0].attn.n_heads, world_size)
+    our_grads = gather_dense(ours, grads=True)
+    worst = {"torch": max((torch_grads[n] - p.grad).abs().max().item() for n, p in dense.named_parameters()),
+             "coursekit": max((our_grads[n] - p.grad).abs().max().item() for n, p in dense.named_parameters())}
+    times = {"coursekit": [], "DTensor": []}
+    for _ in range(iters):  # alternated, so both see the same machine load
+        for name, run in (("coursekit", our_step), ("DTensor", torch_step)):
+            begin = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - begin)
+    return {"loss": (expected.item(), torch_loss.item(), our_loss.item()), "worst": worst,
+            "torch": comm_counts(mode), "ours": {d: {"all_reduce": counts.calls["all_reduce", d]}
+                                                  for d in ("forward", "backward")}, "times": times}
+
+
+import time
+
+production = coursekit.launch(side_by_side, 2, TIME_ITERS, timeout=300)
+r0 = production[0]
+print(f"loss: dense {r0['loss'][0]:.6f}, DTensor {r0['loss'][1]:.6f}, coursekit {r0['loss'][2]:.6f}")
+for name, worst in r0["worst"].items():
+    print(f"every gradient, {name:<9} against the dense model: {'equal' if worst < 1e-5 else 'DIFFERENT'} (to 1e-5)")
+print(f"collectives, DTensor (CommDebugMode):  {r0['torch']}")
+print(f"collectives, coursekit (counted):      {r0['ours']}")
+print(f"formula: forward 2·{L} + 1 + 3 = {2 * L + 4}, backward 2·{L} + 1 = {2 * L + 1}")
+
+# %% tags=["nbval-ignore-output"]
+median = {name: statistics.median(max(r["times"][name][i] for r in production) for i in range(TIME_ITERS))
+          for name in ("coursekit", "DTensor")}
+print(f"forward + backward of the whole transformer, degree 2, {GLOBAL_BATCH} × 31 tokens "
+      f"(median of {TIME_ITERS}, slowest rank; 2 ranks on 2 cores shared with other processes):")
+print(f"coursekit {median['coursekit'] * 1e3:.1f} ms, DTensor {median['DTensor'] * 1e3:.1f} ms, "
+      f"ratio {median['coursekit'] / median['DTensor']:.2f}")
+
+# %% [markdown]
+# Same loss, same gradients, same number of all-reduces. The two times measure mostly fixed costs on this
+# machine (section 7): at 64-wide matrices the arithmetic is small next to the all-reduces and next to the
+# Python around each operation — and an operation on a `DTensor` first decides the placements of its result
+# (sharding propagation) in Python. On GPUs with large matrices both issue the same NCCL all-reduces around
+# the same matrix products.
+#
+# **Exercise** `exercises/05_tensor_parallel.ipynb`: write `ColumnParallelLinear` and `RowParallelLinear`
+# with their communication operators; graded on outputs, gradients and the number of all-reduces.
