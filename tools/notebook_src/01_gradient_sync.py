@@ -1,4 +1,4 @@
-# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5, "LOAD_WORLD_SIZES": [2, 3, 4]}
+# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5, "LOAD_WORLD_SIZES": [2, 3, 4], "MODEL_RECORD_MAX_G": 16}
 # %% [markdown]
 # # 01 · How GPUs share what they learn: naive, single master, ring all-reduce
 #
@@ -24,6 +24,7 @@ REPEATS = 10                        # timed iterations per point (the median is 
 LOAD_WORLD_SIZES = [2, 3, 4]        # world sizes for "the master does not scale" (try up to 8)
 MODEL_PARAMS = 7e9                  # the interview: a 7-billion-parameter model ...
 GPUS = 1000                         # ... on 1,000 GPUs
+MODEL_RECORD_MAX_G = 64             # the network model replays recorded traces up to this G (try 256: slow)
 
 # %%
 # %matplotlib inline
@@ -36,7 +37,14 @@ from coursekit import comm
 from coursekit.bench.allreduce import algbw, busbw, fit_alpha_beta, measure
 from coursekit.collectives import (master_all_reduce, naive_all_reduce, owned_segment, replay, ring_all_reduce,
                                    ring_traffic, segment_bounds)
-from coursekit.viz.collectives import plot_rank_load, plot_timings, plot_traffic
+from coursekit.collectives import ring_walkthrough
+from coursekit.hierarchical import hierarchical_all_reduce, hierarchical_traffic
+from coursekit.mesh import Mesh
+from coursekit.netsim import (Network, calibrate, closed_form_time, collective_time, collective_trace, crossover,
+                              simulate_time)
+from coursekit.viz.collectives import _size_label, draw_ring_step, plot_rank_load, plot_timings, plot_traffic
+from coursekit.viz.netsim import draw_explorer, plot_time_against_g
+from coursekit.widgets.netsim import network, network_explorer
 from coursekit.widgets.ring import ring_explorer
 
 ALGORITHMS = {"naive": naive_all_reduce, "master": master_all_reduce, "ring": ring_all_reduce}
@@ -167,7 +175,13 @@ for step in replay(seed_run, 4):
 # Move **step** (or press **Play**) to walk through every step of both phases; change **GPUs** (2 to 8).
 # The drawing comes from the single-process simulator running the very same `ring_all_reduce` code
 # (one thread per rank), so it answers instantly. Shade = how many GPUs' values a cell already sums;
-# outlined cells just received something; arrows are this step's transfers.
+# outlined cells just received something; arrows are this step's transfers. Every cell writes its sum
+# out as the seed does (a₁+b₁+c₁, …), at any number of GPUs. First the widget's starting state as a
+# plain image (it shows where widgets do not render), then the widget:
+
+# %%
+_ = draw_ring_step(ring_walkthrough(WORLD_SIZE), 0)
+plt.show()
 
 # %%
 ring_explorer(WORLD_SIZE)
@@ -220,14 +234,20 @@ plt.show()
 # Same total traffic, very different distribution. Per-rank load, counted, at G = 8:
 
 # %% tags=["nbval-check-output"]
-loads = {}
+loads, interface, pair = {}, {}, {}
 for name in ALGORITHMS:
     traffic = comm.simulate(count, 8, name, N).traffic
     loads[name] = {r: traffic.sent[r] + traffic.received[r] for r in traffic.sent}
     links = traffic.links
+    # a GPU's one full-duplex interface: its busier direction (sends and receives overlap, they do not add)
+    interface[name] = max(max(traffic.sent.values()), max(traffic.received.values()))
+    pair[name] = max(links.values())          # the busiest (sender, receiver) pair, one direction
     print(f"{name:<7} total {traffic.total:>6}  busiest rank {traffic.busiest_rank} carries "
           f"{loads[name][traffic.busiest_rank]:>6} ({loads[name][traffic.busiest_rank] / (2 * traffic.total):.0%} of all "
           f"sends+receives)  busiest link {max(links.values()):>5} elements over {len(links)} links")
+print(f"\n{'':<7} {'per pair (busiest)':>19} {'per GPU interface (busiest direction)':>38}")
+for name in ALGORITHMS:
+    print(f"{name:<7} {pair[name]:>19} {interface[name]:>38}")
 
 # %%
 fig, ax = plt.subplots(figsize=(6.5, 3.4))
@@ -238,11 +258,22 @@ plt.show()
 # %% [markdown]
 # The master (rank 0) sends and receives **half of everything** (with G = 8: 7N in, 7N out), and the
 # others wait on it; its load grows with G. Each ring rank carries `≈ 4·(G−1)·N/G < 4N`, *whatever* G is.
-# Now timed on real ranks, for a 4 MiB tensor as G grows. A caveat for laptops: here every "GPU" is a
-# process sharing the same few CPU cores, so all times rise with G and single runs are noisy; the counted
-# loads above are the robust evidence, these timings show how much of it survives on your machine.
+#
+# **Per pair or per GPU?** Counted per *pair of ranks*, the ring's busiest pair carries more than the
+# master's (the table: 1,752 against 1,001 elements, since a ring rank sends all its segments to one
+# neighbour while every master pair carries one tensor). That does not make the ring slower: a GPU has
+# *one* network interface, and every pair it talks to shares it. The master's interface must take in
+# 7 × 1,001 = 7,007 elements (and send as many, at the same time: a full-duplex link does not add in and
+# out), the ring's 1,752. **The per-GPU interface load limits the time**, and the network model below
+# times exactly that: each GPU's send side and receive side, whatever the pairs.
+# Now timed on real ranks, for a 4 MiB tensor as G grows. Read it with care: here every "GPU" is a
+# process, and they share this machine's CPU cores (the first line of the output says how many).
 
 # %%
+import os
+
+CORES = len(os.sched_getaffinity(0))
+print(f"{CORES} CPU cores for {', '.join(map(str, LOAD_WORLD_SIZES))} rank processes")
 load_rows = []
 for G in LOAD_WORLD_SIZES:
     load_rows += measure(G, [4 << 20], ["master", "ring"], repeats=REPEATS)
@@ -257,6 +288,15 @@ ax.set_xticks(LOAD_WORLD_SIZES)  # whole numbers of ranks
 ax.set_xlabel("G (ranks)"); ax.set_ylabel("median ms (4 MiB)"); ax.legend(); ax.grid(alpha=0.3)
 ax.set_title("Measured: all-reduce of 4 MiB as G grows")
 plt.show()
+
+# %% [markdown]
+# **What this measures.** With more rank processes than cores, ranks take turns on the CPU: a rank
+# that has to forward a segment waits until the scheduler runs it, and the ring (2·(G−1) hand-offs per
+# call) waits more often than the master (2 hand-offs). So beyond the number of cores the figure times
+# the **scheduler**, not a network, and either algorithm may come out ahead from one run to the next.
+# Only at G ≤ the number of cores does each rank have a core to itself; on a 2-core laptop that is
+# G = 2, where master and ring move the same data through the same pair of processes. The loads counted
+# above do not depend on the machine; what a cluster makes of them is the network model's job, next.
 
 # %% [markdown]
 # ## Time against message size, and the α–β model
@@ -319,54 +359,223 @@ for kib in SIZES_KIB:
 assert abs(busbw(1e6, 1e-3, 4) - algbw(1e6, 1e-3) * 1.5) < 1e-6  # 2(n-1)/n = 1.5 for n = 4
 
 # %% [markdown]
-# ## The interview, answered with numbers (R1)
+# ## What a cluster would do: the network model (R4, R7)
 #
-# Take a 7-billion-parameter model with bf16 gradients (2 bytes each: 14 GB of gradients per step),
-# 1,000 GPUs, and give every GPU a 400 Gb/s network link (50 GB/s each way) with 10 µs latency per message.
-# The traffic formulas are the ones counted exactly above; here they are checked once more, by counting
-# a simulated ring and master at G = 16, before being used at G = 1,000.
+# A laptop cannot show 1,024 GPUs, but the traces above can be *replayed* on a modeled network:
+# `coursekit.netsim` takes the transfers that the very same collective code records (per step, who
+# sends how many bytes to whom) and times them. Its assumptions, stated once in its docstring: every
+# GPU has one full-duplex link of bandwidth `B` each way and latency `α` to a non-blocking switch; GPUs
+# of one node talk over a second, faster link; a link's send side (and its receive side) carries one
+# byte stream at a time; a step ends when its busiest side is done, `α + bytes/B`. Nothing about the
+# algorithms is written into the model: it reads traces.
+#
+# The cluster here uses published link figures: **400 Gb/s InfiniBand** between nodes (NDR, 50 GB/s
+# each way per GPU) and **NVLink 4** inside a node of 8 (H100 SXM: 900 GB/s both ways, 450 GB/s each
+# way). The latencies are assumptions of the right order for one NCCL step, not published figures:
+# 10 µs between nodes, 2 µs inside (the widget below lets you change them).
+#
+# The model replays recorded traces up to `MODEL_RECORD_MAX_G` GPUs (the trace of a flat ring holds
+# 2·G·(G−1) messages; at 1,024 GPUs that is two million, minutes of Python). Beyond, the lines are the
+# closed forms derived in `netsim`'s docstring, which `tests/test_netsim.py` proves equal to the model
+# wherever both run (and which this cell checks again at every recorded G):
 
 # %% tags=["nbval-check-output"]
-BYTES = 2                 # bf16 gradients
-LINK = 50e9               # bytes per second, each direction, per GPU
-ALPHA = 10e-6             # seconds per message
-psi = MODEL_PARAMS * BYTES  # gradient bytes per GPU
+CLUSTER = Network(bandwidth=400e9 / 8, latency=10e-6, gpus_per_node=8, intra_bandwidth=450e9, intra_latency=2e-6)
+SIZES_MODEL = {"4 MiB (float32, measured above)": (4 << 20, 4),
+               f"{MODEL_PARAMS * 2 / 1e9:.0f} GB (the interview's bf16 gradients)": (int(MODEL_PARAMS) * 2, 2)}
+NAMES = ("master", "naive", "ring", "hierarchical")
+recorded_g = [2 ** i for i in range(1, 11) if 2 ** i <= MODEL_RECORD_MAX_G]
+replayed, agree = {}, True
+for label, (nbytes, itemsize) in SIZES_MODEL.items():
+    replayed[label] = {name: {} for name in NAMES}
+    for G in recorded_g:
+        for name in NAMES:
+            if name == "hierarchical" and G <= CLUSTER.gpus_per_node:
+                continue   # one node: nothing to do across nodes
+            model = collective_time(name, G, nbytes // itemsize, CLUSTER, itemsize).total
+            replayed[label][name][G] = model
+            agree &= abs(model - closed_form_time(name, G, nbytes // itemsize, CLUSTER, itemsize)) <= 1e-9 * model
+print(f"traces replayed at G = {recorded_g}: model = closed form at every one: {agree}\n")
+for label, (nbytes, itemsize) in SIZES_MODEL.items():
+    print(f"all-reduce of {label}")
+    print(f"{'G':>6} " + " ".join(f"{name:>13}" for name in NAMES))
+    for G in (2, 8, 64, 1024):
+        row = [closed_form_time(name, G, nbytes // itemsize, CLUSTER, itemsize)
+               if name != "hierarchical" or G > 8 else None for name in NAMES]
+        print(f"{G:>6} " + " ".join(f"{t * 1e3:>10.3f} ms" if t is not None else f"{'-':>13}" for t in row))
+    print()
 
-check = comm.simulate(count, 16, "ring", 16_000).traffic
-assert check.total == 2 * 15 * 16_000 and max(check.sent.values()) == 2 * 15 * 16_000 // 16
-check = comm.simulate(count, 16, "master", 16_000).traffic
-assert check.received[0] == check.sent[0] == 15 * 16_000
-print("formulas re-checked by counting at G = 16: ok\n")
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4.4))
+for ax, (label, (nbytes, itemsize)) in zip(axes, SIZES_MODEL.items()):
+    plot_time_against_g(nbytes, CLUSTER, ax=ax, recorded=replayed[label], itemsize=itemsize)
+    ax.set_title(f"modeled all-reduce of {label.split(' (')[0]}: dots replay traces, lines closed forms", fontsize=10)
+fig.suptitle("400 Gb/s InfiniBand between nodes, NVLink inside nodes of 8", fontsize=11)
+fig.tight_layout()
+plt.show()
 
-master_in = (GPUS - 1) * psi                      # the master receives everyone's gradients ...
-master_time = 2 * master_in / LINK + 2 * ALPHA     # ... and only then sends the result back to everyone
-# a master that forwards each chunk as soon as it is summed overlaps its in and out (full duplex):
-master_overlapped = master_in / LINK + 2 * ALPHA
-ring_per_gpu = 2 * (GPUS - 1) / GPUS * psi        # each GPU sends this much (and receives as much)
-ring_time = ring_per_gpu / LINK + 2 * (GPUS - 1) * ALPHA
+# %% [markdown]
+# Read the lines against the table above it:
+#
+# * **master** grows linearly in G: its one interface takes in `(G−1)·N` and sends as much, so
+#   `2·α + 2·(G−1)·N·b/B` (the jump after G = 8 is the move from NVLink to InfiniBand).
+# * **ring**: its *bandwidth term* (dashed) stays flat, `2·(G−1)/G · N·b/B ≈ 2·N·b/B`, whatever G;
+#   its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
+#   over a hundred times its bandwidth term for a 4 MiB bucket. For the 14 GB gradient the bandwidth
+#   term still dominates.
+# * **hierarchical** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
+#   of 8, and sends only `1/k` of the bytes per GPU over InfiniBand.
+#
+# ### The same model with this machine's fitted α and B
+#
+# `netsim.calibrate` fits `α` and `B` so that the model reproduces a measured 2-rank ring (G = 2: the
+# one world size where each rank has a core here), then the same model extrapolates to G GPUs on a
+# switch made of this machine's "links" (loopback memory copies):
+
+# %%
+two_rank = measure(2, [k << 10 for k in SIZES_KIB], ["ring"], repeats=REPEATS)
+HERE = calibrate([(r["bytes"], r["seconds"]) for r in two_rank], "ring", world_size=2)
+print(f"fitted on 2 ranks: α = {HERE.latency * 1e6:.0f} µs, B = {HERE.bandwidth / 1e9:.2f} GB/s")
+for r in two_rank:
+    predicted = collective_time("ring", 2, r["bytes"] // 4, HERE).total
+    print(f"  {_size_label(r['bytes']):>8}: measured {r['seconds'] * 1e3:7.3f} ms, model {predicted * 1e3:7.3f} ms "
+          f"({predicted / r['seconds'] - 1:+.0%})")
+fig, ax = plt.subplots(figsize=(6.5, 4))
+plot_time_against_g(4 << 20, HERE, ax=ax, world_sizes=tuple(2 ** i for i in range(1, 11)))
+ax.set_title("modeled 4 MiB all-reduce with this machine's fitted α, B (one level)", fontsize=10)
+plt.show()
+
+# %% [markdown]
+# The shape is the cluster's: the master's line rises linearly with G, the ring's bandwidth term is
+# flat and its latency term climbs with `2·(G−1)·α`. This machine's `α` (fitted above) is far larger
+# than a network's: it is mostly the per-call work of the collective and the wait for a core, not a
+# wire. The fit rests on one world size and a few sizes on a shared machine, so read its percentages
+# above as the honest error of a two-number model, not as a calibration to trust at 1,024 GPUs.
+#
+# ## Hierarchical all-reduce: rings inside nodes, rings of shards across them
+#
+# What large clusters do beyond one flat ring (`coursekit/hierarchical.py`, built from the ring above
+# on a mesh's two axes): **reduce-scatter inside each node** (local rank `l` ends with the node's sum
+# of shard `(l+1) mod k`), **all-reduce of the shards across nodes** (`k` rings at once, one per local
+# rank, each over its own network link), **all-gather inside each node**. Per GPU it sends
+# `2(k−1)/k·N` elements inside its node and only `2(n−1)/n·N/k` across nodes. Run for real on a
+# 2 × 2 mesh (`Mesh({"node": 2, "local": 2})`, 4 ranks), counted per level against those formulas:
+
+# %% tags=["nbval-check-output"]
+def hierarchical_run(rank, world_size, numel):
+    mesh = Mesh({"node": 2, "local": 2})
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+    reference = x.clone()
+    dist.all_reduce(reference)
+    with comm.record() as traffic:
+        hierarchical_all_reduce(x, inner=mesh["local"], outer=mesh["node"])
+    return x, (x - reference).abs().max().item(), traffic
+
+
+runs = coursekit.launch(hierarchical_run, 4, N)
+traffic = comm.Traffic.merge([t for _, _, t in runs])
+print(f"N = {N} on 2 nodes x 2 GPUs: same bits on all ranks {all(torch.equal(x, runs[0][0]) for x, _, _ in runs)}, "
+      f"max |diff| vs dist.all_reduce {'< 1e-5' if max(d for _, d, _ in runs) < 1e-5 else max(d for _, d, _ in runs)}")
+print("steps, in order:", ", ".join(f"{p} {s + 1}" for (p, s), _ in traffic.steps()))
+print(f"{'rank':>4} {'sent inside':>12} {'formula':>8} {'sent across':>12} {'formula':>8}")
+want = hierarchical_traffic(N, 2, 2)
+for r in range(4):
+    inside = sum(t.numel for t in traffic.payload if t.src == r and t.dst // 2 == r // 2)
+    across = sum(t.numel for t in traffic.payload if t.src == r and t.dst // 2 != r // 2)
+    print(f"{r:>4} {inside:>12} {want[r][0]:>8} {across:>12} {want[r][1]:>8}")
+
+# %% [markdown]
+# With N = 1001 the node's shards are 501 and 500 elements, so ranks differ by one element, exactly
+# as the formula says. Each stage labels its steps apart ("inner reduce-scatter", "outer
+# reduce-scatter", …): the network model runs one label as one step, so the stages are timed one after
+# the other, as they run.
+#
+# **When each wins, at 1,024 GPUs in nodes of 8** (the model's closed forms; `netsim.crossover` finds
+# the smallest message from which one algorithm is faster than another):
+
+# %% tags=["nbval-check-output"]
+G = 1024
+for first, second in (("ring", "naive"), ("hierarchical", "naive"), ("hierarchical", "master"),
+                      ("hierarchical", "ring"), ("ring", "hierarchical")):
+    at = crossover(first, second, G, CLUSTER)
+    print(f"{first:>12} beats {second:<12} " + ("never" if at is None else
+          "at every size" if at == G else f"from {_size_label(at * 4)} (float32) on"))
+ring_latency = closed_form_time("ring", G, G, Network(float("inf"), 10e-6, 8, float("inf"), 2e-6))
+bytes_per_s = closed_form_time("ring", G, G * 2**20, Network(50e9, 0.0, 8, 450e9, 0.0)) / (G * 2**20 * 4)
+print(f"\nflat ring: latency term {ring_latency * 1e3:.2f} ms; it equals the bandwidth term at "
+      f"{ring_latency / bytes_per_s / 1e6:.0f} MB")
+print(f"hierarchical at 4 MiB: {closed_form_time('hierarchical', G, 2**20, CLUSTER) * 1e3:.2f} ms, "
+      f"ring {closed_form_time('ring', G, 2**20, CLUSTER) * 1e3:.2f} ms")
+
+# %% [markdown]
+# So on this cluster model the hierarchical all-reduce beats the flat ring at every message size: it
+# pays 268 latencies instead of 2,046, and each GPU sends `1/k` of the bytes over InfiniBand because
+# all 8 GPUs of a node drive their own network links at once (the flat ring crosses each node
+# boundary on one link). Below about 124 KiB even the naive all-to-all (one step, one latency) beats
+# it: tiny messages are all latency, which is why NCCL switches to one-shot and tree algorithms there.
+# The flat ring stays latency-bound until half a gigabyte: its 20.46 ms of latency equal its
+# bandwidth term only at 512 MB.
+#
+# ### Explore the model
+#
+# Five sliders: **G**, the **message size**, the **network link** between nodes and its **latency**,
+# and **GPUs per node** (NVLink inside stays at 450 GB/s, 2 µs; with 1 GPU per node there is no
+# hierarchy). Left: time against G at this size; right: time against size at this G; the sentence gives
+# the numbers and the crossovers. Its default state first, as a plain image:
+
+# %%
+_ = draw_explorer(4 << 20, 1024, network(400, 10, 8))
+plt.show()
+
+# %%
+network_explorer(nbytes=4 << 20, world_size=1024, bandwidth_gbps=400, latency_us=10, gpus_per_node=8)
+
+# %% [markdown]
+# ## The interview, answered with numbers (R1)
+#
+# Take a 7-billion-parameter model with bf16 gradients (2 bytes each: 14 GB of gradients per step) on
+# 1,000 GPUs in nodes of 8: the cluster of the network model above (400 Gb/s InfiniBand between nodes,
+# NVLink inside, 10 µs and 2 µs per step). Every number below comes from that model: the master's from
+# its recorded trace replayed at G = 1,000, the rings' from the closed forms the model equals.
+
+# %% tags=["nbval-check-output"]
+from dataclasses import replace
+
+BYTES = 2                                    # bf16 gradients
+numel = int(MODEL_PARAMS)
+psi = numel * BYTES                          # gradient bytes per GPU
+
+# The master as coded in this chapter: it receives every gradient, *then* sends the sum back.
+master_trace = collective_trace("master", GPUS, numel)
+master = collective_time("master", GPUS, numel, CLUSTER, BYTES)
+# A master that forwards each chunk as soon as it is summed overlaps its in and out (full duplex):
+# the same transfers, replayed as one step.
+overlapped = simulate_time(comm.Traffic([replace(t, phase="overlapped", step=0) for t in master_trace.transfers],
+                                        GPUS), CLUSTER, BYTES)
+ring = closed_form_time("ring", GPUS, numel, CLUSTER, BYTES)
+hier = closed_form_time("hierarchical", GPUS, numel, CLUSTER, BYTES)
+root = master.steps[0]
 print(f"model: {MODEL_PARAMS / 1e9:.0f}B parameters, bf16 gradients = {psi / 1e9:.0f} GB per GPU per step, "
-      f"{GPUS} GPUs")
-print(f"parameter server: its one link must take in {master_in / 1e12:.2f} TB and send out "
-      f"{master_in / 1e12:.2f} TB per step")
-print(f"   -> at {LINK / 1e9:.0f} GB/s: {master_time:,.0f} s per step just to synchronise, if it receives "
-      f"everything before it sends;\n      {master_overlapped:,.0f} s if it forwards each chunk as soon as it is summed")
-print(f"ring all-reduce:  every GPU sends {ring_per_gpu / 1e9:.2f} GB and receives as much, "
-      f"in {2 * (GPUS - 1)} steps")
-print(f"   -> {ring_per_gpu / LINK:.2f} s of bandwidth + {2 * (GPUS - 1) * ALPHA * 1e3:.0f} ms of latency "
-      f"= {ring_time:.2f} s per step")
-print(f"the ring is {master_time / ring_time:,.0f}x faster than the first master and "
-      f"{master_overlapped / ring_time:,.0f}x faster than the second, and its per-GPU traffic stays below "
-      f"2 x {psi / 1e9:.0f} GB however many GPUs join")
+      f"{GPUS} GPUs in nodes of 8")
+print(f"parameter server: its network interface takes in {root.bytes / 1e12:.2f} TB, then sends as much")
+print(f"   -> {master.total:,.0f} s per step if it receives everything before it sends; "
+      f"{overlapped.total:,.0f} s if it forwards each chunk at once")
+print(f"flat ring:        every GPU sends {2 * (GPUS - 1) / GPUS * psi / 1e9:.2f} GB in {2 * (GPUS - 1)} steps"
+      f" -> {ring:.3f} s")
+print(f"hierarchical:     {2 * 7 + 2 * (GPUS // 8 - 1)} steps, 1/8 of the bytes over InfiniBand -> {hier:.3f} s")
+print(f"the ring is {master.total / ring:,.0f}x faster than the first master and {overlapped.total / ring:,.0f}x "
+      f"faster than the second; the hierarchical all-reduce {ring / hier:.1f}x faster than the ring")
 
 # %% [markdown]
 # So the answer that passes the interview: **all-reduce the gradients with a bandwidth-optimal
-# collective such as the ring**. One parameter server would have to move about 28 TB through one link
-# every step (almost 10 minutes at 50 GB/s if it receives everything before sending, about 5 if it
-# overlaps in and out perfectly); with a ring each GPU moves under 28 GB (about half a second),
-# and adding GPUs adds latency steps, not bandwidth. At 1,000 GPUs the ring's `2·(G−1)` latency steps
-# start to matter (20 ms here, more on slow links), which is why NCCL also uses trees and hierarchical
-# (within-node, then across-node) rings at that scale. Sharded parameter servers split the one link's
-# load across many servers, effectively rebuilding a reduce-scatter.
+# collective**, a ring, and on a real cluster a hierarchical one (ring inside each node, rings of shards
+# across nodes). One parameter server would have to move about 14 TB in and 14 TB out through one
+# network interface every step: over nine minutes at 50 GB/s if it receives everything before sending,
+# over four and a half if it overlaps in and out perfectly. The flat ring needs about half a second per
+# step, of which 20 ms are its 1,998 latencies; the hierarchical all-reduce about 0.13 s,
+# because each node's eight GPUs drive eight network links at once. Adding GPUs adds latency steps, not
+# bandwidth. Sharded parameter servers split the one interface's load across many servers, effectively
+# rebuilding a reduce-scatter.
 #
 # **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by
 # `coursekit grade`. Then chapter 02 builds data parallelism and ZeRO on these very collectives.
