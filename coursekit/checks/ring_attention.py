@@ -20,7 +20,8 @@ every message counted), G = 1..4 ranks, float64 against full attention (Liu et a
 * ``traffic_pattern``: every message to the right-hand neighbour, each rank sending 2(G−1)·b·h·L·d
   elements: each key and value block once per step, G−1 steps.
 
-With one rank there is nothing to pass: G = 1 cases are preconditions (they earn nothing).
+With one rank there is nothing to pass, and with two every other rank is the neighbour: those cases are
+preconditions (they earn nothing; wrong, they cost as much as any case).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def merge_exact(submission, ctx):
             outcomes.append(f"merge raised {type(error).__name__}: {error}")
             continue
         expected = scores.softmax(-1) @ v
-        if not torch.allclose(o, expected, atol=1e-9):
+        if not torch.allclose(o, expected, atol=1e-9):  # NaN is never close
             wrong.append(name)
             outcomes.append(f"{name}: the merged output is off by {(o - expected).abs().max():.3g}")
         elif not torch.allclose(lse, scores.logsumexp(-1), atol=1e-9):
@@ -86,9 +87,11 @@ def merge_exact(submission, ctx):
         else:
             outcomes.append(None)
     if wrong and "parts with equal scores" not in wrong:
-        outcomes.append("your merge is right when both parts have the same log-sum-exp but not when they differ: "
-                        "it does not rescale by the running max. Weigh each part by its share of the total, "
-                        "e^(lse_i − lse) with lse = log(e^lse1 + e^lse2) — in max/sum terms l_i·e^(m_i − m)/l")
+        first = next(i for i, o in enumerate(outcomes) if o and o.startswith(wrong[0]))
+        outcomes[first] += ("\nyour merge is right when both parts have the same log-sum-exp but not when they "
+                            "differ: it does not rescale by the running max. Weigh each part by its share of the "
+                            "total, e^(lse_i − lse) with lse = log(e^lse1 + e^lse2) — in max/sum terms "
+                            "l_i·e^(m_i − m)/l")
     return grading.partial_credit(outcomes)
 
 
@@ -136,13 +139,13 @@ def _against_full(submission, world_size: int, causal: bool) -> str | None:
                     if causal else "")
             return f"G={world_size}: rank {rank}'s output has NaN{hint}"
         diff = (out - expected.detach()[..., mine, :]).abs().max().item()
-        if diff > 1e-9:
+        if not diff <= 1e-9:  # (NaN compares False with everything)
             return (f"G={world_size}{', causal' if causal else ''}: rank {rank}'s output differs from full attention "
                     f"by {diff:.3g}")
         if dq is None:
             return f"G={world_size}: no gradient reached q (is the output computed from q with torch operations?)"
         diff = (dq - leaf.grad[..., mine, :]).abs().max().item()
-        if diff > 1e-9:
+        if not diff <= 1e-9:
             return f"G={world_size}: rank {rank}'s gradient of q differs from full attention's by {diff:.3g}"
     return None
 
@@ -165,7 +168,7 @@ def causal_masking(submission, ctx):
 def traffic_pattern(submission, ctx):
     """Only neighbours: every message to rank r+1; each rank sends each key and value block once per step."""
     outcomes = []
-    for world_size in SIZES:
+    for world_size in (2,) + SIZES[1:]:  # G = 2: every other rank is the neighbour (a precondition)
         run = _run_ring(submission, world_size, world_size * L, False)
         if isinstance(run, str):
             outcomes.append(run)
@@ -184,4 +187,4 @@ def traffic_pattern(submission, ctx):
                             f"G−1 steps (the last block needs no passing on)")
         else:
             outcomes.append(None)
-    return grading.partial_credit(outcomes)
+    return grading.partial_credit(outcomes[1:], outcomes[:1])

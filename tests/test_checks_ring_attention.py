@@ -1,0 +1,67 @@
+"""Exercise 06's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
+
+The solution and the stub come from the notebook's one source (tools/notebook_src/06_ring_attention.py, both sides
+of its SOLUTION blocks); the wrong attempts are committed in tests/submissions/ring_attention/ with their score and
+feedback (README there). Every check runs on the simulator, in this process.
+
+Planted bugs, each seen failing (in coursekit/checks/ring_attention.py):
+* the running-max hint left out -> merge_no_rescale's merge_exact "feedback lacks 'it does not rescale by the
+  running max'";
+* the neighbour test removed from traffic_pattern -> sends_to_everyone "traffic_pattern earned 2.0, not 0";
+* the NaN test removed -> no_skip_future "causal_masking earned 2.0, not 0" at first (a NaN difference compares
+  False with the tolerance: the comparison now asks ``not diff <= tol``, and the same plant fails with
+  "feedback lacks 'output has NaN'");
+* the volume test removed -> passes_the_last_block_too "traffic_pattern earned 2.0, not 0".
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+from coursekit.checks.ring_attention import check_ring_attention
+
+ATTEMPTS_DIR = Path(__file__).resolve().parent / "submissions" / "ring_attention"
+ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+
+
+def attempt(name: str):
+    if str(ATTEMPTS_DIR) not in sys.path:
+        sys.path.insert(0, str(ATTEMPTS_DIR))
+    return importlib.import_module(name)
+
+
+def test_stub_scores_zero_and_says_not_done():
+    stub = attempt("_solution").functions(exercise=True)
+    report = check_ring_attention(**stub, verbose=False)
+    assert report.score == 0 and report.max_score == 10
+    assert all(r.status == "not done" for r in report.results), report.table()
+
+
+def test_solution_gets_full_marks():
+    report = check_ring_attention(**attempt("_solution").functions(), verbose=False)
+    assert report.full_marks, report.table()
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_attempt_gets_its_score_and_feedback(name):
+    module = attempt(name)
+    report = check_ring_attention(module.merge, module.ring_attention_forward, verbose=False)
+    table = report.table()
+    for result in report.results:
+        if result.name in module.LOSES:
+            earned, phrases = module.LOSES[result.name]
+            assert result.earned == pytest.approx(earned), f"{name}: {result.name} earned {result.earned}, not {earned}\n{table}"
+            for phrase in [phrases] if isinstance(phrases, str) else phrases:
+                assert phrase in result.feedback, f"{name}: {result.name}'s feedback lacks {phrase!r}\n{table}"
+        else:
+            assert result.earned == result.points, f"{name}: {result.name} should earn full marks\n{table}"
+    assert report.score == pytest.approx(module.SCORE), table
+
+
+def test_every_typical_mistake_has_an_attempt():
+    assert {"merge_no_rescale", "no_skip_future", "mask_of_the_next_block", "sends_to_everyone",
+            "passes_the_last_block_too"} <= set(ATTEMPTS)
