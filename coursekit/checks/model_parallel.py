@@ -225,6 +225,25 @@ def _rescue_reason(error: Exception, received: torch.Tensor) -> str:
 
 # ----------------------------------------------------------------------------- judging
 def _run(ctx, submission, case, forward_only=False):
+    """:func:`_run_once`, remembered for the rest of this grading: several checks judge the same case.
+
+    The memory lives on the submission, the namespace :func:`coursekit.grading.grade` builds once per call
+    and hands to every check, so a new grading (new functions) always runs again.
+    """
+    memory = submission.__dict__.setdefault("_model_parallel_runs", {})
+    key = (case, forward_only)
+    if key not in memory:
+        try:
+            memory[key] = (_run_once(ctx, submission, case, forward_only), None)
+        except grading.CheckFailed as failed:
+            memory[key] = (None, failed)
+    results, failed = memory[key]
+    if failed is not None:
+        raise failed
+    return results
+
+
+def _run_once(ctx, submission, case, forward_only=False):
     """The simulator first (a deadlock is named at once), then two real ranks; the results of the real ones.
 
     The simulator runs in a rank of its own (a one-rank launch), not in this process: its two ranks are threads,
