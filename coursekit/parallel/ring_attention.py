@@ -137,7 +137,7 @@ def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool):
     """``None`` (nothing masked), ``"skip"`` (everything masked), or the boolean mask of future keys."""
     if not causal:
         return None
-    future = k_pos.unsqueeze(0) > q_pos.unsqueeze(1)
+    future = k_pos.unsqueeze(0) > q_pos.unsqueeze(1)  # decided on the CPU: no device sync per block
     if bool(future.all()):
         return "skip"
     return future if bool(future.any()) else None
@@ -152,7 +152,7 @@ def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = q @ k.transpose(-1, -2) * scale
     if mask is not None:
-        scores = scores.masked_fill(mask, float("-inf"))
+        scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
     lse = scores.logsumexp(dim=-1)
     return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
 
@@ -162,7 +162,7 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
     if causal:
         seq = q.shape[-2]
-        scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool).triu(1), float("-inf"))
+        scores = scores.masked_fill(torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
     return scores.softmax(dim=-1) @ v
 
 
@@ -240,7 +240,7 @@ def _wait(works) -> None:
 def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWork | None):
     batch_heads = math.prod(q.shape[:-2])
     o = torch.zeros_like(q)
-    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     seen = [False] * len(ring.pieces(ring.rank))
     kv = torch.stack([k, v])
     for step in range(ring.size):
@@ -291,7 +291,7 @@ def _backward(ring: _Ring, q, k, v, o, lse, grad, causal: bool, scale: float):
                 kj, vj = kv[0][..., ks, :], kv[1][..., ks, :]
                 scores = qi @ kj.transpose(-1, -2) * scale
                 if mask is not None:
-                    scores = scores.masked_fill(mask, float("-inf"))
+                    scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
                 p = torch.exp(scores - lse[..., qs].unsqueeze(-1))
                 dkv[1][..., ks, :] += p.transpose(-1, -2) @ gi
                 ds = p * (gi @ vj.transpose(-1, -2) - delta[..., qs].unsqueeze(-1))

@@ -117,12 +117,12 @@ class _GatherSequence(torch.autograd.Function):
         full_shape[dim] = seq_len
         full = local.new_empty(full_shape)
         for w, piece in zip(where, pieces):
-            full.index_copy_(dim, w, piece)
+            full.index_copy_(dim, w.to(local.device), piece)
         return full
 
     @staticmethod
     def backward(ctx, grad):  # every rank computed the same loss from the same whole tensor: keep our tokens
-        return grad.index_select(ctx.dim, ctx.mine), None, None, None, None
+        return grad.index_select(ctx.dim, ctx.mine.to(grad.device)), None, None, None, None
 
 
 def gather_sequence(local: torch.Tensor, dim: int, seq_len: int, layout: str = "contiguous",
@@ -193,7 +193,7 @@ def sequence_forward(model: nn.Module, idx: torch.Tensor, where: torch.Tensor,
     gradients land on them, named as in the dense model.
     """
     attention = attention or chunked_attention(1)
-    x = model.tok_emb(idx) + model.pos_emb(where)
+    x = model.tok_emb(idx) + model.pos_emb(where.to(idx.device))
     for block in model.blocks:
         attn, h = block.attn, block.ln1(x)
         batch, seq, d_model = h.shape
