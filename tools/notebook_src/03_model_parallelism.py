@@ -164,8 +164,8 @@ print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of ea
 # give this run's numbers), and the two ranks hardly ever compute at the same moment: the only work they
 # do side by side is the optimiser step, each on its own weights.
 #
-# Two ranks have one core each on this machine (2 cores), so these timings are not distorted by
-# sharing a core; with 3 or 4 ranks they would be (below).
+# On a 2-core machine two ranks can have a core each (unless other programs keep the cores busy: then
+# every span stretches, but the order of the chain does not change); 3 or 4 ranks must share them (below).
 #
 # **Is a chain faster?** Does splitting the layers at least speed the step up? The same traced run,
 # per step: each rank's computing time, and the step itself.
