@@ -49,6 +49,7 @@ def plot_time_against_g(nbytes: int, network: Network, ax=None, recorded: Mappin
     if ax is None:
         _, ax = plt.subplots(figsize=(6.5, 4))
     numel = nbytes // itemsize
+    dots_labelled = False
     for name in _names(network):
         gs = [g for g in world_sizes if _fits(name, g, network)]
         ax.plot(gs, [closed_form_time(name, g, numel, network, itemsize) for g in gs], "-", color=COLOURS[name],
@@ -56,14 +57,16 @@ def plot_time_against_g(nbytes: int, network: Network, ax=None, recorded: Mappin
         if recorded and recorded.get(name):
             points = sorted(recorded[name].items())
             ax.plot([g for g, _ in points], [t for _, t in points], "o", color=COLOURS[name], markersize=5,
-                    label=f"{name}: trace replayed" if name == "ring" else None)
+                    label=None if dots_labelled else "dots: a recorded trace replayed")
+            dots_labelled = True
     if terms:
         latency = Network(math.inf, network.latency, network.gpus_per_node, math.inf, network.intra_latency)
         bandwidth = Network(network.bandwidth, 0.0, network.gpus_per_node, network.intra_bandwidth, 0.0)
+        # darker and on top: where one term is nearly the whole time its dashes still show on the ring's line
         ax.plot(world_sizes, [closed_form_time("ring", g, numel, latency, itemsize) for g in world_sizes], ":",
-                color=COLOURS["ring"], label="ring: latency term 2(G−1)·α")
+                color="#123c5a", linewidth=2, zorder=3, label="ring: latency term 2(G−1)·α")
         ax.plot(world_sizes, [closed_form_time("ring", g, numel, bandwidth, itemsize) for g in world_sizes], "--",
-                color=COLOURS["ring"], alpha=0.7, label="ring: bandwidth term")
+                color="#123c5a", linewidth=1.6, zorder=3, label="ring: bandwidth term")
     if mark:
         ax.axvline(mark, color="#777777", linewidth=1)
     ax.set_xscale("log", base=2)
