@@ -2,7 +2,9 @@
 
 ``ring_allreduce`` grades ``exercises/01_ring_allreduce.ipynb`` (with ``ring_judge``,
 judging one case, and ``ring_schedule``, the first step off the ring's schedule),
-``data_parallel`` ``exercises/02_data_parallel.ipynb``. ``running`` is how any
+``data_parallel`` ``exercises/02_data_parallel.ipynb``, ``model_parallel`` 03 (activations
+forward, gradients back), ``pipeline_schedule`` 04 (a 1F1B generator), ``tensor_parallel`` 05
+(column- and row-parallel linear) and ``ring_attention`` 06. ``running`` is how any
 check runs the learner's code (the strict simulator, real ranks, the guard
 against ``torch.distributed``'s collectives) and ``rank_deaths`` what the
 learner is told when a rank dies. Each exercise is registered once, in
