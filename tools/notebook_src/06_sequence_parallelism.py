@@ -133,6 +133,34 @@ for step in range(RANKS):
     print(f"step {step}: " + "   ".join(f"rank {r} holds rank {(r - step) % RANKS}'s block" for r in range(RANKS)))
 
 # %% [markdown]
+# How the running max and sum update, for the last query of rank 1 (G = `RANKS`, 4 tokens per rank, no mask):
+# at each step it meets the block it holds, whose own max m_blk and sum l_blk (of e^(score − m_blk)) are
+# merged into the running m and l — the old sum rescaled by e^(m_old − m) when the max rises (steps 1 and 2
+# here: l then drops back towards 1, the old keys now weigh little). After the last step, log-sum-exp and
+# output equal those of full attention over all keys.
+
+# %% tags=["nbval-check-output"]
+gen = torch.Generator().manual_seed(12)
+tokens = 4
+qs, ks, vs = (torch.randn(RANKS * tokens, 8, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
+me, query = 1, 2 * tokens - 1                       # rank 1's last query
+o = lse = None
+for step in range(RANKS):
+    owner = (me - step) % RANKS
+    block = slice(owner * tokens, (owner + 1) * tokens)
+    scores = qs[query] @ ks[block].T / 8 ** 0.5
+    o_blk, lse_blk = torch.softmax(scores, -1) @ vs[block], scores.logsumexp(-1)
+    o, lse = (o_blk, lse_blk) if o is None else merge(o, lse, o_blk, lse_blk)
+    seen = torch.cat([torch.arange(((me - s) % RANKS) * tokens, ((me - s) % RANKS + 1) * tokens)
+                      for s in range(step + 1)])
+    m = (qs[query] @ ks[seen].T / 8 ** 0.5).max()
+    print(f"step {step}: block of rank {owner}: m_blk = {scores.max():6.3f}, l_blk = {torch.exp(scores - scores.max()).sum():6.3f}"
+          f"  ->  running m = {m:6.3f}, l = {torch.exp(lse - m):6.3f}")
+full_scores = qs[query] @ ks.T / 8 ** 0.5
+print("equal to full attention over all keys:", torch.allclose(o, torch.softmax(full_scores, -1) @ vs),
+      torch.allclose(lse, full_scores.logsumexp(-1)))
+
+# %% [markdown]
 # The same code runs on real ranks and, here, on the single-process simulator (`comm.simulate`). Outputs
 # and gradients of q, k and v equal full attention's, causal and not, on 2 to `RANKS` ranks, with a sequence
 # length (19) that no rank count divides evenly:
