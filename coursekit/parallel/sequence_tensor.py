@@ -35,9 +35,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import comm
 from .ring_attention import _split, chunk_bounds, rank_size
-from .sequence import _exchange
+from .sequence_comm import _exchange
 from .tensor import ColumnParallelLinear, RowParallelLinear
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "SequenceTensorParallelBlock", "megatron_sp_traffic"]
