@@ -9,6 +9,8 @@ subclasses for :func:`coursekit.train.train`:
 * ``model`` (layers cut into stages: "model") -- chapter 03; ``schedules`` (pipeline schedules as
   data) and ``pipeline`` (their executor: "pipeline") -- chapter 04;
 * ``tensor`` and ``tensor_model`` (Megatron-LM's column and row splits: "tensor", "dp_tp") -- chapter 05;
+* ``sequence``, ``ring_attention``, ``sequence_comm``, ``sequence_tensor`` (the sequence split:
+  "chunk_local", "ring_attention", "ulysses"; Megatron-style beside tensor parallelism) -- chapter 06;
 * PyTorch's own, to run side by side: ``production`` (DDP, ZeroRedundancyOptimizer, FSDP2),
   ``pipelining_torch`` (``torch.distributed.pipelining``: "torch_pipeline").
 """
@@ -18,3 +20,4 @@ from . import fsdp  # noqa: F401  (ZeRO-3 one unit at a time: "zero3_units")
 from . import sharded_optimizer  # noqa: F401  (ZeRO-1 as a torch.optim.Optimizer: "sharded_optimizer")
 from . import model, pipeline, pipelining_torch  # noqa: F401  (chapters 03 and 04)
 from . import tensor, tensor_model  # noqa: F401  (chapter 05)
+from . import ring_attention, sequence, sequence_comm, sequence_tensor  # noqa: F401  (chapter 06)
