@@ -15,6 +15,7 @@ from .trace import Tracer
 from .verify import assert_equivalent, compare
 from .train import train
 from .memory import PeakMemory
+from .hierarchical import hierarchical_all_reduce
 from .parallel.model import split
 from .parallel.schedules import Schedule, ScheduleError, make_schedule, plan, validate
 from .parallel.pipeline import execute
@@ -27,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
            "comm", "Mesh", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
-           "ring_all_gather", "ring_all_reduce", "PeakMemory",
+           "ring_all_gather", "ring_all_reduce", "hierarchical_all_reduce", "PeakMemory",
            # chapters 03-04: stages, pipeline schedules as data, their executor
            "split", "Schedule", "ScheduleError", "make_schedule", "plan", "validate", "execute",
            # chapter 05: Megatron-LM tensor parallelism

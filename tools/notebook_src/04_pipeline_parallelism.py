@@ -318,7 +318,7 @@ print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1
 # Read the numbers above as P7 and P10 predict for a *small* model on a *slow* link. Every micro-batch
 # adds actions on every stage — a forward, a backward, a send and a receive — each with a fixed cost
 # here: Python and autograd bookkeeping, a gloo message through the loopback, and the receiving process
-# waking up. The course transformer's stage computes a micro-batch in a millisecond or two (printed), so that fixed
+# waking up. The course transformer's stage computes a micro-batch in about a millisecond (printed above), so that fixed
 # cost is of the same size as the work it is supposed to overlap, and the two ranks also share this
 # machine's two cores with gloo's threads. The planned bubble shrinks as m grows; the measured step does
 # not follow it.
