@@ -35,14 +35,14 @@ def attempt(name: str):
 
 
 def test_stub_scores_zero_and_says_not_done():
-    stub = attempt("_solution").functions(exercise=True)
+    stub = attempt("_ra_solution").functions(exercise=True)
     report = check_ring_attention(**stub, verbose=False)
     assert report.score == 0 and report.max_score == 10
     assert all(r.status == "not done" for r in report.results), report.table()
 
 
 def test_solution_gets_full_marks():
-    report = check_ring_attention(**attempt("_solution").functions(), verbose=False)
+    report = check_ring_attention(**attempt("_ra_solution").functions(), verbose=False)
     assert report.full_marks, report.table()
 
 

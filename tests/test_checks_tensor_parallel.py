@@ -36,7 +36,7 @@ ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py") if not p.name.starts
 
 def notebook_classes(exercise: bool):
     """``ColumnParallelLinear`` and ``RowParallelLinear`` as the exercise (stub) or the solution defines them."""
-    namespace = attempt("_solution").from_source(exercise)
+    namespace = attempt("_tp_solution").from_source(exercise)
     return namespace["ColumnParallelLinear"], namespace["RowParallelLinear"]
 
 

@@ -5,7 +5,7 @@ import torch
 
 from coursekit import comm
 from coursekit.parallel.ring_attention import block_attention
-from _solution import merge  # noqa: F401  (right)
+from _ra_solution import merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"
 SCORE = 8

@@ -5,8 +5,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from _solution import ColumnParallelLinear
-from _solution import RowParallelLinear as _Row
+from _tp_solution import ColumnParallelLinear
+from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 3; row and MLP refused

@@ -4,8 +4,8 @@ its own shard's part."""
 import torch
 import torch.nn.functional as F
 
-from _solution import ColumnParallelLinear as _Column
-from _solution import RowParallelLinear
+from _tp_solution import ColumnParallelLinear as _Column
+from _tp_solution import RowParallelLinear
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 0, row 3, MLP 0

@@ -5,8 +5,8 @@ all-reduce in backward that is not needed — only the count of collectives show
 import torch
 import torch.nn.functional as F
 
-from _solution import ColumnParallelLinear
-from _solution import RowParallelLinear as _Row
+from _tp_solution import ColumnParallelLinear
+from _tp_solution import RowParallelLinear as _Row
 from coursekit.checks.tensor_parallel import all_reduce
 
 EXERCISE = "05_tensor_parallel"

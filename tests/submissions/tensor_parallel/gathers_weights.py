@@ -5,9 +5,9 @@ is right and no all-reduce is issued: partial credit, and why it is not tensor p
 import torch
 import torch.nn.functional as F
 
-from _solution import ColumnParallelLinear as _Column
-from _solution import CopyToParallelRegion
-from _solution import RowParallelLinear as _Row
+from _tp_solution import ColumnParallelLinear as _Column
+from _tp_solution import CopyToParallelRegion
+from _tp_solution import RowParallelLinear as _Row
 from coursekit.checks.tensor_parallel import all_gather, shard_range
 
 EXERCISE = "05_tensor_parallel"

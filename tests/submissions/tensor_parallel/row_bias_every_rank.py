@@ -3,8 +3,8 @@ Column-parallel is right; the row-parallel layer and the MLP are right on one ra
 
 import torch.nn.functional as F
 
-from _solution import ColumnParallelLinear, ReduceFromParallelRegion
-from _solution import RowParallelLinear as _Row
+from _tp_solution import ColumnParallelLinear, ReduceFromParallelRegion
+from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 3; row 0 (both cases wrong; one rank right earns nothing); MLP 0 (both cases wrong)

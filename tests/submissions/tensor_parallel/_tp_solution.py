@@ -23,7 +23,7 @@ def from_source(exercise: bool) -> dict:
     return namespace
 
 
-_solution = from_source(exercise=False)
-CopyToParallelRegion = _solution["CopyToParallelRegion"]
-ReduceFromParallelRegion = _solution["ReduceFromParallelRegion"]
-ColumnParallelLinear, RowParallelLinear = _solution["ColumnParallelLinear"], _solution["RowParallelLinear"]
+_tp_solution = from_source(exercise=False)
+CopyToParallelRegion = _tp_solution["CopyToParallelRegion"]
+ReduceFromParallelRegion = _tp_solution["ReduceFromParallelRegion"]
+ColumnParallelLinear, RowParallelLinear = _tp_solution["ColumnParallelLinear"], _tp_solution["RowParallelLinear"]
