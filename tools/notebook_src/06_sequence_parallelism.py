@@ -248,6 +248,44 @@ plt.show()
 # Full attention's saved bytes grow quadratically, the blockwise one's linearly: it keeps q, k, v, the
 # output and one log-sum-exp per query, and recomputes the score blocks in backward.
 #
+# ### Step through the rounds yourself
+#
+# The widget below runs the library's `ring_attention` on tiny tensors in the simulator (one thread per
+# rank; a run takes a fraction of a second) and notes everything it does round by round, so any setting redraws at once.
+# Choose **G** (2 to 8), the sequence length **S**, the causal mask, the **layout** and the **round**, and a
+# **query token**. Left: the (query chunk, key chunk) blocks met so far, in the colour of the rank that
+# computed them, with their round written in where there is room (this round's solid); hatched grey blocks were skipped, their
+# keys all in the queries' future. Middle: what each rank holds this round — its own queries (pale) and the
+# key/value block that has reached it — and the score elements each rank has computed so far, zig-zag beside
+# contiguous (dashed outlines: the whole call's). Right: the chosen query's running max m and sum
+# l = Σ e^(score − m) round by round, against full attention's (dashed); a hollow point marks a round in
+# which that query met only skipped blocks.
+#
+# Its starting state here, first as a plain image (so it shows where widgets do not render): G = 4, S = 16,
+# causal, zig-zag, round 2, query 7 — the same q, k, v as the running-max cell above (seed 12), now with the
+# causal mask. In round 2 rank 3 holds rank 1's key/value block (chunks 1 and 6): its query chunk 3
+# (tokens 6–7) meets chunk 1 (tokens 2–3) and skips chunk 6 (tokens 12–13, its future). Query 7's max rises
+# from −0.11 to 5.76, already full attention's, so its old sum is rescaled by e^(−0.11 − 5.76) and l falls
+# from 2.92 to 1.02. So far every rank has computed 28 score elements with zig-zag; contiguous gives 16,
+# 32, 48, 48 (and 16, 32, 48, 64 over all four rounds).
+
+# %%
+from coursekit.viz.ring_attention import draw_rounds
+from coursekit.widgets.ring_attention import record_rounds, ring_attention_explorer
+
+_ = draw_rounds(record_rounds(4, 16, True, "zigzag"), 2, 7, other=record_rounds(4, 16, True, "contiguous"))
+plt.show()
+
+# %% [markdown]
+# Move **round** to 3 and l rises again (to 1.13, full attention's) while m stays; switch the layout to
+# contiguous and rank 0 skips everything after round 0 while rank 3 computes in every round. Untick the mask
+# as well and query 7's m and l are those of the running-max cell above, round for round (m = −0.111,
+# 5.756, 9.582, 9.582).
+
+# %%
+ring_attention_explorer(world_size=4, seq_len=16, causal=True, layout="zigzag", round_=2, query=7)
+
+# %% [markdown]
 # ### Backward, blockwise too
 #
 # Ring attention's backward saves no S×S matrix: it recomputes each block's probabilities from the saved
