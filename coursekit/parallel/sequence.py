@@ -205,7 +205,9 @@ class SequenceParallel(Strategy):
         return 1
 
     def attention(self, seq_len: int) -> Callable:
-        raise NotImplementedError
+        """The attention this strategy runs on a rank's tokens; each subclass says how (ring, all-to-all, chunk)."""
+        raise NotImplementedError(f"{type(self).__name__} is abstract: use 'ring_attention', 'ulysses' or "
+                                  f"'chunk_local', or define attention(seq_len) in your subclass.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rank, size = rank_size(self.group)
