@@ -11,7 +11,13 @@ Planted bugs, each seen failing (in coursekit/checks/ring_attention.py):
 * the NaN test removed -> no_skip_future "causal_masking earned 2.0, not 0" at first (a NaN difference compares
   False with the tolerance: the comparison now asks ``not diff <= tol``, and the same plant fails with
   "feedback lacks 'output has NaN'");
-* the volume test removed -> passes_the_last_block_too "traffic_pattern earned 2.0, not 0".
+* the volume test removed -> passes_the_last_block_too "traffic_pattern earned 2.0, not 0";
+* key_value_gradients comparing neither dk nor dv -> gradients_not_passed_back and gradient_passed_right
+  "key_value_gradients earned 2.0, not 0.67"; comparing dk only -> values_detached "earned 2.0, not 0";
+* the "only its own queries' part" hint removed -> gradients_not_passed_back, sends_to_everyone "feedback lacks
+  'G=2: rank 0's gradient of k holds only its own queries' part'";
+* the gradient-direction hint removed -> gradient_passed_right "feedback lacks 'a block's gradient goes back to
+  the rank the block came from'".
 """
 
 from __future__ import annotations
@@ -36,13 +42,14 @@ def attempt(name: str):
 
 def test_stub_scores_zero_and_says_not_done():
     stub = attempt("_ra_solution").functions(exercise=True)
-    report = check_ring_attention(**stub, verbose=False)
-    assert report.score == 0 and report.max_score == 10
+    report = check_ring_attention(stub["merge"], stub["ring_attention_forward"], verbose=False)
+    assert report.score == 0 and report.max_score == 12
     assert all(r.status == "not done" for r in report.results), report.table()
 
 
 def test_solution_gets_full_marks():
-    report = check_ring_attention(**attempt("_ra_solution").functions(), verbose=False)
+    solution = attempt("_ra_solution")
+    report = check_ring_attention(solution.merge, solution.ring_attention_forward, verbose=False)
     assert report.full_marks, report.table()
 
 
@@ -64,4 +71,5 @@ def test_attempt_gets_its_score_and_feedback(name):
 
 def test_every_typical_mistake_has_an_attempt():
     assert {"merge_no_rescale", "no_skip_future", "mask_of_the_next_block", "sends_to_everyone",
-            "passes_the_last_block_too"} <= set(ATTEMPTS)
+            "passes_the_last_block_too", "gradients_not_passed_back", "gradient_passed_right",
+            "values_detached"} <= set(ATTEMPTS)

@@ -3,20 +3,24 @@
     from coursekit.checks.ring_attention import check_ring_attention
     check_ring_attention(merge, ring_attention_forward)
 
-The learner writes two functions:
+The learner writes two functions (and the backward of the notebook's ``PassRight``, which the loop uses):
 
 * ``merge(o1, lse1, o2, lse2) -> (o, lse)``: two partial attention results over disjoint keys (each
   output normalised over its own keys, with its log-sum-exp) combined into the result over both;
 * ``ring_attention_forward(q, k, v, causal=False) -> o``: on every rank, its contiguous chunk of the
   sequence (``(b, h, L, d)``, rank r holds tokens ``r·L … (r+1)·L − 1``); the key/value blocks passed to
-  the right-hand neighbour with ``coursekit.comm`` ``isend``/``irecv``, merged with ``merge``.
+  the right-hand neighbour (the notebook's ``PassRight``: ``coursekit.comm`` ``isend``/``irecv`` forward,
+  the gradient sent back to the left in backward), merged with ``merge``.
 
-Four checks, run in this process on the simulator (``comm.simulate``: the same calls as real ranks,
+Five checks, run in this process on the simulator (``comm.simulate``: the same calls as real ranks,
 every message counted), G = 1..4 ranks, float64 against full attention (Liu et al. 2023):
 
 * ``merge_exact``: equal to softmax over all keys, when the parts' maxima differ by a lot too;
 * ``ring_equals_full_attention``: outputs, and the gradient of q through the learner's code, without a mask;
 * ``causal_masking``: the same with a causal mask (blocks entirely in the future skipped);
+* ``key_value_gradients``: the gradients of k and v, causal and not: most of a rank's comes from the other
+  ranks' queries, so it exists only if each received block's gradient goes back to its owner (a block
+  received with a bare ``comm.irecv`` has no autograd history: its owner keeps only its own queries' part);
 * ``traffic_pattern``: every message to the right-hand neighbour, each rank sending 2(G−1)·b·h·L·d
   elements: each key and value block once per step, G−1 steps.
 
@@ -95,23 +99,33 @@ def merge_exact(submission, ctx):
     return grading.partial_credit(outcomes)
 
 
-def _run_ring(submission, world_size: int, seq: int, causal: bool):
-    """The learner's ring on ``world_size`` simulated ranks: (outputs, dq per rank, traffic) or a sentence."""
+def _run_ring(submission, world_size: int, seq: int, causal: bool, backward: bool = True):
+    """The learner's ring on ``world_size`` simulated ranks, or a sentence.
+
+    Returns (per rank ``(output, [dq, dk, dv], backward traffic)``, all traffic). ``backward=False``: forward
+    only, nothing requires grad (no gradient is sent).
+    """
     q, k, v, grad = _tensors(seq)
 
     def rank_fn(rank, size):
-        mine = [t[..., rank * L:(rank + 1) * L, :].clone() for t in (q, k, v)]
-        mine[0].requires_grad_()
+        mine = [t[..., rank * L:(rank + 1) * L, :].clone().requires_grad_(backward) for t in (q, k, v)]
         out = submission.ring_attention_forward(*mine, causal=causal)
-        if out.requires_grad:
-            (out * grad[..., rank * L:(rank + 1) * L, :]).sum().backward()
-        return out.detach(), mine[0].grad
+        with comm.record() as back:
+            if out.requires_grad:
+                try:
+                    (out * grad[..., rank * L:(rank + 1) * L, :]).sum().backward()
+                except NotImplementedError as error:
+                    raise _BackwardNotDone(str(error)) from None
+        return out.detach(), [t.grad for t in mine], back
     try:
         results, traffic = comm.simulate(rank_fn, world_size, timeout=20)
     except comm.Deadlock as error:
         return f"G={world_size}: {error}"
     except comm.SimulatorError as error:
         last = error.remote_traceback.strip().splitlines()[-1]
+        if "_BackwardNotDone" in last:
+            return (f"G={world_size}: the output was computed, but backward raised NotImplementedError: "
+                    f"write PassRight.backward")
         if "NotImplementedError" in last:
             raise grading.NotDone("ring_attention_forward: not implemented yet (NotImplementedError)") from None
         return f"G={world_size}: rank {error.rank} raised {last}"
@@ -120,17 +134,40 @@ def _run_ring(submission, world_size: int, seq: int, causal: bool):
     return results, traffic
 
 
-def _against_full(submission, world_size: int, causal: bool) -> str | None:
+class _BackwardNotDone(Exception):
+    """The forward ran; the backward (the learner's PassRight.backward) is not written yet."""
+
+
+def _full(seq: int, causal: bool, rows: slice | None = None):
+    """Full attention's output and ``[dq, dk, dv]``; ``rows``: the loss of those queries only."""
+    q, k, v, grad = _tensors(seq)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = full_attention(*leaves, causal)
+    if rows is not None:
+        keep = torch.zeros(seq, 1, dtype=grad.dtype)
+        keep[rows] = 1
+        grad = grad * keep
+    (out * grad).sum().backward()
+    return out.detach(), [t.grad for t in leaves]
+
+
+def _ring_or_sentence(submission, world_size: int, causal: bool, cache: dict):
+    """The ring's run at (G, causal), once per grading (the two checks that judge it share it)."""
+    key = (world_size, causal)
+    if key not in cache:
+        cache[key] = _run_ring(submission, world_size, world_size * L, causal)
+    return cache[key]
+
+
+def _against_full(submission, world_size: int, causal: bool, cache: dict | None = None) -> str | None:
     seq = world_size * L
-    run = _run_ring(submission, world_size, seq, causal)
+    run = _ring_or_sentence(submission, world_size, causal, {} if cache is None else cache)
     if isinstance(run, str):
         return run
     results, _ = run
-    q, k, v, grad = _tensors(seq)
-    leaf = q.clone().requires_grad_()
-    expected = full_attention(leaf, k, v, causal)
-    (expected * grad).sum().backward()
-    for rank, (out, dq) in enumerate(results):
+    q = _tensors(seq)[0]
+    expected, (dq_full, _, _) = _full(seq, causal)
+    for rank, (out, (dq, _, _), _) in enumerate(results):
         mine = slice(rank * L, (rank + 1) * L)
         if out.shape != expected[..., mine, :].shape:
             return f"G={world_size}: rank {rank} returned shape {tuple(out.shape)}, not {tuple(q[..., mine, :].shape)}"
@@ -144,24 +181,75 @@ def _against_full(submission, world_size: int, causal: bool) -> str | None:
                     f"by {diff:.3g}")
         if dq is None:
             return f"G={world_size}: no gradient reached q (is the output computed from q with torch operations?)"
-        diff = (dq - leaf.grad[..., mine, :]).abs().max().item()
+        diff = (dq - dq_full[..., mine, :]).abs().max().item()
         if not diff <= 1e-9:
             return f"G={world_size}: rank {rank}'s gradient of q differs from full attention's by {diff:.3g}"
     return None
 
 
+def _cache(submission) -> dict:
+    """Runs of the learner's ring remembered on the submission namespace ``grade()`` builds for one grading."""
+    if not hasattr(submission, "_ring_runs"):
+        submission._ring_runs = {}
+    return submission._ring_runs
+
+
 @grading.check(EXERCISE, points=3)
 def ring_equals_full_attention(submission, ctx):
     """Without a mask, at G = 1..4: each rank's output and the gradient of q equal full attention's."""
-    return grading.partial_credit([_against_full(submission, g, False) for g in SIZES],
-                                  [_against_full(submission, 1, False)])
+    cache = _cache(submission)
+    return grading.partial_credit([_against_full(submission, g, False, cache) for g in SIZES],
+                                  [_against_full(submission, 1, False, cache)])
 
 
 @grading.check(EXERCISE, points=2)
 def causal_masking(submission, ctx):
     """With a causal mask, at G = 1..4: each query sees only keys at or before its position."""
-    return grading.partial_credit([_against_full(submission, g, True) for g in SIZES],
-                                  [_against_full(submission, 1, True)])
+    cache = _cache(submission)
+    return grading.partial_credit([_against_full(submission, g, True, cache) for g in SIZES],
+                                  [_against_full(submission, 1, True, cache)])
+
+
+def _key_value_gradients(submission, world_size: int, causal: bool, cache: dict) -> str | None:
+    seq, where = world_size * L, f"G={world_size}{', causal' if causal else ''}"
+    run = _ring_or_sentence(submission, world_size, causal, cache)
+    if isinstance(run, str):
+        return run
+    results, _ = run
+    expected, full = _full(seq, causal)
+    for rank, (out, grads, back) in enumerate(results):
+        mine = slice(rank * L, (rank + 1) * L)
+        if not (out - expected[..., mine, :]).abs().max().item() <= 1e-9:
+            return f"{where}: the output differs from full attention (see the checks above): its gradients cannot match"
+        for name, got, want in (("k", grads[1], full[1]), ("v", grads[2], full[2])):
+            if got is None:
+                return f"{where}: no gradient reached {name} on rank {rank}"
+            diff = (got - want[..., mine, :]).abs().max().item()
+            if diff <= 1e-9:
+                continue
+            own = _full(seq, causal, mine)[1][1 if name == "k" else 2][..., mine, :]
+            right = [t for t in back.payload if t.dst == (t.src + 1) % world_size]
+            if (got - own).abs().max().item() <= 1e-9:
+                return (f"{where}: rank {rank}'s gradient of {name} holds only its own queries' part (off by "
+                        f"{diff:.3g}): the gradient the other ranks' queries produce for its block never came back. "
+                        f"A block received with comm.irecv has no autograd history; pass it with PassRight, whose "
+                        f"backward sends the gradient to the rank the block came from")
+            if right and world_size > 2:
+                return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}; in "
+                        f"backward rank {right[0].src} sent a gradient to rank {right[0].dst}, on to the right: a "
+                        f"block's gradient goes back to the rank the block came from, r−1 (and arrives from r+1)")
+            return f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}"
+    return None
+
+
+@grading.check(EXERCISE, points=2)
+def key_value_gradients(submission, ctx):
+    """Causal and not, at G = 1..4: each rank's gradients of k and v equal full attention's (they come back
+    around the ring from the other ranks' queries)."""
+    cache = _cache(submission)
+    cases = [(g, causal) for causal in (False, True) for g in SIZES]
+    return grading.partial_credit([_key_value_gradients(submission, g, c, cache) for g, c in cases],
+                                  [_key_value_gradients(submission, 1, c, cache) for c in (False, True)])
 
 
 @grading.check(EXERCISE, points=2)
@@ -169,7 +257,7 @@ def traffic_pattern(submission, ctx):
     """Only neighbours: every message to rank r+1; each rank sends each key and value block once per step."""
     outcomes = []
     for world_size in (2,) + SIZES[1:]:  # G = 2: every other rank is the neighbour (a precondition)
-        run = _run_ring(submission, world_size, world_size * L, False)
+        run = _run_ring(submission, world_size, world_size * L, False, backward=False)  # forward's traffic
         if isinstance(run, str):
             outcomes.append(run)
             continue

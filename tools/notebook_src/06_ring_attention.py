@@ -6,23 +6,30 @@
 #
 # In `notebooks/06_sequence_parallelism.ipynb` the sequence was split over ranks (**P9**): chunk-local
 # attention lost accuracy, ring attention (Liu et al. 2023, "Ring Attention with Blockwise Transformers")
-# reproduced full attention to rounding. Here you write its two parts:
+# reproduced full attention to rounding. Here you write its three parts:
 #
 # 1. **`merge(o1, lse1, o2, lse2) -> (o, lse)`**, the online softmax. `o1` is attention over a first set of
 #    keys, normalised over those keys alone, and `lse1` its log-sum-exp (`lse = m + log l`: running max m,
 #    sum of exponentials l); the same for a second, disjoint set. Return attention over both, and its
 #    log-sum-exp. `o` has shape `(..., L, d)`, `lse` `(..., L)`.
-# 2. **`ring_attention_forward(q, k, v, causal=False) -> o`**, the ring loop. Every rank calls it with its
+# 2. **`PassRight.backward`**, the pass the gradients need. `comm.irecv` fills a fresh tensor: autograd
+#    does not know it came from rank r−1, so the gradient your queries produce for that block would stay
+#    on your rank, and its owner's gradients of k and v would miss it. `PassRight` is a
+#    `torch.autograd.Function` whose forward sends a block to rank r+1 and returns rank r−1's; you write its
+#    backward: the gradient goes back the way the block came.
+# 3. **`ring_attention_forward(q, k, v, causal=False) -> o`**, the ring loop. Every rank calls it with its
 #    contiguous chunk `(b, h, L, d)` of the sequence: rank r holds tokens `r·L … (r+1)·L − 1`. At each of G
 #    steps, compute your queries against the key/value block you hold (`block_attention` below returns its
-#    `(o, lse)`), merge, and pass the block on: `comm.isend` to rank r+1, `comm.irecv` from rank r−1. With
-#    `causal=True` a query sees only keys at or before its position: mask the future, and skip a block that
-#    is entirely in the future (it has no key to attend to).
+#    `(o, lse)`), merge, and pass the block on with `PassRight` (G−1 passes). With `causal=True` a query sees
+#    only keys at or before its position: mask the future, and skip a block that is entirely in the future
+#    (it has no key to attend to).
 #
 # **Grading** (`check_ring_attention`, on the single-process simulator, 1 to 4 ranks, float64): `merge` equals
 # softmax over all keys, also when the two parts' maxima differ by a lot; the ring's outputs and the gradient
-# of q equal full attention's, without and with the causal mask; and the traffic: every message goes to the
-# right-hand neighbour, each rank sending its key and value block once per step.
+# of q equal full attention's, without and with the causal mask; the gradients of k and v too (each rank's
+# keys are attended to by every later rank's queries: their gradient must come back around the ring); and the
+# traffic: every message goes to the right-hand neighbour, each rank sending its key and value block once per
+# step.
 # From a terminal: `coursekit grade exercises/06_ring_attention.ipynb`.
 
 # %% tags=["parameters"]
@@ -72,12 +79,55 @@ except NotImplementedError as error:
     print("not done yet:", error)
 
 # %% [markdown]
-# ## Part 2: the ring loop
+# ## Part 2: the pass, and its backward
 #
 # `comm.get_rank()` and `comm.get_world_size()` say who you are; `comm.isend(tensor, dst=...)` and
-# `comm.irecv(tensor, src=...)` return a work object whose `.wait()` completes the transfer. Post the send of
-# the block you hold and the receive of the next one *before* computing (they travel while you compute), and
-# wait before using the received block. With one rank there is nothing to send.
+# `comm.irecv(tensor, src=...)` return a work object whose `.wait()` completes the transfer. The forward below
+# sends `block` to rank r+1 and returns the block of rank r−1. Its backward receives `grad_incoming`, the
+# gradient of *your* loss with respect to the block you received: it belongs to rank r−1, who owns that block.
+# Send it there, receive from rank r+1 the gradient it computed for the block you sent, and return that.
+#
+# `o` rides along unchanged. Why: autograd runs a backward only for what the output depends on. With a causal
+# mask rank 0 skips every block it receives, so without `o` its output would not depend on any pass, rank 0
+# would never run `backward`, and rank 1 would wait forever to send it rank 0's gradient.
+
+
+# %%
+class PassRight(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, block, o):
+        if o is None:
+            raise ValueError("PassRight got o=None: no block was computed before the pass, but at step 0 the "
+                             "queries' own block is never entirely in the future (check the mask)")
+        rank, size = comm.get_rank(), comm.get_world_size()
+        incoming = torch.empty_like(block)
+        works = [comm.isend(block.contiguous(), dst=(rank + 1) % size), comm.irecv(incoming, src=(rank - 1) % size)]
+        for work in works:
+            work.wait()
+        return incoming, o.clone()
+
+    @staticmethod
+    def backward(ctx, grad_incoming, grad_o):
+# BEGIN SOLUTION
+        rank, size = comm.get_rank(), comm.get_world_size()
+        grad_block = torch.empty_like(grad_incoming)
+        works = [comm.isend(grad_incoming.contiguous(), dst=(rank - 1) % size),   # back to the block's owner
+                 comm.irecv(grad_block, src=(rank + 1) % size)]                    # the gradient of what I sent
+        for work in works:
+            work.wait()
+        return grad_block, grad_o
+# EXERCISE:         # YOUR CODE HERE
+# EXERCISE:         raise NotImplementedError("send grad_incoming to rank r-1, receive the gradient of your block from r+1")
+# END SOLUTION
+
+
+# %% [markdown]
+# ## Part 3: the ring loop
+#
+# At each of the G steps: the queries against the block you hold (masked, or skipped, when causal), merged into
+# what you have; then, except after the last step, `kv, o = PassRight.apply(kv, o)`. With one rank there is
+# nothing to pass. (The library's `ring_attention` also overlaps each pass with the computation; here the pass
+# waits, to keep the loop short.)
 
 
 # %%
@@ -90,34 +140,42 @@ def ring_attention_forward(q, k, v, causal=False):
     kv = torch.stack([k, v])                                     # one message per step: keys and values
     for step in range(size):
         owner = (rank - step) % size                             # whose block this rank holds now
-        if step < size - 1:
-            incoming = torch.empty_like(kv)
-            works = [comm.isend(kv, dst=(rank + 1) % size), comm.irecv(incoming, src=(rank - 1) % size)]
         k_pos = torch.arange(owner * length, (owner + 1) * length)
         mask = k_pos.unsqueeze(0) > q_pos.unsqueeze(1) if causal else None
         if mask is None or not bool(mask.all()):                 # a block entirely in the future is skipped
             o_block, lse_block = block_attention(q, kv[0], kv[1], mask)
             o, lse = (o_block, lse_block) if o is None else merge(o, lse, o_block, lse_block)
-        if step < size - 1:
-            for work in works:
-                work.wait()
-            kv = incoming
+        if step < size - 1:                                      # step 0 is never skipped: o exists
+            kv, o = PassRight.apply(kv, o)
     return o
 # EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("G steps: send the block you hold to rank r+1, receive the next, merge")
+# EXERCISE:     raise NotImplementedError("G steps: attend to the block you hold, merge, pass it on with PassRight")
 # END SOLUTION
 
 
 # %% [markdown]
-# Try it on `RANKS` simulated ranks against full attention, causal:
+# Try it on `RANKS` simulated ranks against full attention, causal: the outputs, and the gradient of the keys
+# (which needs `PassRight.backward`: most of a rank's key gradient comes from the other ranks' queries).
 
 # %%
 seq = RANKS * 4
 q, k, v = (torch.randn(1, 2, seq, 8, generator=g, dtype=torch.float64) for _ in range(3))
+
+
+def rank_fn(r, n):
+    mine = [t[..., r * 4:(r + 1) * 4, :].clone().requires_grad_() for t in (q, k, v)]
+    out = ring_attention_forward(*mine, causal=True)
+    out.sum().backward()
+    return out.detach(), mine[1].grad
+
+
+k_leaf = k.clone().requires_grad_()
+expected = full_attention(q, k_leaf, v, True)
+expected.sum().backward()
 try:
-    outputs = comm.simulate(lambda r, n: ring_attention_forward(*(t[..., r * 4:(r + 1) * 4, :] for t in (q, k, v)),
-                                                                causal=True), RANKS).results
-    print("equal to full attention:", torch.allclose(torch.cat(outputs, dim=-2), full_attention(q, k, v, True)))
+    outputs, dks = zip(*comm.simulate(rank_fn, RANKS).results)
+    print("equal to full attention:", torch.allclose(torch.cat(outputs, dim=-2), expected))
+    print("gradient of k equal to full attention's:", torch.allclose(torch.cat(dks, dim=-2), k_leaf.grad))
 except comm.SimulatorError as error:
     print(str(error).strip().splitlines()[-1])
 

@@ -5,10 +5,10 @@ import torch
 
 from coursekit import comm
 from coursekit.parallel.ring_attention import block_attention
-from _ra_solution import merge  # noqa: F401  (right)
+from _ra_solution import PassRight, merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"
-SCORE = 8
+SCORE = 10  # traffic 0; everything else right (the extra pass carries a zero gradient back)
 LOSES = {"traffic_pattern": (0, ("elements; the ring sends 2(G−1)·b·h·L·d", "the last block needs no passing on"))}
 
 
@@ -20,17 +20,11 @@ def ring_attention_forward(q, k, v, causal=False):
     kv = torch.stack([k, v])
     for step in range(size):
         owner = (rank - step) % size
-        works = []
-        if size > 1:
-            incoming = torch.empty_like(kv)
-            works = [comm.isend(kv, dst=(rank + 1) % size), comm.irecv(incoming, src=(rank - 1) % size)]
         k_pos = torch.arange(owner * n, (owner + 1) * n)
         mask = k_pos.unsqueeze(0) > q_pos.unsqueeze(1) if causal else None
         if mask is None or not bool(mask.all()):
             o_block, lse_block = block_attention(q, kv[0], kv[1], mask)
             o, lse = (o_block, lse_block) if o is None else merge(o, lse, o_block, lse_block)
-        for work in works:
-            work.wait()
-        if works:
-            kv = incoming
+        if size > 1:
+            kv, o = PassRight.apply(kv, o)
     return o

@@ -1,5 +1,6 @@
-"""Keys and values sent to every rank at once (an all-gather), then attention over each: exact, but not a
-ring: at G >= 3 a rank sends to ranks other than its neighbour."""
+"""Keys and values sent to every rank at once (an all-gather), then attention over each: exact outputs, but not
+a ring: at G >= 3 a rank sends to ranks other than its neighbour. The blocks come from bare comm.irecv calls, so
+no gradient goes back to their owners either."""
 
 import torch
 
@@ -8,9 +9,10 @@ from coursekit.parallel.ring_attention import block_attention
 from _ra_solution import merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"
-SCORE = 8  # traffic 0: at G = 2 it is the ring's (a precondition), at G = 3 and 4 it is not
+SCORE = 8  # traffic 0: at G = 2 it is the ring's (a precondition), at G = 3 and 4 it is not; k, v gradients 0
 LOSES = {"traffic_pattern": (0, "G=3: rank 1 sent to rank 0: in ring attention each rank sends only to its "
-                                "right-hand neighbour, rank 2")}
+                                "right-hand neighbour, rank 2"),
+         "key_value_gradients": (0, "G=2: rank 0's gradient of k holds only its own queries' part")}
 
 
 def ring_attention_forward(q, k, v, causal=False):
