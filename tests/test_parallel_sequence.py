@@ -18,7 +18,7 @@ from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full
                                                ring_attention, shard_sequence)
 from coursekit.parallel.sequence import (chunked_attention, gather_sequence, saved_bytes, sequence_forward,
                                          ulysses_attention)
-from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock
+from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock, megatron_sp_saved_bytes
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -230,9 +230,11 @@ def test_megatron_sequence_parallel_block_equals_the_dense_block_with_tensor_par
     """Korthikanti et al.: the block with heads/MLP split and LayerNorm regions split by tokens, at t = 1, 2, 4 on
     31 tokens (uneven): output and input gradient equal the dense block's; every column/row shard's weight
     gradient equals the dense gradient's slice, and the LayerNorm weights' and row biases' gradients summed over
-    ranks equal the dense ones (each rank alone has only its tokens' part). Elements moved per direction equal
-    two of chapter 01's ring all-reduces of b·s·h, measured. Planted bug, seen failing: the reduce-scatter's
-    backward keeping this rank's slice instead of all-gathering (input gradient differs at t = 2)."""
+    ranks equal the dense ones (each rank alone has only its tokens' part). Elements moved forward equal two of
+    chapter 01's ring all-reduces of b·s·h, measured; backward three (the two conjugates, and the two inputs
+    all-gathered again because only the local tokens were kept: (t−1)·b·s·h each). Planted bug, seen failing:
+    the reduce-scatter's backward keeping this rank's slice instead of all-gathering (input gradient differs
+    at t = 2)."""
     seq, h = 31, 64
     dense = tiny_transformer(seed=0).blocks[0]
     g = torch.Generator().manual_seed(0)
@@ -263,7 +265,34 @@ def test_megatron_sequence_parallel_block_equals_the_dense_block_with_tensor_par
         all_reduce = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(B * seq * h)), world_size).traffic.total
         sent = {d: sum(t.numel for t in traffic.payload if ("backward" in t.phase) == (d == "backward"))
                 for d in ("forward", "backward")}
-        assert sent == {"forward": 2 * all_reduce, "backward": 2 * all_reduce}, (world_size, sent, all_reduce)
+        gather = (world_size - 1) * B * seq * h  # every rank sends its tokens to the t − 1 others
+        assert sent == {"forward": 2 * all_reduce, "backward": 2 * all_reduce + 2 * gather}, (world_size, sent)
+
+
+def test_megatron_sequence_parallel_block_saves_exactly_one_t_of_the_dense_activations():
+    """What one block keeps for backward (parameters excluded), b = 2, S = 32, h = 64, 4 heads, d_ff = 256, float32,
+    counted by hand per token: LN1 and LN2 inputs with mean and 1/std (2h + 4), the qkv and fc inputs (2h), q, k,
+    v (3h), attention's output = proj's input (h) with its log-sum-exp per head (4), the GELU's input and output
+    (2·d_ff) — 1032 elements, 4 bytes each. The dense block saves that; each of t = 1, 2, 4 ranks exactly 1/t.
+    Planted bug, seen failing: the gathered (b, S, h) inputs of qkv and fc saved whole (plain all-gather, then
+    F.linear): "t=2: ['148,480', '148,480'] bytes, not 132,096" (and the backward traffic two all-gathers short)."""
+    b, seq, h = 2, 32, 64
+    per_token = (2 * h + 4) + 2 * h + 3 * h + h + 4 + 2 * 256
+    dense_bytes = per_token * b * seq * 4
+    x = torch.randn(b, seq, h, generator=torch.Generator().manual_seed(0))
+    dense = tiny_transformer(seed=0).blocks[0]
+    with saved_bytes(dense.parameters()) as meter:
+        dense(x.clone().requires_grad_())
+    assert meter.bytes == dense_bytes, f"dense block: {meter.bytes:,} bytes, not {dense_bytes:,}"
+    for t in (1, 2, 4):
+        def run(rank, size):
+            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+            with saved_bytes(block.parameters()) as meter:
+                block(shard_sequence(x, 1, rank, size).requires_grad_(), seq)
+            return meter.bytes
+        held = comm.simulate(run, t).results
+        assert held == [dense_bytes // t] * t, f"t={t}: {[f'{n:,}' for n in held]} bytes, not {dense_bytes // t:,}"
+        assert held[0] == megatron_sp_saved_bytes(b, seq, h, 4, 256, t)
 
 
 def _train_all(rank, world_size):

@@ -12,15 +12,18 @@ along the sequence rebuilds the whole input:
     tokens/t ─LN─ all-gather ─ qkv (col) ─ attention ─ proj (row) ─ reduce-scatter ─ + ─ tokens/t
 
 A ring all-reduce *is* a reduce-scatter followed by an all-gather, so the
-volume is the same — per layer and direction ``4(t−1)·b·s·h`` elements over all
+volume is the same — per layer forward ``4(t−1)·b·s·h`` elements over all
 ranks, as tensor parallelism's two all-reduces — while the LayerNorm and
 residual activations are ``1/t`` as large. The parameters of those regions
 (LayerNorm weights, the row-parallel biases) now see only this rank's tokens:
 their gradients must be summed over the group (:meth:`SequenceTensorParallelBlock.replicated` lists them).
 
-Here the gathered inputs of ``qkv`` and ``fc`` are saved for backward whole
-(``2·b·s·h`` per layer); Megatron saves this rank's slice and all-gathers it
-again in backward, trading one more all-gather for that memory.
+The all-gather and the column-parallel linear after it are one autograd function
+(:func:`gather_linear`), as in Megatron: it saves only this rank's ``(b, S/t, h)``
+tokens and all-gathers them again in backward for the weight gradient — one more
+all-gather per gathered input, ``(t−1)·b·s·h`` elements, instead of keeping the
+whole ``(b, S, h)``. Every activation the block saves is then exactly ``1/t`` of
+the dense block's (:func:`megatron_sp_saved_bytes`).
 
     >>> def run(rank, size):
     ...     block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
@@ -39,7 +42,8 @@ from .ring_attention import _split, chunk_bounds, rank_size
 from .sequence_comm import _exchange
 from .tensor import ColumnParallelLinear, RowParallelLinear
 
-__all__ = ["all_gather_sequence", "reduce_scatter_sequence", "SequenceTensorParallelBlock", "megatron_sp_traffic"]
+__all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
+           "megatron_sp_traffic", "megatron_sp_saved_bytes"]
 
 
 def _lengths(local_len_or_total: int, size: int) -> list[int]:
@@ -95,6 +99,36 @@ def reduce_scatter_sequence(full: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceScatter.apply(full, _lengths(full.shape[1], rank_size(group)[1]), group)
 
 
+class _GatherLinear(torch.autograd.Function):
+    """All-gather along the sequence, then a column-parallel linear; saves only this rank's tokens.
+
+    Megatron-LM's ``LinearWithGradAccumulationAndAsyncCommunication`` with ``sequence_parallel``: backward
+    all-gathers the local input again (for the weight gradient) instead of keeping the whole ``(b, S, h)``.
+    """
+
+    @staticmethod
+    def forward(ctx, local, weight, bias, lengths, group):
+        ctx.lengths, ctx.group, ctx.has_bias = lengths, group, bias is not None
+        ctx.save_for_backward(local, weight)
+        return F.linear(_gather(local, lengths, group, "sp all-gather"), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        local, weight = ctx.saved_tensors
+        whole = _gather(local, ctx.lengths, ctx.group, "sp all-gather (backward, recompute)")
+        grad = grad.contiguous()
+        grad_input = _reduce_scatter(grad @ weight, ctx.lengths, ctx.group, "sp reduce-scatter (backward)")
+        grad_weight = grad.reshape(-1, grad.shape[-1]).t() @ whole.reshape(-1, whole.shape[-1])
+        grad_bias = grad.sum(dim=tuple(range(grad.dim() - 1))) if ctx.has_bias else None
+        return grad_input, grad_weight, grad_bias, None, None
+
+
+def gather_linear(local: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, seq_len: int,
+                  group=None) -> torch.Tensor:
+    """``F.linear(all_gather_sequence(local), weight, bias)``, keeping only ``local`` (``(b, S/t, h)``) for backward."""
+    return _GatherLinear.apply(local, weight, bias, _lengths(seq_len, rank_size(group)[1]), group)
+
+
 class SequenceTensorParallelBlock(nn.Module):
     """The course's pre-norm block with heads and MLP split over ``group`` and the rest split by tokens.
 
@@ -122,20 +156,17 @@ class SequenceTensorParallelBlock(nn.Module):
         self.fc = ColumnParallelLinear.from_dense(dense.fc, group, index=hidden)
         self.out = RowParallelLinear.from_dense(dense.out, group, index=hidden)
 
-    def _attention(self, h: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = h.shape
-        width = self.local_heads * self.head_dim
+    def _attention(self, local: torch.Tensor, seq: int) -> torch.Tensor:
+        batch, width = local.shape[0], self.local_heads * self.head_dim
         q, k, v = (t.view(batch, seq, self.local_heads, self.head_dim).transpose(1, 2)
-                   for t in F.linear(h, self.qkv.weight).split(width, dim=-1))
+                   for t in gather_linear(local, self.qkv.weight, None, seq, self.group).split(width, dim=-1))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, width)
         return F.linear(y, self.proj.weight)  # a partial sum over this rank's heads
 
     def forward(self, x: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
         seq_len = x.shape[1] * rank_size(self.group)[1] if seq_len is None else seq_len
-        whole = all_gather_sequence(self.ln1(x), seq_len, self.group)
-        x = x + reduce_scatter_sequence(self._attention(whole), self.group) + self.proj.bias
-        whole = all_gather_sequence(self.ln2(x), seq_len, self.group)
-        hidden = F.gelu(F.linear(whole, self.fc.weight, self.fc.bias))
+        x = x + reduce_scatter_sequence(self._attention(self.ln1(x), seq_len), self.group) + self.proj.bias
+        hidden = F.gelu(gather_linear(self.ln2(x), self.fc.weight, self.fc.bias, seq_len, self.group))
         return x + reduce_scatter_sequence(F.linear(hidden, self.out.weight), self.group) + self.out.bias
 
     def replicated(self) -> list[nn.Parameter]:
@@ -144,9 +175,29 @@ class SequenceTensorParallelBlock(nn.Module):
 
 
 def megatron_sp_traffic(batch: int, seq_len: int, d_model: int, size: int) -> dict[str, int]:
-    """Elements sent over all ranks by one block: 2 all-gathers + 2 reduce-scatters each way, ``(t−1)·b·s·h`` each.
+    """Elements sent over all ranks by one block, ``(t−1)·b·s·h`` per all-gather or reduce-scatter.
 
-    The same as tensor parallelism's 2 ring all-reduces of ``b·s·h`` (``2(t−1)·b·s·h`` each) per direction.
+    Forward: 2 all-gathers + 2 reduce-scatters, the volume of tensor parallelism's 2 ring all-reduces of
+    ``b·s·h`` (``2(t−1)·b·s·h`` each). Backward: their 4 conjugates, plus the 2 all-gathers that rebuild the
+    inputs :func:`gather_linear` did not keep (3 all-reduces' worth).
     """
     each = (size - 1) * batch * seq_len * d_model
-    return {"forward": 4 * each, "backward": 4 * each}
+    return {"forward": 4 * each, "backward": 6 * each}
+
+
+def megatron_sp_saved_bytes(batch: int, seq_len: int, d_model: int, n_heads: int, d_ff: int, size: int,
+                            itemsize: int = 4) -> int:
+    """Bytes one :class:`SequenceTensorParallelBlock` saves for backward on each rank (activations only).
+
+    Per token of the whole sequence, elements: the two LayerNorms' inputs and their mean and 1/std
+    (``2h + 4``); the inputs of ``qkv`` and ``fc`` (``2h``: this rank's tokens only, see :func:`gather_linear`);
+    q, k, v (``3h``); attention's output, which is also ``proj``'s input (``h``), and its log-sum-exp per
+    head (``a``); the GELU's input and output (``2·d_ff``). Sequence-split regions hold ``S/t`` tokens,
+    head-split ones ``h/t`` of the width: all ``1/t`` of the dense block's
+    ``(8h + 2·d_ff + a + 4)·b·S``. (Korthikanti et al.'s ``sbh(34/t + 5as/(ht))`` counts 16-bit values,
+    dropout masks and the S×S scores; the fused attention kernel here keeps only the log-sum-exp.)
+    """
+    for what, n in (("sequence", seq_len), ("heads", n_heads), ("MLP width", d_ff)):
+        if n % size:
+            raise ValueError(f"the {what} ({n}) does not divide by t = {size}: the ranks hold unequal shares.")
+    return (8 * d_model + 2 * d_ff + n_heads + 4) * batch * seq_len // size * itemsize
