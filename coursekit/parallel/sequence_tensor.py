@@ -28,6 +28,9 @@ the dense block's (:func:`megatron_sp_saved_bytes`).
     >>> def run(rank, size):
     ...     block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
     ...     return block(shard_sequence(x, 1, rank, size))                          # doctest: +SKIP
+
+The whole course transformer this way is :class:`SequenceTensorParallelTransformer`, and the strategy
+``"sequence_tensor"`` trains it (every rank of the group takes the whole batch, as ``"tensor"``).
 """
 
 from __future__ import annotations
@@ -38,12 +41,17 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .ring_attention import _split, chunk_bounds, rank_size
+from .. import collectives as _collectives
+from ..strategy import Setup, register
+from .ring_attention import _split, chunk_bounds, positions, rank_size
 from .sequence_comm import _exchange
 from .tensor import ColumnParallelLinear, RowParallelLinear
+from .tensor_model import TensorParallel, gather_dense
+from .tensor_vocab import VocabParallelEmbedding
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
-           "megatron_sp_traffic", "megatron_sp_saved_bytes"]
+           "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
+           "megatron_sp_saved_bytes"]
 
 
 def _lengths(local_len_or_total: int, size: int) -> list[int]:
@@ -95,7 +103,7 @@ def all_gather_sequence(local: torch.Tensor, seq_len: int, group=None) -> torch.
 
 
 def reduce_scatter_sequence(full: torch.Tensor, group=None) -> torch.Tensor:
-    """Partial sums ``(b, S, h)`` → this rank's tokens of their sum ``(b, S_r, h)``; backward all-gathers (``ḡ``)."""
+    """Partial sums ``(b, S, h)`` → this rank's tokens of their sum ``(b, S_r, h)``; backward all-gathers (ḡ)."""
     return _ReduceScatter.apply(full, _lengths(full.shape[1], rank_size(group)[1]), group)
 
 
@@ -172,6 +180,84 @@ class SequenceTensorParallelBlock(nn.Module):
     def replicated(self) -> list[nn.Parameter]:
         """The parameters every rank holds whole but trains on its own tokens only."""
         return [*self.ln1.parameters(), *self.ln2.parameters(), self.proj.bias, self.out.bias]
+
+
+class SequenceTensorParallelTransformer(nn.Module):
+    """The course transformer, tensor-parallel with Megatron's sequence parallelism between the layers.
+
+    ``forward(idx)``: the whole ``(b, S)`` tokens on every rank of ``group``; returns this rank's
+    vocabulary shard of the logits of every token, ``(b, S, V/t)``. The embedding's partial lookups are
+    reduce-scattered along the sequence (not all-reduced); from there to the final LayerNorm every
+    rank holds its ``S/t`` tokens; the tied head all-gathers them (:func:`gather_linear`).
+    """
+
+    def __init__(self, dense: nn.Module, group=None):
+        super().__init__()
+        if dense.head.weight is not dense.tok_emb.weight:
+            raise ValueError("the sequence-parallel transformer supports the tied head (tie_weights=True).")
+        self.group, self.max_seq_len, self.vocab_size = group, dense.max_seq_len, dense.tok_emb.num_embeddings
+        self.tok_emb = VocabParallelEmbedding.from_dense(dense.tok_emb, group)
+        self.pos_emb, self.ln_f = copy.deepcopy(dense.pos_emb), copy.deepcopy(dense.ln_f)
+        self.blocks = nn.ModuleList(SequenceTensorParallelBlock(block, group) for block in dense.blocks)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        seq = idx.shape[1]
+        rank, size = rank_size(self.group)
+        if seq > self.max_seq_len:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}.")
+        if seq < size:
+            raise ValueError(f"{seq} tokens cannot be split over {size} ranks: each needs at least one.")
+        emb = self.tok_emb
+        outside = (idx < emb.vocab_start) | (idx >= emb.vocab_stop)
+        lookup = F.embedding((idx - emb.vocab_start).masked_fill(outside, 0), emb.weight)
+        x = reduce_scatter_sequence(lookup.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
+        x = x + self.pos_emb(positions(seq, rank, size).to(idx.device))
+        for block in self.blocks:
+            x = block(x, seq)
+        return gather_linear(self.ln_f(x), emb.weight, None, seq, self.group)
+
+    def replicated(self) -> list[nn.Parameter]:
+        """Parameters every rank holds whole but trains on its own tokens only: their gradients are summed."""
+        return [*self.pos_emb.parameters(), *self.ln_f.parameters(), *(p for b in self.blocks for p in b.replicated())]
+
+
+@register("sequence_tensor")
+class SequenceTensorParallel(TensorParallel):
+    """Megatron-LM tensor parallelism with sequence parallelism over ``group`` (Korthikanti et al. 2022).
+
+    As ``"tensor"`` (the same vocabulary-parallel loss, the same record), but the model is
+    :class:`SequenceTensorParallelTransformer`; after backward the gradients of the replicated
+    parameters are summed over the group (option ``collectives``, default chapter 01's ring).
+    """
+
+    options = {"collectives": "ring"}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)  # the group, the counters, the loss; the model is this one instead
+        self.model = SequenceTensorParallelTransformer(self.setup.model, self.tp_group)
+        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+
+    def synchronize(self) -> None:
+        grads = [p.grad for p in self.model.replicated() if p.grad is not None]
+        if rank_size(self.tp_group)[1] == 1 or not grads:
+            return
+        with self.span("comm", "all-reduce replicated grads over sequence ranks"):
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            self.all_reduce(flat, group=self.tp_group)
+            for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(summed.view_as(g))
+
+    def gradients(self):
+        return _dense_names(gather_dense(self.model, grads=True))
+
+    def parameters(self):
+        return _dense_names(gather_dense(self.model))
+
+
+def _dense_names(tensors: dict) -> dict:
+    """``blocks.0.qkv.weight`` → ``blocks.0.attn.qkv.weight``: the block keeps qkv and proj at its top level."""
+    return {name.replace(".qkv.", ".attn.qkv.").replace(".proj.", ".attn.proj."): t for name, t in tensors.items()}
 
 
 def megatron_sp_traffic(batch: int, seq_len: int, d_model: int, size: int) -> dict[str, int]:
