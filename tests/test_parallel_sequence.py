@@ -352,3 +352,39 @@ def test_megatron_sequence_tensor_strategy_trains_like_one_process_at_degrees_1_
     with pytest.raises(comm.SimulatorError, match="2 tokens cannot be split over 3 ranks"):
         comm.simulate(lambda r, n: SequenceTensorParallelTransformer(tiny_transformer(seed=0))(
             torch.zeros(1, 2, dtype=torch.long)), 3)
+
+
+def _train_sequence_data(rank, world_size):
+    result = train(rank, world_size, "sequence_data", sp=2, count_traffic=True, **SP_TP_CONFIG)
+    return result["records"], result["traffic"], result["numel"]
+
+
+def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_each_message_on_its_axis():
+    """Mesh({"dp": 2, "sp": 2}) on 4 real ranks: the batch of 5 cut 3 + 2 along dp, each sequence of 31 tokens cut
+    zig-zag along sp with ring attention. Outputs (one rank per data slice), loss, gradients and weights after 3
+    SGD steps equal strategy="single". Every message travels along one axis, and per step, over all ranks, with
+    b_i the slices, n = S·h per sample, Ψ the parameters (counted here by hand): sp carries ring attention's
+    2(G−1)n forward + (4G−2)n backward per layer per sample, the logits' gather (G−1)·S·V per sample, and one
+    ring all-reduce 2(G−1)Ψ per sp group; dp carries only the ring all-reduce of the gradients, 2(D−1)Ψ per dp
+    group.
+    Planted bugs, each seen failing: the dp all-reduce not divided by D ("step=0, kind='grad',
+    name='tok_emb.weight' ... expected=-0.00565, got=-0.01131"); the dp all-reduce run over the sp group instead
+    ("expected=-0.00565, got=0.00849")."""
+    from coursekit.parallel.sequence_data import sequence_data_traffic, traffic_per_axis
+    from coursekit.traffic import Traffic
+
+    reference = train(0, 1, "single", **SP_TP_CONFIG)["records"]
+    results = coursekit.launch(_train_sequence_data, 4, timeout=120)
+    records = [r[0] for r in results]
+    for report in (compare(reference, [records[0], records[2]]), compare(reference, records, check_output=False)):
+        assert report.ok, report.first
+    traffic = Traffic.merge([r[1] for r in results])
+    psi, samples, steps = results[0][2], 5, 3
+    D, G, S, h, V, layers = 2, 2, 31, 64, 16, 2
+    sp = steps * (samples * (layers * (2 * (G - 1) + 4 * G - 2) * S * h + (G - 1) * S * V) + D * 2 * (G - 1) * psi)
+    dp = steps * G * 2 * (D - 1) * psi
+    assert traffic_per_axis(traffic, {"dp": D, "sp": G}) == {"dp": dp, "sp": sp, "both": 0}
+    assert sequence_data_traffic(samples, S, h, V, layers, psi, D, G) == {"dp": dp // steps, "sp": sp // steps,
+                                                                          "both": 0}
+    dp_phases = {t.phase for t in traffic.payload if t.src % G == t.dst % G}
+    assert dp_phases == {"reduce-scatter", "all-gather"}, dp_phases  # chapter 01's ring, nothing else

@@ -21,3 +21,4 @@ from . import sharded_optimizer  # noqa: F401  (ZeRO-1 as a torch.optim.Optimize
 from . import model, pipeline, pipelining_torch  # noqa: F401  (chapters 03 and 04)
 from . import tensor, tensor_model  # noqa: F401  (chapter 05)
 from . import ring_attention, sequence, sequence_comm, sequence_tensor  # noqa: F401  (chapter 06)
+from . import sequence_data  # noqa: F401  (chapter 06: sequence x data on a mesh, "sequence_data")

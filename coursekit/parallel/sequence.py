@@ -31,6 +31,8 @@ all-to-all     4(G−1)/G·n           4(G−1)/G·n             constant
 Strategies for :func:`coursekit.train.train` (every rank takes the *whole* batch and its part of each
 sequence; gradients are summed over the ranks, each having seen its own tokens): ``"ring_attention"``
 (option ``layout="zigzag"`` or ``"contiguous"``), ``"ulysses"``, and ``"chunk_local"`` (the naive one).
+Combined: ``"sequence_data"`` (ring attention along a mesh's ``sp`` axis, the batch split along ``dp``:
+:mod:`coursekit.parallel.sequence_data`) and ``"sequence_tensor"`` (Megatron-style, beside tensor parallelism).
 
     >>> def run(rank, world_size):
     ...     return train(rank, world_size, "ring_attention", model="transformer", steps=3)["losses"]
@@ -195,6 +197,7 @@ class SequenceParallel(Strategy):
         super().__init__(setup)
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
         self.work = AttentionWork()
+        self.sp_group = self.group  # the ranks that split each sequence (a subclass may set a mesh axis's)
 
     @property
     def data_rank(self) -> int:
@@ -210,20 +213,20 @@ class SequenceParallel(Strategy):
                                   f"'chunk_local', or define attention(seq_len) in your subclass.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        rank, size = rank_size(self.group)
+        rank, size = rank_size(self.sp_group)
         seq_len = inputs.shape[1]
         local = shard_sequence(inputs, 1, rank, size, self.layout)
         logits = sequence_forward(self.model, local, positions(seq_len, rank, size, self.layout),
                                   self.attention(seq_len))
-        return gather_sequence(logits, 1, seq_len, self.layout, self.group)
+        return gather_sequence(logits, 1, seq_len, self.layout, self.sp_group)
 
     def synchronize(self) -> None:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if rank_size(self.group)[1] == 1 or not params:
+        if rank_size(self.sp_group)[1] == 1 or not params:
             return
         with self.span("comm", "all-reduce grads over sequence ranks"):
             flat = torch.cat([p.grad.reshape(-1) for p in params])
-            self.all_reduce(flat, group=self.group)
+            self.all_reduce(flat, group=self.sp_group)
             for p, g in zip(params, flat.split([p.numel() for p in params])):
                 p.grad.copy_(g.view_as(p))
 
@@ -242,7 +245,7 @@ class RingAttentionStrategy(SequenceParallel):
         self.layout = self.option("layout")
 
     def attention(self, seq_len: int) -> Callable:
-        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.group, self.work)
+        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.sp_group, self.work)
 
 
 @register("ulysses")
@@ -250,7 +253,7 @@ class UlyssesStrategy(SequenceParallel):
     """DeepSpeed Ulysses: all-to-all to heads and back around ordinary attention."""
 
     def attention(self, seq_len: int) -> Callable:
-        return lambda q, k, v: ulysses_attention(q, k, v, True, seq_len, self.group)
+        return lambda q, k, v: ulysses_attention(q, k, v, True, seq_len, self.sp_group)
 
 
 @register("chunk_local")
