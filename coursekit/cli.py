@@ -106,10 +106,10 @@ def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> s
     os.environ[REPORT_ENV] = str(report_path)
     os.environ.setdefault("MPLBACKEND", "agg")
     try:
-        import papermill
+        from .run_notebook import execute_notebook
 
-        papermill.execute_notebook(str(copy), str(tmp / ("executed-" + path.name)), kernel_name="python3",
-                                   cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False)
+        execute_notebook(str(copy), str(tmp / ("executed-" + path.name)), kernel_name="python3",
+                         cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False)
     except Exception as error:  # the learner's notebook may fail anywhere: grade what ran
         first = str(error).strip().splitlines()
         return "the notebook stopped with an error before the end: " + (first[-1] if first else type(error).__name__)

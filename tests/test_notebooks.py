@@ -21,15 +21,14 @@ def test_there_are_notebooks():
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_notebook_executes(path, tmp_path):
-    import papermill
+    from coursekit.run_notebook import execute_notebook
 
     notebook = json.loads(path.read_text())
     tags = [cell.get("metadata", {}).get("tags", []) for cell in notebook["cells"]]
     assert any("parameters" in t for t in tags), f"{path.name} needs a cell tagged 'parameters'"
     parameters = notebook.get("metadata", {}).get("coursekit", {}).get("ci_parameters", {})
-    papermill.execute_notebook(str(path), str(tmp_path / path.name), parameters=parameters,
-                               kernel_name="python3", cwd=str(path.parent), execution_timeout=300,
-                               progress_bar=False)
+    execute_notebook(path, tmp_path / path.name, parameters=parameters, kernel_name="python3",
+                     cwd=str(path.parent), execution_timeout=300, progress_bar=False)
     executed = json.loads((tmp_path / path.name).read_text())
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors

@@ -42,14 +42,14 @@ def edited_since_commit(path: Path) -> bool | None:
 
 
 def execute(path: Path, timeout: int = 600, cwd: Path | None = None) -> None:
-    import papermill
+    from coursekit.run_notebook import execute_notebook
 
     # In the notebook's own folder, so the final rename never crosses filesystems (EXDEV) and is atomic.
     handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".ipynb", dir=path.parent)
     os.close(handle)
     try:
-        papermill.execute_notebook(str(path), temporary, kernel_name="python3", cwd=str(cwd or path.parent),
-                                   execution_timeout=timeout, progress_bar=False)
+        execute_notebook(path, temporary, kernel_name="python3", cwd=str(cwd or path.parent),
+                         execution_timeout=timeout, progress_bar=False)
         os.replace(temporary, path)
     finally:
         if os.path.exists(temporary):

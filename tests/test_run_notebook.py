@@ -1,0 +1,129 @@
+"""coursekit.run_notebook: a lost ZeroMQ wake-up costs one poll slice, never the whole run.
+
+The stall it fixes (nbclient issue #312): nbclient awaits one poll on the shell
+socket for a cell's reply; its Output-widget stand-in sends on that socket
+meanwhile, and the send can eat the edge that announced the reply. Here a fake
+socket plays that: its first poll never wakes although a message is there (the
+lost edge), and any later poll sees the message.
+
+Planted bugs (seen failing):
+- ``patch_kernel_channels`` made a no-op -> "get_msg never returned: the lost wake-up hangs it";
+- the slice loop without its deadline check -> ``get_msg(timeout=0.6)`` never raises Empty (TimeoutError);
+- ``coursekit grade`` calling papermill directly -> "grade ran papermill without the patch".
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from queue import Empty
+
+import pytest
+from jupyter_client.channels import AsyncZMQSocketChannel
+
+from coursekit import run_notebook
+
+LIVENESS = 40 * run_notebook.POLL_SLICE  # far above one slice: only a hang can reach it
+# jupyter_client's own get_msg, even if an earlier test already ran a notebook (which patches it)
+ORIGINAL = run_notebook.unpatched_get_msg or AsyncZMQSocketChannel.get_msg
+
+
+class LostEdgeSocket:
+    """First poll: the edge was lost, so it only ends at its timeout (never, if there is none)."""
+
+    def __init__(self, has_message: bool = True):
+        self.has_message = has_message
+        self.polls: list[int | None] = []
+
+    async def poll(self, timeout_ms=None):
+        self.polls.append(timeout_ms)
+        if len(self.polls) == 1 or not self.has_message:
+            if timeout_ms is None:
+                await asyncio.Event().wait()  # nobody will ever set it
+            await asyncio.sleep(timeout_ms / 1000)
+            return 0
+        return 1  # a fresh poll asks the socket first, and the message is there
+
+
+def _channel(socket) -> AsyncZMQSocketChannel:
+    channel = AsyncZMQSocketChannel.__new__(AsyncZMQSocketChannel)
+    channel.socket = socket
+
+    async def _recv(**_):
+        return {"msg_type": "execute_reply"}
+
+    channel._recv = _recv
+    return channel
+
+
+@pytest.fixture
+def unpatched(monkeypatch):
+    """jupyter_client's own get_msg for this test (an earlier test may have run a notebook, which patches)."""
+    monkeypatch.setattr(AsyncZMQSocketChannel, "get_msg", ORIGINAL)  # undone after the test
+    return ORIGINAL
+
+
+@pytest.fixture
+def patched(unpatched):
+    run_notebook.patch_kernel_channels()
+
+
+def test_the_unpatched_channel_hangs_on_a_lost_wakeup(unpatched):
+    """The fake reproduces the stall with jupyter_client's own get_msg (else the next test proves nothing)."""
+    channel = _channel(LostEdgeSocket())
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(asyncio.wait_for(channel.get_msg(timeout=None), timeout=3 * run_notebook.POLL_SLICE))
+
+
+def test_a_lost_wakeup_costs_one_slice(patched):
+    socket = LostEdgeSocket()
+    channel = _channel(socket)
+
+    async def main():
+        try:
+            return await asyncio.wait_for(channel.get_msg(timeout=None), timeout=LIVENESS)
+        except asyncio.TimeoutError:
+            pytest.fail("get_msg never returned: the lost wake-up hangs it")
+
+    assert asyncio.run(main()) == {"msg_type": "execute_reply"}
+    assert len(socket.polls) == 2, socket.polls
+    assert all(p is not None and p <= run_notebook.POLL_SLICE * 1000 for p in socket.polls), socket.polls
+
+
+def test_a_timeout_still_raises_empty(patched):
+    socket = LostEdgeSocket(has_message=False)
+    channel = _channel(socket)
+    with pytest.raises(Empty):
+        asyncio.run(asyncio.wait_for(channel.get_msg(timeout=0.6), timeout=LIVENESS))
+    assert sum(socket.polls) <= 600 and len(socket.polls) >= 3, socket.polls
+
+
+def test_patch_is_idempotent(patched):
+    run_notebook.patch_kernel_channels()
+    assert AsyncZMQSocketChannel.get_msg is run_notebook._get_msg_in_slices
+
+
+def test_grade_and_the_notebook_tools_run_papermill_patched(unpatched, monkeypatch, tmp_path):
+    """Every place the course runs a notebook goes through run_notebook (here: `coursekit grade`)."""
+    import papermill
+
+    from coursekit import cli
+
+    original = unpatched
+    seen = []
+
+    def fake_execute(src, out, **options):
+        seen.append(AsyncZMQSocketChannel.get_msg)
+        Path(out).write_text(Path(src).read_text())
+
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    (tmp_path / "learner").mkdir()
+    notebook = tmp_path / "learner" / "nb.ipynb"
+    notebook.write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    assert cli._execute_copy(notebook, tmp_path, tmp_path / "report.json", timeout=10) == ""
+    assert seen, "grade did not run the notebook"
+    assert seen[0] is not original, "grade ran papermill without the patch"
+    callers = [Path("coursekit/cli.py"), Path("tools/execute_notebooks.py"), Path("tests/test_notebooks.py")]
+    root = Path(__file__).resolve().parents[1]
+    for caller in callers:
+        assert "papermill.execute_notebook(" not in (root / caller).read_text(), f"{caller} calls papermill directly"
