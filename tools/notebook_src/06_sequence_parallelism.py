@@ -16,7 +16,7 @@
 # * **all-to-all** (Jacobs et al. 2023, "DeepSpeed Ulysses"): re-shard from "my tokens, all heads" to
 #   "all tokens, my heads" for attention and back — exact;
 # * **Megatron-style sequence parallelism** (Korthikanti et al. 2022): inside tensor parallelism, the
-#   LayerNorm regions split along the sequence — the same traffic, fewer activations.
+#   LayerNorm regions split along the sequence — the same forward traffic, 1/t of the activations.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in under a minute; raise them freely.
@@ -39,7 +39,8 @@ from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attentio
 from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full_attention, merge, ring_attention,
                                                ring_traffic, shard_sequence)
 from coursekit.parallel.sequence import chunk_local_losses, saved_bytes, ulysses_attention, ulysses_traffic
-from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock, megatron_sp_traffic
+from coursekit.parallel.sequence_tensor import (SequenceTensorParallelBlock, megatron_sp_saved_bytes,
+                                                megatron_sp_traffic)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -385,9 +386,11 @@ for name in runs[0]:
 # and residual adds on the whole (b, s, h) activations. Korthikanti et al. (2022) split those regions along
 # the sequence: the all-reduce after a row-parallel layer becomes a **reduce-scatter** (each rank gets the
 # sum for its own tokens) and an **all-gather** rebuilds the whole input before the next column-parallel
-# layer. A ring all-reduce *is* a reduce-scatter plus an all-gather, so the traffic is the same; the
-# activations of those regions are 1/t. One block on 31 tokens, t = 2 and 4, against the dense block, and
-# the elements sent against two ring all-reduces of b·s·h per direction (measured with chapter 01's ring):
+# layer. A ring all-reduce *is* a reduce-scatter plus an all-gather, so the forward traffic is the same. As in
+# Megatron, the all-gather and the column-parallel layer after it are one autograd function
+# (`gather_linear`) that keeps only this rank's tokens for backward and all-gathers them again there: two
+# more all-gathers of b·s·h per block in backward, and no whole (b, s, h) tensor kept. One block on 31 tokens,
+# t = 2 and 4, against the dense block, with the elements sent against chapter 01's ring all-reduce of b·s·h:
 
 # %% tags=["nbval-check-output"]
 from coursekit.collectives import ring_all_reduce
@@ -405,20 +408,93 @@ for t in (2, 4):
         return (mine.grad - shard_sequence(xd.grad, 1, rank, size)).abs().max().item()
     diffs, traffic = comm.simulate(run, t)
     ring = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(2 * 31 * 64)), t).traffic.total
-    print(f"t={t}: input gradient equal to the dense block's: {max(diffs) < 1e-5}; elements sent {traffic.total} = "
-          f"4 ring all-reduces of b·s·h ({4 * ring}) = formula {sum(megatron_sp_traffic(2, 31, 64, t).values())}")
+    back = sum(x.numel for x in traffic.payload if "backward" in x.phase)
+    print(f"t={t}: input gradient equal to the dense block's: {max(diffs) < 1e-5}; elements sent forward "
+          f"{traffic.total - back} = 2 ring all-reduces of b·s·h ({2 * ring}), backward {back} = 3 ({3 * ring}); "
+          f"formula {megatron_sp_traffic(2, 31, 64, t)}")
 
 # %% [markdown]
-# ## 8. How it composes
+# What each rank keeps for backward (parameters excluded), on 32 tokens so that every t divides them: the
+# activations of the sequence-split regions hold S/t tokens, those of the head-split ones h/t of the width.
+# Counted by hand per token: both LayerNorms' inputs with mean and 1/std, the inputs of qkv and fc, q, k, v,
+# attention's output with one log-sum-exp per head, the GELU's input and output — (8h + 2·d_ff + a + 4)·4 bytes:
+
+# %% tags=["nbval-check-output"]
+x32 = torch.randn(2, 32, 64, generator=gen)
+with saved_bytes(dense.parameters()) as meter:
+    dense(x32.clone().requires_grad_())
+print(f"dense block: {meter.bytes:,} bytes")
+for t in (1, 2, 4):
+    def held(rank, size):
+        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+        with saved_bytes(block.parameters()) as m:
+            block(shard_sequence(x32, 1, rank, size).requires_grad_(), 32)
+        return m.bytes
+    per_rank = comm.simulate(held, t).results
+    print(f"t={t}: {per_rank[0]:,} bytes on each rank; every rank exactly dense / t: "
+          f"{per_rank == [meter.bytes // t] * t and meter.bytes % t == 0}; "
+          f"formula {megatron_sp_saved_bytes(2, 32, 64, 4, 256, t):,}")
+
+# %% [markdown]
+# The whole transformer this way is the strategy `"sequence_tensor"`: the embedding's partial lookups
+# reduce-scattered along the sequence, every block on S/t tokens, the tied head all-gathering them; the
+# LayerNorm weights, position embedding and row-parallel biases see only their rank's tokens, so their
+# gradients are summed over the group. Three SGD steps on 2 real ranks against one process:
+
+# %% tags=["nbval-check-output"]
+def train_sp_tp(rank, world_size):
+    return train(rank, world_size, "sequence_tensor", **CONFIG)["records"]
+
+
+runs = coursekit.launch(train_sp_tp, 2)
+print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters as one process:",
+      compare(reference, [runs[0]]).ok and compare(reference, runs, check_output=False).ok)
+
+# %% [markdown]
+# ## 8. How it composes: sequence × data on a mesh, for real
 #
-# Sequence parallelism is orthogonal to the other strategies (P9): on a mesh such as
-# `Mesh({"dp": 2, "sp": 2, "tp": 2})`, data parallelism splits the batch across `dp`, sequence parallelism
-# splits each sequence across `sp` (gradients summed there, then averaged across `dp`), and tensor
-# parallelism splits each layer across `tp`, usually inside a node where links are fastest. Ring attention
-# sends 2(G−1)·n per layer forward and overlaps it with the blocks' compute; Ulysses sends a constant
-# volume per rank but needs the heads divisible by the degree. Production systems combine them, with
-# Ulysses inside a node and the ring across nodes (Fang & Zhao 2024, "USP: A Unified Sequence Parallelism
-# Approach"). (This chapter's strategies take the whole world as the sequence group.)
+# Sequence parallelism is orthogonal to data parallelism and can be combined with it (P9). On
+# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` axis cuts the batch of 5 into slices of 3 and 2, and the
+# 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward the
+# gradients are summed over `sp` (each rank saw its own tokens) and averaged over `dp` (each slice saw its
+# samples). Every message is counted and assigned to the axis it travelled along:
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.sequence_data import sequence_data_traffic, traffic_per_axis
+from coursekit.traffic import Traffic
+
+
+def train_sp_dp(rank, world_size):
+    result = train(rank, world_size, "sequence_data", sp=2, count_traffic=True, **CONFIG)
+    return result["records"], result["traffic"], result["numel"]
+
+
+runs = coursekit.launch(train_sp_dp, 4)
+records = [r[0] for r in runs]
+print("sequence x data, 2 x 2: same outputs, loss, gradients and parameters as one process:",
+      compare(reference, [records[0], records[2]]).ok and compare(reference, records, check_output=False).ok)
+traffic = Traffic.merge([r[1] for r in runs])
+per_axis = traffic_per_axis(traffic, {"dp": 2, "sp": 2})
+formula = sequence_data_traffic(5, 31, 64, 16, 2, runs[0][2], 2, 2)
+
+
+def axis_of(x):  # rank = 2·dp + sp: same dp coordinate -> along sp; same sp coordinate -> along dp
+    return "sp" if x.src // 2 == x.dst // 2 else "dp" if x.src % 2 == x.dst % 2 else "both"
+
+
+print(f"{'axis':<6}{'elements sent, 3 steps':>24}{'formula':>12}   what travelled")
+for axis in ("sp", "dp", "both"):
+    phases = sorted({x.phase for x in traffic.payload if axis_of(x) == axis})
+    print(f"{axis:<6}{per_axis[axis]:>24,}{CONFIG['steps'] * formula[axis]:>12,}   {', '.join(phases) or '-'}")
+
+# %% [markdown]
+# Along `sp` travel ring attention's key/value blocks and their gradients, the gathered logits and the
+# gradients' ring all-reduce (reduce-scatter, all-gather); along `dp` only the gradients' ring all-reduce;
+# nothing crosses both axes. Tensor parallelism adds a third axis the same way (`Mesh({"dp": 2, "sp": 2,
+# "tp": 2})`, tensor parallelism usually inside a node where links are fastest). Ring attention overlaps its
+# 2(G−1)·n forward elements with the blocks' compute; Ulysses sends a constant volume per rank but needs the
+# heads divisible by the degree; production systems combine them, Ulysses inside a node and the ring across
+# nodes (Fang & Zhao 2024, "USP: A Unified Sequence Parallelism Approach").
 #
 # ## The same thing in production
 #
@@ -450,4 +526,5 @@ print(coursekit.launch(context_parallel_on_cpu, 2)[0])
 
 # %% [markdown]
 # That is why this chapter builds its own: the same code runs on a laptop, in the simulator, and on GPUs.
-# Next: the graded exercise `exercises/06_ring_attention.ipynb` asks you to write the merge and the ring loop.
+# Next: the graded exercise `exercises/06_ring_attention.ipynb` asks you to write the merge, the pass that
+# carries the gradients back, and the ring loop.
