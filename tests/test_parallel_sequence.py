@@ -1,8 +1,9 @@
 """Sequence parallelism (chapter 06): ring attention, Ulysses and Megatron-style sequence parallelism are exact;
 chunk-local attention is not; traffic and activation memory as their formulas.
 
-Exactness is checked in this process with ``comm.simulate`` (the same code as on real ranks); one real launch
-trains every strategy against one process. Expected values come from full attention, the dense model and the
+Exactness is checked in this process with ``comm.simulate`` (the same code as on real ranks); real launches
+train every strategy against one process (the sequence strategies on 2 ranks, Megatron-style SP x TP at t = 2-4,
+sequence x data on a 2 x 2 mesh). Expected values come from full attention, the dense model and the
 formulas written here, never from the code under test.
 """
 

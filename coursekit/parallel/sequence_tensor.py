@@ -22,8 +22,8 @@ The all-gather and the column-parallel linear after it are one autograd function
 (:func:`gather_linear`), as in Megatron: it saves only this rank's ``(b, S/t, h)``
 tokens and all-gathers them again in backward for the weight gradient — one more
 all-gather per gathered input, ``(t−1)·b·s·h`` elements, instead of keeping the
-whole ``(b, S, h)``. Every activation the block saves is then exactly ``1/t`` of
-the dense block's (:func:`megatron_sp_saved_bytes`).
+whole ``(b, S, h)``. What the block saves is then exactly ``1/t`` of the dense
+block's when ``t`` divides the tokens, heads and MLP width (:func:`megatron_sp_saved_bytes`).
 
     >>> def run(rank, size):
     ...     block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
