@@ -7,6 +7,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 LAB_PORT ?= 8888
 PYTEST_ARGS ?=
+# Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
+# meeting, a browser drawing). Each test file stays on one worker (tests/conftest.py says
+# which files are shared out test by test). Run serially with  make test XDIST=
+XDIST ?= -n 3 --dist loadgroup
 
 .PHONY: lab test install install-test browser-deps notebooks bench clean
 
@@ -43,10 +47,11 @@ browser-deps:
 # nbval re-executes a notebook to compare outputs, so only those with cells marked for it.
 NBVAL_NOTEBOOKS = $(shell grep -l -e nbval-check-output -e NBVAL_CHECK_OUTPUT notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>/dev/null)
 
+# One pytest run: the library's tests, papermill, the browser suite, and nbval on the
+# committed outputs (nbval's options only touch the notebooks it collects).
 test: install-test browser-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
-	$(if $(NBVAL_NOTEBOOKS),$(PY) -m pytest --nbval-lax --nbval-current-env \
-		--nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
+		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
 
 # Re-execute every notebook in place with its default parameters (what gets committed).
 notebooks: install-test
