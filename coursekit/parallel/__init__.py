@@ -9,8 +9,9 @@ subclasses for :func:`coursekit.train.train`:
 * ``model`` (layers cut into stages: "model") -- chapter 03; ``schedules`` (pipeline schedules as
   data) and ``pipeline`` (their executor: "pipeline") -- chapter 04;
 * ``tensor`` and ``tensor_model`` (Megatron-LM's column and row splits: "tensor", "dp_tp") -- chapter 05;
-* ``sequence``, ``ring_attention``, ``sequence_comm``, ``sequence_tensor`` (the sequence split:
-  "chunk_local", "ring_attention", "ulysses"; Megatron-style beside tensor parallelism) -- chapter 06;
+* ``sequence``, ``ring_attention``, ``sequence_comm``, ``sequence_tensor``, ``sequence_data`` (the
+  sequence split: "chunk_local", "ring_attention", "ulysses"; Megatron-style beside tensor parallelism:
+  "sequence_tensor"; sequence x data on a mesh: "sequence_data") -- chapter 06;
 * PyTorch's own, to run side by side: ``production`` (DDP, ZeroRedundancyOptimizer, FSDP2),
   ``pipelining_torch`` (``torch.distributed.pipelining``: "torch_pipeline").
 """
