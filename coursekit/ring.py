@@ -107,27 +107,27 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     return _reduce_scatter(flat, size, rank, group, check)
 
 
-def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck | None) -> torch.Tensor:
+def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck | None,
+                    gather: bool = False) -> torch.Tensor:
+    """The reduce-scatter's steps; with ``gather=True`` the all-gather's receives are posted too (see below)."""
     right, left, steps = (rank + 1) % size, (rank - 1) % size, size - 1
     segments = flat.tensor_split(size)
     width = segments[0].numel()  # the largest segment
-    scratch = _buffer(2 * width, flat)
-    buffers = (scratch[:width], scratch[width:])  # two: receive step s+1 while adding step s
-
-    def receive(step):  # in step s, segment (r - s - 1) % G arrives from the left
+    # One receive buffer per step, all posted now: gloo moves a message only once its receive is
+    # posted, so a receive posted late costs the sender a round trip ("ready?" -- "ready") per step.
+    # The buffers are reused across calls (_buffer): fresh large allocations page-fault.
+    scratch = _buffer(steps * width, flat)
+    incoming = []
+    for step in range(steps):  # in step s, segment (r - s - 1) % G arrives from the left
         k = (rank - step - 1) % size
-        into = buffers[step % 2][:segments[k].numel()]
-        return k, into, _recv(into, left, group)
-
-    incoming = receive(0)
+        into = scratch[step * width:step * width + segments[k].numel()]
+        incoming.append((k, into, _recv(into, left, group)))
+    if gather:  # ring_all_reduce: the all-gather's receives too, straight into place (_all_gather says why
+        gathering = _post_gather(segments, size, rank, left, group)  # it is safe to post them this early)
     if check is not None:
         check.verify()  # before the first send: see _LengthCheck
     sending = _send(segments[rank], right, group, "reduce-scatter", 0, rank, "sum")  # step 0: own segment r
-    for step in range(steps):
-        k, into, receiving = incoming
-        if step + 1 < steps:
-            # Posted early, so the left neighbour's next send finds its receive waiting.
-            incoming = receive(step + 1)
+    for step, (k, into, receiving) in enumerate(incoming):
         if receiving is not None:
             receiving.wait()
             segments[k].add_(into)  # "added to b₁" (R5)
@@ -137,7 +137,10 @@ def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _Len
             sending = _send(segments[k], right, group, "reduce-scatter", step + 1, k, "sum")
     if check is not None:
         check.finish()
-    return segments[owned_segment(rank, size)]
+    mine = segments[owned_segment(rank, size)]
+    if gather:
+        _gather_steps(segments, size, rank, right, group, gathering)
+    return mine
 
 
 def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> torch.Tensor:
@@ -166,20 +169,17 @@ def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> tor
     return out
 
 
-def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int, group,
-                check: _LengthCheck | None = None) -> None:
-    right, left, steps = (rank + 1) % size, (rank - 1) % size, size - 1
-    segments = flat.tensor_split(size)
-    own = owned_segment(rank, size)
-    if segment.data_ptr() != segments[own].data_ptr() and segments[own].numel():
-        segments[own].copy_(segment.reshape(-1))
-    if size == 1:
-        return
-    # Every segment arrives straight into its place in out, so all receives can be posted now:
-    # in step s, segment (r - s) % G comes from the left.
-    receiving = [((rank - s) % size, _recv(segments[(rank - s) % size], left, group)) for s in range(steps)]
-    if check is not None:
-        check.verify()  # before the first send: see _LengthCheck
+def _post_gather(segments, size: int, rank: int, left: int, group) -> list:
+    """Post every receive of the all-gather: in step s, segment (r - s) % G comes from the left, straight
+    into its place in ``out``. Safe even before the reduce-scatter has run: a neighbour sends a finished
+    segment only after its own reduce-scatter, which needed every one of our reduce-scatter messages,
+    so by then we are done with the memory it lands in."""
+    return [((rank - s) % size, _recv(segments[(rank - s) % size], left, group)) for s in range(size - 1)]
+
+
+def _gather_steps(segments, size: int, rank: int, right: int, group, receiving: list) -> None:
+    """The all-gather's sends: pass on each segment as it arrives."""
+    own, steps = owned_segment(rank, size), size - 1
     sending = _send(segments[own], right, group, "all-gather", 0, own, "copy")
     for step, (k, work) in enumerate(receiving):
         if work is not None:
@@ -188,6 +188,20 @@ def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int,
             sending.wait()
         if step + 1 < steps:  # pass on what just arrived
             sending = _send(segments[k], right, group, "all-gather", step + 1, k, "copy")
+
+
+def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int, group,
+                check: _LengthCheck | None = None) -> None:
+    segments = flat.tensor_split(size)
+    own = owned_segment(rank, size)
+    if segment.data_ptr() != segments[own].data_ptr() and segments[own].numel():
+        segments[own].copy_(segment.reshape(-1))
+    if size == 1:
+        return
+    receiving = _post_gather(segments, size, rank, (rank - 1) % size, group)
+    if check is not None:
+        check.verify()  # before the first send: see _LengthCheck
+    _gather_steps(segments, size, rank, (rank + 1) % size, group, receiving)
     if check is not None:
         check.finish()
 
@@ -204,6 +218,5 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     work, flat, size, rank = _start(tensor, "ring_all_reduce", group)
     if size > 1:
         check = _LengthCheck(flat, "ring_all_reduce", group, [(rank - 1) % size], [(rank + 1) % size])
-        mine = _reduce_scatter(flat, size, rank, group, check)
-        _all_gather(mine, flat, size, rank, group)
+        _reduce_scatter(flat, size, rank, group, check, gather=True)
     return _finish(tensor, work)
