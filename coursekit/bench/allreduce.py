@@ -3,12 +3,21 @@
     python -m coursekit.bench allreduce [--world-sizes 2 4] [--min-kib 4] [--max-mib 64] [--check]
 
 For each world size and message size (float32, powers of 4 from 4 KiB to
-64 MiB): the median time of ring, master and naive and of torch's own
-all-reduce, with nccl-tests' algbw and busbw and the ratio to torch. One
-iteration's time is the slowest rank's (an all-reduce is done when every rank
-is). Then the cost of the counting layer at 1 MiB: recording on vs off, and
-its Python cost when off, measured on a transport that moves nothing.
-Target: ring no slower than torch at >= 1 MiB on 4 ranks; counting off < 5%.
+64 MiB): the median time of torch's own all-reduce, of a *plain* ring (bare
+``dist.isend``/``dist.irecv``: no length check, no counting, no waiting notes
+-- what the algorithm costs in Python at all), of coursekit's ring (with its
+check and notes on), of master and naive; nccl-tests' algbw and busbw and the
+ratios to torch. The algorithms take turns **within every iteration** (a
+barrier before each), so a change in the machine's load hits all of them
+alike; one iteration's time is the slowest rank's (an all-reduce is done when
+every rank is).
+
+The fixed cost per call: the time at the smallest size minus one α, the
+one-way latency of one message of that size between two ranks (half a
+ping-pong, measured in the same launch). Then the cost of the counting layer
+at 1 MiB: recording on vs off, and its Python cost when off, measured on a
+transport that moves nothing. Targets: coursekit's ring no slower than torch
+at every size >= 1 MiB on every world size measured; counting off < 5%.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from .. import comm
 from ..collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
 from ..launch import launch
 
-ALGORITHMS = ["torch", "ring", "master", "naive"]
+ALGORITHMS = ["torch", "plain", "ring", "master", "naive"]
 
 
 def algbw(nbytes: float, seconds: float) -> float:
@@ -36,32 +45,80 @@ def busbw(nbytes: float, seconds: float, world_size: int) -> float:
     return algbw(nbytes, seconds) * 2 * (world_size - 1) / world_size
 
 
+_plain_scratch = torch.empty(0)
+
+
+def plain_ring_all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+    """The ring with nothing around it: bare ``dist.isend``/``dist.irecv``, no check, no counting, no notes.
+
+    The baseline that says what the algorithm itself costs from Python (its one receive buffer is kept
+    between calls, so that large calls do not page-fault).
+    """
+    import torch.distributed as dist
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+    segments = tensor.view(-1).tensor_split(size)
+    if _plain_scratch.numel() < segments[0].numel() or _plain_scratch.dtype != tensor.dtype:
+        _plain_scratch.set_(torch.empty(segments[0].numel(), dtype=tensor.dtype))
+    into = _plain_scratch[:segments[0].numel()]
+    for step in range(size - 1):  # reduce-scatter
+        k = (rank - step - 1) % size
+        receiving = dist.irecv(into[:segments[k].numel()], left)
+        sending = dist.isend(segments[(rank - step) % size], right)
+        receiving.wait()
+        segments[k].add_(into[:segments[k].numel()])
+        sending.wait()
+    for step in range(size - 1):  # all-gather
+        receiving = dist.irecv(segments[(rank - step) % size], left)
+        sending = dist.isend(segments[(rank + 1 - step) % size], right)
+        receiving.wait()
+        sending.wait()
+    return tensor
+
+
 def _function(name: str):
     if name == "torch":
         import torch.distributed as dist
 
         return lambda t: dist.all_reduce(t)
-    return {"ring": ring_all_reduce, "master": master_all_reduce, "naive": naive_all_reduce}[name]
+    return {"plain": plain_ring_all_reduce, "ring": ring_all_reduce, "master": master_all_reduce,
+            "naive": naive_all_reduce}[name]
 
 
 def _repeats_for(nbytes: int, repeats: int) -> int:
     return max(3, repeats if nbytes <= 1 << 20 else repeats // (1 + nbytes // (4 << 20)))
 
 
+def _ping_pong(rank: int, x: torch.Tensor) -> None:
+    """Ranks 0 and 1 pass ``x`` there and back (the others wait at the next barrier)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        dist.send(x, 1)
+        dist.recv(x, 1)
+    elif rank == 1:
+        dist.recv(x, 0)
+        dist.send(x, 0)
+
+
 def _time_rank(rank: int, world_size: int, sizes: list[int], algorithms: list[str], repeats: int,
-               record: bool = False) -> dict:
+               record: bool = False, ping: bool = False) -> dict:
     import torch.distributed as dist
 
     times: dict = {}
+    functions = {name: _function(name) for name in algorithms}
+    if ping:
+        functions["ping-pong"] = lambda t: _ping_pong(rank, t)
     for nbytes in sizes:
         x = torch.zeros(nbytes // 4)  # zeros stay zeros: no overflow however often it is summed
         n = _repeats_for(nbytes, repeats)
-        for name in algorithms:
-            fn = _function(name)
+        for fn in functions.values():
             for _ in range(2):
                 fn(x)  # warm-up: connections, buffers
-            samples = []
-            for _ in range(n):
+        samples: dict[str, list[float]] = {name: [] for name in functions}
+        for _ in range(n):
+            for name, fn in functions.items():  # every algorithm once per iteration: the same load for all
                 dist.barrier()
                 start = time.perf_counter()
                 if record:
@@ -69,18 +126,20 @@ def _time_rank(rank: int, world_size: int, sizes: list[int], algorithms: list[st
                         fn(x)
                 else:
                     fn(x)
-                samples.append(time.perf_counter() - start)
-            times[(name, nbytes)] = samples
+                samples[name].append(time.perf_counter() - start)
+        for name in functions:
+            times[(name, nbytes)] = samples[name]
     return times
 
 
 def measure(world_size: int, sizes: list[int], algorithms: list[str] = ALGORITHMS, repeats: int = 20,
-            record: bool = False, timeout: float = 600.0) -> list[dict]:
+            record: bool = False, timeout: float = 600.0, ping: bool = False) -> list[dict]:
     """Median seconds per (algorithm, size) on ``world_size`` real ranks; each iteration = slowest rank.
 
-    Returns rows ``{"algorithm", "bytes", "world_size", "seconds", "algbw", "busbw"}``.
+    Returns rows ``{"algorithm", "bytes", "world_size", "seconds", "algbw", "busbw"}``; with
+    ``ping=True`` also ``"ping-pong"`` rows (ranks 0 and 1 there and back: twice one α).
     """
-    per_rank = launch(_time_rank, world_size, sizes, algorithms, repeats, record, timeout=timeout)
+    per_rank = launch(_time_rank, world_size, sizes, algorithms, repeats, record, ping, timeout=timeout)
     rows = []
     for (name, nbytes), _ in per_rank[0].items():
         slowest = [max(samples) for samples in zip(*(r[(name, nbytes)] for r in per_rank))]
@@ -95,7 +154,7 @@ def fit_alpha_beta(rows: list[dict]) -> dict[str, tuple[float, float]]:
     import numpy as np
 
     fits = {}
-    for name in {r["algorithm"] for r in rows}:
+    for name in {r["algorithm"] for r in rows} - {"ping-pong"}:
         mine = [r for r in rows if r["algorithm"] == name]
         if len(mine) < 2:
             continue
@@ -173,16 +232,16 @@ def _overhead_rank(rank: int, world_size: int, numel: int, size: int, iterations
     out = {}
     try:
         for label in ("as is", "stubbed", "as is", "stubbed"):
-            originals = (comm.phase, comm.waiting_on)
+            originals = (comm.phase, comm._blocked)
             if label == "stubbed":
-                comm.phase = comm.waiting_on = _NoLabel
+                comm.phase = comm._blocked = _NoLabel
             try:
                 start = time.perf_counter()
                 for _ in range(iterations):
                     ring_all_reduce(x)
                 out.setdefault(label, []).append((time.perf_counter() - start) / iterations)
             finally:
-                comm.phase, comm.waiting_on = originals
+                comm.phase, comm._blocked = originals
     finally:
         comm._state.transport = saved
     return {k: min(v) for k, v in out.items()}
@@ -198,29 +257,38 @@ def _human(nbytes: int) -> str:
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
 
 
-def ring_vs_torch_targets(rows: list[dict]) -> list[tuple[str, str, bool]]:
-    """The target "ring no slower than torch at >= 1 MiB on 4 ranks", one ``(target, measured, met)`` per size."""
-    seconds = {(r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["world_size"] == 4}
-    sizes = sorted(nbytes for name, nbytes in seconds if name == "ring" and nbytes >= 1 << 20)
-    return [(f"ring ≤ torch at {_human(nbytes)}, 4 ranks", f"ring / torch = "
-             f"{seconds[('ring', nbytes)] / seconds[('torch', nbytes)]:.2f}",
-             seconds[("ring", nbytes)] <= seconds[("torch", nbytes)]) for nbytes in sizes]
+def ring_vs_torch_targets(rows: list[dict], world_sizes: tuple[int, ...] = (4,)) -> list[tuple[str, str, bool]]:
+    """The target "ring no slower than torch at >= 1 MiB", one ``(target, measured, met)`` per world size and size."""
+    targets = []
+    for world_size in world_sizes:
+        seconds = {(r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["world_size"] == world_size}
+        sizes = sorted(nbytes for name, nbytes in seconds if name == "ring" and nbytes >= 1 << 20)
+        targets += [(f"ring ≤ torch at {_human(nbytes)}, {world_size} ranks", f"ring / torch = "
+                     f"{seconds[('ring', nbytes)] / seconds[('torch', nbytes)]:.2f}",
+                     seconds[("ring", nbytes)] <= seconds[("torch", nbytes)]) for nbytes in sizes]
+    return targets
 
 
 def _size_table(world_size: int, sizes: list[int], repeats: int) -> list[dict]:
-    """Measure every algorithm at every size on ``world_size`` ranks; print the table and the α–β fit."""
-    rows = measure(world_size, sizes, repeats=repeats)
+    """Measure every algorithm at every size on ``world_size`` ranks; print the table, the fixed cost, the fit."""
+    rows = measure(world_size, sizes, repeats=repeats, ping=True)
     table = {(r["algorithm"], r["bytes"]): r for r in rows}
-    print(f"\n### {world_size} ranks (gloo, float32; median ms, slowest rank per iteration)\n")
-    print("| size | torch | ring | master | naive | ring / torch | master / torch | naive / torch "
-          "| ring algbw GB/s | ring busbw GB/s | torch busbw GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"\n### {world_size} ranks (gloo, float32; median ms, slowest rank per iteration, algorithms "
+          f"interleaved)\n")
+    print("| size | torch | plain ring | ring | master | naive | plain / torch | ring / torch | master / torch "
+          "| naive / torch | ring algbw GB/s | ring busbw GB/s | torch busbw GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for nbytes in sizes:
         t = {name: table[(name, nbytes)]["seconds"] for name in ALGORITHMS}
         print(f"| {_human(nbytes)} | " + " | ".join(f"{t[n] * 1e3:.3g}" for n in ALGORITHMS) + " | "
-              + " | ".join(f"{t[n] / t['torch']:.2f}" for n in ("ring", "master", "naive")) + " | "
+              + " | ".join(f"{t[n] / t['torch']:.2f}" for n in ("plain", "ring", "master", "naive")) + " | "
               + f"{table[('ring', nbytes)]['algbw'] / 1e9:.2f} | {table[('ring', nbytes)]['busbw'] / 1e9:.2f} | "
               + f"{table[('torch', nbytes)]['busbw'] / 1e9:.2f} |")
+    smallest = sizes[0]
+    alpha = table[("ping-pong", smallest)]["seconds"] / 2
+    print(f"\nFixed cost per call (time at {_human(smallest)} minus one α = {alpha * 1e6:.0f} µs, half a "
+          f"{_human(smallest)} ping-pong): " + ", ".join(
+              f"{n} {(table[(n, smallest)]['seconds'] - alpha) * 1e6:.0f} µs" for n in ("torch", "plain", "ring")))
     fits = fit_alpha_beta(rows)
     print("\nα–β fit (time = α + β·bytes): " + "; ".join(
         f"{n}: α = {a * 1e6:.0f} µs, 1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s"
@@ -258,7 +326,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         sizes.append(size)
         size *= 4
     rows = [row for world_size in options.world_sizes for row in _size_table(world_size, sizes, options.repeats)]
-    targets = ring_vs_torch_targets(rows)
+    targets = ring_vs_torch_targets(rows, tuple(options.world_sizes))
     probe = 1 << 20
     if probe in sizes and 4 in options.world_sizes:
         targets.append(_counting_layer(probe, max(30, options.repeats)))
