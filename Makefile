@@ -8,9 +8,10 @@ PIP    := $(PY) -m pip
 LAB_PORT ?= 8888
 PYTEST_ARGS ?=
 # Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
-# meeting, a browser drawing). Each test file stays on one worker (tests/conftest.py says
-# which files are shared out test by test). Run serially with  make test XDIST=
-XDIST ?= -n 3 --dist loadgroup
+# meeting, a browser drawing). Each file stays on one worker (loadfile): module fixtures
+# are built once, a notebook's nbval cells run in order in one kernel, and the browser
+# suite shares one JupyterLab. Run serially with  make test XDIST=
+XDIST ?= -n 3 --dist loadfile --durations=25
 
 .PHONY: lab test install install-test browser-deps notebooks bench clean
 
