@@ -83,7 +83,19 @@ def _recv(into: torch.Tensor, left: int, group):
     return comm.irecv(into, group=group, group_src=left) if into.numel() else None
 
 
-def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def _check(flat: torch.Tensor, name: str, group, size: int, rank: int, wanted: bool) -> _LengthCheck | None:
+    """The length check with the ring's neighbours (tell the left, hear from the right), or None.
+
+    ``check_lengths=False`` is for callers whose tensors have the same length on every rank by
+    construction and who have checked that once (ZeRO's flat buffers after its first step): it
+    saves one small message and one wait per call. Every rank must pass the same value.
+    """
+    if size == 1 or not wanted:
+        return None
+    return _LengthCheck(flat, name, group, [(rank - 1) % size], [(rank + 1) % size])
+
+
+def ring_reduce_scatter(tensor: torch.Tensor, group=None, *, check_lengths: bool = True) -> torch.Tensor:
     """Phase 1 of the ring ("share-reduce", R5). Returns this rank's fully reduced segment (a view).
 
     The flat tensor is split like ``torch.tensor_split(tensor.view(-1), G)``
@@ -103,7 +115,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None) -> torch.Tensor:
     size, rank = comm.get_world_size(group), comm.get_rank(group)
     if size == 1:
         return flat
-    check = _LengthCheck(flat, "ring_reduce_scatter", group, [(rank - 1) % size], [(rank + 1) % size])
+    check = _check(flat, "ring_reduce_scatter", group, size, rank, check_lengths)
     return _reduce_scatter(flat, size, rank, group, check)
 
 
@@ -143,7 +155,8 @@ def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _Len
     return mine
 
 
-def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> torch.Tensor:
+def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None, *,
+                    check_lengths: bool = True) -> torch.Tensor:
     """Phase 2 of the ring ("share-only", R6): every rank ends with every rank's segment in ``out``.
 
     ``segment`` is this rank's piece, i.e. segment :func:`owned_segment`
@@ -163,8 +176,7 @@ def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None) -> tor
         raise ValueError(f"ring_all_gather: rank {rank} owns segment {owned_segment(rank, size)} of out "
                          f"(elements {start}:{stop}, {stop - start} of them) but was given a segment of "
                          f"{segment.numel()} elements. Pass the view ring_reduce_scatter returned.")
-    check = _LengthCheck(flat, "ring_all_gather", group, [(rank - 1) % size], [(rank + 1) % size]) \
-        if size > 1 else None
+    check = _check(flat, "ring_all_gather", group, size, rank, check_lengths)
     _all_gather(segment, flat, size, rank, group, check)
     return out
 
@@ -206,7 +218,7 @@ def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int,
         check.finish()
 
 
-def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+def ring_all_reduce(tensor: torch.Tensor, group=None, *, check_lengths: bool = True) -> torch.Tensor:
     """Ring all-reduce = :func:`ring_reduce_scatter` then :func:`ring_all_gather`, in place (R5–R7).
 
     ``2·(G−1)`` steps; each rank sends and receives about ``2·(G−1)·N/G``
@@ -217,6 +229,6 @@ def ring_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """
     work, flat, size, rank = _start(tensor, "ring_all_reduce", group)
     if size > 1:
-        check = _LengthCheck(flat, "ring_all_reduce", group, [(rank - 1) % size], [(rank + 1) % size])
+        check = _check(flat, "ring_all_reduce", group, size, rank, check_lengths)
         _reduce_scatter(flat, size, rank, group, check, gather=True)
     return _finish(tensor, work)

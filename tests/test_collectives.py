@@ -287,3 +287,26 @@ def test_reduce_scatter_returns_owned_segment_and_all_gather_restores_the_sum():
 def test_all_gather_rejects_a_segment_of_the_wrong_length():
     with pytest.raises(comm.SimulatorError, match="owns segment"):
         comm.simulate(lambda r, g: ring_all_gather(torch.ones(4), torch.zeros(10)), 2)
+
+
+def _unchecked(rank, world_size, numel):
+    x = torch.arange(float(numel)) * (rank + 1)
+    with comm.record() as traffic:
+        ring_all_reduce(x, check_lengths=False)
+        mine = ring_reduce_scatter(torch.ones(numel), check_lengths=False).clone()
+        ring_all_gather(mine, torch.zeros(numel), check_lengths=False)
+    return x, traffic
+
+
+def test_check_lengths_false_sends_no_control_message_and_the_same_payload():
+    """For callers whose lengths match by construction (ZeRO's buffers): no control message, the same
+    payload traffic and result. Seen failing with the planted bug "check_lengths ignored" (``_check``
+    always building a _LengthCheck): "9 control messages with check_lengths=False" (3 calls on 3 ranks).
+    """
+    G, N = 3, 11
+    results, _ = comm.simulate(_unchecked, G, N)
+    traffic = comm.Traffic.merge([t for _, t in results])
+    assert len(traffic.control) == 0, f"{len(traffic.control)} control messages with check_lengths=False"
+    assert traffic.total == 2 * (G - 1) * N + 2 * (G - 1) * N  # all-reduce, then reduce-scatter + all-gather
+    for x, _ in results:
+        assert torch.equal(x, torch.arange(float(N)) * sum(range(1, G + 1)))

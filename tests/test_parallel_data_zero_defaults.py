@@ -29,3 +29,36 @@ def test_default_buckets_zero1_one_zero2_and_zero3_two_halves():
                                          f"not 1: {sizes['zero1']}")
         for stage in ("zero2", "zero3"):
             assert sizes[stage] == [49_984, 54_848], f"rank {rank}, {stage}: buckets {sizes[stage]}"
+
+
+def _control_messages_per_step(rank, world_size, stage):
+    import torch
+
+    from coursekit import comm
+    from coursekit.models import tiny_mlp
+    from coursekit.parallel.zero import ZeRO
+
+    model = ZeRO(tiny_mlp(seed=0), lambda params: torch.optim.SGD(params, lr=0.1), stage=stage, bucket_elements=2000)
+    counts = []
+    for step in range(3):
+        with comm.record() as traffic:
+            model(torch.full((4, 16), float(rank + step))).sum().backward()
+            model.step()
+            model.zero_grad()
+        counts.append(len(traffic.control))
+    return counts, len(model.buckets)
+
+
+def test_zero_checks_the_ring_lengths_in_its_first_step_only():
+    """The first step's ring calls check lengths (one control message each); later steps skip the check,
+    since the buckets' layout is the same on every rank by construction.
+
+    Seen failing with the planted bugs "the check is never skipped" (``_checks`` returning ``{}``:
+    "ZeRO-1, rank 0: control messages per step [6, 6, 6]", three buckets, expected [6, 0, 0]) and
+    "skipped from the very first call" ("... [0, 0, 0]").
+    """
+    for stage in (1, 2, 3):
+        results = coursekit.launch(_control_messages_per_step, 2, stage, timeout=120)
+        for rank, (counts, buckets) in enumerate(results):
+            calls = {1: 2, 2: 2, 3: 3}[stage] * buckets  # per step and bucket: RS + all-gather; ZeRO-3 gathers twice
+            assert counts == [calls, 0, 0], f"ZeRO-{stage}, rank {rank}: control messages per step {counts}"

@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..collectives import Collectives, get_collectives, owned_segment, segment_bounds
+from ..collectives import RING, Collectives, get_collectives, owned_segment, segment_bounds
 from ..mesh import as_group
 from ..strategy import Setup, Strategy, optimizer_tensors, register
 from ..trace import Tracer
@@ -116,6 +116,7 @@ class ZeRO(nn.Module):
         self.elements_reduce_scattered = 0
         self.elements_all_gathered = 0
         self._next = 0          # stage 2-3: the next bucket to reduce-scatter in this backward
+        self._steps = 0         # optimiser steps taken (the first one checks the ring's lengths)
         self._in_backward = False
         if self.shard_grads:
             for i, p in enumerate(self.params):
@@ -183,7 +184,7 @@ class ZeRO(nn.Module):
                 mine = flat[bucket.start:bucket.stop]
                 if mine.data_ptr() != piece.data.data_ptr():
                     mine.copy_(piece.data)
-                self.comm.all_gather(mine, flat[bucket.lo:bucket.hi], group=self.group)
+                self.comm.all_gather(mine, flat[bucket.lo:bucket.hi], group=self.group, **self._checks())
         self.elements_all_gathered += self.numel
 
     def _free_params(self) -> None:
@@ -251,7 +252,7 @@ class ZeRO(nn.Module):
         if bucket.grad is None:
             bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype)
         with self._span("comm", f"reduce-scatter bucket {b}"):
-            mine = self.comm.reduce_scatter(bucket.grad, group=self.group)
+            mine = self.comm.reduce_scatter(bucket.grad, group=self.group, **self._checks())
         self.elements_reduce_scattered += bucket.hi - bucket.lo
         piece.grad = mine.clone() if piece.grad is None else piece.grad.add_(mine)
         self.peak.note(self.held_tensors())  # the full bucket and my segment exist together: the moment to measure
@@ -277,7 +278,8 @@ class ZeRO(nn.Module):
             with self._span("comm", "reduce-scatter grads"):
                 for bucket, piece in zip(self.buckets, self.pieces):
                     # a view into the full gradient buffer, which stage 1 keeps
-                    piece.grad = self.comm.reduce_scatter(self.flat_grad[bucket.lo:bucket.hi], group=self.group)
+                    piece.grad = self.comm.reduce_scatter(self.flat_grad[bucket.lo:bucket.hi], group=self.group,
+                                                          **self._checks())
                     piece.grad.div_(self.world_size)
             self.elements_reduce_scattered += self.numel
         with self._span("optimizer", "step"):
@@ -287,6 +289,16 @@ class ZeRO(nn.Module):
             self._free_params()  # gathered again at the next forward
         else:
             self._all_gather(self.flat_param)
+        self._steps += 1
+
+    def _checks(self) -> dict:
+        """Keyword arguments for chapter 01's ring: its length check only until the first step is done.
+
+        The buckets have the same layout on every rank by construction, and every call of the first
+        step checked it, so later calls skip the check's message and wait (each ring call pays it
+        otherwise). Every rank takes the same steps, so all switch at the same call.
+        """
+        return {"check_lengths": False} if self._steps and self.comm is RING else {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget the gradients: zero stage 1's full buffer in place (it is kept), drop my segments'."""
