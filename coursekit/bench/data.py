@@ -8,7 +8,9 @@ Measures, on the same global batch (so the same work per step):
 * 2 ranks, naive: one blocking all-reduce per gradient after backward;
 * 2 ranks, bucketed but waiting: the same buckets, started after backward;
 * 2 ranks, bucketed and overlapped: buckets start from backward hooks;
-* 2 ranks, ZeRO-1/2/3 (chapter 01's ring reduce-scatter and all-gather);
+* 2 ranks, ZeRO-1/2/3 (chapter 01's ring reduce-scatter and all-gather) at ZeRO's default
+  buckets (stage 1 one bucket, stages 2-3 two for this model); ``--bucket-elements`` sizes the
+  all-reduce buckets of plain data parallelism only, ours and DDP's alike;
 * side by side, PyTorch's own on the same model and batches: DistributedDataParallel
   (the same bucket size), ZeroRedundancyOptimizer over DDP, FSDP2 fully_shard per block.
   Targets: each coursekit variant <= 1.1x its PyTorch counterpart's step time.
