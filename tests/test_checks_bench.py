@@ -66,3 +66,31 @@ def test_ring_target_is_one_row_per_size_from_1_mib_on_4_ranks_only():
             row("ring", 1 << 20, 0.5, 2), row("torch", 1 << 20, 1.0, 2)]    # 2 ranks: no target
     assert ring_vs_torch_targets(rows) == [("ring ≤ torch at 1 MiB, 4 ranks", "ring / torch = 2.00", False),
                                            ("ring ≤ torch at 4 MiB, 4 ranks", "ring / torch = 1.00", True)]
+
+
+def test_calibration_target_leaves_each_size_out_and_flags_the_one_the_model_misses():
+    """Synthetic 2-rank ring times from a known network (α = 50 µs, B = 1 GB/s, the model's own times): every
+    size >= 1 MiB is predicted (fit on the others) within ±30%; the same times with 4 MiB measured 1.8x slower miss
+    there. Planted bugs (seen failing): predicting from a fit that keeps the size (the slow 4 MiB pulls the fit
+    toward itself and is not flagged); the tolerance as a one-sided bound (a model 40% too slow passes)."""
+    from coursekit import netsim
+    from coursekit.bench.allreduce import calibration_targets
+
+    network = netsim.Network(bandwidth=1e9, latency=50e-6)
+    sizes = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+    exact = {n: netsim.collective_time("ring", 2, n // 4, network).total for n in sizes}
+
+    def rows(seconds):
+        return [{"algorithm": "ring", "world_size": 2, "bytes": n, "seconds": seconds[n]} for n in sizes]
+
+    targets = calibration_targets(rows(exact))
+    assert [t[0] for t in targets] == [f"network model within ±30% of the ring at {s}, 2 ranks"
+                                      for s in ("1 MiB", "4 MiB", "16 MiB", "64 MiB")]
+    assert all(met for _, _, met in targets), targets
+    assert targets[0][1] == "model / measured = 1.00"
+    slow = {**exact, 4 << 20: 1.8 * exact[4 << 20]}
+    met = {name: ok for name, _, ok in calibration_targets(rows(slow))}
+    assert met["network model within ±30% of the ring at 4 MiB, 2 ranks"] is False, met
+    fast = {**exact, 16 << 20: exact[16 << 20] / 1.4}
+    met = {name: ok for name, _, ok in calibration_targets(rows(fast))}
+    assert met["network model within ±30% of the ring at 16 MiB, 2 ranks"] is False, met

@@ -16,8 +16,13 @@ The fixed cost per call: the time at the smallest size minus one α, the
 one-way latency of one message of that size between two ranks (half a
 ping-pong, measured in the same launch). Then the cost of the counting layer
 at 1 MiB: recording on vs off, and its Python cost when off, measured on a
-transport that moves nothing. Targets: coursekit's ring no slower than torch
-at every size >= 1 MiB on every world size measured; counting off < 5%.
+transport that moves nothing. Then the network model's calibration (chapter
+01): at 2 ranks (the one world size where each rank has a core here) α and B
+are fitted to the ring's measured times by :func:`coursekit.netsim.calibrate`
+leaving out one size at a time, and the model's time for the size left out is
+compared with the measurement. Targets: coursekit's ring no slower than torch
+at every size >= 1 MiB on every world size measured; counting off < 5%; the
+model within ±30% of the measured 2-rank ring at every size >= 1 MiB.
 """
 
 from __future__ import annotations
@@ -296,6 +301,27 @@ def _size_table(world_size: int, sizes: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def calibration_targets(rows: list[dict], world_size: int = 2, tolerance: float = 0.30
+                        ) -> list[tuple[str, str, bool]]:
+    """The network model fitted to the measured ring (all sizes but one), against the size left out (>= 1 MiB)."""
+    from ..netsim import calibrate, collective_time
+
+    ring = sorted((r["bytes"], r["seconds"]) for r in rows if r["algorithm"] == "ring" and r["world_size"] == world_size)
+    print(f"\n### Network model against the measured ring, {world_size} ranks (fit leaving the size out)\n")
+    print("| size | measured | model | model / measured | α (µs) | B (GB/s) |\n|---|---|---|---|---|---|")
+    targets = []
+    for nbytes, seconds in ring:
+        if nbytes < 1 << 20 or len(ring) < 3:
+            continue
+        network = calibrate([x for x in ring if x[0] != nbytes], "ring", world_size)
+        model = collective_time("ring", world_size, nbytes // 4, network).total
+        print(f"| {_human(nbytes)} | {seconds * 1e3:.3g} ms | {model * 1e3:.3g} ms | {model / seconds:.2f} | "
+              f"{network.latency * 1e6:.0f} | {network.bandwidth / 1e9:.2f} |")
+        targets.append((f"network model within ±{tolerance:.0%} of the ring at {_human(nbytes)}, {world_size} ranks",
+                        f"model / measured = {model / seconds:.2f}", abs(model / seconds - 1) <= tolerance))
+    return targets
+
+
 def _counting_layer(probe: int, repeats: int) -> tuple[str, str, bool]:
     """Measure what counting costs a ring on 4 ranks at ``probe`` bytes; print it; the < 5% target."""
     off = measure(4, [probe], ["ring"], repeats=repeats)[0]["seconds"]
@@ -327,6 +353,8 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         size *= 4
     rows = [row for world_size in options.world_sizes for row in _size_table(world_size, sizes, options.repeats)]
     targets = ring_vs_torch_targets(rows, tuple(options.world_sizes))
+    if 2 in options.world_sizes:
+        targets += calibration_targets(rows)
     probe = 1 << 20
     if probe in sizes and 4 in options.world_sizes:
         targets.append(_counting_layer(probe, max(30, options.repeats)))
