@@ -30,6 +30,7 @@ overlap needs a collective that runs on another thread while this one computes.
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager, nullcontext
 from typing import Callable, Iterator
 
@@ -189,7 +190,11 @@ class DataParallel(nn.Module):
         self._where = {id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)}
         self.elements_reduced = 0  # elements all-reduced so far (for exact counting in tests)
         self._pending = False  # gradients of this backward not yet averaged
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        # The hooks live on the parameters (held from C++, where the garbage collector cannot see them), so they
+        # hold this wrapper weakly: dropped, it is freed -- its buffers, its hooks and its group with it -- as
+        # DDP's reducer is, instead of living to the interpreter's exit and hooking the module's backward forever.
+        self._hooks = [p.register_post_accumulate_grad_hook(_weak_hook(self)) for p in params]
+        weakref.finalize(self, _remove_hooks, list(self._hooks))
         # Gradients live in the bucket buffers (as DDP's gradient_as_bucket_view): no copy, no extra memory.
         self.zero_grad(set_to_none=False)
 
@@ -278,6 +283,23 @@ class DataParallel(nn.Module):
                 bucket.buffer.zero_()
                 for i, p in enumerate(bucket.params):
                     self._attach(bucket, i, p)
+
+
+def _weak_hook(wrapper: "DataParallel") -> Callable[[nn.Parameter], None]:
+    """A post-accumulate-grad hook that calls ``wrapper._grad_ready`` while the wrapper lives, and nothing after."""
+    ref = weakref.ref(wrapper)
+
+    def hook(param: nn.Parameter) -> None:
+        live = ref()
+        if live is not None:
+            live._grad_ready(param)
+
+    return hook
+
+
+def _remove_hooks(handles: list) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _bucket_capacity(bucket_cap_mb: float | None, bucket_elements: int | None, like: torch.Tensor) -> int | None:
