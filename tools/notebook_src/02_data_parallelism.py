@@ -335,9 +335,11 @@ plt.show()
 # peak during** the step, and every element the ring sent, counted by `comm.record()`.
 #
 # Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of
-# backward. ZeRO-2 cuts the gradients into buckets (25,000 elements by default, in backward order, as
-# DDP does), reduce-scatters each bucket *during backward* as soon as its last gradient is complete,
-# keeps its own segment and frees the bucket: at its peak a rank holds its segments plus one bucket.
+# backward. ZeRO-2 cuts the gradients into buckets (in backward order, as DDP does; 55,000 elements by
+# default, two for this transformer), reduce-scatters each bucket *during backward* as soon as its last
+# gradient is complete, keeps its own segment and frees the bucket: at its peak a rank holds its segments
+# plus one bucket. (ZeRO-1 uses one bucket: its gradients are all complete at the end of backward
+# anyway, and every extra bucket is another ring call with its fixed cost.)
 
 # %%
 MEMORY_RANKS = 4
