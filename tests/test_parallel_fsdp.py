@@ -4,15 +4,17 @@ Every expected number is derived here from the model's own sizes and chapter 01'
 (``segment_bounds``/``owned_segment``), never read back from the code under test.
 """
 
+import math
+
 import pytest
 import torch
 
 import coursekit
 from coursekit.collectives import owned_segment, segment_bounds
-from coursekit.memory import held_bytes
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import shard_batch
 from coursekit.parallel.fsdp import ShardedUnits, default_units
+from coursekit.parallel.production import FSDP2ParameterBytes
 from coursekit.parallel.zero import ZeRO
 from coursekit.trace import hidden_fraction
 from coursekit.train import make_optimizer_fn, train
@@ -226,25 +228,6 @@ def test_timeline_shows_per_unit_collectives_overlapping_compute():
 
 
 # --------------------------------------------------------------------------------------- FSDP2 side by side
-def _fsdp2_parameter_bytes(model):
-    """FSDP2's parameter storage (padded shards, all-gather buffers in flight, unsharded parameters), sampled
-    before every leaf module's forward and backward; returns a one-element list holding the maximum seen."""
-    groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if hasattr(m, "_get_fsdp_state")]
-    peak = [0]
-
-    def sample(*_):
-        tensors = [g._all_gather_result.all_gather_output for g in groups if g._all_gather_result is not None]
-        for fp in (fp for g in groups for fp in g.fsdp_params):
-            tensors += [fp._sharded_param_data, *fp.all_gather_outputs]
-        peak[0] = max(peak[0], held_bytes(tensors))
-
-    for m in model.modules():
-        if not list(m.children()):
-            m.register_forward_pre_hook(sample)
-            m.register_full_backward_pre_hook(sample)
-    return peak
-
-
 def _fsdp2(rank, world_size, config, n_layers):
     """The same model, batches and optimiser under FSDP2: fully_shard on each block, then on the root."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -255,7 +238,7 @@ def _fsdp2(rank, world_size, config, n_layers):
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh, reshard_after_forward=True)  # as ours: the root freed after forward too
     optimizer = make_optimizer_fn(config["optimizer"], config["lr"])(list(model.parameters()))
-    peak, records = _fsdp2_parameter_bytes(model), []
+    meter, records = FSDP2ParameterBytes(model), []
     for step in range(config["steps"]):
         x, y, weight = shard_batch(*LanguageData().batch(step, config["global_batch"]), rank, world_size)
         output = model(x)
@@ -267,7 +250,7 @@ def _fsdp2(rank, world_size, config, n_layers):
         records.append(record_step(output, total.item(), {n: p.grad.full_tensor() for n, p in model.named_parameters()},
                                    {n: p.detach().full_tensor() for n, p in model.named_parameters()}))
         optimizer.zero_grad()
-    return records, peak[0]
+    return records, meter.peak
 
 
 def _four_blocks_config(optimizer):
@@ -304,3 +287,36 @@ def test_fsdp2_fully_shard_trains_the_same(world_size, optimizer):
         whole = 4 * (_mine(psi, r, world_size) + psi)  # today's ZeRO-3 (see the peak test)
         print(f"rank {r}: peak parameter bytes ours {max(our_peaks)}, FSDP2 {fsdp2_peak}, whole model {whole}")
         assert max(our_peaks) < whole and fsdp2_peak < whole
+
+
+def _fsdp2_strategy_peaks(rank, world_size):
+    return train(rank, world_size, "torch_fsdp", model="transformer", steps=2, global_batch=8,
+                 record=False)["peak_param_bytes"]
+
+
+def _padded(param, n):
+    """Elements of one rank's FSDP2 shard: dim 0 cut into n equal rows, the last padded (Shard(0))."""
+    rows = param.shape[0] if param.dim() else 1
+    return math.ceil(rows / n) * (param.numel() // rows)
+
+
+def test_fsdp2_peak_is_its_padded_shards_plus_the_root_plus_two_blocks():
+    """The "torch_fsdp" strategy's peak parameter bytes per step, on every rank of 3 (every dim 0 uneven, so
+    FSDP2's padding shows): 4 bytes × (this rank's padded shards + the root's all-gathered buffer + two
+    consecutive blocks' buffers) -- one block computing, the one before it prefetched in backward: the same
+    shape as ours (see the peak test above), padding included. Counted here from the shapes alone.
+
+    Planted bugs caught: the meter sampling forward only ("366536" -- one block: FSDP2 does not prefetch in
+    forward by default); the meter ignoring the all-gather outputs ("142208": the shards alone).
+    """
+    world_size = 3
+    results = coursekit.launch(_fsdp2_strategy_peaks, world_size, timeout=TIMEOUT)
+    model = tiny_transformer(seed=0)
+    blocks = [world_size * sum(_padded(p, world_size) for p in b.parameters()) for b in model.blocks]
+    in_blocks = {id(p) for b in model.blocks for p in b.parameters()}
+    root = world_size * sum(_padded(p, world_size) for p in model.parameters() if id(p) not in in_blocks)
+    shards = sum(_padded(p, world_size) for p in model.parameters())
+    two = max(blocks[i] + blocks[i + 1] for i in range(len(blocks) - 1))
+    expected = 4 * (shards + root + two)
+    for rank, peaks in enumerate(results):
+        assert peaks == [expected] * 2, f"rank {rank}: FSDP2 peak parameter bytes {peaks}, not {expected} per step"

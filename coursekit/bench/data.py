@@ -30,6 +30,7 @@ import argparse
 import statistics
 
 from ..launch import launch
+from ..models import LanguageData, tiny_transformer
 from ..train import train
 from ..trace import busy_time, hidden_fraction
 
@@ -127,4 +128,33 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         ratio = rows[our_key]["step"] / rows[their_key]["step"]
         print(f"| {ours} | {theirs} | {ratio:.2f}× |")
         targets.append((f"{ours} ≤ 1.1× {theirs}", f"{ratio:.2f}×", ratio <= 1.1))
+    peak_parameter_bytes(config)
     return targets
+
+
+def _four_blocks():
+    return tiny_transformer(seed=0, n_layers=4)  # with 2 blocks, "two consecutive blocks" is every block
+
+
+def _peaks(rank, world_size, config):
+    common = dict(model=_four_blocks, data=LanguageData(), steps=2, global_batch=config["global_batch"], record=False)
+    peaks = {strategy: max(train(rank, world_size, strategy, **common)["peak_param_bytes"])
+             for strategy in ("zero3_units", "torch_fsdp")}
+    peaks["zero3"] = train(rank, world_size, "zero3", **common)["peak_memory"]["params"]
+    return peaks
+
+
+def peak_parameter_bytes(config: dict, world_sizes: tuple[int, ...] = (2, 3)) -> None:
+    """Print rank 0's peak parameter bytes during a step: per-unit ZeRO-3 against FSDP2 and the whole-model ZeRO-3.
+
+    A 4-block transformer, one unit per block. Bytes, not time: exact and the same on every run
+    (tests/test_parallel_fsdp.py asserts the formulas: shards + root + two consecutive blocks, for both)."""
+    psi = sum(p.numel() for p in _four_blocks().parameters())
+    print(f"\n4-block transformer (Ψ = {psi:,} parameters, 4Ψ = {4 * psi:,} bytes), "
+          "peak parameter bytes on rank 0:\n")
+    print("| ranks | zero3_units (ours, one unit per block) | torch FSDP2 (fully_shard per block) "
+          "| zero3 (whole model) |")
+    print("|---|---|---|---|")
+    for world_size in world_sizes:
+        peaks = launch(_peaks, world_size, config, timeout=600)[0]
+        print(f"| {world_size} | {peaks['zero3_units']:,} | {peaks['torch_fsdp']:,} | {peaks['zero3']:,} |")

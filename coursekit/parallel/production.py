@@ -26,10 +26,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..memory import held_bytes
 from ..mesh import as_group
 from ..strategy import Setup, Strategy, optimizer_tensors, register
 
-__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP"]
+__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes"]
 
 
 def _optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
@@ -78,9 +79,51 @@ class TorchZeRO1(TorchDDP):
         return held
 
 
+class FSDP2ParameterBytes:
+    """The bytes of parameter storage an FSDP2 model holds, sampled before every leaf module's forward and
+    backward, and the maximum seen (:attr:`peak`), to set beside :class:`coursekit.parallel.fsdp.ShardedUnits`'
+    ``peak_param_bytes``.
+
+    What it counts, through FSDP2's own (private, torch 2.13) objects: every parameter's padded shard, every
+    all-gather output in flight and every unsharded parameter still allocated; a freed buffer (its storage
+    resized to 0, as FSDP2 frees) counts nothing, a view nothing extra (:func:`coursekit.memory.held_bytes`).
+
+        >>> meter = FSDP2ParameterBytes(model)       # after fully_shard   # doctest: +SKIP
+        >>> loss_fn(model(x), y).backward(); meter.reset()   # this step's peak
+    """
+
+    def __init__(self, model: nn.Module):
+        self.groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules()
+                       if hasattr(m, "_get_fsdp_state") and m._get_fsdp_state()._fsdp_param_group is not None]
+        if not self.groups:
+            raise ValueError("FSDP2ParameterBytes needs a model after fully_shard: it has no FSDP parameter group.")
+        self.peak = 0
+        for module in model.modules():
+            if not list(module.children()):
+                module.register_forward_pre_hook(self.sample)
+                module.register_full_backward_pre_hook(self.sample)
+
+    def held(self) -> int:
+        tensors = [g._all_gather_result.all_gather_output for g in self.groups if g._all_gather_result is not None]
+        for fsdp_param in (fp for g in self.groups for fp in g.fsdp_params):
+            tensors += [fsdp_param._sharded_param_data, *fsdp_param.all_gather_outputs]
+        return held_bytes(tensors)
+
+    def sample(self, *_) -> None:
+        self.peak = max(self.peak, self.held())
+
+    def reset(self) -> int:
+        """The peak since the last reset; start measuring afresh."""
+        peak, self.peak = self.peak, self.held()
+        return peak
+
+
 @register("torch_fsdp")
 class TorchFSDP(Strategy):
-    """FSDP2: ``fully_shard`` on each block of the model, then on the root; parameters become DTensors."""
+    """FSDP2: ``fully_shard`` on each block of the model, then on the root; parameters become DTensors.
+
+    Its counters give ``peak_param_bytes`` per step, measured by :class:`FSDP2ParameterBytes`, as
+    ``"zero3_units"`` gives its own."""
 
     def __init__(self, setup: Setup):
         from torch.distributed.device_mesh import DeviceMesh
@@ -93,6 +136,14 @@ class TorchFSDP(Strategy):
             fully_shard(block, mesh=mesh)  # one unit per block (per layer of the MLP)
         fully_shard(self.model, mesh=mesh)
         self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+        self.meter, self.peaks = FSDP2ParameterBytes(self.model), []
+
+    def zero_grad(self) -> None:
+        self.peaks.append(self.meter.reset())  # this step's peak; the next step starts afresh
+        super().zero_grad()
+
+    def counters(self) -> dict:
+        return {"peak_param_bytes": list(self.peaks)}
 
     def backward_context(self, last: bool):
         # accumulate gradients locally, reduce-scatter only after the last micro-batch (FSDP2's no_sync)
