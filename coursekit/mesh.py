@@ -30,6 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ._launcher.gloo_threads import batch_gloo_loop_threads
+
 __all__ = ["Mesh", "MeshAxis", "as_group"]
 
 
@@ -82,6 +84,7 @@ class Mesh:
                 group = dist.new_group(ranks)
                 if me in ranks:
                     self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
+        batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see _launcher.gloo_threads)
 
     def __getitem__(self, name: str) -> MeshAxis:
         if name not in self._axes:

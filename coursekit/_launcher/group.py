@@ -11,6 +11,7 @@ import sys
 from datetime import timedelta
 
 from ..waiting import waiting_on
+from .gloo_threads import batch_gloo_loop_threads
 
 
 def join_process_group(rank: int, world_size: int, backend: str, store_path: str, timeout: float) -> None:
@@ -28,3 +29,4 @@ def join_process_group(rank: int, world_size: int, backend: str, store_path: str
     with waiting_on("init_process_group (waiting for the other ranks to start)"):
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=timeout), device_id=device_id)
+    batch_gloo_loop_threads()  # see .gloo_threads: point-to-point up to 4x faster on a busy CPU
