@@ -17,6 +17,7 @@ from . import comm
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
+_CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 
 
@@ -59,6 +60,17 @@ def _buffer(numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
+def _signature_tensor(numel: int, code: int) -> torch.Tensor:
+    """``tensor([numel, code])``, made once per signature and reused (only ever read: it is what we send)."""
+    cache = getattr(_scratch, "signatures", None)
+    if cache is None or len(cache) > 256:  # a run uses a handful of lengths; never let it grow unbounded
+        cache = _scratch.signatures = {}
+    tensor = cache.get((numel, code))
+    if tensor is None:
+        tensor = cache[(numel, code)] = torch.tensor([numel, code], dtype=torch.int64)
+    return tensor
+
+
 def _describe(signature: list[int]) -> str:
     numel, code = signature
     return f"{numel} elements of {_DTYPES[code] if 0 <= code < len(_DTYPES) else 'another dtype'}"
@@ -78,8 +90,8 @@ class _LengthCheck:
     """
 
     def __init__(self, flat: torch.Tensor, name: str, group, send_to: list[int], recv_from: list[int]):
-        code = _DTYPES.index(flat.dtype) if flat.dtype in _DTYPES else -1
-        self.mine = torch.tensor([flat.numel(), code], dtype=torch.int64)
+        self.signature = [flat.numel(), _CODES.get(flat.dtype, -1)]
+        self.mine = _signature_tensor(*self.signature)
         self.name, self.group, self.recv_from = name, group, recv_from
         self.theirs = [torch.empty(2, dtype=torch.int64) for _ in recv_from]
         with comm.control(), comm.phase("check lengths"):
@@ -96,7 +108,7 @@ class _LengthCheck:
         for work in self.receives:
             work.wait()
         for peer, other in zip(self.recv_from, self.theirs):
-            if not torch.equal(other, self.mine):
+            if other.tolist() != self.signature:
                 raise ValueError(f"{self.name}: rank {comm.get_rank(self.group)} has {_describe(self.mine.tolist())} "
                                  f"but rank {peer} has {_describe(other.tolist())}. Every rank must pass a tensor "
                                  f"of the same length and dtype (did one rank build its gradients differently?).")

@@ -122,15 +122,20 @@ def _record(tensor: torch.Tensor, dst: int, group) -> None:
         traffic.transfers.append(transfer)
 
 
-@contextmanager
-def control() -> Iterator[None]:
-    """Mark the sends inside the block as control traffic (e.g. a length check), not payload."""
-    saved = _state.kind
-    _state.kind = "control"
-    try:
-        yield
-    finally:
-        _state.kind = saved
+class control:
+    """Mark the sends inside the block as control traffic (e.g. a length check), not payload:
+    ``with comm.control():``. A small class, as :class:`phase`: every length check enters one."""
+
+    __slots__ = ("saved",)
+
+    def __enter__(self) -> "control":
+        self.saved = _state.kind
+        _state.kind = "control"
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _state.kind = self.saved
+        return False
 
 
 # --------------------------------------------------------------------------
