@@ -5,8 +5,9 @@
 For each world size and message size (float32, powers of 4 from 4 KiB to
 64 MiB): the median time of torch's own all-reduce, of a *plain* ring (bare
 ``dist.isend``/``dist.irecv``: no length check, no counting, no waiting notes
--- what the algorithm costs in Python at all), of coursekit's ring (with its
-check and notes on), of master and naive; nccl-tests' algbw and busbw and the
+-- what the algorithm costs in Python at all), of coursekit's ring with its
+length check off (``check_lengths=False``: what the check costs) and on (the
+target), of master and naive; nccl-tests' algbw and busbw and the
 ratios to torch. The algorithms take turns **within every iteration** (a
 barrier before each), so a change in the machine's load hits all of them
 alike; one iteration's time is the slowest rank's (an all-reduce is done when
@@ -37,7 +38,7 @@ from .. import comm
 from ..collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
 from ..launch import launch
 
-ALGORITHMS = ["torch", "plain", "ring", "master", "naive"]
+ALGORITHMS = ["torch", "plain", "unchecked", "ring", "master", "naive"]
 
 
 def algbw(nbytes: float, seconds: float) -> float:
@@ -87,6 +88,8 @@ def _function(name: str):
         import torch.distributed as dist
 
         return lambda t: dist.all_reduce(t)
+    if name == "unchecked":  # coursekit's ring with its length check off: what the check costs
+        return lambda t: ring_all_reduce(t, check_lengths=False)
     return {"plain": plain_ring_all_reduce, "ring": ring_all_reduce, "master": master_all_reduce,
             "naive": naive_all_reduce}[name]
 
@@ -280,20 +283,22 @@ def _size_table(world_size: int, sizes: list[int], repeats: int) -> list[dict]:
     table = {(r["algorithm"], r["bytes"]): r for r in rows}
     print(f"\n### {world_size} ranks (gloo, float32; median ms, slowest rank per iteration, algorithms "
           f"interleaved)\n")
-    print("| size | torch | plain ring | ring | master | naive | plain / torch | ring / torch | master / torch "
-          "| naive / torch | ring algbw GB/s | ring busbw GB/s | torch busbw GB/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| size | torch | plain ring | ring, check off | ring | master | naive | plain / torch "
+          "| check off / torch | ring / torch | master / torch | naive / torch | ring algbw GB/s "
+          "| ring busbw GB/s | torch busbw GB/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for nbytes in sizes:
         t = {name: table[(name, nbytes)]["seconds"] for name in ALGORITHMS}
         print(f"| {_human(nbytes)} | " + " | ".join(f"{t[n] * 1e3:.3g}" for n in ALGORITHMS) + " | "
-              + " | ".join(f"{t[n] / t['torch']:.2f}" for n in ("plain", "ring", "master", "naive")) + " | "
+              + " | ".join(f"{t[n] / t['torch']:.2f}" for n in ("plain", "unchecked", "ring", "master", "naive"))
+              + " | "
               + f"{table[('ring', nbytes)]['algbw'] / 1e9:.2f} | {table[('ring', nbytes)]['busbw'] / 1e9:.2f} | "
               + f"{table[('torch', nbytes)]['busbw'] / 1e9:.2f} |")
     smallest = sizes[0]
     alpha = table[("ping-pong", smallest)]["seconds"] / 2
     print(f"\nFixed cost per call (time at {_human(smallest)} minus one α = {alpha * 1e6:.0f} µs, half a "
           f"{_human(smallest)} ping-pong): " + ", ".join(
-              f"{n} {(table[(n, smallest)]['seconds'] - alpha) * 1e6:.0f} µs" for n in ("torch", "plain", "ring")))
+              f"{n} {(table[(n, smallest)]['seconds'] - alpha) * 1e6:.0f} µs" for n in ("torch", "plain", "unchecked", "ring")))
     fits = fit_alpha_beta(rows)
     print("\nα–β fit (time = α + β·bytes): " + "; ".join(
         f"{n}: α = {a * 1e6:.0f} µs, 1/β = {1 / b / 1e9 if b else float('inf'):.2f} GB/s"
