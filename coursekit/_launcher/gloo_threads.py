@@ -22,7 +22,10 @@ thread waits (which it does right after posting), but it no longer throws the
 lock holder off the core. Same fairness, no privilege needed, nothing changes on
 a machine with a free core per thread. Every gloo group gets one: call this after
 creating groups (:func:`coursekit.launch` does after ``init_process_group``,
-:class:`coursekit.Mesh` after its groups).
+:class:`coursekit.Mesh` after its groups). Groups made elsewhere -- your own
+``dist.new_group``, or torch's ``init_device_mesh`` with two or more dims (a 1-D
+mesh over every rank reuses the default group) -- keep gloo's default policy
+until :func:`batch_gloo_loop_threads` is called again.
 """
 
 from __future__ import annotations
