@@ -35,23 +35,33 @@ import os
 LOOP_THREAD = "gloo_tcp_loop"  # the name gloo gives its event-loop thread (/proc/<pid>/task/<tid>/comm)
 
 
+def gloo_loop_threads() -> list[int]:
+    """Thread ids of this process's gloo event-loop threads (none where Linux's /proc is not there)."""
+    tids = []
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else ():
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().startswith(LOOP_THREAD):
+                    tids.append(int(tid))
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+    return tids
+
+
 def batch_gloo_loop_threads() -> int:
     """Put this process's gloo event-loop threads under ``SCHED_BATCH``; return how many were changed.
 
     Safe to call any number of times (threads already batched are skipped) and a no-op
     where Linux's per-thread scheduling is not available.
     """
-    if not hasattr(os, "SCHED_BATCH") or not os.path.isdir("/proc/self/task"):
+    if not hasattr(os, "SCHED_BATCH"):
         return 0
     changed = 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid in gloo_loop_threads():
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith(LOOP_THREAD):
-                    continue
-            if os.sched_getscheduler(int(tid)) == os.SCHED_OTHER:
-                os.sched_setscheduler(int(tid), os.SCHED_BATCH, os.sched_param(0))
+            if os.sched_getscheduler(tid) == os.SCHED_OTHER:
+                os.sched_setscheduler(tid, os.SCHED_BATCH, os.sched_param(0))
                 changed += 1
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
+        except (ProcessLookupError, PermissionError):
             continue  # the thread ended meanwhile, or a sandbox forbids it: the run is just slower
     return changed

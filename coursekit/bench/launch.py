@@ -22,7 +22,7 @@ import argparse
 import statistics
 import time
 
-from .._launcher.gloo_threads import LOOP_THREAD
+from .._launcher.gloo_threads import gloo_loop_threads
 from ..launch import Cluster, launch
 
 
@@ -42,10 +42,8 @@ def _median_seconds(call, repeats: int) -> float:
 def _loop_policy(policy: int) -> None:
     import os
 
-    for tid in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            if f.read().startswith(LOOP_THREAD):
-                os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+    for tid in gloo_loop_threads():
+        os.sched_setscheduler(tid, policy, os.sched_param(0))
 
 
 def _policy_rank(rank: int, world_size: int, repeats: int) -> dict:
@@ -54,12 +52,11 @@ def _policy_rank(rank: int, world_size: int, repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
-    small, big = torch.zeros(1024), torch.zeros(1 << 18)
-    into = [torch.empty(1024) for _ in range(2)]
+    small, into, big = torch.zeros(1024), torch.empty(1024), torch.zeros(1 << 18)
     right, left = (rank + 1) % world_size, (rank - 1) % world_size
 
     def exchange():  # send to the right, receive from the left, both at once (one ring step)
-        works = [dist.irecv(into[0], left), dist.isend(small, right)]
+        works = [dist.irecv(into, left), dist.isend(small, right)]
         for work in works:
             work.wait()
 
