@@ -23,6 +23,7 @@ import re
 import subprocess
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -184,6 +185,25 @@ def _text(source: str | list[str]) -> str:
     return source if isinstance(source, str) else "".join(source)
 
 
+def _first_page(url: str, proc: subprocess.Popen, lines: list[str]) -> str:
+    """GET the URL `make lab` printed. Seen once in a fresh-clone `make test` (and not in the runs
+    before or after): "Connection refused" right after the URL was printed, whose cause is not
+    found yet. So a refusal is retried for a few seconds, and a failure says whether the server
+    was still alive and what it printed, for whoever meets it next."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response:
+                assert response.status == 200
+                return response.read().decode()
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError) or time.monotonic() > deadline:
+                alive = "still running" if proc.poll() is None else f"exited with {proc.returncode}"
+                raise AssertionError(f"{url}: {error.reason}; `make lab` {alive}; its last lines:\n"
+                                     + "".join(lines[-40:])) from error
+            time.sleep(0.5)
+
+
 def test_make_lab_serves_the_welcome_notebook():
     """`make lab` exactly as README says (on a free port, without opening a
     browser): the printed URL works, the page carries the ipywidgets front end,
@@ -214,9 +234,7 @@ def test_make_lab_serves_the_welcome_notebook():
         token = url[0].rsplit("token=", 1)[1]
         assert "/lab" in url[0]
 
-        with urllib.request.urlopen(url[0], timeout=60) as response:
-            assert response.status == 200
-            page = response.read().decode()
+        page = _first_page(url[0], proc, lines)
         config = json.loads(re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>',
                                       page, re.S).group(1))
         assert config["appName"] == "JupyterLab"
