@@ -94,3 +94,32 @@ def test_calibration_target_leaves_each_size_out_and_flags_the_one_the_model_mis
     fast = {**exact, 16 << 20: exact[16 << 20] / 1.4}
     met = {name: ok for name, _, ok in calibration_targets(rows(fast))}
     assert met["network model within ±30% of the ring at 16 MiB, 2 ranks"] is False, met
+
+
+def test_paired_ratio_pairs_iterations_and_its_interval_brackets_the_median():
+    """Iteration i of the ring is divided by iteration i of torch (the same machine load), not sorted lists
+    against each other; equal ratios give a zero-width interval; noisy ones an interval around the median.
+    Planted bugs (seen failing): ratios of the sorted lists (0.5 -> 1.0); the interval from the raw
+    ratios' percentiles instead of the bootstrapped medians' (much wider: [0.59, 1.72] where the
+    median's is [0.95, 1.01])."""
+    from coursekit.bench.allreduce import paired_ratio
+
+    assert paired_ratio([4.0, 1.0, 2.0], [1.0, 2.0, 4.0])[0] == 0.5
+    assert paired_ratio([1.1, 11.0, 110.0], [1.0, 10.0, 100.0]) == pytest.approx((1.1, 1.1, 1.1))
+    import numpy as np
+
+    noisy = list(np.random.default_rng(1).lognormal(0.0, 0.3, size=400))
+    median, low, high = paired_ratio(noisy, [1.0] * 400)
+    assert low < median < high
+    assert 0.9 < low and high < 1.1, (low, high)  # the median's interval, not the spread of single ratios
+    with pytest.raises(ValueError, match="equally long"):
+        paired_ratio([1.0, 2.0], [1.0])
+
+
+def test_ring_target_names_the_paired_ratio_and_its_interval_when_samples_are_there():
+    """The target is still the ratio of medians; with per-iteration samples the line adds the paired median and
+    its interval. Planted bug (seen failing): samples paired ring-with-ring (paired 1.00)."""
+    rows = [{"algorithm": "ring", "bytes": 1 << 20, "seconds": 2.0, "world_size": 4, "samples": [2.0, 2.0, 4.0]},
+            {"algorithm": "torch", "bytes": 1 << 20, "seconds": 1.0, "world_size": 4, "samples": [1.0, 1.0, 1.0]}]
+    assert ring_vs_torch_targets(rows) == [("ring ≤ torch at 1 MiB, 4 ranks",
+                                            "ring / torch = 2.00 (paired 2.00, 95% CI 2.00–4.00)", False)]

@@ -23,7 +23,10 @@ are fitted to the ring's measured times by :func:`coursekit.netsim.calibrate`
 leaving out one size at a time, and the model's time for the size left out is
 compared with the measurement. Targets: coursekit's ring no slower than torch
 at every size >= 1 MiB on every world size measured; counting off < 5%; the
-model within ±30% of the measured 2-rank ring at every size >= 1 MiB.
+model within ±30% of the measured 2-rank ring at every size >= 1 MiB. Each
+ring-versus-torch line also gives the median of the per-iteration ratios and a
+bootstrap 95% interval for it (:func:`paired_ratio`): an interval that
+contains 1.00 says the two are tied within this machine's noise.
 """
 
 from __future__ import annotations
@@ -153,8 +156,33 @@ def measure(world_size: int, sizes: list[int], algorithms: list[str] = ALGORITHM
         slowest = [max(samples) for samples in zip(*(r[(name, nbytes)] for r in per_rank))]
         seconds = statistics.median(slowest)
         rows.append({"algorithm": name, "bytes": nbytes, "world_size": world_size, "seconds": seconds,
-                     "algbw": algbw(nbytes, seconds), "busbw": busbw(nbytes, seconds, world_size)})
+                     "algbw": algbw(nbytes, seconds), "busbw": busbw(nbytes, seconds, world_size),
+                     "samples": slowest})
     return rows
+
+
+def paired_ratio(numerator: list[float], denominator: list[float], resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:
+    """``(median, low, high)`` of the per-iteration ratios ``numerator[i] / denominator[i]``, with a
+    bootstrap 95% interval for that median.
+
+    Why paired: the algorithms take turns within every iteration, so iteration ``i`` of both saw the same
+    machine. On this VM the load drifts by ±10-20% between runs and within one; a ratio of two
+    medians carries all of that, the median of same-iteration ratios much less, and the interval says
+    whether "slower" is a measurement or noise (an interval containing 1.00 is a tie).
+
+        >>> paired_ratio([4.0, 1.0, 2.0], [1.0, 2.0, 4.0])[0]      # iteration by iteration: 4, 0.5, 0.5
+        0.5
+    """
+    import numpy as np
+
+    if len(numerator) != len(denominator) or not numerator:
+        raise ValueError(f"paired_ratio needs two equally long, non-empty lists of per-iteration times "
+                         f"(got {len(numerator)} and {len(denominator)}).")
+    ratios = np.asarray(numerator, dtype=float) / np.asarray(denominator, dtype=float)
+    picks = np.random.default_rng(seed).integers(0, len(ratios), size=(resamples, len(ratios)))
+    low, high = np.percentile(np.median(ratios[picks], axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
 
 
 def fit_alpha_beta(rows: list[dict]) -> dict[str, tuple[float, float]]:
@@ -271,9 +299,14 @@ def ring_vs_torch_targets(rows: list[dict], world_sizes: tuple[int, ...] = (4,))
     for world_size in world_sizes:
         seconds = {(r["algorithm"], r["bytes"]): r["seconds"] for r in rows if r["world_size"] == world_size}
         sizes = sorted(nbytes for name, nbytes in seconds if name == "ring" and nbytes >= 1 << 20)
-        targets += [(f"ring ≤ torch at {_human(nbytes)}, {world_size} ranks", f"ring / torch = "
-                     f"{seconds[('ring', nbytes)] / seconds[('torch', nbytes)]:.2f}",
-                     seconds[("ring", nbytes)] <= seconds[("torch", nbytes)]) for nbytes in sizes]
+        samples = {(r["algorithm"], r["bytes"]): r.get("samples") for r in rows if r["world_size"] == world_size}
+        for nbytes in sizes:
+            measured = f"ring / torch = {seconds[('ring', nbytes)] / seconds[('torch', nbytes)]:.2f}"
+            if samples[("ring", nbytes)] and samples[("torch", nbytes)]:
+                median, low, high = paired_ratio(samples[("ring", nbytes)], samples[("torch", nbytes)])
+                measured += f" (paired {median:.2f}, 95% CI {low:.2f}–{high:.2f})"
+            targets.append((f"ring ≤ torch at {_human(nbytes)}, {world_size} ranks", measured,
+                            seconds[("ring", nbytes)] <= seconds[("torch", nbytes)]))
     return targets
 
 
