@@ -12,9 +12,12 @@
 # **run**, **counted** (every element that crosses a link), **timed**, and for the ring, **stepped
 # through** one transfer at a time. At the end we answer the interview with numbers.
 #
-# Everything here runs on real `torch.distributed` ranks (processes talking through gloo on the CPU, or
-# NCCL on GPUs). The three algorithms live in `coursekit/collectives.py`, built only from point-to-point
-# `send`/`recv` (`coursekit/comm.py`, which also counts every transfer): read them next to this notebook.
+# The runs and timings here are real `torch.distributed` ranks (processes talking through gloo on the
+# CPU, or NCCL on GPUs); the counts at many world sizes come from the simulator, which runs the same
+# code in one process, and the cluster's times from a network model that replays that code's traces.
+# Naive and master live in `coursekit/collectives.py`, the ring in `coursekit/ring.py`, all built only
+# from point-to-point `send`/`recv` (`coursekit/comm.py`, which also counts every transfer): read them
+# next to this notebook.
 
 # %% tags=["parameters"]
 # Parameters: small so the notebook runs in well under a minute; raise them to see more.
@@ -215,13 +218,14 @@ for G in range(2, 9):
 print("\nG = 4, the ring against N (exact, uneven segments included):")
 for numel in (3, 4, 10, 1001, 100_000):
     traffic = comm.simulate(count, 4, "ring", numel).traffic
-    print(f"  N = {numel:>6}: moved {traffic.total:>6} = 2·(G−1)·N = {6 * numel:>6};"
-          f"  per rank {list(traffic.sent.values())} = formula {list(ring_traffic(numel, 4).values())}")
+    total, per_rank, formula = traffic.total, list(traffic.sent.values()), list(ring_traffic(numel, 4).values())
+    print(f"  N = {numel:>6}: moved {total:>6} {'=' if total == 2 * 3 * numel else '≠'} 2·(G−1)·N = {2 * 3 * numel:>6};"
+          f"  per rank {per_rank} {'=' if per_rank == formula else '≠'} formula {formula}")
 
 # %%
 fig, ax = plt.subplots(figsize=(6, 3.6))
 plot_traffic(rows, ax=ax)
-ax.set_title("Elements moved per all-reduce: counted (dots) vs formula (lines)")
+ax.set_title("Elements moved per all-reduce: counted (markers) vs formula (lines)")
 plt.show()
 
 # %% [markdown]
@@ -243,7 +247,7 @@ for name in ALGORITHMS:
     interface[name] = max(max(traffic.sent.values()), max(traffic.received.values()))
     pair[name] = max(links.values())          # the busiest (sender, receiver) pair, one direction
     print(f"{name:<7} total {traffic.total:>6}  busiest rank {traffic.busiest_rank} carries "
-          f"{loads[name][traffic.busiest_rank]:>6} ({loads[name][traffic.busiest_rank] / (2 * traffic.total):.0%} of all "
+          f"{loads[name][traffic.busiest_rank]:>6} ({loads[name][traffic.busiest_rank] / (2 * traffic.total):.1%} of all "
           f"sends+receives)  busiest link {max(links.values()):>5} elements over {len(links)} links")
 print(f"\n{'':<7} {'per pair (busiest)':>19} {'per GPU interface (busiest direction)':>38}")
 for name in ALGORITHMS:
@@ -263,9 +267,10 @@ plt.show()
 # master's (the table: 1,752 against 1,001 elements, since a ring rank sends all its segments to one
 # neighbour while every master pair carries one tensor). That does not make the ring slower: a GPU has
 # *one* network interface, and every pair it talks to shares it. The master's interface must take in
-# 7 × 1,001 = 7,007 elements (and send as many, at the same time: a full-duplex link does not add in and
-# out), the ring's 1,752. **The per-GPU interface load limits the time**, and the network model below
-# times exactly that: each GPU's send side and receive side, whatever the pairs.
+# 7 × 1,001 = 7,007 elements and then send as many back (a full-duplex link could overlap the two; this
+# master does them one after the other, and the interview at the end times both), the ring's 1,752.
+# **The per-GPU interface load limits the time**, and the network model below times exactly that: each
+# GPU's send side and receive side, whatever the pairs.
 # Now timed on real ranks, for a 4 MiB tensor as G grows. Read it with care: here every "GPU" is a
 # process, and they share this machine's CPU cores (the first line of the output says how many).
 
@@ -295,8 +300,11 @@ plt.show()
 # call) waits more often than the master (2 hand-offs). So beyond the number of cores the figure times
 # the **scheduler**, not a network, and either algorithm may come out ahead from one run to the next.
 # Only at G ≤ the number of cores does each rank have a core to itself; on a 2-core laptop that is
-# G = 2, where master and ring move the same data through the same pair of processes. The loads counted
-# above do not depend on the machine; what a cluster makes of them is the network model's job, next.
+# G = 2, where master and ring move the same bytes between the same two processes, though not in the
+# same order: the master's two messages of N go one after the other (in, then out), the ring's four
+# messages of N/2 go two at a time, one each way, which a full-duplex link can carry in up to half the
+# time. Nothing at G = 2 is about scaling yet. The loads counted above do not depend on the machine;
+# what a cluster makes of them is the network model's job, next.
 
 # %% [markdown]
 # ## Time against message size, and the α–β model
@@ -310,9 +318,11 @@ plt.show()
 # | master | 2 | `(G−1)·n` through the master, each way |
 # | ring | `2·(G−1)` | `2·(G−1)/G · n` |
 #
-# The ring pays more latency (more steps) but the least bandwidth: it wins for large messages, which
-# is what gradients are. Measured on real ranks (median of `REPEATS`, slowest rank per iteration), with
-# `torch.distributed.all_reduce` (gloo here, NCCL on GPUs) for reference, and a fitted `α + β·bytes`:
+# The ring pays more latency (more steps) but the least bandwidth: on a network it wins for large
+# messages, which is what gradients are (the network model below shows from which size). This laptop
+# need not agree at the sizes it can run; the note after the figure says why. Measured on real ranks
+# (median of `REPEATS`, slowest rank per iteration), with `torch.distributed.all_reduce` (gloo here,
+# NCCL on GPUs) for reference, and a fitted `α + β·bytes`:
 
 # %%
 timing_rows = measure(WORLD_SIZE, [k << 10 for k in SIZES_KIB], ["torch", "ring", "master", "naive"],
@@ -347,8 +357,9 @@ plt.show()
 #
 # * **algbw** = `bytes / time`: how fast the *user's* tensor got all-reduced.
 # * **busbw** = `algbw · 2(n−1)/n` for all-reduce: the bandwidth each link actually sustained in an
-#   optimal (ring) all-reduce, since each rank must send and receive `2(n−1)/n` of the tensor. It does not
-#   depend on `n`, so it compares directly with the hardware's link bandwidth.
+#   optimal (ring) all-reduce, since each rank must send and receive `2(n−1)/n` of the tensor. The factor
+#   takes the rank count out, so ideally busbw stays the same whatever `n`, and it compares directly
+#   with the hardware's link bandwidth.
 
 # %%
 print(f"{'size':>8} {'ring algbw':>11} {'ring busbw':>11} {'torch busbw':>12}  (GB/s, {WORLD_SIZE} ranks)")
@@ -376,8 +387,9 @@ assert abs(busbw(1e6, 1e-3, 4) - algbw(1e6, 1e-3) * 1.5) < 1e-6  # 2(n-1)/n = 1.
 #
 # The model replays recorded traces up to `MODEL_RECORD_MAX_G` GPUs (the trace of a flat ring holds
 # 2·G·(G−1) messages; at 1,024 GPUs that is two million, minutes of Python). Beyond, the lines are the
-# closed forms derived in `netsim`'s docstring, which `tests/test_netsim.py` proves equal to the model
-# wherever both run (and which this cell checks again at every recorded G):
+# closed forms derived in `netsim`'s docstring, which `tests/test_netsim.py` checks against the model
+# on many recorded cases (exactly equal where G divides N; otherwise the ring's closed form is an upper
+# bound), and which this cell checks again at every recorded G:
 
 # %% tags=["nbval-check-output"]
 CLUSTER = Network(bandwidth=400e9 / 8, latency=10e-6, gpus_per_node=8, intra_bandwidth=450e9, intra_latency=2e-6)
@@ -417,10 +429,12 @@ plt.show()
 # %% [markdown]
 # Read the lines against the table above it:
 #
-# * **master** grows linearly in G: its one interface takes in `(G−1)·N` and sends as much, so
-#   `2·α + 2·(G−1)·N·b/B` (the jump after G = 8 is the move from NVLink to InfiniBand).
-# * **ring**: its *bandwidth term* (dashed) stays flat, `2·(G−1)/G · N·b/B ≈ 2·N·b/B`, whatever G;
-#   its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
+# * **master** grows linearly in G: its InfiniBand interface takes in `(G−k)·N` (the other `k−1`
+#   gradients of its node arrive over NVLink) and then sends as much back, so `2·α + 2·(G−k)·N·b/B`
+#   (the jump after G = 8 is the move from NVLink to InfiniBand).
+# * **ring**: its *bandwidth term* (dashed) is `2·(G−1)/G · N·b/B ≈ 2·N·b/B`: flat once the ring spans
+#   nodes (G ≥ 16); like the master's, it jumps after G = 8, where NVLink gives way to InfiniBand.
+#   Its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
 #   over a hundred times its bandwidth term for a 4 MiB bucket. For the 14 GB gradient the bandwidth
 #   term still dominates.
 # * **hierarchical** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
@@ -428,8 +442,8 @@ plt.show()
 #
 # ### The same model with this machine's fitted α and B
 #
-# `netsim.calibrate` fits `α` and `B` so that the model reproduces a measured 2-rank ring (G = 2: the
-# one world size where each rank has a core here), then the same model extrapolates to G GPUs on a
+# `netsim.calibrate` finds the `α` and `B` with which the model best fits a measured 2-rank ring (G = 2:
+# the one world size where each rank has a core here), then the same model extrapolates to G GPUs on a
 # switch made of this machine's "links" (loopback memory copies):
 
 # %%
@@ -449,8 +463,9 @@ plt.show()
 # The shape is the cluster's: the master's line rises linearly with G, the ring's bandwidth term is
 # flat and its latency term climbs with `2·(G−1)·α`. This machine's `α` (fitted above) is far larger
 # than a network's: it is mostly the per-call work of the collective and the wait for a core, not a
-# wire. The fit rests on one world size and a few sizes on a shared machine, so read its percentages
-# above as the honest error of a two-number model, not as a calibration to trust at 1,024 GPUs.
+# wire. The fit rests on one world size and a few sizes on a shared, noisy machine (the same 4 MiB
+# ring can time differently in this cell than in the one above), so read its percentages above as the
+# error of a two-number model on such a machine, not as a calibration to trust at 1,024 GPUs.
 #
 # ## Hierarchical all-reduce: rings inside nodes, rings of shards across them
 #
@@ -495,11 +510,15 @@ for r in range(4):
 
 # %% tags=["nbval-check-output"]
 G = 1024
+GRID = [G * 2**j for j in range(31)]  # G to 2^30·G elements: where crossover() searches
 for first, second in (("ring", "naive"), ("hierarchical", "naive"), ("hierarchical", "master"),
                       ("hierarchical", "ring"), ("ring", "hierarchical")):
     at = crossover(first, second, G, CLUSTER)
-    print(f"{first:>12} beats {second:<12} " + ("never" if at is None else
-          "at every size" if at == G else f"from {_size_label(at * 4)} (float32) on"))
+    # crossover() assumes one crossing; check it on the grid before saying "from ... on"
+    wins = [closed_form_time(first, G, n, CLUSTER) < closed_form_time(second, G, n, CLUSTER) for n in GRID]
+    assert wins == sorted(wins), f"{first} vs {second}: more than one crossing"
+    print(f"{first:>12} beats {second:<12} " + ("never (up to 2^30·G elements)" if at is None else
+          "at every size from G elements on" if at == G else f"from {_size_label(at * 4)} (float32) on"))
 ring_latency = closed_form_time("ring", G, G, Network(float("inf"), 10e-6, 8, float("inf"), 2e-6))
 bytes_per_s = closed_form_time("ring", G, G * 2**20, Network(50e9, 0.0, 8, 450e9, 0.0)) / (G * 2**20 * 4)
 print(f"\nflat ring: latency term {ring_latency * 1e3:.2f} ms; it equals the bandwidth term at "
@@ -512,7 +531,8 @@ print(f"hierarchical at 4 MiB: {closed_form_time('hierarchical', G, 2**20, CLUST
 # pays 268 latencies instead of 2,046, and each GPU sends `1/k` of the bytes over InfiniBand because
 # all 8 GPUs of a node drive their own network links at once (the flat ring crosses each node
 # boundary on one link). Below about 124 KiB even the naive all-to-all (one step, one latency) beats
-# it: tiny messages are all latency, which is why NCCL switches to one-shot and tree algorithms there.
+# it: tiny messages are all latency, which is why NCCL uses tree algorithms and its low-latency
+# protocols (LL, LL128) for small messages.
 # The flat ring stays latency-bound until half a gigabyte: its 20.46 ms of latency equal its
 # bandwidth term only at 512 MB.
 #
@@ -554,17 +574,26 @@ overlapped = simulate_time(comm.Traffic([replace(t, phase="overlapped", step=0) 
                                         GPUS), CLUSTER, BYTES)
 ring = closed_form_time("ring", GPUS, numel, CLUSTER, BYTES)
 hier = closed_form_time("hierarchical", GPUS, numel, CLUSTER, BYTES)
-root = master.steps[0]
+root, k = master.steps[0], CLUSTER.gpus_per_node
+side = "network interface" if root.bottleneck[1] == "net" else "NVLink side"
 print(f"model: {MODEL_PARAMS / 1e9:.0f}B parameters, bf16 gradients = {psi / 1e9:.0f} GB per GPU per step, "
-      f"{GPUS} GPUs in nodes of 8")
-print(f"parameter server: its network interface takes in {root.bytes / 1e12:.2f} TB, then sends as much")
+      f"{GPUS} GPUs in nodes of {k}")
+print(f"parameter server: its {side} takes in {root.bytes / 1e12:.2f} TB, then sends as much")
 print(f"   -> {master.total:,.0f} s per step if it receives everything before it sends; "
       f"{overlapped.total:,.0f} s if it forwards each chunk at once")
 print(f"flat ring:        every GPU sends {2 * (GPUS - 1) / GPUS * psi / 1e9:.2f} GB in {2 * (GPUS - 1)} steps"
       f" -> {ring:.3f} s")
-print(f"hierarchical:     {2 * 7 + 2 * (GPUS // 8 - 1)} steps, 1/8 of the bytes over InfiniBand -> {hier:.3f} s")
-print(f"the ring is {master.total / ring:,.0f}x faster than the first master and {overlapped.total / ring:,.0f}x "
-      f"faster than the second; the hierarchical all-reduce {ring / hier:.1f}x faster than the ring")
+print(f"hierarchical:     {2 * (k - 1) + 2 * (GPUS // k - 1)} steps, 1/{k} of the bytes over InfiniBand "
+      f"-> {hier:.3f} s")
+
+
+def speed(slow: float, fast: float) -> str:
+    """'959x faster' (or '1.3x slower' if the second time is the larger one)."""
+    return f"{slow / fast:,.{0 if slow / fast >= 10 else 1}f}x faster" if slow >= fast else f"{fast / slow:,.1f}x slower"
+
+
+print(f"the ring is {speed(master.total, ring)} than the first master and {speed(overlapped.total, ring)} "
+      f"than the second; the hierarchical all-reduce {speed(ring, hier)} than the ring")
 
 # %% [markdown]
 # So the answer that passes the interview: **all-reduce the gradients with a bandwidth-optimal
