@@ -28,3 +28,11 @@ def test_stacked_timelines_share_the_time_axis():
     fig = draw_timelines({"a": SPANS, "b": [s for s in SPANS if s.rank == 0]})
     assert len(fig.axes) == 2
     assert fig.axes[0].get_xlim() == fig.axes[1].get_xlim()
+
+
+def test_hidden_share_can_be_left_out_of_the_title_where_it_means_nothing():
+    """Chapter 03's chain has no communication to hide: its title must not claim "0% hidden". Planted bug (seen
+    failing): the option not passed on by draw_timelines (the suffix is back on the stacked chart)."""
+    assert draw_timeline(SPANS, title="chain", hidden_share=False).axes[0].get_title() == "chain"
+    fig = draw_timelines({"chain": SPANS}, hidden_share=False)
+    assert fig.axes[0].get_title() == "chain"

@@ -22,10 +22,12 @@ COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "comm": "#DD8452", "opti
 
 
 def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: float | None = None,
-                  end: float | None = None, scale: float = 1e3):
+                  end: float | None = None, scale: float = 1e3, hidden_share: bool = True):
     """Draw ``spans`` (from :meth:`coursekit.trace.Tracer.gather`); times shown in ms by default.
 
-    ``start``/``end`` (seconds) crop the view, e.g. to the last steps. Returns the figure.
+    ``start``/``end`` (seconds) crop the view, e.g. to the last steps. The title adds the share of
+    communication hidden behind backward; ``hidden_share=False`` leaves it out where it means nothing
+    (a chain whose only communication is the wait itself). Returns the figure.
     """
     ranks = sorted({s.rank for s in spans})
     if ax is None:
@@ -49,7 +51,7 @@ def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: f
     ax.set_xlabel("time (ms)" if scale == 1e3 else "time")
     fraction = hidden_fraction([s for s in spans if lo <= s.start <= hi])
     label = title or "timeline"
-    if fraction == fraction:  # not NaN
+    if hidden_share and fraction == fraction:  # not NaN
         label += f"  —  {fraction:.0%} of communication hidden behind backward"
     ax.set_title(label, fontsize=10)
     ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in KINDS], ncol=5, fontsize=8,
