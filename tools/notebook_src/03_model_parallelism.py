@@ -132,15 +132,18 @@ begin = forwards[0][1]                                  # from step 1 on: step 0
 end = max(s.end for s in spans if s.kind == "optimizer")
 steady = [s for s in spans if s.start >= begin]
 last_two = [s for s in spans if s.start >= forwards[0][-2]]
-fig = draw_timelines({f"model parallel, 2 ranks: the last two of {TIMELINE_STEPS} steps": last_two})
+fig = draw_timelines({f"model parallel, 2 ranks: the last two of {TIMELINE_STEPS} steps": last_two},
+                    hidden_share=False)  # a chain has no communication to hide: it waits
 plt.show()
 
 # %% [markdown]
 # Measured over every step but the first: for each rank, the share of the wall-clock time it spent
 # computing (forward + backward) and in its optimiser step; the rest it was **idle** — not computing. Of
 # that idle time, the part spent blocked in a receive is traced (grey above); the remainder is the sends
-# themselves, the loss broadcast at the end of the step (where a rank that is done waits for the other)
-# and Python between the calls. And the share of the time during which **both** ranks computed at once.
+# themselves, the loss broadcast at the end of the step (where a rank that is done waits for the other),
+# the work around forward and backward that one process does too (building the batch, `zero_grad`, the
+# memory bookkeeping) and Python between the calls. And the share of the time during which **both**
+# ranks computed at once.
 
 # %%
 window = end - begin
@@ -151,7 +154,7 @@ for r in (0, 1):
     computing, stepping = union_length(compute[r]) / window, busy_time(steady, "optimizer", r) / window
     idle[r] = 1 - computing - stepping
     print(f"rank {r} (GPU {r + 1}): computing {computing:5.1%}, optimiser step {stepping:5.1%}, idle {idle[r]:5.1%} "
-          f"of the step (of which blocked in a receive {busy_time(steady, 'idle', r) / window:5.1%})")
+          f"of the step; blocked in a receive {busy_time(steady, 'idle', r) / window:5.1%} of the step")
 both = overlap_length(compute[0], compute[1]) / window
 print(f"both ranks computing at the same time: {both:.1%} of the step")
 print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of each step; the two computed "
@@ -160,9 +163,11 @@ print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of ea
 # %% [markdown]
 # That is P3, measured. Rank 1 cannot start its forward before rank 0's activations arrive; rank 0 cannot
 # start its backward before rank 1's gradient arrives; and the rank that finishes first waits for the
-# other at the end of the step. So each rank spends a large share of every step idle (the lines above
-# give this run's numbers), and the two ranks hardly ever compute at the same moment: the only work they
-# do side by side is the optimiser step, each on its own weights.
+# other at the end of the step. So each rank spends a large share of every step not computing (the
+# lines above give this run's numbers: part of it waiting for the other rank, part loop work that one
+# process pays too), and the two ranks hardly ever compute at the same moment: what they can do side by
+# side is the work outside forward and backward (not measured here), such as the optimiser step, each
+# on its own weights.
 #
 # On a 2-core machine two ranks can have a core each (unless other programs keep the cores busy: then
 # every span stretches, but the order of the chain does not change); 3 or 4 ranks must share them (below).
@@ -173,14 +178,14 @@ print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of ea
 # %%
 n_steps = len(forwards[0]) - 1
 per_step = {r: union_length(compute[r]) / n_steps * 1e3 for r in (0, 1)}
-print(f"per step: rank 0 computed {per_step[0]:.1f} ms, rank 1 {per_step[1]:.1f} ms, together {both:.1%} of the "
-      f"time, so in turn: {per_step[0] + per_step[1]:.1f} ms of computing in a step of {window / n_steps * 1e3:.1f} ms")
+print(f"per step: rank 0 computed {per_step[0]:.1f} ms, rank 1 {per_step[1]:.1f} ms (both at once {both:.1%} of the "
+      f"time); summed: {per_step[0] + per_step[1]:.1f} ms of computing in a step of {window / n_steps * 1e3:.1f} ms")
 
 # %% [markdown]
 # The two stages' work is the work of one process (the same layers on the same batch), and since the
-# two ranks never compute at the same time, the chain's step lasts at least their sum — plus the
-# transfers and the waits, and minus nothing but the two optimiser steps, the only work done side by
-# side. With G equal stages each GPU computes at most 1/G of the step and is idle for the rest,
+# two ranks hardly ever compute at the same time, the chain's step lasts about their sum or more (the
+# line above) — plus the transfers, the waits and the rest of the loop. With G equal stages each GPU
+# computes at most about 1/G of the step and is idle for the rest,
 # (G − 1)/G or more. Model parallelism is not there for speed: it is for **memory**.
 #
 # ## What it buys: each rank holds only its layers
@@ -257,7 +262,8 @@ for g in MEMORY_RANKS:
           f"{max(held) / (4 * psi / g):.2f}")
 
 # %% [markdown]
-# Each rank holds 1/G of the *layers*, not 1/G of the *bytes*: a rank can hold no less than its largest
+# Each rank holds a contiguous share of the *layers* (1/G of them only when G divides the layer count),
+# not 1/G of the *bytes*: a rank can hold no less than its largest
 # layer (a block here: 49,792 parameters, about half the model), so on 4 ranks the two block ranks hold
 # about twice 4Ψ/4 while the embedding and head ranks hold little (last column: the largest rank over
 # the ideal share). The tied matrix is held twice, by the first and the last stage. Finer cuts need
@@ -279,16 +285,17 @@ for (g, by), sizes in cuts.items():
 same = [g for g in MEMORY_RANKS if cuts[(g, "params")] == cuts[(g, "time")]]
 differ = [g for g in MEMORY_RANKS if g not in same]
 print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ on {differ}" if differ else "")
-      + " (a cut both agree on was run once: its two rows are the same run)")
+      + (" (a cut both agree on was run once: its two rows are the same run)" if same else ""))
 
 # %% [markdown]
 # Here the blocks dominate both the parameters and the time, so both costs call for the same thing:
 # a block per stage where possible. Where the cuts can differ is where to put the small layers: with 3
-# ranks the embedding (5,120 parameters, mostly the position table, but a lookup that costs almost
-# nothing) and the head (1,152 parameters, but a matrix multiply per token) weigh differently by
-# parameters and by time, and the measured time decides (the last line says what it decided in this run).
-# Their times are so close that noise can decide, and then a cut by time is no better than one by
-# parameters: a measured cost is only as good as the measurement.
+# ranks the embedding (5,120 parameters, mostly the position table, but only a lookup) and the head
+# (1,152 parameters, but a matrix multiply per token) weigh very differently by parameters and about the
+# same by time, so the cut by time rests on small differences between measured times — even between the
+# two blocks, which are the same layer and differ only by measurement noise (the last line says what
+# was decided in this run). Then a cut by time is no better than one by parameters: a measured cost is
+# only as good as the measurement.
 # `train(..., "model", partition_by="time")` measures the layers on rank 0 and gives every rank the same
 # cut; `layers_per_stage=[...]` sets it by hand.
 #
@@ -306,7 +313,7 @@ print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ
 
 # %% tags=["nbval-check-output"]
 seed_traffic = comm.Traffic.merge([run["traffic"] for run in proof_runs])
-b, h = 32, 64
+b, h = 32, two_layers().layers[0].out_features  # the batch `proof` trains on, the hidden width
 print(f"two-layer network, 2 ranks: {seed_traffic.total // PROOF_STEPS:,} elements per step, formula 2·b·h = "
       f"2·{b}·{h} = {2 * b * h:,}: {'exact' if seed_traffic.total == PROOF_STEPS * 2 * b * h else 'NO'}; "
       f"links {sorted(seed_traffic.links)}")
@@ -326,15 +333,15 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
 # Only neighbours talk (r ↔ r + 1), plus the first and the last stage for the tied matrix. The volume
 # grows with batch × sequence × d_model, not with the number of parameters: a block's weights never
 # travel, only what flows between the blocks (the last line compares it with data parallelism's
-# all-reduce for this small model; a large model has far more parameters per layer than activations per
-# batch). The traffic is not the problem. The problem is the chain.
+# all-reduce for this small model: Ψ against b·s·d per cut; for a large model the comparison depends on
+# its batch and sequence length). The traffic is not the problem. The problem is the chain.
 #
 # ## Why a chain, and a bottleneck
 #
 # * **A chain.** Stage s + 1 needs stage s's output; stage s's backward needs stage s + 1's gradient. For
 #   one batch there is no order other than forward through the stages, then backward through them in
-#   reverse: at any moment one rank computes (measured above: the ranks computed together for a
-#   negligible share of the step) and each waits the rest.
+#   reverse: at any moment at most one rank computes (measured above: the ranks computed together for
+#   a negligible share of the step) and each is idle the rest of the step.
 # * **A bottleneck.** The step takes as long as all stages plus the transfers, so adding GPUs adds
 #   memory, never speed; and the slowest stage, or the slowest link, holds everyone.
 #
@@ -363,7 +370,7 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
 # | coursekit | PyTorch |
 # |---|---|
 # | `split(model, G)`, stage r on rank r | `PipelineStage(stage, r, G, device)` |
-# | `ModelParallel.run_step`: forward, send, receive, backward | `ScheduleGPipe(stage, n_microbatches=1, loss_fn)`.`step(...)` |
+# | `ModelParallel.run_step`: forward, send, receive, backward | `ScheduleGPipe(stage, 1, loss_fn=loss_fn, scale_grads=False)`.`step(...)` |
 # | `Channel`'s shape header, once | the stage's shape inference at its first step |
 # | `sum_tied_gradients` (embedding = head) | not done by torch: the same call after `step` |
 
@@ -377,14 +384,14 @@ def production(rank, world_size):
 side_by_side = coursekit.launch(production, 2)
 reference = train(0, 1, "single", model="transformer", steps=PROOF_STEPS, global_batch=GLOBAL_BATCH)["records"]
 for name in ("model", "torch_pipeline"):
-    times = sorted(max(t) for t in zip(*(side_by_side[r][name]["step_times"][1:] for r in range(2))))
+    times = [max(t) for t in zip(*(side_by_side[r][name]["step_times"][1:] for r in range(2)))]  # after step 0
     print(f"{name:<15} equal to one process: {compare(reference, [side_by_side[r][name]['records'] for r in range(2)]).ok}"
-          f"   median step {times[len(times) // 2] * 1e3:.1f} ms")
+          f"   mean of steps 1-{len(times)}: {sum(times) / len(times) * 1e3:.1f} ms a step")
 
 # %% [markdown]
 # Both equal one process at every step. (The times are a few steps on a shared 2-core machine: same
-# order of magnitude, no ranking.) With more micro-batches the same `PipelineStage`s run GPipe, 1F1B
-# and interleaved schedules: chapter 04.
+# order of magnitude, no ranking.) With more micro-batches the same `PipelineStage`s run GPipe and 1F1B
+# schedules, and several stages per rank run interleaved ones: chapter 04.
 #
 # ## What we have
 #
@@ -392,7 +399,7 @@ for name in ("model", "torch_pipeline"):
 #   gradients back through two counted messages, and training equal to one process.
 # * P3's "the GPUs wait for each other", measured: each rank idle for a large share of every step, the two
 #   hardly ever computing at once: the chain does one process's computation in turn, plus the transfers.
-# * What it buys: each rank holds only its layers' parameters — 1/G of the layers, measured exactly;
+# * What it buys: each rank holds only its layers' parameters — its share of the layers, measured exactly;
 #   bytes split only as finely as the largest layer.
 # * What it costs: 2(G − 1)·b·s·d elements per step (+ the tied gradient), counted exactly.
 #
