@@ -5,15 +5,17 @@
 # source texts). This course is about using all of them, and about what that costs.
 #
 # Every "GPU" in this course is a **process** with `torch.distributed` initialised. On a laptop the
-# processes run on the CPU and talk through *gloo*; on a GPU machine the very same code runs with
-# *NCCL*, one GPU per process. Nothing here is a simulation unless it says so: every figure comes from
-# a real run, every formula is checked against a count.
+# processes run on the CPU and talk through *gloo*. With at least as many GPUs as ranks, a launch picks
+# *NCCL* by default, one GPU per process (`cuda:rank`), and the same code runs there once its tensors are
+# on the rank's GPU; the examples in this chapter use CPU tensors, which need gloo (`backend="gloo"`).
+# Nothing here is a simulation unless it says so: every measurement comes from a real run (the figure
+# of the four strategies is drawn from a plan, and says so), every formula is checked against a count.
 #
 # **How to use the course**
 # 1. Run the cells in order (Shift+Enter). Each chapter starts with a `parameters` cell: the defaults are
 #    small so that everything runs in seconds on a laptop; raise them to see real effects.
-# 2. Each chapter has a graded exercise in `exercises/` (your copy to edit) and a worked solution in
-#    `solutions/`. Grade your work with the grading cell, or from a terminal:
+# 2. Chapters 01–06 each have a graded exercise in `exercises/` (your copy to edit) and a worked solution
+#    in `solutions/`. Grade your work with the grading cell, or from a terminal:
 #    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
 
@@ -114,7 +116,7 @@ except coursekit.RankError as error:
 
 # %% [markdown]
 # And a rank that waits forever (a `recv` that no one answers) is stopped at the timeout, with the
-# name of the rank and the line it was stuck on. Chapter 08 is all about such bugs.
+# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08, coming next).
 
 # %%
 def forgot_to_send(rank, world_size):
@@ -152,8 +154,8 @@ with coursekit.Cluster(WORLD_SIZE) as cluster:
 # parallelism: every GPU has the whole model and a slice of the batch), or split the **model** when it
 # does not fit one GPU (model parallelism: whole layers per GPU; tensor parallelism: every weight matrix
 # cut into pieces). **Pipeline** parallelism mixes both: layers per GPU as in model parallelism, and
-# micro-batches as in data parallelism, so the GPUs work at the same time. Libraries such as DeepSpeed
-# and Colossal-AI combine them into hybrids.
+# micro-batches as in data parallelism, so the GPUs idle less than in a chain (bubbles remain, **P7**).
+# Libraries such as DeepSpeed and Colossal-AI combine them into hybrids.
 #
 # The figure below (a Figure 1.1 of our own, **P6**) is drawn by `coursekit.viz.strategies` from the
 # plan of who holds what. Colour = which GPU holds it. Here with 4 GPUs:
@@ -195,7 +197,7 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
-# | 07 | choosing a strategy: a calculator checked against measurements | P1, P8, P10 |
-# | 08 | debugging distributed programs | — |
+# | 07 | *coming next:* choosing a strategy: a calculator checked against measurements | P1, P8, P10 |
+# | 08 | *coming next:* debugging distributed programs | — |
 #
 # Next: `01_gradient_sync.ipynb`.
