@@ -84,7 +84,8 @@ plt.show()
 # gradients differ — each saw different data (**R2**). If each rank stepped with its own gradient, the
 # four copies would drift apart and become four different models. But the loss of the global batch is
 # the *mean* of the per-sample losses, so its gradient is the mean of the four ranks' gradients:
-# averaging (an all-reduce, then divide by 4) gives every rank exactly the single-device gradient.
+# averaging (an all-reduce, then divide by 4) gives every rank the single-device gradient, exactly up to
+# float rounding.
 
 # %%
 def gradients_per_rank(rank, world_size, global_batch):
@@ -159,8 +160,12 @@ print(f"{sum(ok for *_, ok in rows)} of {len(rows)} runs equal to one process "
       f"(float32 tolerance: rtol 1e-4, atol 1e-5 relative to each tensor's magnitude)")
 
 # %% [markdown]
-# The differences are rounding: the sum of four partial sums is not the same floating-point number as
-# one long sum. They stay at that level over the steps — the replicas do not drift.
+# The differences are rounding, from a different order of floating-point additions: across ranks (the
+# sum of four partial sums is not the same number as one long sum), and between the reference, computed
+# in this notebook's process with torch's default number of threads, and the ranks, one thread each,
+# whose matrix products can add in another order (the 1-rank rows, with no partial sums at all, show
+# this second kind alone). The harness checks every step, so replicas drifting apart would show as a
+# NO above.
 #
 # **Edge cases**, on the transformer: its output head is *tied* to the token embedding (one parameter
 # used twice, whose gradient is the sum of both uses: it must be averaged once, not twice), and we
@@ -216,7 +221,7 @@ plt.show()
 # %% [markdown]
 # Is the communication really moving while backward runs, and does that make the step shorter? gloo
 # runs asynchronous collectives on its own threads, and the completion times above are recorded by
-# those threads. Per variant, rank 0, averaged over the two steps shown: the step time, the time
+# those threads. Per variant, rank 0 alone, averaged over the two steps shown: the step time, the time
 # backward computed (without the wait for the all-reduces, which the bucketed versions do at its end),
 # the fraction of communication time that falls inside backward's computing, and the time the rank
 # waited.
@@ -240,11 +245,13 @@ measured_overlap = {}
 for label, spans in timelines.items():
     forwards = sorted(s.start for s in spans if s.kind == "forward" and s.rank == 0)
     step = (max(s.end for s in spans if s.rank == 0) - forwards[0]) / len(forwards) * 1e3
-    measured_overlap[label] = (step, backward_compute(spans), hidden_fraction(spans))
-    print(f"{label:<55} {step:6.1f}ms {backward_compute(spans):7.1f}ms {hidden_fraction(spans):6.0%} "
+    measured_overlap[label] = (step, backward_compute(spans), hidden_fraction(spans, 0))
+    print(f"{label:<55} {step:6.1f}ms {backward_compute(spans):7.1f}ms {hidden_fraction(spans, 0):6.0%} "
           f"{per_step(spans, 'idle'):6.1f}ms")
 (waiting_step, waiting_backward, _), (overlap_step, overlap_backward, _) = list(measured_overlap.values())[1:]
-print(f"\nhere, overlapping made the step {'shorter' if overlap_step < waiting_step else 'longer'} "
+change = ("shorter" if overlap_step < waiting_step else "longer" if overlap_step > waiting_step
+          else "neither shorter nor longer")
+print(f"\nhere, overlapping made the step {change} "
       f"({overlap_step:.1f} vs {waiting_step:.1f} ms), while backward's computing took "
       f"{overlap_backward / waiting_backward:.2f}x as long ({overlap_backward:.1f} vs {waiting_backward:.1f} ms)")
 
@@ -253,8 +260,9 @@ print(f"\nhere, overlapping made the step {'shorter' if overlap_step < waiting_s
 # means *on the same two cores*: two single-thread ranks and gloo's threads share them, so the
 # communication that moves during backward takes CPU time from backward, which stretches — a hidden
 # millisecond is not a free one, and the overlapped step can come out no shorter (the last line above
-# says which way it went in this run). On a GPU, NCCL moves the data with the network hardware and its
-# own engine while the GPU computes; backward does not stretch, and the hidden fraction is time saved.
+# says which way it went in this run). On a GPU, NCCL's collectives run as kernels on a few of the GPU's
+# multiprocessors while the links carry the data and the rest of the GPU computes: backward stretches
+# much less, so far more of the hidden time is time saved.
 # The naive version pays mostly for its *many small* messages (one per gradient tensor, each paying the
 # latency). `python -m coursekit.bench data` measures all of this over more steps.
 #
@@ -263,20 +271,26 @@ print(f"\nhere, overlapping made the step {'shorter' if overlap_step < waiting_s
 # When a rank's share of the batch does not fit in memory at once, it splits it into micro-batches and
 # lets the gradients add up over several backward passes. Communicating after each of them would be
 # wasted: only the sum matters. `with model.no_sync():` switches the hooks off for all but the last
-# micro-batch. The count proves it: every trainable element is all-reduced exactly once per step.
+# micro-batch. The count below checks it: each trainable element should be all-reduced once per step,
+# not once per micro-batch.
 
 # %% tags=["nbval-check-output"]
+MICRO_BATCHES = 4
+
+
 def accumulate(rank, world_size):
-    result = train(rank, world_size, "bucketed", model="transformer", steps=2, global_batch=16, micro_batches=4,
-                   collectives="torch")
+    result = train(rank, world_size, "bucketed", model="transformer", steps=2, global_batch=16,
+                   micro_batches=MICRO_BATCHES, collectives="torch")
     return result["records"], result["elements_reduced"], result["numel"]
 
 
 runs = coursekit.launch(accumulate, 2)
 single = train(0, 1, "single", model="transformer", steps=2, global_batch=16)["records"]
-print("4 micro-batches per rank, 2 ranks, equal to one process on the whole batch:",
+print(f"{MICRO_BATCHES} micro-batches per rank, 2 ranks, equal to one process on the whole batch:",
       compare(single, [r[0] for r in runs]).ok)
-print(f"elements all-reduced per step: {runs[0][1] // 2:,}  (Ψ = {runs[0][2]:,}: once, not 4 times)")
+reduced, numel = runs[0][1] // 2, runs[0][2]
+times = f"once, not {MICRO_BATCHES} times" if reduced == numel else f"{reduced / numel:g} times"
+print(f"elements all-reduced per step: {reduced:,}  (Ψ = {numel:,}: {times})")
 
 # %% [markdown]
 # ## Throughput versus number of ranks, on this machine
@@ -299,7 +313,7 @@ for n in THROUGHPUT_RANKS:
     print(f"{n} rank(s): {step * 1e3:6.1f} ms per step, {throughput[n]:8,.0f} tokens/s, "
           f"speed-up {throughput[n] / throughput[THROUGHPUT_RANKS[0]]:.2f}x")
 fig, ax = plt.subplots(figsize=(5, 3))
-ax.plot(list(throughput), list(throughput.values()), "o-", label="measured here (2 CPU cores)")
+ax.plot(list(throughput), list(throughput.values()), "o-", label=f"measured here ({os.cpu_count()} CPU cores)")
 ax.plot(list(throughput), [throughput[THROUGHPUT_RANKS[0]] * n / THROUGHPUT_RANKS[0] for n in throughput], "--",
         color="gray", label="ideal: one device per rank")
 ax.set_xlabel("ranks")
@@ -308,12 +322,13 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# The honest reading: this machine has **2 cores**. One rank with one thread leaves a core free; two
-# ranks use both, so at best they go twice as fast, minus communication and gloo's threads competing
-# for the same cores. Four ranks on two cores only share them more finely and pay more communication:
-# no more speed. P4's "the GPUs work at the same time" needs one device per rank; with a real GPU per
-# rank, compute scales with the ranks and what is left is the communication — which is why overlapping
-# it matters.
+# The honest reading, for the machine of the committed run, which has **2 cores** (the first cell prints
+# how many yours has). One rank with one thread leaves a core free; two ranks use both, so at best they
+# go twice as fast, minus communication and gloo's threads competing for the same cores. Four ranks
+# have no more cores to compute on than two, and pay more communication; the speed-ups above say what
+# each came to in this run. P4's "the GPUs work at the same time" needs one device per rank; with a
+# real GPU per rank, compute scales with the ranks and what is left is the communication — which is
+# why overlapping it matters.
 #
 # ## The catch of P4: a full copy everywhere — and ZeRO
 #
@@ -329,10 +344,11 @@ plt.show()
 #   the full weights just before using them, then frees them.
 #
 # An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much
-# data as plain data parallelism (2Ψ per rank); stage 3 gathers the parameters twice (forward and
-# backward): 3Ψ. Below, measured: bytes of storage each rank actually holds (counted from the tensors'
-# storage, a view costs nothing, a freed buffer counts zero) **after** an optimiser step and **at the
-# peak during** the step, and every element the ring sent, counted by `comm.record()`.
+# data as plain data parallelism: 2(N−1)Ψ elements in all, 2Ψ(N−1)/N per rank (about 2Ψ for many
+# ranks); stage 3 gathers the parameters twice (forward and backward): 3(N−1)Ψ. Below, measured: bytes
+# of storage each rank actually holds (counted from the tensors' storage, a view costs nothing, a freed
+# buffer counts zero) **after** an optimiser step and **at the peak during** the step, and every element
+# the ring sent, counted by `comm.record()`.
 #
 # Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of
 # backward. ZeRO-2 cuts the gradients into buckets (in backward order, as DDP does; 55,000 elements by
@@ -381,7 +397,8 @@ for stage, strategy in enumerate(labels):
                 for r in range(MEMORY_RANKS))
     print(f"{labels[strategy]:<7} {held['params']:>8} {held['grads']:>8} {held['optimizer']:>10}   "
           f"{f['params']:>8} {f['grads']:>8} {f['optimizer']:>10}   {'yes' if exact else 'NO'}")
-print("\n(optimizer = Adam's m and v, 8 bytes per parameter, + a 4-byte step counter per parameter tensor)")
+print("\n(optimizer = Adam's m and v, 8 bytes per parameter, + a 4-byte step counter per parameter tensor (DP) "
+      "or per bucket segment (ZeRO))")
 print(f"\nat the peak during the step, rank 0 (ZeRO's buckets: {runs[0]['zero2'][4]} elements):")
 print(f"{'':<7} {'params':>8} {'grads':>8}   {'formula':<17} exact?")
 for stage, strategy in enumerate(labels):
@@ -397,8 +414,11 @@ for stage, strategy in enumerate(labels):
     traffic = comm.Traffic.merge([runs[r][strategy][1] for r in range(MEMORY_RANKS)])
     expected = comm_elements(psi, MEMORY_RANKS, stage)
     factor = "3" if stage == 3 else "2"
+    per_rank = expected / MEMORY_RANKS
+    rank_0 = (f"= {factor}Ψ(N-1)/N" if traffic.sent[0] == per_rank
+              else f"vs {factor}Ψ(N-1)/N = {per_rank:,.0f}")
     print(f"{labels[strategy]:<7} {traffic.total:>9,}   formula {factor}(N-1)Ψ = {expected:>9,}   "
-          f"per rank ≈ {factor}Ψ(N-1)/N = {traffic.sent[0]:,}   {'exact' if traffic.total == expected else 'NO'}")
+          f"{'exact' if traffic.total == expected else 'NO'}   rank 0 sent {traffic.sent[0]:,} {rank_0}")
 
 # %% [markdown]
 # (Here the DP row uses chapter 01's ring once per gradient tensor; ZeRO lays all parameters in one
@@ -451,9 +471,11 @@ formula = {True: 4 * (segments + root + max(a + b for a, b in zip(blocks, blocks
            False: 4 * (segments + root + max(blocks))}
 print(f"Ψ = {psi_4:,}: root {root:,} + blocks {blocks} elements; rank 0's segments {segments:,}")
 for prefetch in (True, False):
+    same = measured_peaks[0][prefetch] == formula[prefetch]
     print(f"per block, prefetch {'on ' if prefetch else 'off'}: peak {measured_peaks[0][prefetch]:>9,} bytes "
-          f"= formula {formula[prefetch]:>9,}: {measured_peaks[0][prefetch] == formula[prefetch]}")
-print(f"whole model at once (\"zero3\"):  peak {4 * (mine(psi_4, 0) + psi_4):>9,} bytes (my segment + all of Ψ)")
+          f"{'=' if same else '≠'} formula {formula[prefetch]:>9,}: {same}")
+print(f"whole model at once (\"zero3\"), by the formula (not measured here): peak "
+      f"{4 * (mine(psi_4, 0) + psi_4):,} bytes (my segment + all of Ψ)")
 
 # %% [markdown]
 # Prefetch costs one block of memory and buys overlap: the next gather travels while this block
@@ -482,7 +504,7 @@ memory_explorer(psi_billions=7.5, world_size=64, stage=0, precision="mixed", gpu
 # | `model.no_sync()` | `ddp.no_sync()` | accumulate without communicating (DDP's must wrap the forward too) |
 # | `broadcast_parameters(model)` | inside DDP's constructor | every rank starts from rank 0's weights |
 # | `ShardedOptimizer(params, torch.optim.AdamW, group=…)` | `ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=…)` | an optimiser that keeps only its shard's state (ZeRO-1), over the user's DDP |
-# | `train(..., "zero1")` (the ZeRO wrapper) | DDP + `ZeroRedundancyOptimizer` | the same sharding, reduce-scatter instead of all-reduce |
+# | `train(..., "zero1")` (the ZeRO wrapper) | DDP + `ZeroRedundancyOptimizer` | ZeRO-1 both; ours: flat segments, reduce-scatter + all-gather, 2(N−1)Ψ; theirs: whole parameters (greedy by size), DDP's all-reduce + each rank broadcasts its own, 3(N−1)Ψ |
 # | `ShardedUnits(model)`, `train(..., "zero3_units")` | FSDP2 `fully_shard(block)` per block, then the root | parameters sharded, one block gathered at a time (ZeRO-3) |
 # | `group=mesh["dp"]` | `process_group=` / `mesh=init_device_mesh(...)` | which ranks share the work |
 #
@@ -510,22 +532,23 @@ for ours, theirs in PAIRS:
           f"{medians[0]:6.1f} / {medians[1]:6.1f}")
 
 # %% [markdown]
-# Both equal one process, at every step, to float32 rounding. The times are of one short run on a
-# shared 2-core machine, a few steps each: read them as "the same order of magnitude", not as a
-# ranking (`python -m coursekit.bench data` measures longer runs, and README reports the ratios). What
-# the course's versions teach is the mechanism; what PyTorch's add around it is engineering for real
-# clusters: buckets rebuilt from the order gradients actually arrive, communication hooks
-# (compression), mixed precision, CPU offload, and for FSDP2, DTensor parameters that compose with
-# tensor parallelism (chapter 05).
+# The harness compares both with one process at every step, to float32 rounding (the column above). The
+# times are of one short run, a few steps each (the committed one on a shared 2-core machine): read them
+# as "the same order of magnitude", not as a ranking (`python -m coursekit.bench data` measures longer
+# runs, and README reports the ratios). What the course's versions teach is the mechanism; what
+# PyTorch's add around it is engineering for real clusters: buckets rebuilt from the order gradients
+# actually arrive, communication hooks (compression), mixed precision, CPU offload, and for FSDP2,
+# DTensor parameters that compose with tensor parallelism (chapter 05).
 #
 # ## What we have
 #
 # * P4 holds: the ranks work at the same time on different data, and combining the gradients by
-#   averaging gives *exactly* single-device training (to rounding), for any number of ranks, any
-#   batch split, tied and frozen weights — proven step by step by the harness.
+#   averaging gives *exactly* single-device training (to rounding), for every number of ranks tried
+#   (`WORLD_SIZES`), uneven batch splits, tied and frozen weights — checked step by step by the harness.
 # * R2 holds, measured: the ranks' gradients differ (cosines well below 1) until they are synchronised.
 # * The synchronisation cost can be hidden behind the backward pass (bucketing + asynchronous
-#   all-reduce), on real hardware; on 2 cores the compute itself cannot scale.
+#   all-reduce), on real hardware; on 2 cores the compute can at best double (two ranks, one per core),
+#   however many ranks share them.
 # * P4's catch is real (16 bytes per parameter on every GPU) and ZeRO removes it at the price of 1.5x
 #   the communication for stage 3, built from the two phases of chapter 01's ring.
 #
