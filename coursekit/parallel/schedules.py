@@ -151,8 +151,9 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     rounds = max(1, m // p)
     if m < p or m % rounds:
         hint = f"m = {p * rounds} or {p * (rounds + 1)}" if m >= p else f"m >= {p}"
-        raise ValueError(f"interleaved 1F1B needs m >= p and m a multiple of the number of rounds max(1, m // p) "
-                         f"(as torch's ScheduleInterleaved1F1B); got p = {p}, m = {m}: use {hint}, or v = 1")
+        raise ValueError(f"interleaved 1F1B needs m >= p (coursekit's rule; torch's ScheduleInterleaved1F1B also "
+                         f"accepts m < p) and m a multiple of the number of rounds max(1, m // p) (as torch "
+                         f"requires); got p = {p}, m = {m}: use {hint}, or v = 1")
     per_round = m // rounds
     compute = []
     for r in range(p):

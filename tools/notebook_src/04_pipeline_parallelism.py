@@ -14,12 +14,14 @@
 #
 # * **GPipe** (Huang et al. 2019): every forward, then every backward;
 # * **1F1B** (PipeDream-Flush, Narayanan et al. 2021): after a warm-up, one forward, one backward;
-# * **interleaved 1F1B** (Narayanan et al. 2021): *v* smaller stages per rank, the bubble shrinks *v* times;
+# * **interleaved 1F1B** (Narayanan et al. 2021): *v* smaller stages per rank, the bubble's idle time shrinks *v*
+#   times, its fraction from $(p-1)/(m+p-1)$ to $(p-1)/(v\,m+p-1)$;
 # * **ZB-H1** (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into the input
 #   gradient **B** and the weight gradient **W**, W deferred into the bubble.
 #
 # One validator rejects a bad schedule before anything runs (naming the rank, the action and the reason), one
-# executor runs any valid one on real ranks, and every schedule is proven equal to one process.
+# executor runs any valid one on real ranks, and every schedule is checked against one process at the
+# micro-batch counts it is run with.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in about a minute; raise them freely.
@@ -78,11 +80,13 @@ except ScheduleError as error:
 # ## 2. Planned: the four schedules on a unit-time clock
 #
 # With every forward, backward input-gradient and weight-gradient taking one unit of time (an unsplit
-# backward takes two), the plan below is each schedule executed by the rules of the executor. Empty cells
+# backward takes two; for interleaved 1F1B a unit is the forward of one chunk, 1/*v* of a rank's layers), the
+# plan below is each schedule executed by the rules of the executor. Empty cells
 # are the **bubble**. The planned bubble fraction is compared with the papers' formulas — written
 # separately from the plan, and equal to it:
 #
-# * GPipe and 1F1B: $(p-1)/(m+p-1)$ — the same bubble; 1F1B's gain is memory (section 4);
+# * GPipe and 1F1B: $(p-1)/(m+p-1)$ — the same bubble; 1F1B's gain is memory (see *Activation memory,
+#   measured* below);
 # * interleaved 1F1B with $v$ stages per rank: $(p-1)/(v\,m+p-1)$;
 # * ZB-H1: $(p-1)(T_F+T_B-T_W)$ of idle time next to $m(T_F+T_B+T_W)$ of work.
 
@@ -109,11 +113,13 @@ for name, v in configs:
           f"  {peaks} / {expected}")
 
 # %% [markdown]
-# Read the last column with section 4: GPipe holds the activations of all *m* micro-batches at once
-# before its first backward; 1F1B starts backward as soon as the first micro-batch reaches the last
-# stage, so rank *r* holds at most *p − r*. Interleaving pays for its smaller bubble with more
-# point-to-point messages (*v* times as many stage boundaries) and, counted in chunks of 1/*v* of a rank's
-# layers, a few more activations on the first ranks.
+# The last column is what *Activation memory, measured* checks on real ranks: GPipe holds the activations of
+# all *m* micro-batches at once before its first backward; 1F1B starts backward as soon as the first
+# micro-batch reaches the last stage, so rank *r* holds at most *p − r*. Interleaving pays for its smaller
+# bubble with more point-to-point messages (*p·v − 1* stage boundaries to cross instead of *p − 1*) and with
+# more activations: its column counts chunks of 1/*v* of a rank's layers, in which 1F1B's *p − r* are
+# *v·(p − r)*; interleaving's longer warm-up holds at least that on every rank, more wherever *m > p*, and
+# relatively the most on the last rank.
 #
 # ## 3. Choose p, m, v and a schedule
 #
@@ -129,9 +135,11 @@ schedule_explorer("1f1b", p=PLAN_RANKS, m=PLAN_MICRO_BATCHES, v=2)
 # ## 4. Measured: the same schedules on real ranks, equal to one process
 #
 # The course transformer (embedding | block | block | final norm + head) cut into stages, run by the
-# executor on RUN_RANKS ranks. First the proof: for every schedule and every micro-batch count, the loss,
-# every gradient and every weight after the step equal one process on the same global batch — the tied
-# embedding/head included (its gradient is the sum of its uses on the first and the last stage).
+# executor on RUN_RANKS ranks. First the check: for every schedule and every micro-batch count it accepts
+# (those it refuses, if any, are printed last, with the reason), the loss, every gradient and every weight after
+# every step equal one process's on the same global batch to rounding (within `coursekit.verify`'s
+# tolerances) — the tied embedding/head included (its gradient is the sum of its uses on the first and the
+# last stage).
 
 # %% tags=["nbval-check-output"]
 PROOF = dict(model="transformer", steps=2, global_batch=GLOBAL_BATCH, optimizer="adam", lr=1e-3)
@@ -222,17 +230,33 @@ show(measure=False)
 display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 
 # %% [markdown]
-# The measured boxes keep the plan's order; their lengths do not keep its unit times. A backward takes
-# about twice a forward, the first and the last stage are not the same size (the embedding is cheap, the
-# head is not), and a point-to-point message of a few KiB costs tens of microseconds through gloo on this
-# machine: the measured bubble differs from the planned one by that much.
+# The measured boxes keep the plan's order; their lengths do not keep its unit times. A real backward need
+# not take exactly two forwards' time; the stages are balanced by parameter count, not by time, and in the
+# interleaved run the chunks that hold only the embedding or only the final norm and head are tiny next to
+# those holding a block; and every action carries a fixed cost — Python, autograd bookkeeping, a gloo
+# receive that has to wake a process sharing this machine's two cores — which for a model this small can be
+# as large as the work itself. So the measured bubble can be far above the planned one and need not keep
+# its ranking: the last line below compares them. ZB-H1's W runs autograd from the stage output again (see
+# the `coursekit.parallel.pipeline` docstring), so its measured boxes include compute the plan and the
+# other schedules do not have.
 
 # %% tags=["nbval-ignore-output"]
 print(f"{'schedule':<12} {'planned':>8} {'measured':>9}")
+planned, bubble = {}, {}
 for name, spans in measured.items():
     v = dict(configs)[name]
-    print(f"{name:<12} {float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction):>8.1%} "
-          f"{measured_bubble(spans):>9.1%}")
+    planned[name] = float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction)
+    bubble[name] = measured_bubble(spans)
+    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%}")
+
+
+def extreme(values, pick):
+    return " and ".join(name for name in values if values[name] == pick(values.values()))
+
+
+above = [name for name in bubble if bubble[name] > planned[name]]
+print(f"\nmeasured above planned: {', '.join(above) or 'none'}; smallest bubble: planned {extreme(planned, min)}, "
+      f"measured {extreme(bubble, min)}; largest: planned {extreme(planned, max)}, measured {extreme(bubble, max)}")
 
 # %% [markdown]
 # ## 5. Activation memory, measured
@@ -309,41 +333,50 @@ for m in RUN_MICRO_BATCHES:
     print(f"m = {m}: {slowest[m] * 1e3:6.1f} ms per step, {single / slowest[m]:.2f}x one process")
 m_max = max(RUN_MICRO_BATCHES)
 compute = single / (m_max * RUN_RANKS)  # one stage's share of one micro-batch, from the one-process step
-added = (slowest[m_max] - slowest[min(RUN_MICRO_BATCHES)]) / (m_max - min(RUN_MICRO_BATCHES))
+m_min = min(RUN_MICRO_BATCHES)
+added = (slowest[m_max] - slowest[m_min]) / (m_max - m_min)
+# the plan's step at m: (m + p - 1) micro-batch slots of single / (p m) each, so its bubble is (p - 1) single / (p m)
+removed = (RUN_RANKS - 1) * single / RUN_RANKS * (1 / m_min - 1 / m_max) / (m_max - m_min)
 print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1e3:.2f} ms; "
-      f"each extra micro-batch added {added * 1e3:.2f} ms to the step: "
-      f"{'more' if added > compute else 'less'} than the compute it lets overlap")
+      f"each extra micro-batch changed the step by {added * 1e3:+.2f} ms ({added / compute:+.1f}x that compute), "
+      f"where the plan says each removes {removed * 1e3:.2f} ms of bubble on average")
 
 # %% [markdown]
 # Read the numbers above as P7 and P10 predict for a *small* model on a *slow* link. Every micro-batch
 # adds actions on every stage — a forward, a backward, a send and a receive — each with a fixed cost
 # here: Python and autograd bookkeeping, a gloo message through the loopback, and the receiving process
-# waking up. The course transformer's stage computes a micro-batch in about a millisecond (printed above), so that fixed
-# cost is of the same size as the work it is supposed to overlap, and the two ranks also share this
-# machine's two cores with gloo's threads. The planned bubble shrinks as m grows; the measured step does
-# not follow it.
+# waking up. The last line above puts what one more micro-batch cost the step next to one stage's compute
+# per micro-batch and next to the bubble the plan says it removes: where that fixed cost is not small against
+# them, it eats the overlap — and the two ranks also share this machine's two cores with gloo's threads.
+# The planned bubble shrinks as m grows; the measured step follows it only as far as that cost allows.
 #
 # On a real cluster the proportions change: a stage of a large model computes a micro-batch in tens of
 # milliseconds, a point-to-point transfer of its activations over NVLink or InfiniBand takes a fraction
 # of that, and the bubble formula is what you pay — at p = 4, m = 8 with 1F1B, 3/11 of the time idle,
-# against 3/4 with a single micro-batch. That is why pipeline parallelism is used for models that do
-# not fit, with many micro-batches, and not to speed up models that already fit one GPU (P10).
+# against 3/4 with a single micro-batch. That is why pipelining, with many micro-batches, is a tool for
+# models too large for one GPU, where P10 recommends model or tensor parallelism (pipelining is model
+# parallelism with micro-batches); for a small model that fits one GPU, P10 says data parallelism is usually
+# best and pipelining may bring little.
 
 # %% [markdown]
 # ## 7. The same thing in production: `torch.distributed.pipelining`
 #
 # PyTorch's own pipelining runs the *same* stages (coursekit's split, on the same ranks) with its schedules
 # `ScheduleGPipe`, `Schedule1F1B` and `ScheduleInterleaved1F1B`. The loop registers it as the strategy
-# `"torch_pipeline"`: equal to coursekit's executor and to one process.
+# `"torch_pipeline"`: equal to coursekit's executor and to one process. Torch has no ZB-H1; the closest are
+# the same paper's ZB1P (`ScheduleInterleavedZeroBubble`) and ZB-V (`ScheduleZBVZeroBubble`, exactly two
+# stages per rank). A torch schedule's `pipeline_order[rank]` lists only compute actions (`None` for an idle
+# step); the runtime schedules, `ScheduleInterleaved1F1B` among them, also build
+# `pipeline_order_with_comms[rank]`, with the sends and receives.
 #
 # | coursekit | PyTorch |
 # |---|---|
 # | `split(model, p * v)`, stage *s* on rank *s* mod *p* | `PipelineStage(stage_module, s, p * v, device)` |
 # | `make_schedule("gpipe", p, m)` + `execute` | `ScheduleGPipe(stage, m, loss_fn)` |
-# | `make_schedule("1f1b", p, m)` | `Schedule1F1B(stage, m, loss_fn)` |
+# | `make_schedule("1f1b", p, m)` | `Schedule1F1B(stage, m, loss_fn)` (refuses m < p) |
 # | `make_schedule("interleaved", p, m, v)` | `ScheduleInterleaved1F1B(stages, m, loss_fn)` |
-# | `make_schedule("zb_h1", p, m)` | `ScheduleInterleavedZeroBubble` / `ScheduleZBVZeroBubble` (not run here) |
-# | `Schedule.actions[rank]` | `schedule.pipeline_order[rank]` (runtime schedules) |
+# | `make_schedule("zb_h1", p, m)` | closest: `ScheduleInterleavedZeroBubble` (ZB1P), not run here |
+# | `Schedule.actions[rank]` (with sends, receives) | `schedule.pipeline_order_with_comms[rank]` (runtime schedules) |
 # | `sum_tied_gradients` (embedding = head) | not done by torch: the same call after its step |
 
 # %% tags=["nbval-check-output"]
