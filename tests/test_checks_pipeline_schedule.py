@@ -11,6 +11,8 @@ Planted bugs, each seen failing (in coursekit/checks/pipeline_schedule.py):
 * the bubble judge always right -> no_warmup "bubble_equals_formula earned 2, not 0.25";
 * the peak bound ``m`` instead of ``min(p − r, m)`` -> gpipe_order "peak_activations earned 3, not 0";
 * no precondition for m = 1 in the peak check -> gpipe_order "earned 0.38, not 0";
+* no precondition for m = 1 in the bubble check (every valid schedule idles (p−1)/p there) -> no_warmup and
+  backward_newest_first "bubble_equals_formula earned 0.25, not 0", warmup_ignores_m "earned 1.75, not 1.74";
 * ``NotImplementedError`` not turned into NotDone -> the stub's status "fail", not "not done";
 * the reference trained on 16 samples, the ranks on 12 -> the solution's equals_one_process "earned 0"
   with "step 0" in its feedback (slow test).

@@ -7,6 +7,12 @@ feedback (README there). Every check runs on the simulator, in this process.
 Planted bugs, each seen failing (in coursekit/checks/ring_attention.py):
 * the running-max hint left out -> merge_no_rescale's merge_exact "feedback lacks 'it does not rescale by the
   running max'";
+* merge_exact with its three cases all real (equal parts, ±30) and no 1.5 shift -> merge_no_rescale "merge_exact
+  earned 1.0, not 0", merge_picks_larger and merge_not_normalised "earned 2.0, not 0";
+* key_value_gradients counting G = 2 as a real case -> gradient_passed_right "earned 0.67, not 0", no_skip_future
+  and mask_of_the_next_block "earned 1.0, not 0.8";
+* no test for a PassRight.backward returning None for o -> o_gradient_dropped "ring_equals_full_attention's
+  feedback lacks 'G=2: rank 0's gradient of q is what it would be if PassRight.backward returned None for o'";
 * the neighbour test removed from traffic_pattern -> sends_to_everyone "traffic_pattern earned 2.0, not 0";
 * the NaN test removed -> no_skip_future "causal_masking earned 2.0, not 0" at first (a NaN difference compares
   False with the tolerance: the comparison now asks ``not diff <= tol``, and the same plant fails with
@@ -72,4 +78,4 @@ def test_attempt_gets_its_score_and_feedback(name):
 def test_every_typical_mistake_has_an_attempt():
     assert {"merge_no_rescale", "no_skip_future", "mask_of_the_next_block", "sends_to_everyone",
             "passes_the_last_block_too", "gradients_not_passed_back", "gradient_passed_right",
-            "values_detached"} <= set(ATTEMPTS)
+            "values_detached", "merge_picks_larger", "merge_not_normalised", "o_gradient_dropped"} <= set(ATTEMPTS)

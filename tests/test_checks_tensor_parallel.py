@@ -10,6 +10,10 @@ Planted bugs in coursekit/checks/tensor_parallel.py, each seen failing here:
 * the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
 * the bias hint removed (the plain "output differs" message) -> row_bias_every_rank's feedback lacks
   "off by (t − 1) × the bias";
+* the bias hint offering "(or on one rank only)", which fails the other ranks' bias gradient -> row_bias_every_rank's
+  feedback lacks "Add it after g's all-reduce, on every rank";
+* a parameter without a gradient reported as "differs by inf" -> row_bias_on_one_rank's feedback lacks
+  "no gradient reached self.bias (is it used in forward?)";
 * the f hint removed -> f_without_backward's feedback lacks "only its own shard's part";
 * the all-reduce count of the layers not compared -> g_all_reduces_backward_too "row_parallel_linear earned 3.0,
   not 0";
@@ -58,7 +62,7 @@ def test_solution_gets_full_marks():
 
 
 def test_every_mistake_of_the_issue_has_an_attempt():
-    assert {"gathers_weights", "row_bias_every_rank", "f_without_backward"} <= set(ATTEMPTS)
+    assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward"} <= set(ATTEMPTS)
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

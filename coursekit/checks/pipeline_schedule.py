@@ -17,8 +17,9 @@ p = 1..4 ranks and m = 1..8 micro-batches (m < p and m not divisible by p includ
 * ``equals_one_process``: run by the course's executor on real ranks, the
   trained MLP equals one process (loss, every gradient, every weight).
 
-With one rank every order is a valid pipeline, and with one micro-batch every
-order holds one: those cases are preconditions (they earn nothing).
+With one rank every order is a valid pipeline with no bubble, and with one
+micro-batch every order holds one and idles (p−1)/p, the formula's value: those
+cases are preconditions (they earn nothing; wrong, they cost as much as any case).
 """
 
 from __future__ import annotations
@@ -99,7 +100,8 @@ def bubble_equals_formula(submission, ctx):
             return None
         return (f"p={p}, m={m}: the ranks idle {float(got):.1%} of the time; 1F1B idles (p−1)/(m+p−1) = "
                 f"{float(want):.1%}: {_first_wait(mine, plan(one_f_one_b(p, m)))}")
-    return _per_case(submission, judge, lambda p, m: p == 1)
+    # m = 1: F then B on each rank in turn, whatever the order: every valid schedule idles (p−1)/p
+    return _per_case(submission, judge, lambda p, m: p == 1 or m == 1)
 
 
 def _first_wait(mine, best) -> str:

@@ -15,7 +15,9 @@ The learner writes two functions (and the backward of the notebook's ``PassRight
 Five checks, run in this process on the simulator (``comm.simulate``: the same calls as real ranks,
 every message counted), G = 1..4 ranks, float64 against full attention (Liu et al. 2023):
 
-* ``merge_exact``: equal to softmax over all keys, when the parts' maxima differ by a lot too;
+* ``merge_exact``: equal to softmax over all keys, when the parts' scores differ by 1.5 (either way); with
+  equal parts (where averaging is right) and parts 30 apart (where keeping only the larger part, or rescaling
+  without normalising, is right to rounding: the other weighs e^−30) as preconditions;
 * ``ring_equals_full_attention``: outputs, and the gradient of q through the learner's code, without a mask;
 * ``causal_masking``: the same with a causal mask (blocks entirely in the future skipped);
 * ``key_value_gradients``: the gradients of k and v, causal and not: most of a rank's comes from the other
@@ -24,8 +26,10 @@ every message counted), G = 1..4 ranks, float64 against full attention (Liu et a
 * ``traffic_pattern``: every message to the right-hand neighbour, each rank sending 2(G−1)·b·h·L·d
   elements: each key and value block once per step, G−1 steps.
 
-With one rank there is nothing to pass, and with two every other rank is the neighbour: those cases are
-preconditions (they earn nothing; wrong, they cost as much as any case).
+With one rank there is nothing to pass, and with two every other rank is the neighbour (a gradient sent to the
+right arrives where it belongs): in ``traffic_pattern`` and ``key_value_gradients`` those cases are
+preconditions (they earn nothing; wrong, they cost as much as any case). A PassRight.backward that returns
+None for ``o`` (not ``grad_o``) is named as such by the checks of q's gradient.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from __future__ import annotations
 import torch
 
 from .. import comm, grading
-from ..parallel.ring_attention import full_attention
+from ..parallel.ring_attention import block_attention, full_attention
+from ..parallel.ring_attention import merge as right_merge
 
 EXERCISE = "06_ring_attention"
 SIZES = (2, 3, 4)
@@ -60,12 +65,46 @@ def _parts(scores: torch.Tensor, v: torch.Tensor, cut: int):
     return (*part(scores[..., :cut], v[..., :cut, :]), *part(scores[..., cut:], v[..., cut:, :]))
 
 
+# The first three are preconditions: with equal parts averaging is right; 30 apart, the smaller part weighs e^−30,
+# so keeping only the larger one, or rescaling without normalising, is right to rounding. Only 1.5 apart tells.
+MERGE_CASES = (("parts with equal scores", None), ("the second part's scores 30 higher", 30.0),
+               ("the first part's scores 30 higher", -30.0), ("the second part's scores 1.5 higher", 1.5),
+               ("the first part's scores 1.5 higher", -1.5))
+MERGE_PRECONDITIONS = 3
+RESCALE = ("Weigh each part by its share of the total, e^(lse_i − lse) with lse = log(e^lse1 + e^lse2) "
+           "(torch.logaddexp) — in max/sum terms l_i·e^(m_i − m)/l")
+NO_RESCALE = ("your merge is right when both parts have the same log-sum-exp but not when they differ: it does not "
+              "rescale by the running max. " + RESCALE)
+PICKS_LARGER = ("your merge keeps only the part with the larger log-sum-exp: right when the other part's weight is "
+                "negligible (e^−30), not when the two are close. Both parts count. " + RESCALE)
+NOT_NORMALISED = ("your merge weighs the two parts by factors that do not sum to one (query 0: {:.3g} + {:.3g} = "
+                  "{:.3g}): it rescales them but does not normalise (divide by the total weight). " + RESCALE)
+
+
+def _merge_mistake(o, o1, lse1, o2, lse2) -> str | None:
+    """What a wrong merge did, when its output is a per-query mix w1·o1 + w2·o2 of the parts (else None)."""
+    if not torch.isfinite(o).all():
+        return None
+    parts = torch.stack([o1, o2], dim=-1)                                # (..., L, d, 2): d equations, 2 weights
+    weights = torch.linalg.lstsq(parts, o.unsqueeze(-1)).solution        # (..., L, 2, 1)
+    if not torch.allclose(parts @ weights, o.unsqueeze(-1), atol=1e-9):
+        return None
+    weights = weights.squeeze(-1)
+    larger = (lse1 >= lse2).to(o.dtype)
+    if torch.allclose(weights, torch.stack([larger, 1 - larger], dim=-1), atol=1e-6):
+        return PICKS_LARGER
+    total = weights.sum(-1)
+    if not torch.allclose(total, torch.ones_like(total), atol=1e-6):
+        w1, w2 = weights.flatten(0, -2)[0].tolist()
+        return NOT_NORMALISED.format(w1, w2, w1 + w2)
+    return NO_RESCALE
+
+
 @grading.check(EXERCISE, points=3)
 def merge_exact(submission, ctx):
     """merge(o1, lse1, o2, lse2) gives softmax over both sets of keys, and their log-sum-exp."""
-    outcomes, wrong = [], []
-    for name, shift in (("parts with equal scores", None), ("the second part's scores 30 higher", 30.0),
-                        ("the first part's scores 30 higher", -30.0)):
+    outcomes, hinted = [], False
+    for name, shift in MERGE_CASES:
         g = torch.Generator().manual_seed(1)
         q, k, v = (torch.randn(3, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
         scores = q @ k.transpose(-1, -2)
@@ -84,19 +123,17 @@ def merge_exact(submission, ctx):
             continue
         expected = scores.softmax(-1) @ v
         if not torch.allclose(o, expected, atol=1e-9):  # NaN is never close
-            wrong.append(name)
             outcomes.append(f"{name}: the merged output is off by {(o - expected).abs().max():.3g}")
+            if shift is not None and not hinted:  # what the merge did, said once, at its first wrong shifted case
+                hint = _merge_mistake(o, *parts) or (NO_RESCALE if outcomes[0] is None else None)
+                if hint:
+                    outcomes[-1] += "\n" + hint
+                    hinted = True
         elif not torch.allclose(lse, scores.logsumexp(-1), atol=1e-9):
             outcomes.append(f"{name}: the output is right but the returned lse is not log(e^lse1 + e^lse2)")
         else:
             outcomes.append(None)
-    if wrong and "parts with equal scores" not in wrong:
-        first = next(i for i, o in enumerate(outcomes) if o and o.startswith(wrong[0]))
-        outcomes[first] += ("\nyour merge is right when both parts have the same log-sum-exp but not when they "
-                            "differ: it does not rescale by the running max. Weigh each part by its share of the "
-                            "total, e^(lse_i − lse) with lse = log(e^lse1 + e^lse2) — in max/sum terms "
-                            "l_i·e^(m_i − m)/l")
-    return grading.partial_credit(outcomes)
+    return grading.partial_credit(outcomes[MERGE_PRECONDITIONS:], outcomes[:MERGE_PRECONDITIONS])
 
 
 def _run_ring(submission, world_size: int, seq: int, causal: bool, backward: bool = True):
@@ -179,12 +216,58 @@ def _against_full(submission, world_size: int, causal: bool, cache: dict | None 
         if not diff <= 1e-9:  # (NaN compares False with everything)
             return (f"G={world_size}{', causal' if causal else ''}: rank {rank}'s output differs from full attention "
                     f"by {diff:.3g}")
+        if world_size > 1 and _wrong(dq, dq_full[..., mine, :]) and _drops_grad_o(results, world_size, causal):
+            return (f"G={world_size}{', causal' if causal else ''}: rank {rank}'s gradient of q is what it would be "
+                    f"if PassRight.backward returned None for o: {O_CUT}")
         if dq is None:
             return f"G={world_size}: no gradient reached q (is the output computed from q with torch operations?)"
         diff = (dq - dq_full[..., mine, :]).abs().max().item()
         if not diff <= 1e-9:
             return f"G={world_size}: rank {rank}'s gradient of q differs from full attention's by {diff:.3g}"
     return None
+
+
+O_CUT = ("the output's gradient then stops at each pass, and the blocks merged before it reach q only through "
+         "their log-sum-exp (or not at all). o rides along unchanged, so its gradient does too: return grad_o "
+         "unchanged as backward's second value")
+
+
+def _wrong(got, want) -> bool:
+    """``got`` is not ``want`` (None, a missing gradient, is right only where none is expected)."""
+    if got is None or want is None:
+        return (got is None) != (want is None)
+    return not (got - want).abs().max().item() <= 1e-9
+
+
+def _drops_grad_o(results, world_size: int, causal: bool) -> bool:
+    """Whether every rank's gradient of q is what a PassRight.backward returning None for o gives (on some rank not
+    None: a ring whose output never reaches q, on any rank, is told that instead)."""
+    dqs = [grads[0] for _, grads, _ in results]
+    return (any(dq is not None for dq in dqs)
+            and not any(_wrong(dq, _dq_with_o_cut(world_size, causal, rank)) for rank, dq in enumerate(dqs)))
+
+
+def _dq_with_o_cut(world_size: int, causal: bool, rank: int):
+    """Rank ``rank``'s gradient of q from the solution's loop with o's gradient cut at each pass (what a
+    PassRight.backward returning None for o gives); None where no gradient reaches q then."""
+    q, k, v, grad = _tensors(world_size * L)
+    mine = slice(rank * L, (rank + 1) * L)
+    query = q[..., mine, :].clone().requires_grad_()
+    q_pos = torch.arange(rank * L, (rank + 1) * L)
+    o = lse = None
+    for step in range(world_size):
+        owner = (rank - step) % world_size
+        theirs = slice(owner * L, (owner + 1) * L)
+        mask = torch.arange(owner * L, (owner + 1) * L).unsqueeze(0) > q_pos.unsqueeze(1) if causal else None
+        if mask is None or not bool(mask.all()):
+            o_block, lse_block = block_attention(query, k[..., theirs, :], v[..., theirs, :], mask)
+            o, lse = (o_block, lse_block) if o is None else right_merge(o, lse, o_block, lse_block)
+        if step < world_size - 1:
+            o = o.detach()  # the pass, whose backward gives o no gradient (lse stays on the rank: it keeps its own)
+    if not o.requires_grad:
+        return None
+    (o * grad[..., mine, :]).sum().backward()
+    return query.grad
 
 
 def _cache(submission) -> dict:
@@ -238,6 +321,9 @@ def _key_value_gradients(submission, world_size: int, causal: bool, cache: dict)
                 return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}; in "
                         f"backward rank {right[0].src} sent a gradient to rank {right[0].dst}, on to the right: a "
                         f"block's gradient goes back to the rank the block came from, r−1 (and arrives from r+1)")
+            if _wrong(grads[0], full[0][..., mine, :]):
+                return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}; "
+                        f"the gradient of q is wrong too (see ring_equals_full_attention): fix that first")
             return f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}"
     return None
 
@@ -247,9 +333,12 @@ def key_value_gradients(submission, ctx):
     """Causal and not, at G = 1..4: each rank's gradients of k and v equal full attention's (they come back
     around the ring from the other ranks' queries)."""
     cache = _cache(submission)
-    cases = [(g, causal) for causal in (False, True) for g in SIZES]
+    # G = 1 and 2 are preconditions: at G = 2 both neighbours are the one other rank, so a gradient sent on to the
+    # right (the way the block went) arrives where it belongs and only G >= 3 tells
+    cases = [(g, causal) for causal in (False, True) for g in SIZES if g > 2]
+    preconditions = [(g, causal) for causal in (False, True) for g in (1, 2)]
     return grading.partial_credit([_key_value_gradients(submission, g, c, cache) for g, c in cases],
-                                  [_key_value_gradients(submission, 1, c, cache) for c in (False, True)])
+                                  [_key_value_gradients(submission, g, c, cache) for g, c in preconditions])
 
 
 @grading.check(EXERCISE, points=2)

@@ -25,7 +25,8 @@ What a typical mistake is told (each seen in ``tests/submissions/tensor_parallel
 * the weights all-gathered instead (each rank rebuilds the dense matrix and multiplies all of it): partial
   credit, and why that is not tensor parallelism;
 * the row-parallel bias added on every rank (before the sum, or without one): the output is off by
-  (t − 1) × the bias;
+  (t − 1) × the bias; added before the sum on one rank only, the output is right but no gradient reaches
+  the other ranks' copies (a parameter left without a gradient is named as such, not as a difference);
 * **f** without its backward all-reduce: each rank's input gradient is only its shard's part.
 """
 
@@ -141,6 +142,12 @@ def _grad(layer, name):
     return None if not isinstance(param, torch.Tensor) else param.grad
 
 
+def _no_grad(layers: dict) -> list[str]:
+    """The parameters (``{label: (layer, name)}``) that backward left without a gradient: not used in forward."""
+    return [label for label, (layer, name) in layers.items()
+            if isinstance(getattr(layer, name, None), torch.Tensor) and _grad(layer, name) is None]
+
+
 def _shape(layer, name):
     param = getattr(layer, name, None)
     return None if not isinstance(param, torch.Tensor) else tuple(param.shape)
@@ -165,6 +172,7 @@ def _column_case(Column, rank, world_size) -> dict:
             "input grad is the shard's part": _diff(inputs.grad, grad_out[..., start:stop] @ mine),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad[start:stop]),
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}),
             "weight numel": mine.numel(), "x numel": x.numel()}
 
 
@@ -188,6 +196,7 @@ def _row_case(Row, rank, world_size) -> dict:
             "input grad": _diff(inputs.grad, reference.grad[..., start:stop]),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[:, start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad),
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}),
             "weight numel": mine.numel(), "y numel": expected.numel()}
 
 
@@ -209,7 +218,10 @@ def _mlp_case(Column, Row, rank, world_size) -> dict:
              "fc.bias": _diff(_grad(first, "bias"), fc.bias.grad[start:stop]),
              "out.weight": _diff(_grad(second, "weight"), out.weight.grad[:, start:stop]),
              "out.bias": _diff(_grad(second, "bias"), out.bias.grad)}
+    unused = _no_grad({f"{label}.{name}": (layer, name) for label, layer in (("fc", first), ("out", second))
+                       for name in ("weight", "bias")})
     return {"output": _diff(y, expected), "input grad": _diff(inputs.grad, reference.grad), "grads": grads,
+            "no grad": unused,
             "weight numels": {(stop - start) * 6, 6 * (stop - start)}, "x numel": x.numel()}
 
 
@@ -281,7 +293,8 @@ F_NO_BACKWARD = ("the input gradient on each rank is only its own shard's part (
                  "column-parallel layer, must all-reduce the input's gradient in backward (identity forward, "
                  "all-reduce backward) — every rank read the whole input, so every rank's part must be summed")
 BIAS_EVERY_RANK = ("the output is off by (t − 1) × the bias: every rank added the bias (before the sum, or without "
-                   "one), so the sum holds it t times. Add it once, after g's all-reduce (or on one rank only)")
+                   "one), so the sum holds it t times. Add it after g's all-reduce, on every rank: the output then "
+                   "holds it once, and every rank's copy of the bias gets its gradient")
 
 
 def _error(r: dict, where: str) -> str:
@@ -311,9 +324,11 @@ def _judge_layer(kind: str, per_rank: list[dict], world_size: int) -> tuple[str 
             if kind == "column" and world_size > 1 and r["input grad is the shard's part"] < TOL:
                 return f"{where}: {F_NO_BACKWARD}", gathered
             return f"{where}: the input's gradient differs from the dense layer's by {r['input grad']:.3g}", gathered
-        for name in ("weight grad", "bias grad"):
-            if not r[name] < TOL:
-                return f"{where}: the {name.replace(' grad', '')}'s gradient differs by {r[name]:.3g}", gathered
+        for name in ("weight", "bias"):
+            if name in r["no grad"]:  # not "differs by inf": say what is missing (a bias added on one rank only)
+                return f"{where}: no gradient reached self.{name} (is it used in forward?)", gathered
+            if not r[f"{name} grad"] < TOL:
+                return f"{where}: the {name}'s gradient differs by {r[f'{name} grad']:.3g}", gathered
         if world_size > 1 and not gathered:
             want = ({"forward": 0, "backward": 1} if kind == "column" else {"forward": 1, "backward": 0})
             got = {phase: len(_counts(r["calls"], "all_reduce", phase)) for phase in want}
@@ -405,6 +420,8 @@ def mlp_one_all_reduce_each_way(submission, ctx):
                 outcomes[-1] = f"{where}: the MLP's output differs from the dense one's by {r['output']:.3g}"
             elif not r["input grad"] < TOL:
                 outcomes[-1] = f"{where}: the input's gradient differs from the dense MLP's by {r['input grad']:.3g}"
+            elif r["no grad"]:
+                outcomes[-1] = f"{where}: no gradient reached {', '.join(r['no grad'])} (is it used in forward?)"
             elif bad:
                 outcomes[-1] = f"{where}: gradients differ: " + ", ".join(f"{n} by {d:.3g}" for n, d in bad.items())
             elif calls != want and not gathered:

@@ -25,7 +25,7 @@
 #    (it has no key to attend to).
 #
 # **Grading** (`check_ring_attention`, on the single-process simulator, 1 to 4 ranks, float64): `merge` equals
-# softmax over all keys, also when the two parts' maxima differ by a lot; the ring's outputs and the gradient
+# softmax over all keys, when the two parts' maxima differ by a little and by a lot; the ring's outputs and the gradient
 # of q equal full attention's, without and with the causal mask; the gradients of k and v too (each rank's
 # keys are attended to by every later rank's queries: their gradient must come back around the ring); and the
 # traffic: every message goes to the right-hand neighbour, each rank sending its key and value block once per
@@ -85,11 +85,14 @@ except NotImplementedError as error:
 # `comm.irecv(tensor, src=...)` return a work object whose `.wait()` completes the transfer. The forward below
 # sends `block` to rank r+1 and returns the block of rank r−1. Its backward receives `grad_incoming`, the
 # gradient of *your* loss with respect to the block you received: it belongs to rank r−1, who owns that block.
-# Send it there, receive from rank r+1 the gradient it computed for the block you sent, and return that.
+# Send it there, receive from rank r+1 the gradient it computed for the block you sent, and return two values,
+# one per input of `forward`: that gradient (for `block`), then `grad_o` unchanged (for `o`).
 #
 # `o` rides along unchanged. Why: autograd runs a backward only for what the output depends on. With a causal
 # mask rank 0 skips every block it receives, so without `o` its output would not depend on any pass, rank 0
-# would never run `backward`, and rank 1 would wait forever to send it rank 0's gradient.
+# would never run `backward`, and rank 1 would wait forever to send it rank 0's gradient. Its gradient rides
+# back unchanged too: returning `None` for `o` would stop the output's gradient at the pass, and the blocks
+# merged before it would reach the gradients of q, k and v only through their log-sum-exp: wrong ones.
 
 
 # %%
@@ -116,7 +119,7 @@ class PassRight(torch.autograd.Function):
         for work in works:
             work.wait()
         return grad_block, grad_o
-# EXERCISE:         # YOUR CODE HERE
+# EXERCISE:         # YOUR CODE HERE (then return the gradient you received, and grad_o unchanged)
 # EXERCISE:         raise NotImplementedError("send grad_incoming to rank r-1, receive the gradient of your block from r+1")
 # END SOLUTION
 

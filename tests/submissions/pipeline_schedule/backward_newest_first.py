@@ -1,12 +1,15 @@
 """Steady state backward of the *newest* forward instead of the oldest (a stack, not a queue): valid, but
-rank 0 asks for micro-batch 1's gradient while rank 1 is still on micro-batch 0's."""
+rank 0 asks for micro-batch 1's gradient while rank 1 is still on micro-batch 0's.
+
+Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
+"backward_newest_first: bubble_equals_formula earned 0.25, not 0"."""
 
 from coursekit.parallel.schedules import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
-SCORE = 8.25  # valid 3 + peak 3 + executed 2 + bubble 2 × 3/24 (m = 1 only)
-LOSES = {"bubble_equals_formula": (0.25, "p=2, m=2: the ranks idle 45.5% of the time; 1F1B idles (p−1)/(m+p−1) = "
-                                         "33.3%: rank 0 waits from t=2 to t=7 (F = 1, B = 2) before B1@s0")}
+SCORE = 8  # valid 3 + peak 3 + executed 2; bubble 0 (right only at m = 1, where every order idles (p−1)/p)
+LOSES = {"bubble_equals_formula": (0, "p=2, m=2: the ranks idle 45.5% of the time; 1F1B idles (p−1)/(m+p−1) = "
+                                      "33.3%: rank 0 waits from t=2 to t=7 (F = 1, B = 2) before B1@s0")}
 
 
 def one_f_one_b(p, m):

@@ -1,6 +1,9 @@
 """PassRight's backward sends the gradient on to the right, the way the block went, instead of back to its
 owner on the left. At G = 2 both neighbours are the same rank, so it is right there; at G = 3 and 4 each
-gradient reaches the wrong rank. Forward, outputs and dq are the solution's."""
+gradient reaches the wrong rank. Forward, outputs and dq are the solution's.
+
+Seen failing before the fix (G = 2 counted as a real case of key_value_gradients):
+"gradient_passed_right: key_value_gradients earned 0.67, not 0"."""
 
 import torch
 
@@ -8,9 +11,9 @@ from coursekit import comm
 from _ra_solution import functions, loop_with
 
 EXERCISE = "06_ring_attention"
-SCORE = 10.67  # k, v gradients: right at G = 2 (causal and not), wrong at G = 3, 4: 2 of 6 cases of 2 points
-LOSES = {"key_value_gradients": (0.67, ("G=3: rank 0's gradient of k differs from full attention's by",
-                                             "a block's gradient goes back to the rank the block came from"))}
+SCORE = 10  # k, v gradients 0: right only at G = 1 and 2 (preconditions: there both neighbours are one rank)
+LOSES = {"key_value_gradients": (0, ("G=3: rank 0's gradient of k differs from full attention's by",
+                                     "a block's gradient goes back to the rank the block came from"))}
 
 _solution = functions()
 merge = _solution["merge"]

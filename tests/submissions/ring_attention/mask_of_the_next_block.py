@@ -1,6 +1,9 @@
 """The causal mask computed from the positions of the block that arrives next, not of the one held: off by
 one block. Right without a mask. With the mask, rank 0 skips its own block at step 0 (it looks entirely in the
-future), so it has nothing to pass on with PassRight at G >= 2, which says so."""
+future), so it has nothing to pass on with PassRight at G >= 2, which says so.
+
+Seen failing before the fix (G = 2 counted as a real case of key_value_gradients):
+"mask_of_the_next_block: key_value_gradients earned 1.0, not 0.8"."""
 
 import torch
 
@@ -9,9 +12,11 @@ from coursekit.parallel.ring_attention import block_attention
 from _ra_solution import PassRight, merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"
-SCORE = 9  # causal 0; k, v gradients: the 3 cases without a mask of 6
+# causal 0; k, v gradients 2 × 2/5: G = 3, 4 right without a mask, wrong causal; G = 2 causal a failed precondition
+# (it costs as a case)
+SCORE = 8.8
 LOSES = {"causal_masking": (0, "G=2: rank 0 raised ValueError: PassRight got o=None"),
-         "key_value_gradients": (1, ("G=2: rank 0 raised ValueError", "check the mask"))}
+         "key_value_gradients": (0.8, ("G=2: rank 0 raised ValueError", "check the mask"))}
 
 
 def ring_attention_forward(q, k, v, causal=False):

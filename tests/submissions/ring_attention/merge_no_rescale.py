@@ -1,13 +1,16 @@
 """The two partial outputs averaged: right only when both parts have the same log-sum-exp (the classic bug:
-no rescale by the running max). The ring loop is right, so its traffic is too; its outputs are not."""
+no rescale by the running max). The ring loop is right, so its traffic is too; its outputs are not.
+
+Seen failing before the fix (the equal-scores case not yet a precondition of merge_exact):
+"merge_no_rescale: merge_exact earned 1.0, not 0"."""
 
 import torch
 
 from _ra_solution import loop_with
 
 EXERCISE = "06_ring_attention"
-SCORE = 3  # merge 1 (the equal-scores case) + traffic 2; the ring's outputs wrong at G >= 2 (G = 1 earns nothing)
-LOSES = {"merge_exact": (1, ("the second part's scores 30 higher: the merged output is off by",
+SCORE = 2  # merge 0 (right only with equal scores, a precondition) + traffic 2; the ring's outputs wrong at G >= 2
+LOSES = {"merge_exact": (0, ("the second part's scores 30 higher: the merged output is off by",
                              "it does not rescale by the running max")),
          "ring_equals_full_attention": (0, "differs from full attention by"),
          "causal_masking": (0, "differs from full attention by"),

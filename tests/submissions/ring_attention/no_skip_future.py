@@ -1,5 +1,8 @@
 """Every block masked and computed, also those entirely in the future: their log-sum-exp is -inf and the
-output NaN. Right without a mask."""
+output NaN. Right without a mask.
+
+Seen failing before the fix (G = 2 counted as a real case of key_value_gradients):
+"no_skip_future: key_value_gradients earned 1.0, not 0.8"."""
 
 import torch
 
@@ -8,9 +11,11 @@ from coursekit.parallel.ring_attention import block_attention
 from _ra_solution import PassRight, merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"
-SCORE = 9  # causal 0 (G = 1 has no future block and earns nothing); k, v gradients: 3 right cases of 6 (no mask)
+# causal 0 (G = 1 has no future block and earns nothing); k, v gradients 2 × 2/5: G = 3, 4 right without a mask,
+# wrong causal; G = 2 causal a failed precondition (it costs as a case)
+SCORE = 8.8
 LOSES = {"causal_masking": (0, ("output has NaN", "a block entirely in the future has no key to attend to")),
-         "key_value_gradients": (1, "G=2, causal: the output differs from full attention")}
+         "key_value_gradients": (0.8, "G=2, causal: the output differs from full attention")}
 
 
 def ring_attention_forward(q, k, v, causal=False):

@@ -1,5 +1,8 @@
 """The row-parallel bias added on every rank, before the all-reduce: the sum holds it t times.
-Column-parallel is right; the row-parallel layer and the MLP are right on one rank only."""
+Column-parallel is right; the row-parallel layer and the MLP are right on one rank only.
+
+Seen failing before the fix (the hint still offered "or on one rank only", which fails the bias's gradient):
+"row_parallel_linear's feedback lacks 'Add it after g's all-reduce, on every rank'"."""
 
 import torch.nn.functional as F
 
@@ -8,7 +11,7 @@ from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 3; row 0 (both cases wrong; one rank right earns nothing); MLP 0 (both cases wrong)
-LOSES = {"row_parallel_linear": (0, "off by (t − 1) × the bias"),
+LOSES = {"row_parallel_linear": (0, ("off by (t − 1) × the bias", "Add it after g's all-reduce, on every rank")),
          "mlp_one_all_reduce_each_way": (0, "the MLP's output differs")}
 
 
