@@ -25,12 +25,16 @@ import torch
 from .. import comm, grading
 from ..collectives import owned_segment, ring_traffic, segment_bounds
 from ..grading import CheckFailed
-from .ring_judge import judge_all_gather, judge_reduce_scatter, ring_input, ring_sum, shape_problems
+from .ring_judge import (all_gather_start, judge_all_gather, judge_reduce_scatter, ring_input, ring_sum,
+                         shape_problems)
 from .ring_schedule import AG, RS, diagnose
 
 EXERCISE = "01_ring_allreduce"  # registered in grading.EXERCISE_MODULES, the one place exercises are named
 RING = EXERCISE  # its older name, as grading.RING (not collectives.RING, the ring's Collectives)
 F32 = torch.float32
+# (world size, length) of the all-gather cases whose segment is passed as a copy, not as the view of out that
+# reduce_scatter returns: the notebook asks all_gather to put it in place unless it already is that view.
+AS_COPY = {(3, 10)}
 
 
 def check_ring_all_reduce(reduce_scatter: Callable, all_gather: Callable, **options: Any) -> grading.Report:
@@ -60,16 +64,18 @@ def _rs_rank(rank, world_size, reduce_scatter, cases):
 
 
 def _ag_rank(rank, world_size, all_gather, cases):
-    """Start each rank from its owned segment, already summed, the rest zeros; all_gather fills the rest."""
+    """Start each rank from its owned segment, already summed, and its own input elsewhere (not zeros, which an
+    all_gather that adds would get right); all_gather fills the rest. In the AS_COPY cases the summed segment is
+    passed as a copy and out holds the rank's input there too."""
     out = []
     for numel, dtype in cases:
-        full = ring_sum(world_size, numel, dtype).to(dtype)
+        as_copy = (world_size, numel) in AS_COPY
+        target = all_gather_start(rank, world_size, numel, dtype, as_copy)
         start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
-        target = torch.zeros(numel, dtype=dtype)
-        target[start:stop] = full[start:stop]
+        segment = ring_sum(world_size, numel, dtype)[start:stop].to(dtype) if as_copy else target[start:stop]
         with comm.record() as traffic:
-            all_gather(target[start:stop], target)
-        out.append((target, traffic))
+            all_gather(segment, target)
+        out.append((target, traffic, as_copy))
     return out
 
 

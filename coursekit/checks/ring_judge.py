@@ -3,7 +3,8 @@
 The inputs are small integers, so every sum is exact in every dtype and a
 right answer is equal, bit for bit. A right answer counts only if the ring
 computed it (:func:`not_a_ring`): each message to the right neighbour, none
-longer than a segment. The feedback names the world size, length, dtype, rank
+longer than a segment, each rank sending exactly what the phase's G−1 steps
+send (:func:`phase_sent`). The feedback names the world size, length, dtype, rank
 and segment, and, where it can, the mistake ("returned segment 0; after G−1
 steps rank r owns segment (r+1) mod G").
 """
@@ -18,7 +19,8 @@ from .. import comm
 from ..collectives import owned_segment, segment_bounds
 from .ring_schedule import AG, RS
 
-__all__ = ["ring_input", "ring_sum", "shape_problems", "not_a_ring", "judge_reduce_scatter", "judge_all_gather"]
+__all__ = ["ring_input", "ring_sum", "all_gather_start", "phase_sent", "shape_problems", "not_a_ring",
+           "judge_reduce_scatter", "judge_all_gather"]
 
 
 # ----------------------------------------------------------------------------- inputs and exact answers
@@ -69,12 +71,44 @@ def shape_problems(world_size: int, numel: int, traffic: comm.Traffic) -> list[s
     return problems
 
 
-def not_a_ring(world_size: int, numel: int, traffic: comm.Traffic, phase: str) -> str | None:
-    """For a right answer: None if the ring computed it, else why it earns nothing."""
-    problems = shape_problems(world_size, numel, traffic)
-    if not problems:
+def phase_sent(numel: int, world_size: int, phase: str) -> dict[int, int]:
+    """Elements each rank sends in one phase: every segment but (r+1) % G in the reduce-scatter, every segment
+    but (r+2) % G in the all-gather (see collectives.ring_traffic, their sum)."""
+    if world_size == 1:
+        return {0: 0}
+    lengths = [b - a for a, b in segment_bounds(numel, world_size)]
+    kept = 1 if phase == RS else 2
+    return {r: numel - lengths[(r + kept) % world_size] for r in range(world_size)}
+
+
+def _step_count(world_size: int, numel: int, traffic: comm.Traffic, phase: str) -> str | None:
+    """None if every rank sent exactly what the phase's G−1 steps send, else the first rank that did not.
+
+    Right values do not show it: an extra reduce-scatter step only adds into scratch, an extra all-gather
+    step writes a finished segment over itself.
+    """
+    want, sent = phase_sent(numel, world_size, phase), traffic.sent
+    wrong = [r for r in range(world_size) if sent.get(r, 0) != want[r]]
+    if not wrong:
         return None
-    return f"right values, but not the ring's {phase}: {problems[0]}"
+    rank, kept = wrong[0], 1 if phase == RS else 2
+    lengths = [b - a for a, b in segment_bounds(numel, world_size)]
+    steps = sum(1 for k, n in enumerate(lengths) if n and k != (rank + kept) % world_size)  # empty ones are skipped
+    messages = sum(1 for t in traffic.payload if t.src == rank)
+    plural = lambda n, word: f"{n} {word}{'' if n == 1 else 's'}"  # noqa: E731
+    how = {steps + 1: "one step too many", steps - 1: "one step too few"}.get(messages, "not the ring's steps")
+    return (f"rank {rank} sent {sent.get(rank, 0)} elements in {plural(messages, 'message')}; in the ring's {phase} "
+            f"it sends N − len(segment (r+{kept}) % G) = {want[rank]} in {plural(steps, 'message')}: {how} in the "
+            f"{phase} (G − 1 = {plural(world_size - 1, 'step')})")
+
+
+def not_a_ring(world_size: int, numel: int, traffic: comm.Traffic, phase: str) -> str | None:
+    """For a right answer: None if the ring computed it, in its G−1 steps, else why it earns nothing."""
+    problems = shape_problems(world_size, numel, traffic)
+    problem = problems[0] if problems else _step_count(world_size, numel, traffic, phase)
+    if not problem:
+        return None
+    return f"right values, but not the ring's {phase}: {problem}"
 
 
 # ----------------------------------------------------------------------------- judging one case
@@ -103,11 +137,14 @@ def _segment_feedback(rank: int, world_size: int, numel: int, dtype, got, index:
     mine = ring_input(rank, numel, dtype).double()[start:stop]
     if torch.equal(got, mine):
         return f"{where}: segment {own} is unchanged: nothing was added into it; expected {expected}"
-    for count in range(2, world_size):  # a partial sum along the ring: too few steps?
-        ranks = [(rank + 1 - i) % world_size for i in range(count)]
+    # A partial sum along the ring (too few steps, or a send of the value before the add)? The ring sends
+    # right, so rank r's segment can only have gathered the ranks just left of it: r, r−1, ..., r−c+1.
+    for count in range(2, world_size):
+        ranks = [(rank - i) % world_size for i in range(count)]
         if torch.equal(got, ring_sum(world_size, numel, dtype, ranks)[start:stop]):
             return (f"{where}: segment {own} holds the sum of only {count} of {world_size} ranks "
-                    f"(a ring needs G-1 = {world_size - 1} steps); expected {expected}")
+                    f"(a ring needs G-1 = {world_size - 1} steps, each passing on the running sum it just "
+                    f"added to); expected {expected}")
     wrong = int((got != full[start:stop]).sum())
     return f"{where}: segment {own} is wrong at {wrong} of {stop - start} elements; expected {expected}"
 
@@ -122,17 +159,51 @@ def judge_reduce_scatter(world_size: int, numel: int, dtype, results: list) -> s
     return f"world size {world_size}, length {numel}: {ring}" if ring else None
 
 
+def all_gather_start(rank: int, world_size: int, numel: int, dtype, as_copy: bool) -> torch.Tensor:
+    """The ``out`` a rank's all_gather starts from: its own input (not zeros: an all_gather that adds what it
+    receives, or never puts it in place, must come out wrong), its owned segment already summed unless the
+    segment is passed as a copy (then ``out`` holds the rank's input there too, and all_gather must copy it)."""
+    out = ring_input(rank, numel, dtype)
+    if not as_copy and world_size > 1:
+        start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
+        out[start:stop] = ring_sum(world_size, numel, dtype)[start:stop].to(dtype)
+    return out
+
+
+def _gather_hint(rank: int, world_size: int, numel: int, dtype, got, wrong: list, as_copy: bool) -> str:
+    """What a wrong segment after all_gather says about the mistake: "" if nothing does."""
+    full, before = ring_sum(world_size, numel, dtype), ring_input(rank, numel, dtype).double()
+    bounds, own = segment_bounds(numel, world_size), owned_segment(rank, world_size)
+    a, b = bounds[own]
+    if as_copy and own in wrong and torch.equal(got[a:b], before[a:b]):
+        return (f"; its own segment {own} still holds what out held before: all_gather was given its segment as a "
+                f"copy, not a view of out, and must put it in place (out's segment (r+1) % G) before sending it")
+    for k in wrong:
+        a, b = bounds[k]
+        if torch.equal(got[a:b], before[a:b]):
+            return (f"; segment {k} still holds what out held before: receive each segment straight into its "
+                    f"place in out")
+        if torch.equal(got[a:b], full[a:b] + before[a:b]):
+            return (f"; segment {k} holds what out held there plus the complete segment: all_gather must copy "
+                    f"(replace) what it receives, not add it (adding is the reduce-scatter's)")
+    return ""
+
+
 def judge_all_gather(world_size: int, numel: int, dtype, results: list) -> str | None:
-    """The first rank that does not hold every segment of the sum after all_gather, or why it is not a ring, or None."""
+    """The first rank that does not hold every segment of the sum after all_gather, or why it is not a ring, or None.
+
+    ``results``: per rank, ``(out after all_gather, traffic, whether the segment was passed as a copy)``.
+    """
     full = ring_sum(world_size, numel, dtype)
     bounds = segment_bounds(numel, world_size)
-    for rank, (got, _) in enumerate(results):
+    for rank, (got, _, as_copy) in enumerate(results):
         got = got.double()
         wrong = [k for k, (a, b) in enumerate(bounds) if not torch.equal(got[a:b], full[a:b])]
         if wrong:
             a, b = bounds[wrong[0]]
             return (f"world size {world_size}, length {numel}: after all_gather rank {rank} has wrong values in "
                     f"segment{'s' if len(wrong) > 1 else ''} {', '.join(map(str, wrong))} "
-                    f"(segment k = elements {a}:{b} for k = {wrong[0]})")
+                    f"(segment k = elements {a}:{b} for k = {wrong[0]})"
+                    f"{_gather_hint(rank, world_size, numel, dtype, got, wrong, as_copy)}")
     ring = not_a_ring(world_size, numel, comm.Traffic.merge([r[1] for r in results]), AG)
     return f"world size {world_size}, length {numel}: {ring}" if ring else None
