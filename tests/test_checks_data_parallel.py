@@ -42,3 +42,40 @@ def test_typical_mistakes_lose_what_they_get_wrong_and_say_why():
     assert by_name["zero2_segment"].status == "pass"
     assert by_name["zero2_traffic"].earned == 0 and "2×" in by_name["zero2_traffic"].feedback
     assert by_name["zero2_frees_gradients"].earned == 0 and "p.grad = None" in by_name["zero2_frees_gradients"].feedback
+
+
+def test_right_variants_are_not_failed_by_the_per_rank_checks():
+    """Hooks that reduce every gradient in one ring all-reduce, flattened together once the last is ready, and a
+    ZeRO-2 that returns a copy of its segment: right, so full marks. Planted bug: hooks_traffic comparing each
+    rank's sends with the per-parameter ring's exactly (sum of ring_traffic per parameter) instead of its bounds
+    -> the bucketed hooks fail ("per-rank sends {0: 14688, 1: 14688, 2: 14688}")."""
+    def bucketed(model, group=None):
+        params = [p for p in model.parameters() if p.requires_grad]
+        ready = []
+
+        def average(param):
+            ready.append(param)
+            if len(ready) < len(params):
+                return
+            ready.clear()
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            ring_all_reduce(flat, group=group).div_(comm.get_world_size(group))
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+
+        for param in params:
+            param.register_post_accumulate_grad_hook(average)
+
+    def copied_segment(model, group=None):
+        from coursekit.collectives import ring_reduce_scatter
+        params = [p for p in model.parameters() if p.requires_grad]
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        for p in params:
+            p.grad = None
+        return ring_reduce_scatter(flat, group=group).clone().div_(comm.get_world_size(group))
+
+    report = check_data_parallel(bucketed, copied_segment, verbose=False,
+                                 only=["hooks_traffic", "zero2_frees_gradients"])
+    assert report.full_marks, report.table()

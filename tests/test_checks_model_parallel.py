@@ -66,3 +66,30 @@ def test_a_second_stage_that_ignores_what_arrived_fails_the_loss_check():
     result = report.results[0]
     assert result.earned == 0, report.table()
     assert "did not compute the output layer on the activations rank 0 computed" in result.feedback
+
+
+def test_the_loss_returned_is_checked_whatever_its_form():
+    """A second stage that returns loss.item() (a float) returns the loss: full marks on the loss check; one that
+    returns the output layer's logits does not, and the feedback says what came back. (Returning nothing, and a
+    loss computed without the loss_fn given: tests/submissions/mp_returns_nothing.py, mp_own_cross_entropy.py.)
+    Planted bug: _returned without its branch for Python numbers -> loss.item() fails ("it returned a float")."""
+    def second_with(returned):
+        def second(stage, targets, loss_fn, shape):
+            inputs = torch.empty(shape)
+            comm.recv(inputs, src=0)
+            inputs.requires_grad_()
+            output = stage(inputs)
+            loss = loss_fn(output, targets)
+            loss.backward()
+            comm.send(inputs.grad, dst=0)
+            return returned(loss, output)
+        return second
+
+    report = check_model_parallel(first_stage, second_with(lambda loss, output: loss.item()), verbose=False,
+                                  only=["activations_reach_the_loss"])
+    assert report.full_marks, report.table()
+    report = check_model_parallel(first_stage, second_with(lambda loss, output: output), verbose=False,
+                                  only=["activations_reach_the_loss"])
+    result = report.results[0]
+    assert result.earned == 0, report.table()
+    assert "second_stage must return the loss: it returned a tensor of shape (12, 4)" in result.feedback

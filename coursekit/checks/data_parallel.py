@@ -13,8 +13,9 @@ The learner writes two functions:
 * ``reduce_scatter_gradients(model, group=None) -> Tensor``: after backward,
   ZeRO-2's step: the gradients of the trainable parameters, flattened in
   ``model.parameters()`` order, reduce-scattered with chapter 01's ring; return
-  this rank's segment (``owned_segment(r, G)``) of the *averaged* gradient and
-  free the full gradients (``p.grad = None``).
+  this rank's segment (``owned_segment(r, G)``) of the *averaged* gradient, as a
+  tensor of its own (not a view into the flat buffer, which would keep every
+  gradient alive), and free the full gradients (``p.grad = None``).
 
 Each check trains on real ranks (``torch.distributed``'s collectives switched
 off: everything goes through ``coursekit.comm`` and is counted), compares with
@@ -204,10 +205,31 @@ def hooks_average_gradients(submission, ctx):
 
 @grading.check(EXERCISE, points=2, timeout=60)
 def hooks_traffic(submission, ctx):
-    """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step (G = 3)."""
-    _counted_traffic(ctx, _hooks_rank, submission.attach_gradient_averaging, 3, 2, "all-reduce",
-                     "nothing went through coursekit.comm during loss.backward(): register hooks "
-                     "(param.register_post_accumulate_grad_hook) that call ring_all_reduce")
+    """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step, each rank
+    sending a ring's share, about 2·(G−1)·Ψ/G (G = 3)."""
+    world_size, steps = 3, 2
+    traffic, psi = _counted_traffic(ctx, _hooks_rank, submission.attach_gradient_averaging, world_size, steps,
+                                    "all-reduce", "nothing went through coursekit.comm during loss.backward(): "
+                                    "register hooks (param.register_post_accumulate_grad_hook) that call "
+                                    "ring_all_reduce")
+    # The total alone does not tell a ring: a parameter server (master_all_reduce) moves 2·(G−1)·Ψ too, all of it
+    # through its root. In a ring all-reduce of n elements a rank sends 2·n minus two of its G segments
+    # (ring_traffic); whether the hooks reduce each parameter alone or several flattened together, every
+    # rank's load therefore lies between these bounds.
+    sizes = [p.numel() for p in tiny_mlp().parameters()]
+    low = steps * sum(2 * n - 2 * -(-n // world_size) for n in sizes)
+    high = steps * sum(2 * n - 2 * (n // world_size) for n in sizes)
+    sent = {r: traffic.sent.get(r, 0) for r in range(world_size)}
+    if all(low <= elements <= high for elements in sent.values()):
+        return
+    busiest = max(sent, key=sent.get)
+    said = (f"per-rank sends {sent} in {steps} steps; in a ring every rank sends its share, between {low} and "
+            f"{high} (about 2·(G−1)·Ψ/G = {2 * (world_size - 1) * psi // world_size} per step)")
+    if sent[busiest] > high:
+        raise grading.CheckFailed(f"{said}: rank {busiest} sent {sent[busiest]}, so the gradients funnel through "
+                                  f"one rank, as through a master (a parameter server, master_all_reduce); use "
+                                  f"ring_all_reduce, where each rank sends only to its neighbour")
+    raise grading.CheckFailed(f"{said}: use ring_all_reduce on every gradient")
 
 
 def _micro_batches(inputs, targets, weight):
@@ -351,7 +373,11 @@ def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps,
         traffic_per_step.append(traffic)
         if not isinstance(mine, torch.Tensor):
             raise TypeError(f"reduce_scatter_gradients returned {type(mine).__name__}, expected a tensor")
-        still_held.append(sum(p.grad.numel() for _, p in named if p.grad is not None))
+        # What stays allocated: the p.grad not freed, and the storage behind the returned segment (a view into
+        # the flat buffer of every gradient keeps all of it alive).
+        still_held.append({"grads": sum(p.grad.numel() for _, p in named if p.grad is not None),
+                           "returned": mine.numel(),
+                           "storage": mine.untyped_storage().nbytes() // mine.element_size()})
         mine = mine.detach().reshape(-1)
         if mine.numel() != stop - start:
             everything = sum(p.numel() for p in model.parameters())
@@ -369,7 +395,7 @@ def _zero2_rank(rank, world_size, reduce_scatter_gradients, name, freeze, steps,
         frozen = {n: p.data for n, p in model.named_parameters() if not p.requires_grad}
         records.append(record_step(output, loss.item() / world_size, FlatShard(layout, start, shard.grad),
                                    FlatShard(layout, start, shard.data, frozen)))
-    return records, comm.Traffic.merge(traffic_per_step), still_held
+    return records, comm.Traffic.merge(traffic_per_step), (), still_held  # () : no weights moved during backward
 
 
 @grading.check(EXERCISE, points=3, timeout=60)
@@ -397,12 +423,26 @@ def zero2_traffic(submission, ctx):
 
 @grading.check(EXERCISE, points=1, timeout=60)
 def zero2_frees_gradients(submission, ctx):
-    """After the reduce-scatter a rank keeps only its segment: every ``p.grad`` is freed (G = 2)."""
+    """After the reduce-scatter a rank keeps only its segment: every ``p.grad`` is freed, and the segment returned
+    is a tensor of its own, not a view into the flattened gradients (G = 2)."""
     results = ctx.launch(_zero2_rank, 2, submission.reduce_scatter_gradients, "mlp", (), 1, 12)
-    held = max(r[2][0] for r in results)
+    memory = [r[3][0] for r in results]
+    problems = []
+    held = max(m["grads"] for m in memory)
     if held:
-        raise grading.CheckFailed(f"{held} gradient elements are still held in p.grad after the reduce-scatter: "
-                                  f"set p.grad = None (that is the memory ZeRO-2 saves)")
+        problems.append(f"{held} gradient elements are still held in p.grad after the reduce-scatter: "
+                        f"set p.grad = None (that is the memory ZeRO-2 saves)")
+    views = [(rank, m) for rank, m in enumerate(memory) if m["storage"] > m["returned"]]
+    if views:
+        rank, m = views[0]
+        psi = sum(p.numel() for p in tiny_mlp().parameters())
+        buffer = f"the flat buffer of all {psi} flattened gradients" if m["storage"] == psi else \
+            f"a buffer of {m['storage']} elements"
+        problems.append(f"rank {rank} returned its segment ({m['returned']} elements) as a view into {buffer}: "
+                        f"as long as the segment lives, so does the whole buffer, and ZeRO-2 saves nothing. Return "
+                        f"a tensor of its own: mine / world_size (or .clone()), not mine.div_(world_size)")
+    if problems:
+        raise grading.CheckFailed("\n".join(problems))
 
 
 @grading.check(EXERCISE, points=1, hidden=True, timeout=90)

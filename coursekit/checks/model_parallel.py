@@ -11,7 +11,8 @@ rank 1 ("GPU 2"). The learner writes both halves of one micro-batch's forward an
   the backward pass from it (``activations.backward(grad)``).
 * ``second_stage(stage, targets, loss_fn, shape) -> loss`` on rank 1: receive the activations (``shape``) as a
   leaf that requires grad, forward through ``stage``, ``loss = loss_fn(output, targets)``, ``loss.backward()``,
-  and send ``inputs.grad`` back to rank 0.
+  and send ``inputs.grad`` back to rank 0. The loss must come from the ``loss_fn`` given (the harness's,
+  scaled for micro-batches) and be returned: the check of the loss checks both.
 
 Each check runs the learner's halves in the strict simulator first (a deadlock is named at once), then on two
 real ranks (``torch.distributed``'s collectives and raw send/recv switched off: everything goes through
@@ -157,7 +158,8 @@ def _payload_sends(watch: _Watch, since: int) -> list[dict]:
 
 # ----------------------------------------------------------------------------- what runs on each rank
 def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_only=False):
-    """Train ``case`` with the learner's halves; returns records, per-micro-batch sends and what was rescued."""
+    """Train ``case`` with the learner's halves; returns records, per-micro-batch sends, what was rescued and what
+    second_stage returned."""
     d_hidden, n_layers, sizes, steps, global_batch, micro_batches = case
     model, data = _model(d_hidden, n_layers), TeacherData()
     names = {id(p): n for n, p in model.named_parameters()}
@@ -166,7 +168,16 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
     optimizer = _make_optimizer([p for _, p in own])
     width = _boundary_width(d_hidden, n_layers, sizes)
     watch = _Watch(_state.transport or comm._torch_transport, rank)
-    records, sends, rescued = [], [], []
+    records, sends, rescued, answers = [], [], [], []
+    # The stage's output, seen without the loss_fn: a second stage that computes a loss of its own is judged on
+    # what it returned and on this output (its gradients may still be right), not reported as having no output.
+    forwarded: list = []
+
+    def keep_output(module, args, output):
+        forwarded[:] = [output.detach().clone()]  # the latest only
+
+    if rank == 1:
+        stage.register_forward_hook(keep_output)
     for step in range(1 if forward_only else steps):
         inputs, targets = data.batch(step, global_batch)
         outputs, total = [], 0.0
@@ -188,7 +199,9 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
                     if rank == 0:
                         first_stage(stage, x)
                     else:
-                        second_stage(stage, y, scaled_loss, (x.shape[0], width))
+                        answer = second_stage(stage, y, scaled_loss, (x.shape[0], width))
+                        # (step, micro-batch, what it returned, the loss loss_fn computed or None if never called)
+                        answers.append((step, micro, _returned(answer), seen[-1][1] if seen else None))
             except (_ForwardDone, _Refused, AttributeError, TypeError) as error:
                 got_activations = rank == 1 and len(watch.received) > before_received
                 sent_gradient = any(s["dst"] == 0 for s in _payload_sends(watch, before_sent))
@@ -204,14 +217,48 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
             if seen:
                 outputs.append(seen[-1][0])
                 total += seen[-1][1]
+            elif rank == 1 and answers and answers[-1][:2] == (step, micro):  # loss_fn never called
+                outputs += forwarded[-1:]
+                total += answers[-1][2] if isinstance(answers[-1][2], float) else math.nan
         if forward_only:
-            return {"loss": total, "sends": sends, "rescued": rescued}
+            return {"loss": total, "sends": sends, "rescued": rescued, "answers": answers}
         grads = NamedPart({n: p.grad.detach().clone() for n, p in own if p.grad is not None})
         optimizer.step()
         records.append(record_step(torch.cat(outputs) if outputs else None, total, grads,
                                    NamedPart({n: p.detach() for n, p in own})))
         optimizer.zero_grad(set_to_none=True)
-    return {"records": records, "sends": sends, "rescued": rescued}
+    return {"records": records, "sends": sends, "rescued": rescued, "answers": answers}
+
+
+def _returned(answer):
+    """What second_stage returned: the loss as a float, or words saying what came back instead."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        return answer.item()
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return float(answer)
+    if isinstance(answer, torch.Tensor):
+        return f"a tensor of shape {tuple(answer.shape)}"
+    return "None" if answer is None else f"a {type(answer).__name__}"
+
+
+_NEVER_CALLED = ("second_stage never called loss_fn, the loss function it is given: compute "
+                 "loss = loss_fn(stage(inputs), targets) with it (it is scaled for micro-batches; a loss of your own "
+                 "is not)")
+
+
+def _never_called(result) -> bool:
+    return any(computed is None for *_, computed in result.get("answers", []))
+
+
+def _loss_returned(result) -> str | None:
+    """None if second_stage returned the loss loss_fn computed, on every micro-batch; else what it returned."""
+    for step, micro, returned, computed in result.get("answers", []):
+        if not isinstance(returned, float):
+            return f"second_stage must return the loss: it returned {returned} (end it with `return loss`)"
+        if computed is not None and not math.isclose(returned, computed, rel_tol=1e-6, abs_tol=1e-7):
+            return (f"second_stage must return the loss: at step {step}, micro-batch {micro} it returned "
+                    f"{returned:.6g}, but loss_fn gave {computed:.6g}")
+    return None
 
 
 def _rescue_reason(error: Exception, received: torch.Tensor) -> str:
@@ -315,6 +362,8 @@ def _judge(case, results, kinds=("loss", "grad", "param", "output", "missing")) 
     elif 0 in first and _all_zero(results[0], case):
         verdict[0] += (" — every gradient of the first stage is zero: it continued backward from a zero gradient "
                        "(receive the gradient rank 1 sends, then activations.backward(grad))")
+    if _never_called(results[1]):  # what differs follows from it: say so wherever something differs
+        verdict = {s: v and f"{v} — {_NEVER_CALLED}" for s, v in verdict.items()}
     return verdict
 
 
@@ -333,16 +382,27 @@ def _right(ctx, submission, case) -> tuple[list, str | None]:
 
 @grading.check(EXERCISE, points=2, timeout=30)
 def activations_reach_the_loss(submission, ctx):
-    """The seed's two-layer network: the activations rank 0 sends reach rank 1, whose loss equals one process."""
+    """The seed's two-layer network: the activations rank 0 sends reach rank 1, whose loss (computed with the
+    loss_fn given, and returned) equals one process."""
     case = SEED_EXAMPLE
     try:  # the whole step: a wrong backward does not make the loss wrong
-        got = _run(ctx, submission, case)[1]["records"][0]["loss"]
+        result = _run(ctx, submission, case)[1]
+        got = result["records"][0]["loss"]
     except grading.CheckFailed:  # the backward went wrong in a way that stopped the run: the forward alone
-        got = _run(ctx, submission, case, forward_only=True)[1]["loss"]
+        result = _run(ctx, submission, case, forward_only=True)[1]
+        got = result["loss"]
+    if _never_called(result):  # the loss seen is only what it returned: no word on the activations
+        raise grading.CheckFailed(f"{_case_name(case)}: {_NEVER_CALLED}")
+    problems = []
     expected = _reference(*case[:2], case[3], case[4])[0]["loss"]
     if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-5):
-        raise grading.CheckFailed(f"{_case_name(case)}: rank 1's loss is {got:.6g}, one process's {expected:.6g}: "
-                                  f"rank 1 did not compute the output layer on the activations rank 0 computed")
+        problems.append(f"{_case_name(case)}: rank 1's loss is {got:.6g}, one process's {expected:.6g}: "
+                        f"rank 1 did not compute the output layer on the activations rank 0 computed")
+    returned = _loss_returned(result)  # the caller gets the loss only from the return value
+    if returned:
+        problems.append(f"{_case_name(case)}: {returned}")
+    if problems:
+        raise grading.CheckFailed("\n".join(problems))
 
 
 @grading.check(EXERCISE, points=3, timeout=30)

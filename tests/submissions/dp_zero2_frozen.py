@@ -27,4 +27,4 @@ def reduce_scatter_gradients(model, group=None):
     flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
     for p in params:
         p.grad = None
-    return ring_reduce_scatter(flat, group=group).div_(world_size)
+    return ring_reduce_scatter(flat, group=group) / world_size

@@ -31,7 +31,9 @@
 # **Grading**: each part is checked against single-process training on the same global batch with the
 # course's equivalence harness (outputs, loss, every gradient, every parameter after each step, for
 # several world sizes, a batch that does not divide evenly, a tied and a frozen weight), and the
-# traffic is counted against its formula: 2·(G−1)·Ψ elements per step for part 1, (G−1)·Ψ for part 2.
+# traffic is counted against its formula: 2·(G−1)·Ψ elements per step for part 1, (G−1)·Ψ for part 2,
+# and per rank: in a ring each rank sends its share (a master, `master_all_reduce`, moves the same total
+# but all of it through one rank).
 # Part 1 is also trained with gradient accumulation: two micro-batches per rank, two `loss.backward()`
 # calls per step, compared with one process on the whole batch.
 # From a terminal: `coursekit grade exercises/02_data_parallel.ipynb` (it grades a copy of your file).
@@ -140,7 +142,8 @@ check_data_parallel(attach_gradient_averaging, None,
 # 1. `flat = torch.cat([p.grad.reshape(-1) for p in trainable parameters])`;
 # 2. free the full gradients: `p.grad = None` for each of them;
 # 3. `mine = ring_reduce_scatter(flat)`: the *sum* over ranks of segment `(r + 1) % G`;
-# 4. return `mine / world_size`.
+# 4. return `mine / world_size`: a new tensor. `mine` is a view into `flat`, and so would be
+#    `mine.div_(world_size)`: returning a view keeps all of `flat` allocated, the memory ZeRO-2 saves.
 
 # %%
 def reduce_scatter_gradients(model, group=None):
@@ -151,8 +154,8 @@ def reduce_scatter_gradients(model, group=None):
     flat = torch.cat([p.grad.reshape(-1) for p in params])
     for p in params:
         p.grad = None                                # keep only my segment from now on
-    mine = ring_reduce_scatter(flat, group=group)    # sum over ranks of segment (r + 1) % G
-    return mine.div_(world_size)
+    mine = ring_reduce_scatter(flat, group=group)    # sum over ranks of segment (r + 1) % G: a view into flat
+    return mine / world_size                         # a new tensor: flat (all Ψ elements) can be freed
 # EXERCISE:     # YOUR CODE HERE
 # EXERCISE:     raise NotImplementedError("flatten, free, reduce-scatter, average")
 # END SOLUTION
