@@ -1,5 +1,6 @@
 # Two commands:  make lab   (start the course)   make test   (run every check)
-# Override the torch build for other machines, e.g.  make lab TORCH="torch==2.13.0+cu126"
+# Override the torch build for other machines, with PyTorch's index for it, e.g.
+#   PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cu126 make lab TORCH="torch==2.13.0+cu126"
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
