@@ -51,7 +51,7 @@ from dataclasses import replace
 
 import torch
 
-from . import comm
+from . import comm, comm_state
 from .collective_base import _finish, _start
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, segment_bounds
 
@@ -78,18 +78,17 @@ class _Prefixed:
 class _stage:
     """``with _stage("inner"):`` labels the transfers of the block ``"inner <phase>"`` in every recorder."""
 
-    __slots__ = ("stage", "saved")
+    __slots__ = ("stage", "block")
 
     def __init__(self, stage: str):
         self.stage = stage
 
     def __enter__(self) -> None:
-        self.saved = comm._state.recorders
-        comm._state.recorders = tuple(_Prefixed(r, self.stage) for r in self.saved)
+        self.block = comm.using(recorders=tuple(_Prefixed(r, self.stage) for r in comm_state.recorders()))
+        self.block.__enter__()
 
     def __exit__(self, *exc) -> bool:
-        comm._state.recorders = self.saved
-        return False
+        return self.block.__exit__(*exc)
 
 
 def hierarchical_all_reduce(tensor: torch.Tensor, inner=None, outer=None) -> torch.Tensor:

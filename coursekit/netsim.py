@@ -109,7 +109,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from . import comm
+from . import comm, comm_state
 from .traffic import Traffic, Transfer
 
 __all__ = ["Network", "StepTime", "Timing", "RankGroup", "node_groups", "simulate_time", "collective_trace",
@@ -300,7 +300,7 @@ class _DryTransport:
     def isend(self, tensor, dst, group):
         dst = self.global_rank(group, dst)
         k = self._next("send", self.me, dst)
-        if comm._state.kind == "control":
+        if comm_state.kind() == "control":
             self.mail[(self.me, dst, k)] = tensor.clone()
         return _Done()
 
@@ -331,31 +331,27 @@ def _dry_run(name: str, world_size: int, numel: int, gpus_per_node: int | None =
     hierarchical one).
     """
     mail: dict = {}
-    saved = (comm._state.transport, comm._state.recorders, comm._state.seq)
     records = [Traffic(world_size=world_size) for _ in range(world_size)]
 
     def run_every_rank(recording: bool) -> int:
         counts: dict = {}
         stopped = 0
         for rank in range(world_size):
-            comm._state.transport = _DryTransport(rank, world_size, mail, counts)
-            comm._state.recorders, comm._state.seq = ((records[rank],) if recording else ()), 0
+            transport = _DryTransport(rank, world_size, mail, counts)
             try:
-                _record_rank(rank, world_size, name, numel, gpus_per_node)
+                with comm.using(transport, recorders=(records[rank],) if recording else (), seq=0):
+                    _record_rank(rank, world_size, name, numel, gpus_per_node)
             except ValueError:
                 if recording:
                     raise
                 stopped += 1
         return stopped
 
-    try:
-        while True:
-            before = len(mail)
-            if not run_every_rank(False) or len(mail) == before:
-                break
-        run_every_rank(True)
-    finally:
-        comm._state.transport, comm._state.recorders, comm._state.seq = saved
+    while True:
+        before = len(mail)
+        if not run_every_rank(False) or len(mail) == before:
+            break
+    run_every_rank(True)
     return Traffic.merge(records)
 
 

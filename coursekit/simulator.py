@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch  # noqa: F401  (the docstring examples use it)
 
-from .comm import _state
+from . import comm_state
 from .traffic import Traffic
 
 __all__ = ["simulate", "Simulation", "SimulatorError", "Deadlock", "describe_waits"]
@@ -123,7 +123,7 @@ class _SimSend:
     def wait(self):
         world = self.transport.world
         with world.cond:
-            world.block(self.transport.my_rank, _state.note or self.note, self.is_completed)
+            world.block(self.transport.my_rank, comm_state.note() or self.note, self.is_completed)
         return True
 
 
@@ -193,7 +193,7 @@ class _SimTransport:
             world.sent[(self.my_rank, dst)] += 1
             world.cond.notify_all()
         if world.on_send is not None:
-            world.on_send(self.my_rank, dst, message, _state.kind)
+            world.on_send(self.my_rank, dst, message, comm_state.kind())
         return _SimSend(self, dst, index, f"isend to rank {dst}, {tensor.numel()} elements")
 
     def send(self, tensor, dst, group):
@@ -218,7 +218,7 @@ class _SimTransport:
         world, me = self.world, self.my_rank
         box = world.boxes[(src, me)]
         with world.cond:
-            world.block(me, _state.note or f"recv from rank {src}, {tensor.numel()} elements", lambda: bool(box))
+            world.block(me, comm_state.note() or f"recv from rank {src}, {tensor.numel()} elements", lambda: bool(box))
             message = box.popleft()
         if message.numel() != tensor.numel() or message.dtype != tensor.dtype:
             raise ValueError(f"rank {me} posted a receive of {tensor.numel()} {tensor.dtype} elements from rank {src}, "
@@ -242,11 +242,9 @@ def _stop(thread: threading.Thread) -> None:
 
 def _run_rank(world: _SimWorld, rank: int, record: Traffic, results: list, errors: dict, call: Callable) -> None:
     """One simulated rank's thread: its transport and recorder, then ``call()``; a failure stops every rank."""
-    _state.transport = _SimTransport(world, rank)
-    _state.recorders = (record,)
-    _state.seq = 0
     try:
-        results[rank] = call()
+        with comm_state.using(_SimTransport(world, rank), recorders=(record,), seq=0):
+            results[rank] = call()
     except _Abort:
         pass
     except BaseException:
@@ -255,7 +253,6 @@ def _run_rank(world: _SimWorld, rank: int, record: Traffic, results: list, error
             world.aborted = True
             world.cond.notify_all()
     finally:
-        _state.transport, _state.recorders, _state.note = None, (), None
         with world.cond:
             world.finished.add(rank)
             world.cond.notify_all()

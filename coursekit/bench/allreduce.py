@@ -263,23 +263,19 @@ def _overhead_rank(rank: int, world_size: int, numel: int, size: int, iterations
     x = torch.zeros(numel)
     transport = _FreeTransport(size)
     transport.signature = torch.tensor([numel, 0], dtype=torch.int64)
-    saved = comm._state.transport
-    comm._state.transport = transport
     out = {}
-    try:
+    with comm.using(transport):
         for label in ("as is", "stubbed", "as is", "stubbed"):
-            originals = (comm.phase, comm._blocked)
+            originals = (comm.phase, comm.blocked)
             if label == "stubbed":
-                comm.phase = comm._blocked = _NoLabel
+                comm.phase = comm.blocked = _NoLabel
             try:
                 start = time.perf_counter()
                 for _ in range(iterations):
                     ring_all_reduce(x)
                 out.setdefault(label, []).append((time.perf_counter() - start) / iterations)
             finally:
-                comm.phase, comm._blocked = originals
-    finally:
-        comm._state.transport = saved
+                comm.phase, comm.blocked = originals
     return {k: min(v) for k, v in out.items()}
 
 

@@ -33,8 +33,7 @@ import math
 
 import torch
 
-from .. import comm, grading
-from ..comm import _state
+from .. import comm, comm_state, grading
 from ..launch import launch
 from ..models import TeacherData, loss_fn, tiny_mlp
 from ..parallel.model import split
@@ -131,7 +130,7 @@ class _Watch:
     def _note_send(self, tensor, dst):
         self._check(tensor, dst, "send to")
         self.sent.append({"dst": dst, "numel": tensor.numel(), "requires_grad": tensor.requires_grad,
-                          "kind": _state.kind})
+                          "kind": comm_state.kind()})
 
     def send(self, tensor, dst, group):
         self._note_send(tensor, dst)
@@ -167,7 +166,7 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
     own = [(names[id(p)], p) for p in stage.parameters()]
     optimizer = _make_optimizer([p for _, p in own])
     width = _boundary_width(d_hidden, n_layers, sizes)
-    watch = _Watch(_state.transport or comm._torch_transport, rank)
+    watch = _Watch(comm.current_transport(), rank)
     records, sends, rescued, answers = [], [], [], []
     # The stage's output, seen without the loss_fn: a second stage that computes a loss of its own is judged on
     # what it returned and on this output (its gradients may still be right), not reported as having no output.
@@ -193,9 +192,8 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
                 return loss
 
             before_sent, before_received = len(watch.sent), len(watch.received)
-            saved, _state.transport = _state.transport, watch
             try:
-                with comm.record():
+                with comm.using(watch), comm.record():
                     if rank == 0:
                         first_stage(stage, x)
                     else:
@@ -209,10 +207,7 @@ def _two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_o
                     raise
                 if not isinstance(error, _ForwardDone):
                     rescued.append((step, micro, _rescue_reason(error, watch.received[-1])))
-                _state.transport = saved
-                comm._transport().send(torch.zeros(x.shape[0], width), 0, None)  # rank 0 may go on (not counted)
-            finally:
-                _state.transport = saved
+                watch.inner.send(torch.zeros(x.shape[0], width), 0, None)  # rank 0 may go on (not counted)
             sends.append((step, micro, x.shape[0], _payload_sends(watch, before_sent)))
             if seen:
                 outputs.append(seen[-1][0])

@@ -63,9 +63,7 @@ LAYOUTS = ("contiguous", "zigzag")
 # --------------------------------------------------------------------------
 def rank_size(group=None) -> tuple[int, int]:
     """This rank's index in ``group`` and its size: from ``comm`` on real or simulated ranks, (0, 1) without any."""
-    import torch.distributed as dist
-
-    if comm._state.transport is None and not dist.is_initialized():
+    if not comm.has_ranks():
         return 0, 1
     return comm.get_rank(group), comm.get_world_size(group)
 

@@ -19,7 +19,7 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from .. import comm
+from .. import comm, comm_state
 from ..collectives import TORCH, owned_segment, segment_bounds
 
 __all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole"]
@@ -78,14 +78,15 @@ class CommThread:
 
     def _submit(self, fn) -> Job:
         job = Job()  # the transport (real ranks or simulator) and comm.record()'s recorders follow the work
-        self.jobs.put((fn, job, comm._state.transport, comm._state.recorders))
+        self.jobs.put((fn, job, comm_state.active(), comm_state.recorders()))
         return job
 
     def _work(self) -> None:
         while (item := self.jobs.get()) is not None:
-            fn, job, comm._state.transport, comm._state.recorders = item
+            fn, job, transport, recorders = item
             try:
-                fn()
+                with comm.using(transport, recorders=recorders):
+                    fn()
                 job.future.set_result(None)
             except BaseException as error:  # noqa: BLE001  (handed to whoever waits)
                 job.future.set_exception(error)
