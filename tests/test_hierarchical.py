@@ -115,5 +115,5 @@ def test_dry_run_records_what_real_ranks_record(real_runs):
     -> the length check reads no message: "rank 0 has 500 elements ... but rank 1 has 0 elements"."""
     for i, numel in enumerate(SIZES):
         real = comm.Traffic.merge([runs[i][3] for runs in real_runs])
-        dry = netsim._recorded("hierarchical", 4, numel, gpus_per_node=2)
+        dry = netsim.replay._recorded("hierarchical", 4, numel, gpus_per_node=2)
         assert dry.trace() == real.trace(), f"N={numel}: dry-run trace differs from the real ranks'"

@@ -80,7 +80,7 @@ def test_two_level_network_hand_derived():
 def test_control_messages_are_ignored():
     """The length check's control messages add nothing. Planted: replaying traffic.transfers instead of
     the payload -> the control messages form an extra step ("check lengths") and add time."""
-    trace = netsim._recorded("ring", 4, 40)
+    trace = netsim.replay._recorded("ring", 4, 40)
     assert trace.control, "the recorded ring should contain its length check"
     payload_only = Traffic([t for t in trace.transfers if t.kind == "payload"], 4)
     assert simulate_time(trace, NET) == simulate_time(payload_only, NET)
@@ -101,7 +101,7 @@ def test_extrapolated_trace_equals_direct_recording(name, G, N):
     """The pattern recorded at ⌊N/G⌋ = 1 and 2, extrapolated to N, equals a trace recorded at N by
     comm.simulate (the threaded simulator). Planted: linear scaling by ⌊N/G⌋ of the q = 1 recording
     -> the length check's control messages grow with N and, where G does not divide N, segments are off."""
-    direct = netsim._recorded(name, G, N, dry=False)
+    direct = netsim.replay._recorded(name, G, N, dry=False)
     extrapolated = collective_trace(name, G, N)
     assert extrapolated.trace() == direct.trace(), f"{name} G={G} N={N}: extrapolated trace differs"
     assert simulate_time(extrapolated, NET) == simulate_time(direct, NET)
@@ -113,7 +113,7 @@ def test_dry_run_records_what_the_simulator_records(name, G, N):
     """The single-thread dry run (used so G = 1,024 records in seconds) gives comm.simulate's trace, in
     the same order. Planted: one message counter per link shared by sender and receiver -> the length
     check reads another message and raises."""
-    dry, threaded = netsim._recorded(name, G, N, dry=True), netsim._recorded(name, G, N, dry=False)
+    dry, threaded = netsim.replay._recorded(name, G, N, dry=True), netsim.replay._recorded(name, G, N, dry=False)
     key = [(t.phase, t.step, t.src, t.dst, t.numel, t.kind, t.meta, t.seq) for t in threaded.transfers]
     assert [(t.phase, t.step, t.src, t.dst, t.numel, t.kind, t.meta, t.seq) for t in dry.transfers] == key
 

@@ -4,11 +4,11 @@ import matplotlib
 
 matplotlib.use("agg")
 
-from coursekit.viz.collectives import _size_label, plot_rank_load, plot_timings, plot_traffic  # noqa: E402
+from coursekit.viz.collectives import size_label, plot_rank_load, plot_timings, plot_traffic  # noqa: E402
 
 
 def test_sizes_read_in_kib_and_mib():
-    assert [_size_label(b) for b in (512, 4096, 2**20, 64 * 2**20)] == ["512 B", "4 KiB", "1 MiB", "64 MiB"]
+    assert [size_label(b) for b in (512, 4096, 2**20, 64 * 2**20)] == ["512 B", "4 KiB", "1 MiB", "64 MiB"]
 
 
 def _rows():

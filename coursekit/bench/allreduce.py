@@ -40,6 +40,7 @@ import torch
 from .. import comm
 from ..collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
 from ..launch import launch
+from ..netsim import calibrate, collective_time, fit_alpha_beta
 
 ALGORITHMS = ["torch", "plain", "unchecked", "ring", "master", "naive"]
 
@@ -185,23 +186,6 @@ def paired_ratio(numerator: list[float], denominator: list[float], resamples: in
     return float(np.median(ratios)), float(low), float(high)
 
 
-def fit_alpha_beta(rows: list[dict]) -> dict[str, tuple[float, float]]:
-    """Least-squares fit of ``time = α + β·bytes`` per algorithm (α: latency, 1/β: bandwidth)."""
-    import numpy as np
-
-    fits = {}
-    for name in {r["algorithm"] for r in rows} - {"ping-pong"}:
-        mine = [r for r in rows if r["algorithm"] == name]
-        if len(mine) < 2:
-            continue
-        a = np.array([[1.0, r["bytes"]] for r in mine])
-        # weight by 1/time so small messages (latency) count as much as large ones (bandwidth)
-        w = np.array([1.0 / r["seconds"] for r in mine])
-        solution, *_ = np.linalg.lstsq(a * w[:, None], np.array([r["seconds"] for r in mine]) * w, rcond=None)
-        fits[name] = (max(0.0, float(solution[0])), max(0.0, float(solution[1])))
-    return fits
-
-
 # ----------------------------------------------------------------- the counting layer's own cost
 class _FreeWork:
     def wait(self):
@@ -338,7 +322,6 @@ def _size_table(world_size: int, sizes: list[int], repeats: int) -> list[dict]:
 def calibration_targets(rows: list[dict], world_size: int = 2, tolerance: float = 0.30
                         ) -> list[tuple[str, str, bool]]:
     """The network model fitted to the measured ring (all sizes but one), against the size left out (>= 1 MiB)."""
-    from ..netsim import calibrate, collective_time
 
     ring = sorted((r["bytes"], r["seconds"]) for r in rows if r["algorithm"] == "ring" and r["world_size"] == world_size)
     print(f"\n### Network model against the measured ring, {world_size} ranks (fit leaving the size out)\n")

@@ -154,7 +154,7 @@ def plot_timings(rows: list[dict], fits: dict[str, tuple[float, float]] | None =
                     label=f"{name}: fitted α + β·bytes")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+    ax.xaxis.set_major_formatter(FuncFormatter(size_label))
     for axis_ticks in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
         axis_ticks(FuncFormatter(lambda value, _position: f"{value:g}"))  # 3, 10, 30 ms, not 3×10⁰
     ax.set_xlabel("message size")
@@ -164,7 +164,7 @@ def plot_timings(rows: list[dict], fits: dict[str, tuple[float, float]] | None =
     return ax
 
 
-def _size_label(value: float, _position=None) -> str:
+def size_label(value: float, _position=None) -> str:
     """Axis label for a byte count: 4 KiB, 1 MiB, … (powers of two, as the sizes are)."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if value >= scale:

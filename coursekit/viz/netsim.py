@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
 
 from ..netsim import COLLECTIVES, Network, closed_form_time, crossover
-from .collectives import _size_label
+from .collectives import size_label
 
 COLOURS = {"naive": "#d1495b", "master": "#edae49", "ring": "#2e86ab", "hierarchical": "#3b8b5a"}
 WORLD_SIZES = tuple(2 ** i for i in range(1, 11))            # 2 … 1,024
@@ -76,7 +76,7 @@ def plot_time_against_g(nbytes: int, network: Network, ax=None, recorded: Mappin
     ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
     ax.set_xlabel("G (GPUs)")
     ax.set_ylabel("modeled time")
-    ax.set_title(f"all-reduce of {_size_label(nbytes)}", fontsize=11)
+    ax.set_title(f"all-reduce of {size_label(nbytes)}", fontsize=11)
     _plain_log_axes(ax)
     ax.legend(fontsize=8)
     return ax
@@ -96,7 +96,7 @@ def plot_time_against_size(world_size: int, network: Network, ax=None, sizes=SIZ
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(list(sizes[::2]))
-    ax.xaxis.set_major_formatter(FuncFormatter(_size_label))
+    ax.xaxis.set_major_formatter(FuncFormatter(size_label))
     ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
     ax.set_xlabel("message size")
     ax.set_ylabel("modeled time")
@@ -121,7 +121,7 @@ def summary(nbytes: int, world_size: int, network: Network, itemsize: int = 4) -
              for n in _names(network) if _fits(n, world_size, network)}
     best = min(times, key=times.get)
     parts = ", ".join(f"{n} {_seconds(t)}" for n, t in times.items())
-    text = f"G = {world_size}, {_size_label(nbytes)}: {parts}. Fastest: {best}."
+    text = f"G = {world_size}, {size_label(nbytes)}: {parts}. Fastest: {best}."
     latency = Network(math.inf, network.latency, network.gpus_per_node, math.inf, network.intra_latency)
     ring_latency = closed_form_time("ring", world_size, numel, latency, itemsize)
     text += f" The ring's latency term alone is {_seconds(ring_latency)} ({ring_latency / times['ring']:.0%} of its time)."
@@ -129,7 +129,7 @@ def summary(nbytes: int, world_size: int, network: Network, itemsize: int = 4) -
     for other in others:
         at = crossover(best, other, world_size, network, itemsize)
         if at is not None and at > world_size:
-            text += f" {best.capitalize()} beats {other} from {_size_label(at * itemsize)} on."
+            text += f" {best.capitalize()} beats {other} from {size_label(at * itemsize)} on."
     return text
 
 

@@ -18,7 +18,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from ..netsim import Network
-from ..viz.collectives import _size_label
+from ..viz.collectives import size_label
 from ..viz.netsim import SIZES, WORLD_SIZES, draw_explorer, summary
 
 BANDWIDTHS_GBPS = (25, 50, 100, 200, 400, 800)       # network link per GPU, each way
@@ -49,7 +49,7 @@ def network_explorer(nbytes: int = 4 << 20, world_size: int = 1024, bandwidth_gb
                                        style={"description_width": "9em"}, layout={"width": "30em"})
 
     g = slider("G (GPUs)", WORLD_SIZES, world_size)
-    size = slider("message size", SIZES, nbytes, _size_label)
+    size = slider("message size", SIZES, nbytes, size_label)
     bandwidth = slider("link (Gb/s each way)", BANDWIDTHS_GBPS, bandwidth_gbps)
     latency = slider("latency (µs)", LATENCIES_US, latency_us)
     node = slider("GPUs per node", NODE_SIZES, gpus_per_node)

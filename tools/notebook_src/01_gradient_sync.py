@@ -37,15 +37,15 @@ import torch.distributed as dist
 
 import coursekit
 from coursekit import comm
-from coursekit.bench.allreduce import algbw, busbw, fit_alpha_beta, measure
+from coursekit.bench.allreduce import algbw, busbw, measure
 from coursekit.collectives import (master_all_reduce, naive_all_reduce, owned_segment, replay, ring_all_reduce,
                                    ring_traffic, segment_bounds)
 from coursekit.collectives import ring_walkthrough
 from coursekit.hierarchical import hierarchical_all_reduce, hierarchical_traffic
 from coursekit.mesh import Mesh
 from coursekit.netsim import (Network, calibrate, closed_form_time, collective_time, collective_trace, crossover,
-                              simulate_time)
-from coursekit.viz.collectives import _size_label, draw_ring_step, plot_rank_load, plot_timings, plot_traffic
+                              fit_alpha_beta, simulate_time)
+from coursekit.viz.collectives import size_label, draw_ring_step, plot_rank_load, plot_timings, plot_traffic
 from coursekit.viz.netsim import draw_explorer, plot_time_against_g
 from coursekit.widgets.netsim import network, network_explorer
 from coursekit.widgets.ring import ring_explorer
@@ -452,7 +452,7 @@ HERE = calibrate([(r["bytes"], r["seconds"]) for r in two_rank], "ring", world_s
 print(f"fitted on 2 ranks: α = {HERE.latency * 1e6:.0f} µs, B = {HERE.bandwidth / 1e9:.2f} GB/s")
 for r in two_rank:
     predicted = collective_time("ring", 2, r["bytes"] // 4, HERE).total
-    print(f"  {_size_label(r['bytes']):>8}: measured {r['seconds'] * 1e3:7.3f} ms, model {predicted * 1e3:7.3f} ms "
+    print(f"  {size_label(r['bytes']):>8}: measured {r['seconds'] * 1e3:7.3f} ms, model {predicted * 1e3:7.3f} ms "
           f"({predicted / r['seconds'] - 1:+.0%})")
 fig, ax = plt.subplots(figsize=(6.5, 4))
 plot_time_against_g(4 << 20, HERE, ax=ax, world_sizes=tuple(2 ** i for i in range(1, 11)))
@@ -518,7 +518,7 @@ for first, second in (("ring", "naive"), ("hierarchical", "naive"), ("hierarchic
     wins = [closed_form_time(first, G, n, CLUSTER) < closed_form_time(second, G, n, CLUSTER) for n in GRID]
     assert wins == sorted(wins), f"{first} vs {second}: more than one crossing"
     print(f"{first:>12} beats {second:<12} " + ("never (up to 2^30·G elements)" if at is None else
-          "at every size from G elements on" if at == G else f"from {_size_label(at * 4)} (float32) on"))
+          "at every size from G elements on" if at == G else f"from {size_label(at * 4)} (float32) on"))
 ring_latency = closed_form_time("ring", G, G, Network(float("inf"), 10e-6, 8, float("inf"), 2e-6))
 bytes_per_s = closed_form_time("ring", G, G * 2**20, Network(50e9, 0.0, 8, 450e9, 0.0)) / (G * 2**20 * 4)
 print(f"\nflat ring: latency term {ring_latency * 1e3:.2f} ms; it equals the bandwidth term at "
