@@ -2,7 +2,7 @@
 
 Gloo aborts the whole process when a message does not fit its receive buffer,
 so before any payload moves the collectives tell their peers their
-``(length, dtype)`` (:class:`_LengthCheck`) and raise a clear error on a
+``(length, dtype)`` (:class:`LengthCheck`) and raise a clear error on a
 mismatch. The naive and master all-reduces (:mod:`coursekit.collectives`) and
 the ring (:mod:`coursekit.ring`) all use these helpers.
 """
@@ -15,13 +15,15 @@ import torch
 
 from . import comm
 
+__all__ = ["flat_view", "start_all_reduce", "finish_all_reduce", "scratch_buffer", "LengthCheck"]
+
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128]
 _CODES = {dtype: code for code, dtype in enumerate(_DTYPES)}
 
 
 
-def _flat(tensor: torch.Tensor, name: str) -> torch.Tensor:
+def flat_view(tensor: torch.Tensor, name: str) -> torch.Tensor:
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} expects a torch.Tensor, got {type(tensor).__name__}.")
     if not tensor.is_contiguous():
@@ -31,14 +33,14 @@ def _flat(tensor: torch.Tensor, name: str) -> torch.Tensor:
     return tensor.view(-1)
 
 
-def _start(tensor: torch.Tensor, name: str, group) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+def start_all_reduce(tensor: torch.Tensor, name: str, group) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """What every all-reduce does first: a contiguous working copy (the tensor itself when it already is),
     its flat view, the group's size and this rank within it."""
     work = tensor if tensor.is_contiguous() else tensor.contiguous()
-    return work, _flat(work, name), comm.get_world_size(group), comm.get_rank(group)
+    return work, flat_view(work, name), comm.get_world_size(group), comm.get_rank(group)
 
 
-def _finish(tensor: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
+def finish_all_reduce(tensor: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
     """What every all-reduce does last: in place, like ``dist.all_reduce``, and return the tensor."""
     if work is not tensor:
         tensor.copy_(work)
@@ -48,7 +50,7 @@ def _finish(tensor: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
 _scratch = threading.local()  # per thread: the simulator runs each rank as a thread
 
 
-def _buffer(numel: int, like: torch.Tensor) -> torch.Tensor:
+def scratch_buffer(numel: int, like: torch.Tensor) -> torch.Tensor:
     """A receive buffer of ``numel`` elements, reused across calls (fresh large allocations page-fault)."""
     key = (like.dtype, like.device)
     cache = getattr(_scratch, "buffers", None)
@@ -76,7 +78,7 @@ def _describe(signature: list[int]) -> str:
     return f"{numel} elements of {_DTYPES[code] if 0 <= code < len(_DTYPES) else 'another dtype'}"
 
 
-class _LengthCheck:
+class LengthCheck:
     """Tell the ranks that send to us our ``(numel, dtype)``; hear it from the ranks we send to.
 
     Gloo aborts the whole process when a message does not fit its receive

@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from . import comm
-from .collective_base import _buffer, _finish, _LengthCheck, _start
+from .collective_base import LengthCheck, finish_all_reduce, scratch_buffer, start_all_reduce
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_traffic, segment_bounds
 
 __all__ = ["naive_all_reduce", "master_all_reduce", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
@@ -64,12 +64,12 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
         >>> naive_all_reduce(grad)      # doctest: +SKIP
     """
-    work, flat, size, rank = _start(tensor, "naive_all_reduce", group)
+    work, flat, size, rank = start_all_reduce(tensor, "naive_all_reduce", group)
     if size == 1:
         return tensor
     peers = [p for p in range(size) if p != rank]
-    check = _LengthCheck(flat, "naive_all_reduce", group, peers, peers)
-    everyone = _buffer(size * flat.numel(), flat).view(size, flat.numel())
+    check = LengthCheck(flat, "naive_all_reduce", group, peers, peers)
+    everyone = scratch_buffer(size * flat.numel(), flat).view(size, flat.numel())
     everyone[rank].copy_(flat)
     with comm.phase("exchange", step=0, op="all"):
         works = [comm.irecv(everyone[p], group=group, group_src=p) for p in peers if flat.numel()]
@@ -81,7 +81,7 @@ def naive_all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     flat.copy_(everyone[0])
     for p in range(1, size):  # the same order on every rank: bit-identical results
         flat.add_(everyone[p])
-    return _finish(tensor, work)
+    return finish_all_reduce(tensor, work)
 
 
 # --------------------------------------------------------------------------
@@ -95,15 +95,15 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
 
         >>> master_all_reduce(grad, root=0)      # doctest: +SKIP
     """
-    work, flat, size, rank = _start(tensor, "master_all_reduce", group)
+    work, flat, size, rank = start_all_reduce(tensor, "master_all_reduce", group)
     if not 0 <= root < size:
         raise ValueError(f"master_all_reduce: root={root} is not a rank of this group (0..{size - 1}).")
     if size == 1:
         return tensor
     others = [p for p in range(size) if p != root]
     if rank == root:
-        check = _LengthCheck(flat, "master_all_reduce", group, others, others)
-        everyone = _buffer(size * flat.numel(), flat).view(size, flat.numel())
+        check = LengthCheck(flat, "master_all_reduce", group, others, others)
+        everyone = scratch_buffer(size * flat.numel(), flat).view(size, flat.numel())
         everyone[root].copy_(flat)
         with comm.phase("gather", step=0, op="sum"):
             works = [comm.irecv(everyone[p], group=group, group_src=p) for p in others if flat.numel()]
@@ -119,7 +119,7 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
                 w.wait()
         check.finish()
     else:
-        check = _LengthCheck(flat, "master_all_reduce", group, [root], [root])
+        check = LengthCheck(flat, "master_all_reduce", group, [root], [root])
         check.verify()  # before sending to the root
         check.finish()
         if flat.numel():
@@ -127,7 +127,7 @@ def master_all_reduce(tensor: torch.Tensor, root: int = 0, group=None) -> torch.
                 comm.send(flat, group=group, group_dst=root)
             with comm.phase("broadcast", step=0, op="copy"):
                 comm.recv(flat, group=group, group_src=root)
-    return _finish(tensor, work)
+    return finish_all_reduce(tensor, work)
 
 
 # --------------------------------------------------------------------------

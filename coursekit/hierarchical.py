@@ -52,7 +52,7 @@ from dataclasses import replace
 import torch
 
 from . import comm, comm_state
-from .collective_base import _finish, _start
+from .collective_base import finish_all_reduce, start_all_reduce
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, segment_bounds
 
 __all__ = ["hierarchical_all_reduce", "hierarchical_traffic"]
@@ -103,14 +103,14 @@ def hierarchical_all_reduce(tensor: torch.Tensor, inner=None, outer=None) -> tor
 
         >>> hierarchical_all_reduce(grad, inner=mesh["local"], outer=mesh["node"])   # doctest: +SKIP
     """
-    work, flat, _, _ = _start(tensor, "hierarchical_all_reduce", inner)
+    work, flat, _, _ = start_all_reduce(tensor, "hierarchical_all_reduce", inner)
     with _stage("inner"):
         shard = ring_reduce_scatter(flat, group=inner)    # the node's sum of segment (l + 1) % k
     with _stage("outer"):
         ring_all_reduce(shard, group=outer)               # in place on the view: the sum over all nodes
     with _stage("inner"):
         ring_all_gather(shard, flat, group=inner)         # every finished shard to every GPU of the node
-    return _finish(tensor, work)
+    return finish_all_reduce(tensor, work)
 
 
 def hierarchical_traffic(numel: int, gpus_per_node: int, nodes: int) -> dict[int, tuple[int, int]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from . import comm
-from .collective_base import _buffer, _finish, _flat, _LengthCheck, _start
+from .collective_base import LengthCheck, finish_all_reduce, flat_view, scratch_buffer, start_all_reduce
 
 __all__ = ["segment_bounds", "owned_segment", "ring_traffic", "ring_reduce_scatter", "ring_all_gather",
            "ring_all_reduce"]
@@ -83,7 +83,7 @@ def _recv(into: torch.Tensor, left: int, group):
     return comm.irecv(into, group=group, group_src=left) if into.numel() else None
 
 
-def _check(flat: torch.Tensor, name: str, group, size: int, rank: int, wanted: bool) -> _LengthCheck | None:
+def _check(flat: torch.Tensor, name: str, group, size: int, rank: int, wanted: bool) -> LengthCheck | None:
     """The length check with the ring's neighbours (tell the left, hear from the right), or None.
 
     ``check_lengths=False`` is for callers whose tensors have the same length on every rank by
@@ -92,7 +92,7 @@ def _check(flat: torch.Tensor, name: str, group, size: int, rank: int, wanted: b
     """
     if size == 1 or not wanted:
         return None
-    return _LengthCheck(flat, name, group, [(rank - 1) % size], [(rank + 1) % size])
+    return LengthCheck(flat, name, group, [(rank - 1) % size], [(rank + 1) % size])
 
 
 def ring_reduce_scatter(tensor: torch.Tensor, group=None, *, check_lengths: bool = True) -> torch.Tensor:
@@ -111,7 +111,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, *, check_lengths: bool
 
         >>> mine = ring_reduce_scatter(grad)      # doctest: +SKIP
     """
-    flat = _flat(tensor, "ring_reduce_scatter")
+    flat = flat_view(tensor, "ring_reduce_scatter")
     size, rank = comm.get_world_size(group), comm.get_rank(group)
     if size == 1:
         return flat
@@ -119,7 +119,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, group=None, *, check_lengths: bool
     return _reduce_scatter(flat, size, rank, group, check)
 
 
-def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _LengthCheck | None,
+def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: LengthCheck | None,
                     gather: bool = False) -> torch.Tensor:
     """The reduce-scatter's steps; with ``gather=True`` the all-gather's receives are posted too (see below)."""
     right, left, steps = (rank + 1) % size, (rank - 1) % size, size - 1
@@ -127,8 +127,8 @@ def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _Len
     width = segments[0].numel()  # the largest segment
     # One receive buffer per step, all posted now: gloo moves a message only once its receive is
     # posted, so a receive posted late costs the sender a round trip ("ready?" -- "ready") per step.
-    # The buffers are reused across calls (_buffer): fresh large allocations page-fault.
-    scratch = _buffer(steps * width, flat)
+    # The buffers are reused across calls (scratch_buffer): fresh large allocations page-fault.
+    scratch = scratch_buffer(steps * width, flat)
     incoming = []
     for step in range(steps):  # in step s, segment (r - s - 1) % G arrives from the left
         k = (rank - step - 1) % size
@@ -137,7 +137,7 @@ def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: _Len
     if gather:  # ring_all_reduce: the all-gather's receives too, straight into place (_all_gather says why
         gathering = _post_gather(segments, size, rank, left, group)  # it is safe to post them this early)
     if check is not None:
-        check.verify()  # before the first send: see _LengthCheck
+        check.verify()  # before the first send: see LengthCheck
     sending = _send(segments[rank], right, group, "reduce-scatter", 0, rank, "sum")  # step 0: own segment r
     for step, (k, into, receiving) in enumerate(incoming):
         if receiving is not None:
@@ -169,7 +169,7 @@ def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None, *,
 
         >>> ring_all_gather(mine, grad)      # doctest: +SKIP
     """
-    flat = _flat(out, "ring_all_gather")
+    flat = flat_view(out, "ring_all_gather")
     size, rank = comm.get_world_size(group), comm.get_rank(group)
     start, stop = segment_bounds(flat.numel(), size)[owned_segment(rank, size)]
     if segment.numel() != stop - start:
@@ -203,7 +203,7 @@ def _gather_steps(segments, size: int, rank: int, right: int, group, receiving: 
 
 
 def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int, group,
-                check: _LengthCheck | None = None) -> None:
+                check: LengthCheck | None = None) -> None:
     segments = flat.tensor_split(size)
     own = owned_segment(rank, size)
     if segment.data_ptr() != segments[own].data_ptr() and segments[own].numel():
@@ -212,7 +212,7 @@ def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int,
         return
     receiving = _post_gather(segments, size, rank, (rank - 1) % size, group)
     if check is not None:
-        check.verify()  # before the first send: see _LengthCheck
+        check.verify()  # before the first send: see LengthCheck
     _gather_steps(segments, size, rank, (rank + 1) % size, group, receiving)
     if check is not None:
         check.finish()
@@ -227,8 +227,8 @@ def ring_all_reduce(tensor: torch.Tensor, group=None, *, check_lengths: bool = T
 
         >>> ring_all_reduce(grad)      # doctest: +SKIP
     """
-    work, flat, size, rank = _start(tensor, "ring_all_reduce", group)
+    work, flat, size, rank = start_all_reduce(tensor, "ring_all_reduce", group)
     if size > 1:
         check = _check(flat, "ring_all_reduce", group, size, rank, check_lengths)
         _reduce_scatter(flat, size, rank, group, check, gather=True)
-    return _finish(tensor, work)
+    return finish_all_reduce(tensor, work)

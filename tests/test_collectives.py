@@ -140,7 +140,7 @@ def _mismatched_dtype(rank, world_size, name):
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_mismatched_dtypes_raise_a_clear_error_on_real_ranks(name):
-    """Planted bug: _LengthCheck compares lengths only -- gloo then aborts a rank ("16 vs 8") instead."""
+    """Planted bug: LengthCheck compares lengths only -- gloo then aborts a rank ("16 vs 8") instead."""
     with pytest.raises(coursekit.RankError) as caught:
         coursekit.launch(_mismatched_dtype, 3, name, timeout=TIMEOUT)
     message = str(caught.value)
@@ -301,7 +301,7 @@ def _unchecked(rank, world_size, numel):
 def test_check_lengths_false_sends_no_control_message_and_the_same_payload():
     """For callers whose lengths match by construction (ZeRO's buffers): no control message, the same
     payload traffic and result. Seen failing with the planted bug "check_lengths ignored" (``_check``
-    always building a _LengthCheck): "9 control messages with check_lengths=False" (3 calls on 3 ranks).
+    always building a LengthCheck): "9 control messages with check_lengths=False" (3 calls on 3 ranks).
     """
     G, N = 3, 11
     results, _ = comm.simulate(_unchecked, G, N)
