@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # suite shares one JupyterLab. Run serially with  make test XDIST=
 XDIST ?= -n 3 --dist loadfile --durations=25
 
-.PHONY: lab test install install-test browser-deps notebooks bench clean
+.PHONY: lab test lint install install-test browser-deps notebooks bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -49,9 +49,14 @@ browser-deps:
 # nbval re-executes a notebook to compare outputs, so only those with cells marked for it.
 NBVAL_NOTEBOOKS = $(shell grep -l -e nbval-check-output -e NBVAL_CHECK_OUTPUT notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>/dev/null)
 
+# The code's shape: pyflakes' checks (pyproject.toml [tool.ruff]); the architecture (no import cycles, no private
+# names across modules, the layering) is tests/test_architecture.py, part of the pytest run.
+lint: install-test
+	$(VENV)/bin/ruff check --no-cache coursekit tests tools/*.py
+
 # One pytest run: the library's tests, papermill, the browser suite, and nbval on the
 # committed outputs (nbval's options only touch the notebooks it collects).
-test: install-test browser-deps
+test: install-test browser-deps lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
 		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
 

@@ -195,7 +195,7 @@ def test_every_real_deadlock_is_reported_the_same_by_the_simulator(program, worl
 def test_docstring_examples_run():
     import doctest
 
-    from coursekit import collective_base, collectives, ring, simulator, traffic, walkthrough
+    from coursekit import collectives, ring, simulator, traffic, walkthrough
 
     for module in (comm, collectives, ring, simulator, traffic, walkthrough):
         failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import coursekit
 from coursekit import Cluster, ClusterClosed, LaunchTimeout, RankError, launch
 from coursekit._launcher.diagnose import STACK_DUMP_S
 from coursekit._launcher.inbox import POLL_S

@@ -1,7 +1,6 @@
 """coursekit.train: one loop for every strategy; data parallelism on a mesh axis; a new strategy plugs in."""
 
 import pytest
-import torch
 import torch.distributed as dist
 
 import coursekit

@@ -1,0 +1,197 @@
+"""The shape of the house, checked: no import cycles, no private names across modules, the layering, sizes.
+
+Read from the source with :mod:`ast` (nothing is imported), so a new cycle or a reach into another
+module's ``_private`` name fails here with the modules named, before it confuses a reader. Every import
+counts, also one inside a function: a "lazy" import that closes a cycle is still a cycle in the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "coursekit"
+
+# Algorithms (what a strategy, a collective or the launcher is) never import what draws, explains or grades them.
+PRESENTATION = ("coursekit.viz", "coursekit.widgets", "coursekit.grading", "coursekit.checks", "coursekit.bench",
+                "coursekit.cli", "coursekit.__main__", "coursekit.run_notebook")
+# The point-to-point layer is below every collective; the launcher is below every strategy.
+COMM = ("coursekit.comm", "coursekit.comm_state", "coursekit.simulator", "coursekit.traffic", "coursekit.waiting")
+COLLECTIVES = ("coursekit.collectives", "coursekit.collective_base", "coursekit.ring", "coursekit.hierarchical",
+               "coursekit.walkthrough")
+LAUNCH = ("coursekit.launch", "coursekit._launcher")
+
+MAX_FILE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@lru_cache(maxsize=1)
+def modules() -> dict[str, Path]:
+    return {_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    if modules()[module].name != "__init__.py":
+        base = base[:-1]  # a module's package; a package's own __init__ is its package
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+@lru_cache(maxsize=1)
+def imports() -> dict[str, list[tuple[str, str, int]]]:
+    """module -> [(imported module, name taken from it or "", line)], for every import of coursekit code."""
+    found: dict[str, list[tuple[str, str, int]]] = {}
+    for module, path in modules().items():
+        edges = found.setdefault(module, [])
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges += [(a.name, "", node.lineno) for a in node.names if a.name.split(".")[0] == "coursekit"]
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(module, node)
+                if source.split(".")[0] != "coursekit":
+                    continue
+                for alias in node.names:
+                    submodule = f"{source}.{alias.name}"
+                    if submodule in modules():   # from . import comm: the module comm
+                        edges.append((submodule, "", node.lineno))
+                    else:                         # from .comm import record: a name of the module comm
+                        edges.append((source, alias.name, node.lineno))
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {target for target, _, _ in edges if target != m and target in modules()}
+            for m, edges in imports().items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def reachable(start: str, edges: dict[str, set[str]]) -> dict[str, str]:
+    """Every module ``start`` imports, directly or not -> the module that imports it (to name the path)."""
+    seen, todo = {start: ""}, [start]
+    while todo:
+        here = todo.pop()
+        for there in sorted(edges.get(here, ())):
+            if there not in seen:
+                seen[there] = here
+                todo.append(there)
+    return seen
+
+
+def path_to(target: str, seen: dict[str, str]) -> str:
+    hops = [target]
+    while seen[hops[-1]]:
+        hops.append(seen[hops[-1]])
+    return " -> ".join(reversed(hops))
+
+
+def private_reaches() -> list[str]:
+    """``from x import _y`` and ``x._y`` where x is another coursekit module."""
+    found = []
+    for module, edges in imports().items():
+        found += [f"{module}:{line} imports {name} from {source}" for source, name, line in edges
+                  if name.startswith("_") and not name.startswith("__") and source != module]
+        tree = ast.parse(modules()[module].read_text())
+        bound = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                 for alias in node.names if f"{_absolute(module, node)}.{alias.name}" in modules()}
+        found += [f"{module}:{node.lineno} uses {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                  if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id in bound and node.attr.startswith("_") and not node.attr.startswith("__")]
+    return found
+
+
+def test_the_walk_sees_the_package():
+    """Guard for the tests below: they would pass on an empty walk."""
+    assert {"coursekit.comm", "coursekit.launch", "coursekit.mesh", "coursekit.train"} <= set(modules())
+    assert "coursekit.comm_state" in graph()["coursekit.comm"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert not found, ("import cycles (a lazy import inside a function counts too): "
+                       + "; ".join(" <-> ".join(c) for c in found)
+                       + ". Move what both need into a module below them, or pass it in.")
+
+
+def test_no_private_names_across_modules():
+    found = private_reaches()
+    assert not found, ("private names used from another module -- give them a public name (and a docstring) "
+                       "in the module that owns them:\n  " + "\n  ".join(found))
+
+
+@pytest.mark.parametrize("layer, forbidden, why", [
+    ("algorithms", PRESENTATION, "algorithms never import plotting, widgets, grading or benchmarks"),
+    ("comm", COLLECTIVES + ("coursekit.parallel",), "point-to-point is below every collective and strategy"),
+    ("launch", ("coursekit.parallel", "coursekit.train") + COLLECTIVES, "the launcher is below every strategy"),
+])
+def test_layering(layer, forbidden, why):
+    starts = {"algorithms": [m for m in modules() if not within(m, PRESENTATION) and m != "coursekit"],
+              "comm": [m for m in modules() if within(m, COMM)],
+              "launch": [m for m in modules() if within(m, LAUNCH)]}[layer]
+    edges, broken = graph(), []
+    for start in starts:
+        seen = reachable(start, edges)
+        broken += [path_to(target, seen) for target in sorted(seen) if within(target, forbidden)]
+    assert starts and not broken, f"{why}; but:\n  " + "\n  ".join(broken[:20])
+
+
+def test_files_and_functions_stay_short():
+    too_long = []
+    for module, path in modules().items():
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            too_long.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines (at most {MAX_FILE_LINES})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines "
+                                    f"(at most {MAX_FUNCTION_LINES})")
+    assert not too_long, "split by concept:\n  " + "\n  ".join(too_long)
