@@ -67,19 +67,8 @@ def plot_time_against_g(nbytes: int, network: Network, ax=None, recorded: Mappin
                 color="#123c5a", linewidth=2, zorder=3, label="ring: latency term 2(G−1)·α")
         ax.plot(world_sizes, [closed_form_time("ring", g, numel, bandwidth, itemsize) for g in world_sizes], "--",
                 color="#123c5a", linewidth=1.6, zorder=3, label="ring: bandwidth term")
-    if mark:
-        ax.axvline(mark, color="#777777", linewidth=1)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xticks(list(world_sizes))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _p: f"{v:g}"))
-    ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
-    ax.set_xlabel("G (GPUs)")
-    ax.set_ylabel("modeled time")
-    ax.set_title(f"all-reduce of {size_label(nbytes)}", fontsize=11)
-    _plain_log_axes(ax)
-    ax.legend(fontsize=8)
-    return ax
+    return _modeled_time_axes(ax, mark, list(world_sizes), lambda v, _p: f"{v:g}", "G (GPUs)",
+                              f"all-reduce of {size_label(nbytes)}")
 
 
 def plot_time_against_size(world_size: int, network: Network, ax=None, sizes=SIZES, itemsize: int = 4,
@@ -91,16 +80,21 @@ def plot_time_against_size(world_size: int, network: Network, ax=None, sizes=SIZ
         if _fits(name, world_size, network):
             ax.plot(sizes, [closed_form_time(name, world_size, max(world_size, s // itemsize), network, itemsize)
                             for s in sizes], "-", color=COLOURS[name], label=name)
+    return _modeled_time_axes(ax, mark, list(sizes[::2]), size_label, "message size", f"G = {world_size}")
+
+
+def _modeled_time_axes(ax, mark, xticks: list, xlabel_of, xlabel: str, title: str):
+    """The two modeled-time plots' axes: log-log, ``mark`` as a grey line, seconds on y, a legend."""
     if mark:
         ax.axvline(mark, color="#777777", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xticks(list(sizes[::2]))
-    ax.xaxis.set_major_formatter(FuncFormatter(size_label))
+    ax.set_xticks(xticks)
+    ax.xaxis.set_major_formatter(FuncFormatter(xlabel_of))
     ax.yaxis.set_major_formatter(FuncFormatter(_seconds))
-    ax.set_xlabel("message size")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("modeled time")
-    ax.set_title(f"G = {world_size}", fontsize=11)
+    ax.set_title(title, fontsize=11)
     _plain_log_axes(ax)
     ax.legend(fontsize=8)
     return ax
