@@ -53,7 +53,8 @@ def assert_graded(report, attempt, not_run: float = 0.0) -> None:
     for check, result in by_name.items():
         if check in attempt.LOSES:
             earned, phrases = attempt.LOSES[check]
-            assert result.earned == pytest.approx(earned), f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
+            assert result.earned == pytest.approx(earned), \
+                f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
             for phrase in [phrases] if isinstance(phrases, str) else phrases:
                 assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
         else:

@@ -25,7 +25,7 @@ def test_solution_full_marks_and_stub_zero():
 def test_a_right_variant_earns_full_marks():
     """isend/irecv instead of send/recv, and the receive buffer made to require grad before the receive (gloo
     writes into it; the simulator alone would refuse an in-place copy into such a leaf: the watch layer makes
-    both agree). Planted bug: _Watch.recv passing the tensor itself instead of tensor.detach() -> this variant
+    both agree). Planted bug: Watch.irecv (coursekit/grading/watch.py) passing the tensor itself instead of tensor.detach() -> this variant
     fails in the simulator ("a leaf Variable that requires grad is being used in an in-place operation")."""
     def first(stage, inputs):
         activations = stage(inputs)

@@ -6,7 +6,7 @@ their score and feedback (README there): the weights all-gathered instead (parti
 parallelism"), the row-parallel bias added on every rank, f without its backward all-reduce, g all-reducing
 both ways (right numbers, one all-reduce too many), and torch.distributed.all_reduce called directly.
 
-Planted bugs in coursekit/grading/tensor_parallel.py, each seen failing here:
+Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.py), each seen failing here:
 * the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
 * the bias hint removed (the plain "output differs" message) -> row_bias_every_rank's feedback lacks
   "off by (t − 1) × the bias";

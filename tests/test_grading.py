@@ -283,6 +283,37 @@ def test_redefining_a_check_replaces_it_in_place():
         grading.forget(exercise)
 
 
+def test_ctx_memo_runs_once_per_grading_and_remembers_a_failure():
+    """Checks of one grade() call share ctx.memo's results (and its CheckFailed); the next grade() runs again.
+    Planted bug: memo storing nothing -> "computed [2, 2]", not [1, 1]."""
+    exercise, computed = "99_memo_test", [0, 0]
+
+    def compute(index):
+        computed[index] += 1
+        if index == 1:
+            raise grading.CheckFailed("wrong once, wrong for every check")
+        return "run"
+
+    @grading.check(exercise)
+    def first(submission, ctx):
+        assert ctx.memo("ok", lambda: compute(0)) == "run"
+        ctx.memo("failed", lambda: compute(1))
+
+    @grading.check(exercise)
+    def second(submission, ctx):
+        assert ctx.memo("ok", lambda: compute(0)) == "run"
+        ctx.memo("failed", lambda: compute(1))
+
+    try:
+        report = grading.grade(exercise, verbose=False)
+        assert computed == [1, 1], f"computed {computed}"
+        assert [r.feedback for r in report.results] == ["wrong once, wrong for every check"] * 2
+        grading.grade(exercise, verbose=False)
+        assert computed == [2, 2], f"computed {computed}"
+    finally:
+        grading.forget(exercise)
+
+
 def test_chapter_01_names_stay_importable_from_grading():
     from coursekit.grading import check_ring_all_reduce
 

@@ -3,18 +3,18 @@ each check loses exactly the points its file says with the feedback it names, ev
 marks, and nothing gloo or C++ prints (an abort, a reset connection) reaches the learner.
 
 Each attempt is what a learner wrote (issue 9's table, and more typical mistakes); see
-tests/submissions/README.md for the format (one folder per exercise). Three of them are the negative controls of checks that
-could be switched off unnoticed (issue 10, item 4):
+tests/submissions/README.md for the format (one folder per exercise; 04-06 are graded in their own test files).
+Three of them are the negative controls of checks that could be switched off unnoticed (issue 10, item 4):
 
-* ``ring_allreduce/float16_copies``: replicas that differ in the last bits. Planted bug: ``all_reduce_bit_identical``
-  switched off (its body replaced by ``return``) -> this attempt scores 12, not 11.
-* ``ring_allreduce/parameter_server``: a correct result where one rank sends everything. Planted bug: the per-rank
-  load part of ``ring_traffic_pattern`` deleted -> its feedback lacks "per-rank load". (It cannot fail that
+* ``ring_allreduce/float16_copies``: replicas that differ in the last bits. Planted bug:
+  ``all_reduce_bit_identical`` switched off (its body replaced by ``return``) -> this attempt scores 12, not 11.
+* ``ring_allreduce/parameter_server``: a correct result where one rank sends everything. Planted bug: the
+  per-rank load part of ``ring_traffic_pattern`` deleted -> its feedback lacks "per-rank load". (It cannot fail that
   part alone: with neighbours only and exactly 2·(G−1)·N elements the load is forced to the ring's, so an
   unbalanced load always comes with a non-neighbour, which the correctness checks reject too.)
-* ``ring_allreduce/calls_dist_all_reduce``: a ring that calls ``dist.all_reduce``. Planted bug: ``only_point_to_point``
-  switched off -> it earns its point. (Every check that runs the forbidden call fails with the same
-  sentence: a check that credited such code would credit a cheat, so it cannot fail that check alone.)
+* ``ring_allreduce/calls_dist_all_reduce``: a ring that calls ``dist.all_reduce``. Planted bug:
+  ``only_point_to_point`` switched off -> it earns its point. (Every check that runs the forbidden call fails
+  with the same sentence: a check that credited such code would credit a cheat, so it cannot fail that check alone.)
 
 ``data_parallel/accumulation_overwrites`` (issue 12, item 8) is right with one backward per step and fails only
 ``hooks_gradient_accumulation``. Planted bug: that check's body replaced by ``return 1.0`` -> seen failing
@@ -45,7 +45,8 @@ def test_attempt_gets_its_score_and_feedback(name, capfd):
     attempt = load(*name.split("/"))
     parts = grading.EXERCISES[attempt.EXERCISE].parts
     start = time.perf_counter()
-    report = grading.grade(attempt.EXERCISE, verbose=False, **{f: getattr(attempt, f) for f in parts if hasattr(attempt, f)})
+    report = grading.grade(attempt.EXERCISE, verbose=False,
+                           **{f: getattr(attempt, f) for f in parts if hasattr(attempt, f)})
     seconds = time.perf_counter() - start
     with capfd.disabled():  # reported (pytest -s), never asserted: it depends on the machine
         print(f"\n{name}: graded in {seconds:.1f} s")

@@ -20,7 +20,8 @@ The learner writes two functions:
 Each check trains on real ranks (``torch.distributed``'s collectives switched
 off: everything goes through ``coursekit.comm`` and is counted), compares with
 one process on the same global batch through :mod:`coursekit.verify`, and
-counts the traffic against its formula.
+counts the traffic against its formula. What runs on each rank, and the one process it is compared with, is
+:mod:`.data_parallel_runs`; judging and scoring are here.
 """
 
 from __future__ import annotations

@@ -218,7 +218,7 @@ def diagnose(phase: str, fn: Callable, simulate: Callable, world_sizes=(4, 3)) -
     """The first difference from the ring's schedule at the first of ``world_sizes`` where there is one.
 
     ``simulate(rank_fn, G, *args, on_send=...)`` runs the learner's code (with
-    the grader's guard: see :meth:`coursekit.checks.running.Context.simulate`)
+    the grader's guard: see :meth:`coursekit.grading.context.Context.simulate`)
     and returns the per-rank results.
     """
     for world_size in world_sizes:
