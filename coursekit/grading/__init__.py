@@ -21,11 +21,11 @@ learner's code: the strict simulator, real ranks, the grading's memory), :mod:`.
 
 The exercises: ``ring_allreduce`` grades ``exercises/01_ring_allreduce.ipynb`` (with
 ``ring_judge``, judging one case, and ``ring_schedule``, the first step off the ring's
-schedule), ``data_parallel`` 02 (with ``data_parallel_runs``), ``model_parallel`` 03
-(activations forward, gradients back; with ``model_parallel_ranks``), ``pipeline_schedule``
-04 (a 1F1B generator), ``tensor_parallel`` 05 (column- and row-parallel linear; with
-``tensor_parallel_cases`` and ``tensor_tools``, the learner's counted collectives) and
-``ring_attention`` 06 (with ``ring_attention_runs``). Each exercise is registered once, in
+schedule), ``data_parallel`` 02 (with ``data_parallel_runs``, what runs on the ranks, and
+``data_parallel_hints``), ``model_parallel`` 03 (activations forward, gradients back; with
+``model_parallel_ranks``), ``pipeline_schedule`` 04 (a 1F1B generator), ``tensor_parallel``
+05 (column- and row-parallel linear; with ``tensor_parallel_cases`` and ``tensor_tools``, the
+learner's counted collectives) and ``ring_attention`` 06 (with ``ring_attention_runs``). Each exercise is registered once, in
 :data:`~.registry.EXERCISES`; ``grade(name, ...)`` imports its module the first time, and
 its ``@check`` decorators fill the registry.
 
@@ -64,17 +64,7 @@ from .entries import ENTRY_POINTS, not_done
 from .feedback import notes_from_timeout
 from .grader import grade
 from .guard import FORBIDDEN, ForbiddenCall, forbid_torch_collectives
-from .registry import (
-           EXERCISE_MODULES,
-           EXERCISES,
-           RING,
-           Check,
-           Exercise,
-           check,
-           checks_for,
-           forget,
-           instead_of,
-)
+from .registry import EXERCISE_MODULES, EXERCISES, RING, Check, Exercise, check, checks_for, forget, instead_of
 from .report import REPORT_ENV, Report, Result, saved_report
 from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 

@@ -21,24 +21,17 @@ Each check trains on real ranks (``torch.distributed``'s collectives switched
 off: everything goes through ``coursekit.comm`` and is counted), compares with
 one process on the same global batch through :mod:`coursekit.verify`, and
 counts the traffic against its formula. What runs on each rank, and the one process it is compared with, is
-:mod:`.data_parallel_runs`; judging and scoring are here.
+:mod:`.data_parallel_runs`, the hints at a mistake :mod:`.data_parallel_hints`; judging and scoring are here.
 """
 
 from __future__ import annotations
-
-import torch
 
 from .. import comm
 from ..collectives import owned_segment, segment_bounds
 from ..models import tiny_mlp
 from ..verify import compare
-from .data_parallel_runs import (
-    accumulation_rank,
-    hooks_rank,
-    micro_batch_means,
-    reference,
-    zero2_rank,
-)
+from .data_parallel_hints import accumulation_hint, gradient_hint, moved_weights
+from .data_parallel_runs import accumulation_rank, hooks_rank, reference, zero2_rank
 from .registry import check
 from .scoring import CheckFailed, partial_credit
 
@@ -61,34 +54,13 @@ def _global_losses(per_rank):
     return per_rank
 
 
-def _gradient_hint(first, world_size: int, guess_unaveraged: bool) -> str:
-    """A guess at the mistake behind the first wrong gradient, from the ratio got / expected."""
-    if first.kind != "grad" or not first.expected:
-        return ""
-    ratio = first.got / first.expected
-    if abs(ratio - world_size) < 1e-3 * world_size:
-        return " (it is the *sum* over ranks: divide by the world size)"
-    if guess_unaveraged and world_size > 1 and abs(ratio * world_size - 1) > 1e-3 and abs(ratio - 1) > 1e-3:
-        return " (did this rank keep its own gradient? every gradient must be averaged)"
-    return ""
-
-
-def _moved_weights(results) -> str:
-    """Hooks that changed the parameters themselves during backward: say so (it explains every later mismatch)."""
-    moved = sorted({name for r in results if len(r) > 2 for name in r[2]})
-    if not moved:
-        return ""
-    return (f" — your hooks changed the parameters during loss.backward() ({', '.join(moved[:3])}"
-            f"{', …' if len(moved) > 3 else ''}): average each parameter's gradient p.grad, not its weights p.data")
-
-
 def _judge_training(case, results, guess_unaveraged: bool) -> str | None:
     """None if a case's training equals one process on the same global batches, else what differs first."""
     name, freeze, world_size, steps, global_batch = case
     report = compare(reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
     if report.ok:
         return None
-    hint = _moved_weights(results) or _gradient_hint(report.first, world_size, guess_unaveraged)
+    hint = moved_weights(results) or gradient_hint(report.first, world_size, guess_unaveraged)
     return f"{_case_name(case)}: {report.first}{hint}"
 
 
@@ -189,40 +161,6 @@ def hooks_traffic(submission, ctx):
     raise CheckFailed(f"{said}: use ring_all_reduce on every gradient")
 
 
-def _accumulation_hint(case, results) -> str:
-    """Which multiples of the two micro-batches' averaged gradients the learner's step-0 gradient is, if any.
-
-    After two backward calls the gradient must be 1 × (first micro-batch's average) + 1 × (second's);
-    fitting ``got ≈ a·first + b·second`` names the usual mistakes: a = 0 (the hook replaced ``p.grad``
-    with this backward's average), a = 1/G (the first share divided twice), b = G (a sum, not a mean).
-    """
-    name, freeze, world_size, _, global_batch = case
-    first, second = micro_batch_means(name, freeze, world_size, global_batch)
-    got = results[0][0][0]["grads"]
-    names = [n for n in first if n in got and got[n].shape == first[n].shape]
-    if len(names) != len(first):
-        return ""
-    m1, m2, g = (torch.cat([t[n].reshape(-1).double() for n in names]) for t in (first, second, got))
-    solution = torch.linalg.lstsq(torch.stack([m1, m2], 1), g.unsqueeze(1)).solution.reshape(-1)
-    a, b = solution.tolist()
-    if (torch.stack([m1, m2], 1) @ solution - g).norm() > 1e-3 * g.norm().clamp_min(1e-12):
-        return ""                                      # not a combination of the two: nothing to say
-    near = lambda value, target: abs(value - target) <= 1e-3 * max(1.0, abs(target))  # noqa: E731
-    if near(a, 1) and near(b, 1):
-        return ""
-    nice = lambda value: f"{0.0 if abs(value) < 1e-6 else value:.3g}"  # noqa: E731  (rounding noise is 0)
-    said = (f" (after the two backward calls of step 0 your gradient is {nice(a)} × the first micro-batch's "
-            f"average + {nice(b)} × the second's; expected 1 × + 1 ×")
-    if near(a, 0) and near(b, 1):
-        return (said + ": your hook replaced p.grad with the average of this backward's gradient, discarding "
-                       "what the first backward had accumulated — average the accumulated p.grad in place)")
-    if near(a, 1 / world_size) and near(b, 1):
-        return said + ": the first micro-batch's share was divided by the world size twice)"
-    if world_size > 1 and near(b, world_size):  # (a = G²: the first share summed on both backward calls)
-        return said + ": it is the *sum* over ranks: divide by the world size)"
-    return said + ")"
-
-
 @check(EXERCISE, points=2, timeout=60)
 def hooks_gradient_accumulation(submission, ctx):
     """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` calls before each step, equal
@@ -239,7 +177,7 @@ def hooks_gradient_accumulation(submission, ctx):
         if report.ok:
             outcomes.append(None)
             continue
-        hint = _moved_weights(results) or _accumulation_hint(case, results) or _gradient_hint(
+        hint = moved_weights(results) or accumulation_hint(case, results) or gradient_hint(
             report.first, world_size, guess_unaveraged=True)
         outcomes.append(f"{_case_name(case)}, two backward calls per step: {report.first}{hint}")
     return partial_credit(outcomes)

@@ -33,14 +33,7 @@ import math
 from ..launch import launch
 from ..models import TeacherData, loss_fn
 from ..verify import compare, reference_run
-from .model_parallel_ranks import (
-    WHAT,
-    WORLD,
-    boundary_width,
-    make_model,
-    make_optimizer,
-    two_stage_rank,
-)
+from .model_parallel_ranks import WHAT, WORLD, boundary_width, make_model, make_optimizer, two_stage_rank
 from .registry import check
 from .scoring import CheckFailed, partial_credit
 

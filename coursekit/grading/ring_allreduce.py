@@ -23,14 +23,7 @@ import torch
 from .. import comm
 from ..collectives import owned_segment, ring_traffic, segment_bounds
 from .registry import check
-from .ring_judge import (
-    all_gather_start,
-    judge_all_gather,
-    judge_reduce_scatter,
-    ring_input,
-    ring_sum,
-    shape_problems,
-)
+from .ring_judge import all_gather_start, judge_all_gather, judge_reduce_scatter, ring_input, ring_sum, shape_problems
 from .ring_schedule import AG, RS, diagnose
 from .scoring import CheckFailed, partial_credit
 
