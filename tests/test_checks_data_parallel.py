@@ -1,18 +1,16 @@
 """Exercise 02's grader: the solution gets full marks, the stub zero, typical mistakes what they deserve.
 (More wrong attempts, each with its expected score: tests/test_grading_submissions.py.)"""
 
-import sys
-from pathlib import Path
-
 import torch
+from grading_support import load
 
 from coursekit import comm
-from coursekit.checks.data_parallel import check_data_parallel
 from coursekit.collectives import ring_all_reduce
+from coursekit.grading import check_data_parallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "submissions"))
-from _solutions import attach_gradient_averaging, reduce_scatter_gradients  # noqa: E402
-from dp_sum_not_mean import attach_gradient_averaging as summing_hooks  # noqa: E402  (forgets to divide)
+attach_gradient_averaging = load("data_parallel", "_dp_solution").attach_gradient_averaging
+reduce_scatter_gradients = load("data_parallel", "_dp_solution").reduce_scatter_gradients
+summing_hooks = load("data_parallel", "sum_not_mean").attach_gradient_averaging  # forgets to divide
 
 
 def all_reduce_then_slice(model, group=None):  # right values, twice the traffic, keeps the gradients

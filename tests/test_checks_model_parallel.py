@@ -1,20 +1,18 @@
 """Exercise 03's grader: the solution gets full marks, the stub zero, right variants full marks, and each check
 fails on the mistake it is there for. (The committed wrong attempts with their scores and feedback:
-tests/submissions/mp_*.py, graded by tests/test_grading_submissions.py; each check of this exercise is seen
+tests/submissions/model_parallel/, graded by tests/test_grading_submissions.py; each check of this exercise is seen
 failing there: no requires_grad_ and the gradient to the wrong rank fail the gradient checks, the extra
 message traffic_pattern, the attached activations activations_sent_detached, zero_grad per call the
 micro-batch cases, and the gradient received first is a deadlock named by the simulator.)"""
 
-import sys
-from pathlib import Path
-
 import torch
+from grading_support import load
 
 from coursekit import comm
-from coursekit.checks.model_parallel import check_model_parallel
+from coursekit.grading import check_model_parallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "submissions"))
-from _mp_solutions import first_stage, second_stage  # noqa: E402
+_solution = load("model_parallel", "_mp_solution")
+first_stage, second_stage = _solution.first_stage, _solution.second_stage
 
 
 def test_solution_full_marks_and_stub_zero():
@@ -27,7 +25,7 @@ def test_solution_full_marks_and_stub_zero():
 def test_a_right_variant_earns_full_marks():
     """isend/irecv instead of send/recv, and the receive buffer made to require grad before the receive (gloo
     writes into it; the simulator alone would refuse an in-place copy into such a leaf: the watch layer makes
-    both agree). Planted bug: _Watch.recv passing the tensor itself instead of tensor.detach() -> this variant
+    both agree). Planted bug: Watch.irecv (coursekit/grading/watch.py) passing the tensor itself instead of tensor.detach() -> this variant
     fails in the simulator ("a leaf Variable that requires grad is being used in an in-place operation")."""
     def first(stage, inputs):
         activations = stage(inputs)
@@ -71,7 +69,7 @@ def test_a_second_stage_that_ignores_what_arrived_fails_the_loss_check():
 def test_the_loss_returned_is_checked_whatever_its_form():
     """A second stage that returns loss.item() (a float) returns the loss: full marks on the loss check; one that
     returns the output layer's logits does not, and the feedback says what came back. (Returning nothing, and a
-    loss computed without the loss_fn given: tests/submissions/mp_returns_nothing.py, mp_own_cross_entropy.py.)
+    loss computed without the loss_fn given: tests/submissions/model_parallel/returns_nothing.py, own_cross_entropy.py.)
     Planted bug: _returned without its branch for Python numbers -> loss.item() fails ("it returned a float")."""
     def second_with(returned):
         def second(stage, targets, loss_fn, shape):

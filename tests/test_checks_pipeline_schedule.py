@@ -6,7 +6,7 @@ with their score and feedback (README there). The three checks that run in this 
 attempt; the one that trains on real ranks (``equals_one_process``, a few seconds a case) runs in the slow tests,
 and here only where an invalid schedule is refused without starting a rank.
 
-Planted bugs, each seen failing (in coursekit/checks/pipeline_schedule.py):
+Planted bugs, each seen failing (in coursekit/grading/pipeline_schedule.py):
 * ``validate`` not called in ``_build`` -> forgets_communication earns valid_schedule's points ("earned 3, not 0");
 * the bubble judge always right -> no_warmup "bubble_equals_formula earned 2, not 0.25";
 * the peak bound ``m`` instead of ``min(p − r, m)`` -> gpipe_order "peak_activations earned 3, not 0";
@@ -20,18 +20,17 @@ Planted bugs, each seen failing (in coursekit/checks/pipeline_schedule.py):
 
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from pathlib import Path
 
 import pytest
+from grading_support import assert_graded, attempts, load
 
-from coursekit.checks.pipeline_schedule import check_pipeline_schedule
+from coursekit.grading import check_pipeline_schedule
 
 ROOT = Path(__file__).resolve().parents[1]
-ATTEMPTS_DIR = ROOT / "tests" / "submissions" / "pipeline_schedule"
-ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py"))
+ATTEMPTS = attempts("pipeline_schedule")
 IN_PROCESS = ["valid_schedule", "bubble_equals_formula", "peak_activations"]
 
 
@@ -46,12 +45,6 @@ def notebook_function(exercise: bool):
     namespace: dict = {}
     exec("from coursekit.parallel.schedules import Action, Schedule, add_communication\n" + code, namespace)
     return namespace["one_f_one_b"]
-
-
-def attempt(name: str):
-    if str(ATTEMPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(ATTEMPTS_DIR))
-    return importlib.import_module(name)
 
 
 def test_stub_scores_zero_and_says_not_done():
@@ -72,21 +65,11 @@ def test_solution_full_marks_with_execution():
 
 
 def _graded(name: str, execute: bool):
-    module = attempt(name)
+    module = load("pipeline_schedule", name)
     only = IN_PROCESS + (["equals_one_process"] if execute or "equals_one_process" in module.LOSES else [])
     report = check_pipeline_schedule(module.one_f_one_b, verbose=False, only=only)
-    by_name = {r.name: r for r in report.results}
-    table = report.table()
-    for check, result in by_name.items():
-        if check in module.LOSES:
-            earned, phrases = module.LOSES[check]
-            assert result.earned == pytest.approx(earned), f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
-            for phrase in [phrases] if isinstance(phrases, str) else phrases:
-                assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
-        else:
-            assert result.earned == result.points, f"{name}: {check} should earn full marks\n{table}"
-    not_run = 0 if "equals_one_process" in by_name else 2  # full marks there, checked by the slow test
-    assert report.score + not_run == pytest.approx(module.SCORE), table
+    not_run = 0 if "equals_one_process" in only else 2  # full marks there, checked by the slow test
+    assert_graded(report, module, not_run=not_run)
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

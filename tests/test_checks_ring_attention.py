@@ -4,7 +4,7 @@ The solution and the stub come from the notebook's one source (tools/notebook_sr
 of its SOLUTION blocks); the wrong attempts are committed in tests/submissions/ring_attention/ with their score and
 feedback (README there). Every check runs on the simulator, in this process.
 
-Planted bugs, each seen failing (in coursekit/checks/ring_attention.py):
+Planted bugs, each seen failing (in coursekit/grading/ring_attention.py):
 * the running-max hint left out -> merge_no_rescale's merge_exact "feedback lacks 'it does not rescale by the
   running max'";
 * merge_exact with its three cases all real (equal parts, ±30) and no 1.5 shift -> merge_no_rescale "merge_exact
@@ -28,22 +28,16 @@ Planted bugs, each seen failing (in coursekit/checks/ring_attention.py):
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
+from grading_support import assert_graded, attempts, load
 
-from coursekit.checks.ring_attention import check_ring_attention
+from coursekit.grading import check_ring_attention
 
-ATTEMPTS_DIR = Path(__file__).resolve().parent / "submissions" / "ring_attention"
-ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+ATTEMPTS = attempts("ring_attention")
 
 
 def attempt(name: str):
-    if str(ATTEMPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(ATTEMPTS_DIR))
-    return importlib.import_module(name)
+    return load("ring_attention", name)
 
 
 def test_stub_scores_zero_and_says_not_done():
@@ -63,16 +57,7 @@ def test_solution_gets_full_marks():
 def test_attempt_gets_its_score_and_feedback(name):
     module = attempt(name)
     report = check_ring_attention(module.merge, module.ring_attention_forward, verbose=False)
-    table = report.table()
-    for result in report.results:
-        if result.name in module.LOSES:
-            earned, phrases = module.LOSES[result.name]
-            assert result.earned == pytest.approx(earned), f"{name}: {result.name} earned {result.earned}, not {earned}\n{table}"
-            for phrase in [phrases] if isinstance(phrases, str) else phrases:
-                assert phrase in result.feedback, f"{name}: {result.name}'s feedback lacks {phrase!r}\n{table}"
-        else:
-            assert result.earned == result.points, f"{name}: {result.name} should earn full marks\n{table}"
-    assert report.score == pytest.approx(module.SCORE), table
+    assert_graded(report, module)
 
 
 def test_every_typical_mistake_has_an_attempt():

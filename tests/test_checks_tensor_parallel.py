@@ -6,7 +6,7 @@ their score and feedback (README there): the weights all-gathered instead (parti
 parallelism"), the row-parallel bias added on every rank, f without its backward all-reduce, g all-reducing
 both ways (right numbers, one all-reduce too many), and torch.distributed.all_reduce called directly.
 
-Planted bugs in coursekit/checks/tensor_parallel.py, each seen failing here:
+Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.py), each seen failing here:
 * the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
 * the bias hint removed (the plain "output differs" message) -> row_bias_every_rank's feedback lacks
   "off by (t − 1) × the bias";
@@ -24,18 +24,14 @@ Planted bugs in coursekit/checks/tensor_parallel.py, each seen failing here:
 
 from __future__ import annotations
 
-import importlib
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from grading_support import assert_graded, attempts, load
 
-from coursekit.checks.tensor_parallel import check_tensor_parallel
+from coursekit.grading import check_tensor_parallel
 
-ROOT = Path(__file__).resolve().parents[1]
-ATTEMPTS_DIR = ROOT / "tests" / "submissions" / "tensor_parallel"
-ATTEMPTS = sorted(p.stem for p in ATTEMPTS_DIR.glob("*.py") if not p.name.startswith("_"))
+ATTEMPTS = attempts("tensor_parallel")
 
 
 def notebook_classes(exercise: bool):
@@ -45,9 +41,7 @@ def notebook_classes(exercise: bool):
 
 
 def attempt(name: str):
-    if str(ATTEMPTS_DIR) not in sys.path:
-        sys.path.insert(0, str(ATTEMPTS_DIR))
-    return importlib.import_module(name)
+    return load("tensor_parallel", name)
 
 
 def test_stub_scores_zero_and_says_not_done():
@@ -72,16 +66,4 @@ def test_attempt_gets_its_score_and_feedback(name, capfd):
     report = check_tensor_parallel(module.ColumnParallelLinear, module.RowParallelLinear, verbose=False)
     with capfd.disabled():
         print(f"\n{name}: graded in {time.perf_counter() - start:.1f} s")
-    table = report.table()
-    by_name = {r.name: r for r in report.results}
-    assert set(module.LOSES) <= set(by_name), f"{name}: unknown checks {set(module.LOSES) - set(by_name)}"
-    for check, result in by_name.items():
-        if check in module.LOSES:
-            earned, phrases = module.LOSES[check]
-            assert result.earned == pytest.approx(earned), \
-                f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
-            for phrase in [phrases] if isinstance(phrases, str) else phrases:
-                assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
-        else:
-            assert result.earned == result.points, f"{name}: {check} should earn full marks\n{table}"
-    assert report.score == pytest.approx(module.SCORE), table
+    assert_graded(report, module)

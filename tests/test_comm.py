@@ -138,7 +138,7 @@ def test_outside_any_rank_the_error_says_what_to_do():
 # Every deadlock the real-rank tests provoke, written with coursekit.comm, and the one-line report both
 # transports must give for it: the strict simulator at once, real ranks (gloo) at their timeout. Sources:
 # this file's real deadlock, tests/test_launch.py (a rank receives from one that returned),
-# tests/test_grading.py (everyone receives, nobody sends) and tests/submissions/ring_send_before_recv.py.
+# tests/test_grading.py (everyone receives, nobody sends) and tests/submissions/ring_allreduce/send_before_recv.py.
 def _everyone_receives(rank, world_size):
     with comm.phase("reduce-scatter", step=1):
         comm.recv(torch.empty(7), 1 - rank)
@@ -180,7 +180,7 @@ DEADLOCKS = [
 @pytest.mark.parametrize("program, world_size, report", DEADLOCKS, ids=[d[0].__name__.strip("_") for d in DEADLOCKS])
 def test_every_real_deadlock_is_reported_the_same_by_the_simulator(program, world_size, report):
     """Planted bug: a simulator whose sends never wait (buffered) finds no deadlock in the send cases."""
-    from coursekit.checks.running import notes_from_timeout
+    from coursekit.grading.feedback import notes_from_timeout
     from coursekit.simulator import describe_waits
 
     with pytest.raises(comm.Deadlock) as simulated:

@@ -1,8 +1,9 @@
-"""coursekit.grading and coursekit.checks.ring_allreduce: the ring exercise's checks on good, unfinished,
+"""coursekit.grading and coursekit.grading.ring_allreduce: the ring exercise's checks on good, unfinished,
 cheating and stuck submissions; each exercise's checks registered once; `coursekit grade` on the exercise
 and solution notebooks."""
 
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -15,8 +16,8 @@ import torch
 import torch.distributed as dist
 
 from coursekit import collectives, comm, grading
-from coursekit.checks.ring_allreduce import RING
 from coursekit.cli import grade_notebook
+from coursekit.grading import RING
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -175,8 +176,9 @@ def test_a_rank_that_gloo_aborts_is_one_line_and_no_gloo_text_is_printed():
     writes to an inherited descriptor is seen. Planted bugs: quiet_rank disabled (gloo's "terminate called"
     and Python's "Fatal Python error: Aborted" are printed) or death_summary disabled (the feedback says only
     "killed by signal SIGABRT", or a peer's "Connection reset by peer")."""
-    script = ("import sys; sys.path.insert(0, 'tests/submissions'); from _real_ranks_abort import reduce_scatter; "
-              "from _solutions import all_gather; from coursekit import grading; "
+    script = ("import sys; sys.path.insert(0, 'tests/submissions/ring_allreduce'); "
+              "from _real_ranks_abort import reduce_scatter; "
+              "from _ring_solution import all_gather; from coursekit import grading; "
               "grading.grade('01_ring_allreduce', only='reduce_scatter_correct', reduce_scatter=reduce_scatter, "
               "all_gather=all_gather)")
     done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True, text=True,
@@ -278,13 +280,65 @@ def test_redefining_a_check_replaces_it_in_place():
         checks = grading.checks_for(exercise)
         assert [(c.name, c.points) for c in checks] == [("first", 5), ("second", 1)]
     finally:
-        grading._REGISTRY.pop(exercise)
+        grading.forget(exercise)
+
+
+def test_ctx_memo_runs_once_per_grading_and_remembers_a_failure():
+    """Checks of one grade() call share ctx.memo's results (and its CheckFailed); the next grade() runs again.
+    Planted bug: memo storing nothing -> "computed [2, 2]", not [1, 1]."""
+    exercise, computed = "99_memo_test", [0, 0]
+
+    def compute(index):
+        computed[index] += 1
+        if index == 1:
+            raise grading.CheckFailed("wrong once, wrong for every check")
+        return "run"
+
+    @grading.check(exercise)
+    def first(submission, ctx):
+        assert ctx.memo("ok", lambda: compute(0)) == "run"
+        ctx.memo("failed", lambda: compute(1))
+
+    @grading.check(exercise)
+    def second(submission, ctx):
+        assert ctx.memo("ok", lambda: compute(0)) == "run"
+        ctx.memo("failed", lambda: compute(1))
+
+    try:
+        report = grading.grade(exercise, verbose=False)
+        assert computed == [1, 1], f"computed {computed}"
+        assert [r.feedback for r in report.results] == ["wrong once, wrong for every check"] * 2
+        grading.grade(exercise, verbose=False)
+        assert computed == [2, 2], f"computed {computed}"
+    finally:
+        grading.forget(exercise)
 
 
 def test_chapter_01_names_stay_importable_from_grading():
-    from coursekit.checks import ring_allreduce
     from coursekit.grading import check_ring_all_reduce
 
-    assert check_ring_all_reduce is ring_allreduce.check_ring_all_reduce and grading.RING == RING
+    assert check_ring_all_reduce is grading.check_ring_all_reduce and grading.RING == RING == "01_ring_allreduce"
     with pytest.raises(AttributeError):
         grading.no_such_name
+
+
+@pytest.mark.parametrize("exercise", sorted(grading.EXERCISES))
+def test_each_exercise_has_its_entry_point_taking_its_parts(exercise):
+    """``check_<exercise>(part, ..., **options)`` in coursekit.grading, one parameter per part the learner writes."""
+    spec = grading.EXERCISES[exercise]
+    entry = getattr(grading, spec.entry)
+    parameters = inspect.signature(entry).parameters
+    assert list(parameters) == [*spec.parts, "options"] and entry.__name__ == spec.entry
+    assert all(parameters[part].default is None for part in spec.parts)
+
+
+def test_an_entry_point_grades_a_part_not_given_as_not_done():
+    """None (or nothing) for a part: "not done", zero points, no crash; a part given is graded (exercise 04)."""
+    from coursekit.parallel.schedules import one_f_one_b
+
+    report = grading.check_pipeline_schedule(verbose=False, only=["valid_schedule", "peak_activations"])
+    assert [r.status for r in report.results] == ["not done", "not done"] and report.score == 0, report.table()
+    report = grading.check_pipeline_schedule(one_f_one_b=one_f_one_b, verbose=False, only="valid_schedule")
+    assert report.full_marks, report.table()
+    with pytest.raises(TypeError):
+        grading.check_pipeline_schedule(one_f_one_b, one_f_one_b)

@@ -47,7 +47,7 @@ import torch
 
 import coursekit
 from coursekit import comm
-from coursekit.checks.data_parallel import check_data_parallel
+from coursekit.grading import check_data_parallel
 from coursekit.collectives import ring_all_reduce, ring_reduce_scatter
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.data import shard_batch

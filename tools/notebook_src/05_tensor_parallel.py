@@ -19,7 +19,7 @@
 # this rank's slice of the input features and returns the whole output on every rank. After the partial
 # product, **g**: all-reduce forward, identity backward. Add the bias once, after the sum.
 #
-# **The tools**: `from coursekit.checks.tensor_parallel import all_reduce, all_gather, shard_range`:
+# **The tools**: `from coursekit.grading.tensor_tools import all_reduce, all_gather, shard_range`:
 # `all_reduce(tensor, group=None)` sums in place over the ranks and returns the tensor; `all_gather(tensor,
 # dim=-1, group=None)` concatenates every rank's tensor; `shard_range(total, group=None)` is `(start, stop)`
 # of this rank's rows (uneven like `torch.tensor_split`: 7 over 3 ranks is 3, 2, 2). Both collectives are
@@ -43,7 +43,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import coursekit
-from coursekit.checks.tensor_parallel import all_gather, all_reduce, check_tensor_parallel, shard_range
+from coursekit.grading import check_tensor_parallel
+from coursekit.grading.tensor_tools import all_gather, all_reduce, shard_range
 
 # %% [markdown]
 # ## Part 1: f and the column-parallel layer

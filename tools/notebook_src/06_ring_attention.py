@@ -40,7 +40,7 @@ RANKS = 4
 import torch
 
 from coursekit import comm
-from coursekit.checks.ring_attention import check_ring_attention
+from coursekit.grading import check_ring_attention
 from coursekit.parallel.ring_attention import block_attention, full_attention
 
 # %% [markdown]

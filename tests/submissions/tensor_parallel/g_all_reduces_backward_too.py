@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from _tp_solution import ColumnParallelLinear
 from _tp_solution import RowParallelLinear as _Row
-from coursekit.checks.tensor_parallel import all_reduce
+from coursekit.grading.tensor_tools import all_reduce
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 3, row 0 (counts wrong at 2 and 4 ranks), MLP 0

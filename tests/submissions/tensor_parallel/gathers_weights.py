@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from _tp_solution import ColumnParallelLinear as _Column
 from _tp_solution import CopyToParallelRegion
 from _tp_solution import RowParallelLinear as _Row
-from coursekit.checks.tensor_parallel import all_gather, shard_range
+from coursekit.grading.tensor_tools import all_gather, shard_range
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 5  # each check half its points: 1.5 + 1.5 + 2

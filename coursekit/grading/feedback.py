@@ -1,0 +1,76 @@
+"""What the learner is told when their code raised or got stuck: one line, with where in *their* code.
+
+:func:`learner_line` finds the learner's line in a traceback (the innermost
+frame outside coursekit and torch), whether the traceback is text sent back by a
+rank (:func:`explain`) or an exception caught in this process
+(:func:`learner_line_of`). A rank stuck past its timeout is described by what
+it was waiting on (:func:`describe_timeout`), in the simulator's words.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import traceback
+from typing import Iterable
+
+from ..launch import LaunchTimeout
+from ..simulator import describe_waits
+from .scoring import CheckFailed, NotDone
+
+__all__ = ["explain", "learner_line", "learner_line_of", "notes_from_timeout", "describe_timeout"]
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<name>\S+)')
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # coursekit/
+
+
+def _innermost(frames: Iterable[tuple[str, int | str, str]]) -> str:
+    """``in reduce_scatter, line 12`` for the last ``(file, line, function)`` outside coursekit and torch, or ``""``."""
+    found = ""
+    for file, line, name in frames:
+        if not os.path.abspath(file).startswith(_PACKAGE) and "/torch/" not in file:
+            found = f"in {name}, line {line}"
+    return found
+
+
+def learner_line(remote_traceback: str) -> str:
+    """The learner's line in a traceback's text (as a rank sends it back), or ``""``."""
+    matches = (_FRAME.match(line) for line in remote_traceback.splitlines())
+    return _innermost((m["file"], m["line"], m["name"]) for m in matches if m)
+
+
+def learner_line_of(error: BaseException) -> str:
+    """The learner's line in the traceback of an exception caught in this process, or ``""``."""
+    return _innermost((f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__))
+
+
+def explain(rank: int, remote_traceback: str) -> CheckFailed:
+    """The learner's error from a rank's traceback, in one line, with where in their code it happened."""
+    lines = remote_traceback.strip().splitlines()
+    last = lines[-1] if lines else "an error"
+    if "NotImplementedError" in remote_traceback:
+        return NotDone("not implemented yet (your function raises NotImplementedError)")
+    if "ForbiddenCall" in remote_traceback:
+        return CheckFailed(last.split(": ", 1)[-1])
+    where = learner_line(remote_traceback)
+    return CheckFailed(f"rank {rank} raised {last}{f' ({where})' if where else ''}")
+
+
+def notes_from_timeout(error: LaunchTimeout) -> dict[int, str | None]:
+    """Each stuck rank's ``coursekit.comm`` note ("send to rank 1, 4 elements"), None if it was in no comm call."""
+    notes = {}
+    for rank, text in error.waiting.items():
+        notes[rank] = text[len("waiting on "):].split("; at ", 1)[0] if text.startswith("waiting on ") else None
+    return notes
+
+
+def describe_timeout(error: LaunchTimeout) -> str:
+    """The simulator's one line (``rank 0 waits in send to rank 1, …``); ranks outside comm say where they are."""
+    notes = notes_from_timeout(error)
+    waiting = {rank: note for rank, note in notes.items() if note}
+    parts = [describe_waits(waiting)] if waiting else []
+    for rank, note in sorted(notes.items()):
+        if note is None:
+            frames = error.waiting[rank].split("; at ", 1)
+            parts.append(f"rank {rank} is busy outside coursekit.comm{' at ' + frames[1] if len(frames) > 1 else ''}")
+    return "; ".join(parts)

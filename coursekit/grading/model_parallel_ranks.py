@@ -1,0 +1,187 @@
+"""What runs on each rank in exercise 03: the learner's two halves training the course MLP, watched.
+
+:func:`two_stage_rank` trains one case with ``first_stage`` on rank 0 and
+``second_stage`` on rank 1 and returns, per rank, the step records
+(:mod:`coursekit.verify`), what each micro-batch sent, what the harness had to
+rescue and what ``second_stage`` returned. Each message goes through a
+:class:`StageWatch` (:mod:`.watch`), which refuses one to the wrong rank or one that
+is not a tensor, so that the feedback names it instead of a deadlock. When the
+second stage cannot send a gradient (``inputs.grad`` is None because the received
+activations did not require grad, or it is sent to the wrong rank), the harness
+sends rank 0 a zero gradient in its place, so that the run finishes and the
+feedback can say what that costs: the first stage's gradients are zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import comm
+from ..models import TeacherData, loss_fn, tiny_mlp
+from ..parallel.model import split
+from ..verify import NamedPart, record_step
+from .watch import Watch
+
+__all__ = ["WORLD", "ROLE", "WHAT", "make_model", "make_optimizer", "boundary_width", "StageWatch",
+           "two_stage_rank"]
+
+WORLD = 2  # two stages, two ranks: the seed's example
+ROLE = {0: "the first stage (rank 0)", 1: "the second stage (rank 1)"}
+WHAT = {0: "the activations", 1: "the gradient"}
+
+
+def make_model(d_hidden: int, n_layers: int):
+    return tiny_mlp(seed=0, d_hidden=d_hidden, n_layers=n_layers)
+
+
+def make_optimizer(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+def boundary_width(d_hidden: int, n_layers: int, layers_per_stage) -> int:
+    """Elements per sample of the activations crossing from stage 0 to stage 1."""
+    return d_hidden  # every hidden layer of the course MLP is d_hidden wide
+
+
+class _ForwardDone(BaseException):
+    """Raised from the harness's loss_fn when only the forward is checked (BaseException: not swallowed)."""
+
+
+class _Refused(Exception):
+    """A message the harness refused to pass on (to the wrong rank, or None instead of a tensor)."""
+
+
+class StageWatch(Watch):
+    """The watch of one stage's rank: a message to itself, to a rank that does not exist or not a tensor is refused."""
+
+    def __init__(self, rank: int):
+        super().__init__()
+        self.me = rank
+
+    def vet(self, tensor, peer: int, what: str) -> None:
+        sending = what.startswith("send")
+        if not isinstance(tensor, torch.Tensor):
+            raise _Refused(f"{ROLE[self.me]} tried to {what} {type(tensor).__name__} instead of a tensor")
+        if peer == self.me:
+            raise _Refused(f"{ROLE[self.me]} tried to {what} rank {self.me}, itself: "
+                           f"{WHAT[self.me] if sending else 'what it waits for'} "
+                           f"{'goes to' if sending else 'comes from'} rank {1 - self.me}, its "
+                           f"neighbour in the chain")
+        if not 0 <= peer < WORLD:
+            raise _Refused(f"{ROLE[self.me]} tried to {what} rank {peer}, which does not exist (ranks 0 and 1): "
+                           f"{WHAT[self.me] if sending else 'it'} "
+                           f"{'goes to' if sending else 'comes from'} rank {1 - self.me}")
+
+
+class _StageRun:
+    """One rank's stage and the learner's half for it; what each micro-batch sent, what was rescued and returned."""
+
+    def __init__(self, rank, first_stage, second_stage, case, forward_only):
+        d_hidden, n_layers, sizes, _, self.global_batch, self.micro_batches = case
+        model = make_model(d_hidden, n_layers)
+        names = {id(p): n for n, p in model.named_parameters()}
+        self.stage = split(model, 2, layers_per_stage=list(sizes))[rank]
+        self.own = [(names[id(p)], p) for p in self.stage.parameters()]
+        self.rank, self.halves, self.forward_only = rank, (first_stage, second_stage), forward_only
+        self.width = boundary_width(d_hidden, n_layers, sizes)
+        self.watch = StageWatch(rank)
+        self.sends, self.rescued, self.answers = [], [], []
+        # The stage's output, seen without the loss_fn: a second stage that computes a loss of its own is judged
+        # on what it returned and on this output (its gradients may still be right), not reported as having none.
+        self.forwarded: list = []
+        if rank == 1:
+            self.stage.register_forward_hook(self._keep_output)
+
+    def _keep_output(self, module, args, output):
+        self.forwarded[:] = [output.detach().clone()]  # the latest only
+
+    def step(self, step: int, inputs, targets) -> tuple[list, float]:
+        """Every micro-batch of one step: the outputs of the second stage and the batch's loss."""
+        outputs, total = [], 0.0
+        for micro, (x, y) in enumerate(zip(inputs.tensor_split(self.micro_batches),
+                                           targets.tensor_split(self.micro_batches))):
+            seen = self._micro_batch(step, micro, x, y)
+            if seen:
+                outputs.append(seen[-1][0])
+                total += seen[-1][1]
+            elif self.rank == 1 and self.answers and self.answers[-1][:2] == (step, micro):  # loss_fn never called
+                outputs += self.forwarded[-1:]
+                total += self.answers[-1][2] if isinstance(self.answers[-1][2], float) else math.nan
+        return outputs, total
+
+    def _scaled_loss(self, share: float, seen: list):
+        def scaled_loss(output, target):
+            loss = loss_fn(output, target) * share  # the micro-batches' losses add up to the batch's mean
+            seen.append((output.detach().clone(), loss.item()))
+            if self.forward_only:
+                raise _ForwardDone
+            return loss
+        return scaled_loss
+
+    def _micro_batch(self, step: int, micro: int, x, y) -> list:
+        """The learner's half on one micro-batch; ``[(output, loss)]`` if the harness's loss_fn was called."""
+        seen: list = []
+        scaled_loss = self._scaled_loss(x.shape[0] / self.global_batch, seen)
+        before_sent, before_received = len(self.watch.sent), len(self.watch.received)
+        try:
+            with comm.using(self.watch), comm.record():
+                if self.rank == 0:
+                    self.halves[0](self.stage, x)
+                else:
+                    answer = self.halves[1](self.stage, y, scaled_loss, (x.shape[0], self.width))
+                    # (step, micro-batch, what it returned, the loss loss_fn computed or None if never called)
+                    self.answers.append((step, micro, _returned(answer), seen[-1][1] if seen else None))
+        except (_ForwardDone, _Refused, AttributeError, TypeError) as error:
+            got_activations = self.rank == 1 and len(self.watch.received) > before_received
+            sent_gradient = any(s["dst"] == 0 for s in self.watch.payload_sent(before_sent))
+            if not got_activations or sent_gradient:
+                raise
+            if not isinstance(error, _ForwardDone):
+                self.rescued.append((step, micro, _rescue_reason(error, self.watch.received[-1])))
+            self.watch.inner.send(torch.zeros(x.shape[0], self.width), 0, None)  # rank 0 may go on (not counted)
+        self.sends.append((step, micro, x.shape[0], self.watch.payload_sent(before_sent)))
+        return seen
+
+    def result(self, **more) -> dict:
+        return {**more, "sends": self.sends, "rescued": self.rescued, "answers": self.answers}
+
+
+def two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_only=False):
+    """Train ``case`` with the learner's halves; returns records, per-micro-batch sends, what was rescued and what
+    second_stage returned (``forward_only``: the first micro-batches' loss instead of records)."""
+    run, data = _StageRun(rank, first_stage, second_stage, case, forward_only), TeacherData()
+    optimizer = make_optimizer([p for _, p in run.own])
+    steps, global_batch = case[3], case[4]
+    records = []
+    for step in range(1 if forward_only else steps):
+        outputs, total = run.step(step, *data.batch(step, global_batch))
+        if forward_only:
+            return run.result(loss=total)
+        grads = NamedPart({n: p.grad.detach().clone() for n, p in run.own if p.grad is not None})
+        optimizer.step()
+        records.append(record_step(torch.cat(outputs) if outputs else None, total, grads,
+                                   NamedPart({n: p.detach() for n, p in run.own})))
+        optimizer.zero_grad(set_to_none=True)
+    return run.result(records=records)
+
+
+def _returned(answer):
+    """What second_stage returned: the loss as a float, or words saying what came back instead."""
+    if isinstance(answer, torch.Tensor) and answer.numel() == 1:
+        return answer.item()
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        return float(answer)
+    if isinstance(answer, torch.Tensor):
+        return f"a tensor of shape {tuple(answer.shape)}"
+    return "None" if answer is None else f"a {type(answer).__name__}"
+
+
+def _rescue_reason(error: Exception, received: torch.Tensor) -> str:
+    if isinstance(error, _Refused):
+        return str(error)
+    if not received.requires_grad:
+        return ("inputs.grad is None: the activations it received do not require grad, so autograd computed no "
+                "gradient for them — call inputs.requires_grad_() after receiving them")
+    return f"it raised {type(error).__name__}: {error} before sending it"

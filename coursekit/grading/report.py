@@ -1,0 +1,104 @@
+"""What grading leaves: a :class:`Result` per check, the :class:`Report` table, and the file ``coursekit grade`` reads.
+
+:func:`save` adds a report's results to ``$COURSEKIT_GRADE_REPORT`` when it is
+set (``coursekit grade`` sets it before it runs a copy of the notebook);
+:func:`saved_report` reads them back, every check of the exercise in order,
+"not run" where the notebook never ran one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .registry import checks_for
+
+__all__ = ["Result", "Report", "REPORT_ENV", "save", "saved_report"]
+
+REPORT_ENV = "COURSEKIT_GRADE_REPORT"  # where grade() also writes its results (set by `coursekit grade`)
+
+
+@dataclass
+class Result:
+    name: str
+    points: float
+    earned: float
+    status: str          # pass, partial, fail, not done, deadlock, timeout, skipped, not run
+    feedback: str = ""
+    hidden: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class Report:
+    exercise: str
+    results: list = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def score(self) -> float:
+        return round(sum(r.earned for r in self.results), 2)
+
+    @property
+    def max_score(self) -> float:
+        return round(sum(r.points for r in self.results), 2)
+
+    @property
+    def full_marks(self) -> bool:
+        return bool(self.results) and all(r.earned >= r.points for r in self.results)
+
+    def table(self) -> str:
+        width = max([len(r.name) + (9 if r.hidden else 0) for r in self.results] + [5])
+        lines = [f"{self.exercise}: {_fmt(self.score)} / {_fmt(self.max_score)} points", ""]
+        lines.append(f"{'check':<{width}}  {'points':>7}  result")
+        for r in self.results:
+            label = r.name + (" (hidden)" if r.hidden else "")
+            lines.append(f"{label:<{width}}  {_fmt(r.earned):>3}/{_fmt(r.points):<3}  {r.status}")
+            for line in r.feedback.splitlines():
+                lines.append(f"{'':<{width}}           {line}")
+        if self.note:
+            lines += ["", self.note]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        printer.text(f"Report({self.exercise!r}, {_fmt(self.score)}/{_fmt(self.max_score)})")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def save(report: Report) -> None:
+    """Add ``report``'s results to ``$COURSEKIT_GRADE_REPORT``, if set (the latest result of each check wins)."""
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        saved = {}
+    entry = saved.setdefault(report.exercise, {})
+    for result in report.results:
+        entry[result.name] = asdict(result)
+    Path(path).write_text(json.dumps(saved, indent=1))
+
+
+def saved_report(exercise: str, path: Path, note: str = "") -> Report:
+    """The report :func:`grade` left in ``path`` for ``exercise``: every check, "not run" where none was saved."""
+    try:
+        saved = json.loads(Path(path).read_text()).get(exercise, {})
+    except (OSError, ValueError):
+        saved = {}
+    report = Report(exercise, note=note)
+    for item in checks_for(exercise):
+        if item.name in saved:
+            report.results.append(Result(**saved[item.name]))
+        else:
+            report.results.append(Result(item.name, item.points, 0.0, "not run",
+                                         "the notebook never ran this check", item.hidden))
+    return report

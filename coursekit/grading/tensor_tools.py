@@ -1,0 +1,88 @@
+"""The learner's tools in exercise 05: ``shard_range``, and ``all_reduce``/``all_gather`` that count every call.
+
+    from coursekit.grading.tensor_tools import all_gather, all_reduce, shard_range
+
+The learner's layers call collectives themselves (not ``coursekit.comm``'s
+point-to-point calls), so what the grader watches here is each call: which
+collective, in which phase (:func:`phase`, ``"forward"`` or ``"backward"``, set by
+the grader around the learner's forward and backward), the shape and the elements
+of the tensor passed. ``torch.distributed``'s own collectives are switched off
+while grading; these bound the real ones at import. (The library's own layers
+count theirs in :class:`coursekit.parallel.tensor_comm.CommCounts`, totals per
+collective and direction: the grader needs each call's size, to tell weights
+gathered from activations.)
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ..parallel.tensor_comm import shard_sizes, tp_rank_size
+
+__all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording"]
+
+# The real functions, bound at import: while grading, torch.distributed's names are replaced by ones that refuse.
+_ALL_REDUCE, _ALL_GATHER = dist.all_reduce, dist.all_gather
+_CALLS: list[tuple[str, str, tuple, int]] = []   # (op, phase, shape of the tensor passed, elements), this rank
+_PHASE = ["outside"]
+
+
+def shard_range(total: int, group=None) -> tuple[int, int]:
+    """``(start, stop)``: the rows (or columns) of ``total`` this rank keeps, as ``torch.tensor_split`` cuts them.
+
+        >>> shard_range(7)            # one process: everything
+        (0, 7)
+    """
+    rank, size = tp_rank_size(group)
+    sizes = shard_sizes(total, size, "size")
+    return sum(sizes[:rank]), sum(sizes[:rank + 1])
+
+
+def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
+    """Sum ``tensor`` over the ranks of ``group``, in place; returns it. Counted (nothing happens on one rank)."""
+    _CALLS.append(("all_reduce", _PHASE[0], tuple(tensor.shape), tensor.numel()))
+    if tp_rank_size(group)[1] > 1:
+        _ALL_REDUCE(tensor, group=group)
+    return tensor
+
+
+def all_gather(tensor: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
+    """Every rank's ``tensor`` concatenated along ``dim`` in rank order (sizes along ``dim`` may differ). Counted."""
+    _CALLS.append(("all_gather", _PHASE[0], tuple(tensor.shape), tensor.numel()))
+    size = tp_rank_size(group)[1]
+    if size == 1:
+        return tensor.clone()
+    dim = dim % tensor.dim()
+    lengths = [torch.zeros(1, dtype=torch.long) for _ in range(size)]
+    _ALL_GATHER(lengths, torch.tensor([tensor.shape[dim]]), group=group)
+    widest = int(max(lengths))
+    padded = F.pad(tensor, [0, 0] * (tensor.dim() - 1 - dim) + [0, widest - tensor.shape[dim]]).contiguous()
+    pieces = [torch.empty_like(padded) for _ in range(size)]
+    _ALL_GATHER(pieces, padded, group=group)
+    return torch.cat([p.narrow(dim, 0, int(n)) for p, n in zip(pieces, lengths)], dim=dim)
+
+
+@contextmanager
+def phase(name: str):
+    """Calls inside the block are counted as made in ``name`` (``"forward"``, ``"backward"``)."""
+    _PHASE[0] = name
+    try:
+        yield
+    finally:
+        _PHASE[0] = "outside"
+
+
+@contextmanager
+def recording():
+    """``with recording() as calls:`` the ``(op, phase, shape, elements)`` of every call inside the block, in order."""
+    _CALLS.clear()
+    calls: list = []
+    try:
+        yield calls
+    finally:
+        calls += _CALLS
+        _CALLS.clear()

@@ -1,0 +1,19 @@
+"""Exercise 01: the reduce-scatter is right, but it returns segment r instead of the one rank r owns, (r + 1) mod G."""
+
+from _ring_solution import all_gather, ring_reduce_scatter  # noqa: F401  (the all-gather is right)
+
+EXERCISE = "01_ring_allreduce"
+# Every reduce-scatter case with G ≥ 2 returns another segment (N = 0 on 4 ranks: all empty, right);
+# the all-gather gets that segment, whose length is wrong at N = 1001 and N = 10: the chapter's all-gather says so.
+SCORE = 4.75  # all_gather_correct 2 + only_point_to_point 1 + edge_cases 3/4 + hidden_variants 1 (all-gather half)
+_OWNER = "returned segment 0; after G−1 steps rank r owns segment (r+1) mod G"
+LOSES = {
+    "reduce_scatter_correct": (0, "GPU1 returned segment 0 (a₁); after G − 1 steps rank r owns segment (r + 1) mod G"),
+    "all_reduce_bit_identical": (0, "but was given a segment of"),  # rank 0 (251 for 250) or rank 3 (250 for 251)
+    "ring_traffic_pattern": (0, "but was given a segment of"),
+    "edge_cases": (0.75, _OWNER),
+    "hidden_variants": (1, _OWNER),
+}
+
+# the mistake: rank r returns segment r; it owns segment (r + 1) % G
+reduce_scatter = ring_reduce_scatter(returned=lambda r, G: r)
