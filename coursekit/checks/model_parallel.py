@@ -36,7 +36,7 @@ import torch
 from .. import comm, comm_state, grading
 from ..launch import launch
 from ..models import TeacherData, loss_fn, tiny_mlp
-from ..parallel.model import split
+from ..parallel.pipeline import split
 from ..verify import NamedPart, compare, record_step, reference_run
 
 EXERCISE = "03_model_parallel"  # registered in grading.EXERCISE_MODULES, the one place exercises are named

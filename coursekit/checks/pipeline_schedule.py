@@ -27,7 +27,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from .. import grading
-from ..parallel.schedules import Schedule, ScheduleError, one_f_one_b, plan, validate
+from ..parallel.pipeline import Schedule, ScheduleError, one_f_one_b, plan, validate
 
 EXERCISE = "04_pipeline_schedule"
 CASES = [(p, m) for p in (2, 3, 4, 1) for m in range(1, 9)]  # the feedback starts with two ranks

@@ -37,8 +37,8 @@ from __future__ import annotations
 import torch
 
 from .. import comm, grading
-from ..parallel.ring_attention import block_attention, full_attention
-from ..parallel.ring_attention import merge as right_merge
+from ..parallel.sequence import block_attention, full_attention
+from ..parallel.sequence import merge as right_merge
 
 EXERCISE = "06_ring_attention"
 SIZES = (2, 3, 4)

@@ -41,7 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import grading
-from ..parallel.tensor_comm import shard_sizes
+from ..parallel.tensor import shard_sizes
 
 __all__ = ["all_reduce", "all_gather", "shard_range", "check_tensor_parallel", "EXERCISE"]
 

@@ -54,7 +54,7 @@ import coursekit
 from coursekit import comm
 from coursekit.checks.model_parallel import check_model_parallel
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.parallel.model import split
+from coursekit.parallel.pipeline import split
 from coursekit.verify import NamedPart, compare, record_step, reference_run
 
 # %% [markdown]

@@ -1,6 +1,6 @@
-"""Pipeline parallelism: one executor that runs any valid schedule (:mod:`coursekit.parallel.schedules`).
+"""Pipeline parallelism: one executor that runs any valid schedule (:mod:`coursekit.parallel.pipeline.schedules`).
 
-Model parallelism (:mod:`coursekit.parallel.model`) is a chain: one rank computes while the others wait.
+Model parallelism (:mod:`coursekit.parallel.pipeline.model`) is a chain: one rank computes while the others wait.
 Pipelining (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021) cuts the batch into ``m`` micro-batches
 so that while stage 1 works on micro-batch 0, stage 0 already starts micro-batch 1 (seed claim P7). *Which*
 rank does *what* and *when* is the schedule -- plain data, a list of actions per rank -- and this module
@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..strategy import Setup, register
+from ...strategy import Setup, register
+from .comm import Channel, broadcast_loss, sum_tied_gradients
 from .model import StagedStrategy
-from .stage_comm import Channel, broadcast_loss, sum_tied_gradients
 from .schedules import Schedule, make_schedule, validate
 
 __all__ = ["ExecutorStats", "execute", "PipelineParallel"]
@@ -175,7 +175,7 @@ class PipelineParallel(StagedStrategy):
     """Stages ``r, r+p, ...`` on rank ``r``; each step runs one schedule over the loop's micro-batches.
 
     Options: ``schedule`` -- ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zb_h1"`` or a
-    :class:`~coursekit.parallel.schedules.Schedule` of your own (validated before it runs);
+    :class:`~coursekit.parallel.pipeline.Schedule` of your own (validated before it runs);
     ``stages_per_rank`` (v, for ``"interleaved"``); ``partition_by`` / ``layers_per_stage`` as ``"model"``.
     The loop's ``micro_batches`` is m.
     """

@@ -4,7 +4,7 @@ A schedule is a plain list of actions per rank -- forward ``F`` of micro-batch
 ``i`` on stage ``s``, backward ``B``, for zero bubble the weight gradient
 ``W``, and the sends and receives between them. Nothing here runs a model:
 :func:`validate` checks a schedule before anything runs, :func:`plan` executes
-it on a unit-time clock, and an executor (``coursekit.parallel.pipeline``)
+it on a unit-time clock, and an executor (``coursekit.parallel.pipeline.executor``)
 runs the same list on real ranks.
 
     >>> s = one_f_one_b(p=2, m=3)
