@@ -41,7 +41,8 @@ import torch.nn as nn
 from ...strategy import Setup, register
 from .comm import Channel, broadcast_loss, sum_tied_gradients
 from .model import StagedStrategy
-from .schedules import Schedule, make_schedule, validate
+from .schedules import Schedule, make_schedule
+from .validator import validate
 
 __all__ = ["ExecutorStats", "execute", "PipelineParallel"]
 

@@ -2,17 +2,17 @@
 
 A schedule is a plain list of actions per rank -- forward ``F`` of micro-batch
 ``i`` on stage ``s``, backward ``B``, for zero bubble the weight gradient
-``W``, and the sends and receives between them. Nothing here runs a model:
-:func:`validate` checks a schedule before anything runs, :func:`plan` executes
-it on a unit-time clock, and an executor (``coursekit.parallel.pipeline.executor``)
+``W``, and the sends and receives between them. This module owns the data
+(:class:`Action`, :class:`Schedule`), the four generators and
+:func:`add_communication`. Nothing here runs a model:
+:func:`~coursekit.parallel.pipeline.validator.validate` checks a schedule before
+anything runs, :func:`~coursekit.parallel.pipeline.planning.plan` executes it on a
+unit-time clock, and the executor (:mod:`coursekit.parallel.pipeline.executor`)
 runs the same list on real ranks.
 
     >>> s = one_f_one_b(p=2, m=3)
     >>> " ".join(str(a) for a in s.actions[1])
     'RECV_F0@s1 F0@s1 B0@s1 SEND_B0@s1 RECV_F1@s1 F1@s1 B1@s1 SEND_B1@s1 RECV_F2@s1 F2@s1 B2@s1 SEND_B2@s1'
-    >>> validate(s)
-    >>> plan(s).bubble_fraction == bubble_formula("1f1b", p=2, m=3)
-    True
 
 The four schedules, p ranks and m micro-batches:
 
@@ -38,8 +38,10 @@ the k-th SEND on a to b, so both sides must list them in the same order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, replace
+
+__all__ = ["COMPUTE", "COMMUNICATION", "Action", "Schedule", "ScheduleError", "gpipe", "one_f_one_b",
+           "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs"]
 
 COMPUTE = ("F", "B", "W")
 COMMUNICATION = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
@@ -221,8 +223,12 @@ def make_schedule(name: str, p: int, m: int, v: int = 1) -> Schedule:
 
 
 # ----------------------------------------------------------------------------- communication
-def _message(schedule: Schedule, action: Action) -> tuple[int, Action] | None:
-    """For a SEND: (destination rank, the RECV it matches). None when the peer stage is on this rank."""
+def message(schedule: Schedule, action: Action) -> tuple[int, Action] | None:
+    """For a SEND: (destination rank, the RECV it matches). None when the peer stage is on this rank.
+
+    The pairing rule of the whole package: :func:`add_communication` places receives with it, the
+    validator matches pairs and replays the clock with it.
+    """
     step = {"SEND_F": 1, "SEND_B": -1}[action.op]
     peer = action.stage + step
     if schedule.stage_owner(peer) == schedule.stage_owner(action.stage):
@@ -253,20 +259,20 @@ def add_communication(schedule: Schedule) -> Schedule:
             out.append(a)
             send = ("SEND_F" if a.op == "F" and a.stage < last else
                     "SEND_B" if a.op == "B" and a.stage > 0 else None)
-            if send and _message(schedule, Action(send, a.stage, a.micro_batch)):
+            if send and message(schedule, Action(send, a.stage, a.micro_batch)):
                 out.append(Action(send, a.stage, a.micro_batch))
         sends.append(out)
     result = []
     for rank, actions in enumerate(sends):
         need = {}  # RECV -> index of the first compute action of this rank that needs it
         for index, a in enumerate(actions):
-            for recv, _ in _inputs(schedule, a):
+            for recv, _ in needs(schedule, a):
                 if recv.op.startswith("RECV"):
                     need.setdefault(recv, index)
         before: dict[int, list[Action]] = {}
         for src in range(schedule.n_ranks):
             order = [recv for a in sends[src] if a.op.startswith("SEND")
-                     for dst, recv in [_message(schedule, a)] if dst == rank and recv in need]
+                     for dst, recv in [message(schedule, a)] if dst == rank and recv in need]
             at = len(actions)
             for recv in reversed(order):  # suffix minimum: never after a later message's deadline
                 at = min(at, need[recv])
@@ -278,8 +284,12 @@ def add_communication(schedule: Schedule) -> Schedule:
     return replace(schedule, actions=result)
 
 
-def _inputs(schedule: Schedule, a: Action) -> list[tuple[Action, str]]:
-    """What must come before action ``a`` on its own rank, each with what it is to ``a``."""
+def needs(schedule: Schedule, a: Action) -> list[tuple[Action, str]]:
+    """What must come before action ``a`` on its own rank, each with what it is to ``a`` (for messages).
+
+        >>> [(str(n), what) for n, what in needs(one_f_one_b(2, 1), Action("B", 0, 0))]
+        [('F0@s0', 'its forward'), ('RECV_B0@s0', 'its output gradient')]
+    """
     last, rank, i = schedule.n_stages - 1, schedule.stage_owner(a.stage), a.micro_batch
     if a.op == "F" and a.stage > 0:
         local = schedule.stage_owner(a.stage - 1) == rank
@@ -296,239 +306,3 @@ def _inputs(schedule: Schedule, a: Action) -> list[tuple[Action, str]]:
     if a.op.startswith("SEND"):
         return [(Action(a.op[-1], a.stage, i), "what it sends")]
     return []
-
-
-# ----------------------------------------------------------------------------- validation
-def _count(k: int) -> str:
-    return f"{k} message{'' if k == 1 else 's'}"
-
-
-def _ordinal(k: int) -> str:
-    return f"{k}{'th' if 10 <= k % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(k % 10, 'th')}"
-
-
-def validate(schedule: Schedule) -> None:
-    """Raise :class:`ScheduleError` (rank, action, reason) for the first thing that would go wrong.
-
-    In this order: an action that cannot exist (micro-batch, stage, a stage of
-    another rank, a message to nowhere); a compute action missing or repeated;
-    an action before what it needs on its own rank; sends and receives of a
-    pair of ranks that do not match one by one; a deadlock.
-    """
-    p, m, n, last = schedule.n_ranks, schedule.n_micro_batches, schedule.n_stages, schedule.n_stages - 1
-    if len(schedule.actions) != p:
-        raise ScheduleError(len(schedule.actions) - 1, None, f"the schedule lists {len(schedule.actions)} ranks; "
-                            f"n_ranks is {p}: give one list of actions per rank")
-    split = schedule.split_backward
-    for rank, actions in enumerate(schedule.actions):
-        for a in actions:
-            if a.op not in COMPUTE + COMMUNICATION:
-                raise ScheduleError(rank, a, f"unknown op {a.op!r}: use one of {COMPUTE + COMMUNICATION}")
-            if not 0 <= a.micro_batch < m:
-                raise ScheduleError(rank, a, f"micro-batch {a.micro_batch} does not exist: there are {m} "
-                                    f"(0..{m - 1})")
-            if not 0 <= a.stage < n:
-                raise ScheduleError(rank, a, f"stage {a.stage} does not exist: there are {n} (0..{n - 1})")
-            if schedule.stage_owner(a.stage) != rank:
-                raise ScheduleError(rank, a, f"stage {a.stage} belongs to rank {schedule.stage_owner(a.stage)}; "
-                                    f"rank {rank} holds stages {schedule.stages_of(rank)}: move the action there")
-            peer = {"SEND_F": a.stage + 1, "RECV_F": a.stage - 1, "SEND_B": a.stage - 1, "RECV_B": a.stage + 1}
-            if a.op in peer and not 0 <= peer[a.op] <= last:
-                raise ScheduleError(rank, a, f"stage {a.stage} is the {'last' if peer[a.op] > last else 'first'} "
-                                    f"stage: there is no stage {peer[a.op]} to talk to; remove it")
-            if a.op in peer and schedule.stage_owner(peer[a.op]) == rank:
-                raise ScheduleError(rank, a, f"stage {peer[a.op]} is on this rank too: nothing to send or receive; "
-                                    "remove it")
-    seen: dict[Action, int] = {}
-    for rank, actions in enumerate(schedule.actions):
-        for a in actions:
-            if a.op in COMPUTE and a in seen:
-                raise ScheduleError(rank, a, f"{a} appears twice: each (stage, micro-batch) runs one {a.op}")
-            seen[a] = rank
-    for stage in range(n):
-        for i in range(m):
-            for op in ("F", "B", "W") if split else ("F", "B"):
-                if Action(op, stage, i) not in seen:
-                    extra = " (this schedule splits the backward: every B needs its W)" if op == "W" else ""
-                    raise ScheduleError(schedule.stage_owner(stage), Action(op, stage, i),
-                                        f"missing: every (stage, micro-batch) needs one {op}{extra}")
-    for rank, actions in enumerate(schedule.actions):
-        done = set()
-        for a in actions:
-            for need, what in _inputs(schedule, a):
-                if need not in done:
-                    where = "comes later" if need in actions else "is missing"
-                    raise ScheduleError(rank, a, f"{a} needs {what}, but {need} {where} on rank {rank}: "
-                                        f"put {need} before {a}")
-            done.add(a)
-    _check_pairs(schedule)
-    _run(schedule)
-
-
-def _check_pairs(schedule: Schedule) -> None:
-    """The k-th SEND from a to b must be the k-th RECV on b from a (same op, stage and micro-batch)."""
-    p = schedule.n_ranks
-    sent = {(a, b): [] for a in range(p) for b in range(p)}
-    received = {(a, b): [] for a in range(p) for b in range(p)}
-    for rank, actions in enumerate(schedule.actions):
-        for a in actions:
-            if a.op.startswith("SEND"):
-                dst, recv = _message(schedule, a)
-                sent[rank, dst].append((a, recv))
-            elif a.op.startswith("RECV"):
-                src = schedule.stage_owner(a.stage + (-1 if a.op == "RECV_F" else 1))
-                received[src, rank].append(a)
-    for (src, dst), sends in sent.items():
-        recvs = received[src, dst]
-        for k, ((send, expected), recv) in enumerate(zip(sends, recvs), start=1):
-            if expected != recv:
-                raise ScheduleError(dst, recv, f"the {_ordinal(k)} message from rank {src} is {send}, but the "
-                                    f"{_ordinal(k)} receive from rank {src} here is {recv} (messages between two "
-                                    f"ranks match in order): receive {expected} here, or reorder rank {src}'s sends")
-        if len(sends) > len(recvs):
-            send, expected = sends[len(recvs)]
-            raise ScheduleError(src, send, f"rank {dst} receives {_count(len(recvs))} from rank {src}, this is "
-                                f"the {_ordinal(len(recvs) + 1)} send to it: add {expected} on rank {dst}, or "
-                                "remove this send")
-        if len(recvs) > len(sends):
-            recv = recvs[len(sends)]
-            raise ScheduleError(dst, recv, f"rank {src} sends {_count(len(sends))} here, this is the "
-                                f"{_ordinal(len(sends) + 1)} receive from it: add the matching send on rank {src}, "
-                                "or remove this receive")
-
-
-def _run(schedule: Schedule, times: dict[str, Fraction] | None = None) -> list[list[tuple[Action, Fraction, Fraction]]]:
-    """Execute the schedule on a clock: compute takes ``times[op]``, messages arrive at once.
-
-    A rank blocks on a RECV until its sender has issued the matching SEND.
-    Raises :class:`ScheduleError` naming every stuck rank if they all block.
-    """
-    times = times or {"F": 1, "B": 1, "W": 1}
-    p = schedule.n_ranks
-    clock, position = [Fraction(0)] * p, [0] * p
-    issued: dict[tuple[int, Action], Fraction] = {}  # (destination, RECV it matches) -> when it was sent
-    spans: list[list[tuple[Action, Fraction, Fraction]]] = [[] for _ in range(p)]
-    progress = True
-    while progress:
-        progress = False
-        for rank, actions in enumerate(schedule.actions):
-            while position[rank] < len(actions):
-                a = actions[position[rank]]
-                if a.op.startswith("RECV"):
-                    if (rank, a) not in issued:
-                        break
-                    clock[rank] = max(clock[rank], issued.pop((rank, a)))
-                elif a.op.startswith("SEND"):
-                    issued[_message(schedule, a)] = clock[rank]
-                else:
-                    spans[rank].append((a, clock[rank], clock[rank] + times[a.op]))
-                    clock[rank] += times[a.op]
-                position[rank] += 1
-                progress = True
-    stuck = [r for r in range(p) if position[r] < len(schedule.actions[r])]
-    if stuck:
-        waits = "; ".join(f"rank {r} waits at {schedule.actions[r][position[r]]} for rank "
-                          f"{_sender(schedule, schedule.actions[r][position[r]])}" for r in stuck)
-        first = schedule.actions[stuck[0]][position[stuck[0]]]
-        raise ScheduleError(stuck[0], first, f"deadlock: {waits}. A RECV blocks until its SEND is issued: move a "
-                            "SEND before the RECV it waits behind")
-    return spans
-
-
-def _sender(schedule: Schedule, recv: Action) -> int:
-    return schedule.stage_owner(recv.stage + (-1 if recv.op == "RECV_F" else 1))
-
-
-# ----------------------------------------------------------------------------- planning
-@dataclass
-class Plan:
-    """A schedule executed on a unit-time clock: per rank, (action, start, end) of each compute action.
-
-    ``peak_activations[r]``: the most (stage, micro-batch) pairs rank r holds
-    whose F has run and whose B has not -- the full activations of Qi et al.'s
-    Table 1 (M_B). ``peak_in_flight[r]``: the same until the *last* backward
-    piece (W when the backward is split): B frees most activations but W still
-    needs the layer inputs (M_W). With 1F1B's F/B order ZB-H1 keeps rank r's
-    peak activations at min(p−r, m); its deferred W's make every rank hold p
-    micro-batches in flight ("all workers maintain the same number of in-flight
-    micro-batches", Qi et al. 2023, section 3.1) -- the first rank's 1F1B peak.
-    """
-
-    schedule: Schedule
-    spans: list[list[tuple[Action, Fraction, Fraction]]]
-    peak_activations: list[int] = field(default_factory=list)
-    peak_in_flight: list[int] = field(default_factory=list)
-
-    @property
-    def makespan(self) -> Fraction:
-        return max((end for spans in self.spans for _, _, end in spans), default=Fraction(0))
-
-    def busy(self, rank: int) -> Fraction:
-        return sum((end - start for _, start, end in self.spans[rank]), Fraction(0))
-
-    @property
-    def bubble_fraction(self) -> Fraction:
-        """Idle compute time over p × makespan."""
-        p, total = self.schedule.n_ranks, self.makespan
-        return 1 - sum(self.busy(r) for r in range(p)) / (p * total) if total else Fraction(0)
-
-
-def plan(schedule: Schedule, times: dict[str, float] | None = None) -> Plan:
-    """Validate, then run ``schedule`` with F, B, W taking ``times`` (default 1 each; an unsplit B costs B + W)."""
-    validate(schedule)
-    t = {"F": 1, "B": 1, "W": 1, **(times or {})}
-    t = {op: Fraction(value) for op, value in t.items()}
-    if not schedule.split_backward:
-        t["B"] += t["W"]
-    spans = _run(schedule, t)
-    last = "W" if schedule.split_backward else "B"
-    return Plan(schedule, spans, [_peak(acts, "B") for acts in schedule.actions],
-                [_peak(acts, last) for acts in schedule.actions])
-
-
-def _peak(actions: list[Action], frees: str) -> int:
-    held = peak = 0
-    for a in actions:
-        held += (a.op == "F") - (a.op == frees)
-        peak = max(peak, held)
-    return peak
-
-
-# ----------------------------------------------------------------------------- the papers' formulas
-def bubble_formula(name: str, p: int, m: int, v: int = 1, times: dict[str, float] | None = None) -> Fraction:
-    """Idle fraction of p × makespan, from the papers (not from :func:`plan`).
-
-    GPipe and 1F1B: (p−1)/(m+p−1) (Narayanan et al. 2021, eq. 1 over total time).
-    Interleaved: (p−1)/(v·m+p−1) (the same paper: the bubble shrinks v times).
-    ZB-H1 (Qi et al. 2023): bubble (p−1)(T_F+T_B−T_W) next to m(T_F+T_B+T_W) of
-    work -- the paper's setting is T_F = T_B = T_W; :func:`zb_h1` meets it
-    exactly whenever T_W <= min(T_F, T_B) (a deferred W fits where the rank waits).
-    """
-    t = {op: Fraction(x) for op, x in {"F": 1, "B": 1, "W": 1, **(times or {})}.items()}
-    if name in ("gpipe", "1f1b"):
-        return Fraction(p - 1, m + p - 1)
-    if name == "interleaved":
-        return Fraction(p - 1, v * m + p - 1)
-    if name == "zb_h1":
-        bubble = (p - 1) * (t["F"] + t["B"] - t["W"])
-        return bubble / (bubble + m * (t["F"] + t["B"] + t["W"]))
-    raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
-
-
-def peak_activations_formula(name: str, p: int, m: int, rank: int, v: int = 1) -> int:
-    """Most micro-batches (for interleaved: stage-micro-batch pairs) rank ``rank`` holds between F and B.
-
-    GPipe: m. 1F1B and ZB-H1: min(p−rank, m). Interleaved (Megatron-LM's
-    warm-up, Narayanan et al. 2021): (v−1)·p + 2(p−1−rank) forwards before the
-    first backward, plus the steady state's one -- capped at v·m; in units of
-    one chunk (1/v of a rank's layers), so rank 0 holds about (1 + (p−1)/(v·p))
-    times 1F1B's p micro-batches' worth: the memory price of interleaving.
-    """
-    if name == "gpipe":
-        return m
-    if name in ("1f1b", "zb_h1"):
-        return min(p - rank, m)
-    if name == "interleaved":
-        per_round = m // max(1, m // p)
-        return min((v - 1) * per_round + 2 * (p - 1 - rank) + 1, v * m)
-    raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}, got {name!r}")
