@@ -16,12 +16,9 @@ from .verify import assert_equivalent, compare
 from .train import train
 from .memory import PeakMemory
 from .hierarchical import hierarchical_all_reduce
-from .parallel.model import split
-from .parallel.schedules import Schedule, ScheduleError, make_schedule, plan, validate
-from .parallel.pipeline import execute
+from .parallel.pipeline import Schedule, ScheduleError, execute, make_schedule, plan, split, validate
 from .parallel.tensor import ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelSelfAttention
-from .parallel.tensor_model import gather_dense, parallelize_transformer
-from .parallel.tensor_vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from .parallel.tensor import VocabParallelEmbedding, gather_dense, parallelize_transformer, vocab_parallel_cross_entropy
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,7 @@ run prints every schedule against its formula and the targets against PyTorch.""
 from fractions import Fraction
 
 from coursekit.bench.pipeline import analyse, main
-from coursekit.parallel.schedules import bubble_formula, make_schedule, plan
+from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
 from coursekit.trace import Span
 
 MS = 1e-3

@@ -43,7 +43,7 @@ def notebook_function(exercise: bool):
     cells = re.split(r"^# %%.*$", source, flags=re.M)
     code = next(c for c in cells if "def one_f_one_b" in c)
     namespace: dict = {}
-    exec("from coursekit.parallel.schedules import Action, Schedule, add_communication\n" + code, namespace)
+    exec("from coursekit.parallel.pipeline import Action, Schedule, add_communication\n" + code, namespace)
     return namespace["one_f_one_b"]
 
 

@@ -7,8 +7,7 @@ import coursekit
 from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
 from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.parallel.data import DataParallel, average_gradients, broadcast_parameters, shard_batch
-from coursekit.parallel.zero import ZeRO
+from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, broadcast_parameters, shard_batch
 from coursekit.train import train
 from coursekit.verify import assert_equivalent, compare
 

@@ -36,7 +36,7 @@ def _control_messages_per_step(rank, world_size, stage):
 
     from coursekit import comm
     from coursekit.models import tiny_mlp
-    from coursekit.parallel.zero import ZeRO
+    from coursekit.parallel.data import ZeRO
 
     model = ZeRO(tiny_mlp(seed=0), lambda params: torch.optim.SGD(params, lr=0.1), stage=stage, bucket_elements=2000)
     counts = []

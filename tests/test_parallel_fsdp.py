@@ -1,4 +1,4 @@
-"""ZeRO-3 one unit at a time (``"zero3_units"``, :mod:`coursekit.parallel.fsdp`) against one process and FSDP2.
+"""ZeRO-3 one unit at a time (``"zero3_units"``, :mod:`coursekit.parallel.data.fsdp`) against one process and FSDP2.
 
 Every expected number is derived here from the model's own sizes and chapter 01's segments
 (``segment_bounds``/``owned_segment``), never read back from the code under test.
@@ -12,10 +12,7 @@ import torch
 import coursekit
 from coursekit.collectives import owned_segment, segment_bounds
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.data import shard_batch
-from coursekit.parallel.fsdp import ShardedUnits, default_units
-from coursekit.parallel.production import FSDP2ParameterBytes
-from coursekit.parallel.zero import ZeRO
+from coursekit.parallel.data import FSDP2ParameterBytes, ShardedUnits, ZeRO, default_units, shard_batch
 from coursekit.trace import hidden_fraction
 from coursekit.train import make_optimizer_fn, train
 from coursekit.verify import compare, record_step

@@ -1,4 +1,4 @@
-"""Model parallelism (coursekit.parallel.model): a model's layers on different ranks, equal to one process.
+"""Model parallelism (coursekit.parallel.pipeline.model): a model's layers on different ranks, equal to one process.
 
 Every check here was seen failing on a planted bug, named in its docstring.
 """
@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 import coursekit
-import coursekit.parallel.model  # noqa: F401  (registers "model")
+import coursekit.parallel.pipeline.model  # noqa: F401  (registers "model")
 from coursekit.models import TeacherData, tiny_mlp, tiny_transformer
-from coursekit.parallel.model import layer_costs, layers, partition, split
+from coursekit.parallel.pipeline import layer_costs, layers, partition, split
 from coursekit.trace import Span
 from coursekit.train import train
 from coursekit.traffic import Traffic

@@ -1,4 +1,4 @@
-"""The pipeline executor (coursekit.parallel.pipeline): every schedule equal to one process, memory and traffic
+"""The pipeline executor (coursekit.parallel.pipeline.executor): every schedule equal to one process, memory and traffic
 measured against their formulas, one span per action, bad schedules refused before anything runs.
 
 Every check here was seen failing on a planted bug, named in its docstring.
@@ -9,7 +9,7 @@ import pytest
 import coursekit
 import coursekit.parallel.pipeline  # noqa: F401  (registers "pipeline")
 from coursekit.models import TeacherData, tiny_mlp
-from coursekit.parallel.schedules import Action, Schedule, ScheduleError, make_schedule, plan
+from coursekit.parallel.pipeline import Action, Schedule, ScheduleError, make_schedule, plan
 from coursekit.train import train
 from coursekit.traffic import Traffic
 from coursekit.verify import compare

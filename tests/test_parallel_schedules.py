@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from coursekit.parallel.schedules import (SCHEDULES, Action, Schedule, ScheduleError, add_communication,
-                                          bubble_formula, gpipe, interleaved_1f1b, make_schedule, one_f_one_b,
-                                          peak_activations_formula, plan, validate, zb_h1)
+from coursekit.parallel.pipeline import (SCHEDULES, Action, Schedule, ScheduleError, add_communication,
+                                         bubble_formula, gpipe, interleaved_1f1b, make_schedule, one_f_one_b,
+                                         peak_activations_formula, plan, validate, zb_h1)
 
 P_RANGE, M_RANGE = range(1, 7), range(1, 9)
 

@@ -15,11 +15,10 @@ from coursekit import comm
 from coursekit.collectives import ring_all_reduce
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers the strategies)
-from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full_attention, merge, positions,
-                                               ring_attention, shard_sequence)
-from coursekit.parallel.sequence import (chunked_attention, gather_sequence, saved_bytes, sequence_forward,
+from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, chunked_attention,
+                                         full_attention, gather_sequence, megatron_sp_saved_bytes, merge, positions,
+                                         ring_attention, saved_bytes, sequence_forward, shard_sequence,
                                          ulysses_attention)
-from coursekit.parallel.sequence_tensor import SequenceTensorParallelBlock, megatron_sp_saved_bytes
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -347,7 +346,7 @@ def test_megatron_sequence_tensor_strategy_trains_like_one_process_at_degrees_1_
         results = coursekit.launch(_train_sequence_tensor, world_size, timeout=120)
         for report in (compare(reference, [results[0]]), compare(reference, results, check_output=False)):
             assert report.ok, f"t={world_size}: {report.first}"
-    from coursekit.parallel.sequence_tensor import SequenceTensorParallelTransformer
+    from coursekit.parallel.sequence import SequenceTensorParallelTransformer
     with pytest.raises(comm.SimulatorError, match="4 heads cannot be split over 5 ranks"):
         comm.simulate(lambda r, n: SequenceTensorParallelTransformer(tiny_transformer(seed=0)), 5)
     with pytest.raises(comm.SimulatorError, match="2 tokens cannot be split over 3 ranks"):
@@ -371,7 +370,7 @@ def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_each_message_
     Planted bugs, each seen failing: the dp all-reduce not divided by D ("step=0, kind='grad',
     name='tok_emb.weight' ... expected=-0.00565, got=-0.01131"); the dp all-reduce run over the sp group instead
     ("expected=-0.00565, got=0.00849")."""
-    from coursekit.parallel.sequence_data import sequence_data_traffic, traffic_per_axis
+    from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
     from coursekit.traffic import Traffic
 
     reference = train(0, 1, "single", **SP_TP_CONFIG)["records"]

@@ -13,8 +13,7 @@ import coursekit
 from coursekit.collectives import TORCH, owned_segment, segment_bounds
 from coursekit.memory import held_bytes
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.data import average_gradients, shard_batch
-from coursekit.parallel.sharded_optimizer import ShardedOptimizer
+from coursekit.parallel.data import ShardedOptimizer, average_gradients, shard_batch
 from coursekit.strategy import optimizer_tensors
 from coursekit.train import train
 from coursekit.verify import TOLERANCES, assert_equivalent, compare, record_step

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 import coursekit
 from coursekit.mesh import Mesh
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.tensor import count_communication, shard_sizes, split_to_parallel_region, tp_rank_size
-from coursekit.parallel.tensor_model import expected_counts, gather_dense, parallelize_transformer
-from coursekit.parallel.tensor_vocab import vocab_parallel_cross_entropy
+from coursekit.parallel.tensor import (count_communication, expected_counts, gather_dense, parallelize_transformer,
+                                       shard_sizes, split_to_parallel_region, tp_rank_size,
+                                       vocab_parallel_cross_entropy)
 from coursekit.train import train
 from coursekit.verify import compare
 

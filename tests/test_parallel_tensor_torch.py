@@ -8,10 +8,9 @@ import torch.nn.functional as F
 
 import coursekit
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.tensor import ParallelMLP, ParallelSelfAttention, count_communication
-from coursekit.parallel.tensor_model import gather_dense, parallelize_transformer
-from coursekit.parallel.tensor_torch import (comm_counts, dense_qkv, torch_parallel_attention, torch_parallel_mlp,
-                                             torch_parallelize_transformer)
+from coursekit.parallel.tensor import (ParallelMLP, ParallelSelfAttention, comm_counts, count_communication, dense_qkv,
+                                       gather_dense, parallelize_transformer, torch_parallel_attention,
+                                       torch_parallel_mlp, torch_parallelize_transformer)
 
 TIMEOUT = 180.0
 BATCH, SEQ, D_MODEL = 3, 7, 64

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from coursekit.parallel.schedules import gpipe, interleaved_1f1b, one_f_one_b, plan, zb_h1  # noqa: E402
+from coursekit.parallel.pipeline import gpipe, interleaved_1f1b, one_f_one_b, plan, zb_h1  # noqa: E402
 from coursekit.trace import Span  # noqa: E402
 from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, measured_bubble  # noqa: E402
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 import coursekit.widgets.ring_attention as explorer  # noqa: E402
 from coursekit import comm  # noqa: E402
-from coursekit.parallel.ring_attention import AttentionWork, chunk_bounds, ring_attention  # noqa: E402
+from coursekit.parallel.sequence import AttentionWork, chunk_bounds, ring_attention  # noqa: E402
 from coursekit.viz.ring_attention import draw_rounds  # noqa: E402
 
 

@@ -56,7 +56,7 @@ COUNTERPARTS = [  # ours, theirs (keys of the rows)
 
 def _run(rank, world_size, strategy, options, extra):
     # --bucket-elements sizes the all-reduce buckets of plain data parallelism (ours and DDP alike);
-    # ZeRO keeps its own defaults (see coursekit.parallel.zero.ZeroStrategy), unless extra names some.
+    # ZeRO keeps its own defaults (see coursekit.parallel.data.ZeroStrategy), unless extra names some.
     if strategy == "torch_ddp":
         buckets = {"bucket_cap_mb": options["bucket_elements"] * 4 / 2**20}
     elif strategy.startswith(("zero", "torch")):

@@ -10,7 +10,7 @@ and, on the same stages and micro-batches, ``"torch_pipeline"`` (``torch.distrib
 * **step time**: median over the measured steps (the first ``--warmup`` are not), slowest rank.
 * **measured bubble**: from the executor's spans of each measured step: 1 − (time in F, B and W, summed over
   ranks) / (p × the step's length, first action to last on any rank); median over steps.
-* **plan**: the same schedule on the planner's clock (:func:`coursekit.parallel.schedules.plan`) with the
+* **plan**: the same schedule on the planner's clock (:func:`coursekit.parallel.pipeline.plan`) with the
   measured mean F, B and W times; **formula**: the papers' (GPipe and 1F1B (p−1)/(m+p−1), interleaved
   (p−1)/(v·m+p−1), ZB-H1's with T_F = T_B = T_W).
 * **overhead / action**: per rank, the step's time not inside any action's span (the executor's own work
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from .. import comm
 from ..launch import launch
 from ..models import TeacherData, tiny_mlp
-from ..parallel.schedules import bubble_formula, make_schedule, plan
+from ..parallel.pipeline import bubble_formula, make_schedule, plan
 from ..train import train
 
 ACTION = re.compile(r"^(F|B|W|SEND_F|SEND_B|RECV_F|RECV_B)\d+@s\d+$")

@@ -56,7 +56,7 @@ def _reset_peak() -> bool:
 
 
 def _attend(method: str, seq: int):
-    from ..parallel.ring_attention import full_attention, ring_attention
+    from ..parallel.sequence import full_attention, ring_attention
     from ..parallel.sequence import ulysses_attention
 
     if method == "full":
@@ -88,7 +88,7 @@ def _fixed_malloc() -> None:
 def _one(rank, world_size, method, seq, heads, head_dim, repeats):
     import torch.distributed as dist
 
-    from ..parallel.ring_attention import shard_sequence
+    from ..parallel.sequence import shard_sequence
 
     layout = "zigzag" if method == "ring zig-zag" else "contiguous"
     g = torch.Generator().manual_seed(0)

@@ -59,7 +59,7 @@ def _blocks(rank, world_size, iters, batch):
 
     from ..models import tiny_transformer
     from ..parallel.tensor import ParallelMLP, ParallelSelfAttention
-    from ..parallel.tensor_torch import torch_parallel_attention, torch_parallel_mlp
+    from ..parallel.tensor import torch_parallel_attention, torch_parallel_mlp
 
     device_mesh = init_device_mesh("cpu", (world_size,))
     group = device_mesh.get_group()

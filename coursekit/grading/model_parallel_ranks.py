@@ -20,7 +20,7 @@ import torch
 
 from .. import comm
 from ..models import TeacherData, loss_fn, tiny_mlp
-from ..parallel.model import split
+from ..parallel.pipeline import split
 from ..verify import NamedPart, record_step
 from .watch import Watch
 

@@ -5,10 +5,10 @@
 
 The learner writes ``one_f_one_b(p, m) -> Schedule``: per rank, the ordered
 actions (F, B, and the sends and receives, by hand or through
-:func:`coursekit.parallel.schedules.add_communication`). Four checks, each over
+:func:`coursekit.parallel.pipeline.add_communication`). Four checks, each over
 p = 1..4 ranks and m = 1..8 micro-batches (m < p and m not divisible by p included):
 
-* ``valid_schedule``: :func:`~coursekit.parallel.schedules.validate` accepts it --
+* ``valid_schedule``: :func:`~coursekit.parallel.pipeline.validate` accepts it --
   the feedback is the validator's: the rank, the first wrong action, why;
 * ``bubble_equals_formula``: its unit-time plan idles (p−1)/(m+p−1) of the time,
   no more (Narayanan et al. 2021);
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ..parallel.schedules import Schedule, ScheduleError, one_f_one_b, plan, validate
+from ..parallel.pipeline import Schedule, ScheduleError, one_f_one_b, plan, validate
 from .registry import check
 from .scoring import CheckFailed, NotDone, partial_credit
 

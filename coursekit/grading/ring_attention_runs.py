@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from ..parallel.ring_attention import block_attention, full_attention
-from ..parallel.ring_attention import merge as right_merge
+from ..parallel.sequence import block_attention, full_attention
+from ..parallel.sequence import merge as right_merge
 from .scoring import NotDone
 
 __all__ = ["B", "H", "D", "L", "tensors", "run_ring", "BackwardNotDone", "full_answer", "dq_with_o_cut"]

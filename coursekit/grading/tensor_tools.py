@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..parallel.tensor_comm import shard_sizes, tp_rank_size
+from ..parallel.tensor import shard_sizes, tp_rank_size
 
 __all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording"]
 

@@ -1,10 +1,10 @@
 """Figures of a pipeline schedule: the plan on a unit-time grid, and the plan above a measured run.
 
-    >>> from coursekit.parallel.schedules import one_f_one_b, plan
+    >>> from coursekit.parallel.pipeline.schedules import one_f_one_b, plan
     >>> fig = draw_plan(plan(one_f_one_b(p=4, m=8)))              # one row per rank; empty = bubble
     >>> fig = draw_plan_and_measured(plan(one_f_one_b(4, 8)), spans)  # doctest: +SKIP  (spans: Tracer.gather())
 
-Each box is one compute action of :func:`coursekit.parallel.schedules.plan`,
+Each box is one compute action of :func:`coursekit.parallel.pipeline.plan`,
 drawn where the plan puts it: forwards blue, backwards green, weight
 gradients (zero bubble) red; the label is the micro-batch (and the stage when
 a rank holds several). Whatever is left white is the bubble, so the
@@ -18,7 +18,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ..parallel.schedules import Plan, bubble_formula
+from ..parallel.pipeline import Plan, bubble_formula
 from .timeline import COLOURS, draw_timeline
 
 OP_COLOURS = {"F": COLOURS["forward"], "B": COLOURS["backward"], "W": "#C44E52"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Rectangle
 
-from ..parallel.schedules import one_f_one_b, plan
+from ..parallel.pipeline import one_f_one_b, plan
 
 STRATEGIES = ("model", "data", "tensor", "pipeline")
 
@@ -132,7 +132,7 @@ def _tensor_panel(ax, n_gpus: int, n_layers: int) -> None:
 def _pipeline_panel(ax, n_gpus: int, n_layers: int, batch: int, micro_batches: int) -> None:
     """Pipeline parallelism (P7): 1F1B's planned times -- forwards of some micro-batches while others go backward.
 
-    Boxes come from :func:`coursekit.parallel.schedules.plan` of ``one_f_one_b``
+    Boxes come from :func:`coursekit.parallel.pipeline.plan` of ``one_f_one_b``
     (F = 1 unit, B = 2), so the empty cells are the real bubble, (p−1)/(m+p−1).
     """
     layout("pipeline", n_gpus, n_layers, batch, micro_batches)  # same size checks as the other panels

@@ -4,7 +4,7 @@
     >>> schedule_explorer()        # in a notebook cell: controls, the numbers, the chart -- drawn at once
 
 The chart is :func:`coursekit.viz.pipeline.draw_plan` of
-:func:`coursekit.parallel.schedules.plan`; the sentence under the controls
+:func:`coursekit.parallel.pipeline.plan`; the sentence under the controls
 gives the bubble (planned and the paper's formula) and the peak activations
 each rank holds. A size a schedule cannot take (ZB-H1 with m < p, say) shows
 the generator's message instead of a chart.
@@ -16,7 +16,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ..parallel.schedules import bubble_formula, make_schedule, plan
+from ..parallel.pipeline import bubble_formula, make_schedule, plan
 from ..viz.pipeline import draw_plan
 
 LABELS = {"GPipe": "gpipe", "1F1B": "1f1b", "interleaved 1F1B": "interleaved", "ZB-H1 (zero bubble)": "zb_h1"}

@@ -4,7 +4,7 @@
     >>> ring_attention_explorer()      # in a notebook cell: controls, one paragraph, the figure -- drawn at once
 
 Nothing here is a second copy of the algorithm. :func:`record_rounds` runs the
-library's :func:`coursekit.parallel.ring_attention.ring_attention` on tiny
+library's :func:`coursekit.parallel.sequence.ring_attention` on tiny
 tensors on the single-process simulator (``comm.simulate``, one thread per
 rank) and *listens* to it: while it runs, the module's own ``_mask``,
 ``block_attention`` and ``merge`` are wrapped so that every (query chunk, key
@@ -26,8 +26,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from .. import comm
-from ..parallel import ring_attention as _ring
-from ..parallel.ring_attention import AttentionWork, chunk_bounds, ring_attention
+from ..parallel.sequence import ring as _ring
+from ..parallel.sequence import AttentionWork, chunk_bounds, ring_attention
 from ..viz.ring_attention import LAYOUT_NAMES, draw_rounds, figsize
 
 HEAD_DIM = 8

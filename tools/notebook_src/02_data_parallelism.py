@@ -430,7 +430,7 @@ for stage, strategy in enumerate(labels):
 # (`coursekit.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
 # (`"zero3"`) treats the whole model as one unit, so during forward and backward it holds a full copy
 # of the parameters on top of its segments: its parameter peak is *above* plain DP's. Real
-# ZeRO-3 / FSDP gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.fsdp.ShardedUnits`)
+# ZeRO-3 / FSDP gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.data.ShardedUnits`)
 # makes every transformer block a unit with its own flat buffer and segments, gathers a block just
 # before its forward, frees it after, gathers it again before its backward, and reduce-scatters its
 # gradient as soon as it is complete; the next block's gather is issued ahead (prefetch). The *root*
@@ -496,7 +496,7 @@ memory_explorer(psi_billions=7.5, world_size=64, stage=0, precision="mixed", gpu
 # ## The same thing in production: PyTorch's own
 #
 # Everything above has a counterpart in PyTorch, and the course's training loop runs those too
-# (`coursekit.parallel.production`), on the same model, the same batches, the same optimiser:
+# (`coursekit.parallel.data.torch`), on the same model, the same batches, the same optimiser:
 #
 # | coursekit | PyTorch | what it does |
 # |---|---|---|

@@ -54,7 +54,7 @@ import coursekit
 from coursekit import comm
 from coursekit.grading import check_model_parallel
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.parallel.model import split
+from coursekit.parallel.pipeline import split
 from coursekit.verify import NamedPart, compare, record_step, reference_run
 
 # %% [markdown]
@@ -92,7 +92,7 @@ def second_stage(stage, targets, loss_fn, shape):
 # END SOLUTION
 
 # %% [markdown]
-# Try it: the two-layer network (16 → 64 → 4) cut in two with `coursekit.parallel.model.split`, 3 SGD steps
+# Try it: the two-layer network (16 → 64 → 4) cut in two with `coursekit.parallel.pipeline.split`, 3 SGD steps
 # on 2 ranks, compared with one process by the harness (it names the first step, tensor and rank that
 # differ). Each rank records only its own stage's gradients and weights; rank 1 also records the output.
 

@@ -17,7 +17,7 @@
 # 4. what it costs: every element sent, counted against its formula;
 # 5. why that is a chain and a bottleneck, and what chapters 04 and 05 do about it.
 #
-# As in every chapter, a "GPU" is a process (gloo on the CPU) and `coursekit.parallel.model` is the code.
+# As in every chapter, a "GPU" is a process (gloo on the CPU) and `coursekit.parallel.pipeline.model` is the code.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in well under a minute; raise them freely.
@@ -38,9 +38,7 @@ import torch
 import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, TeacherData, count_parameters, tiny_mlp, tiny_transformer
-from coursekit.parallel import model as model_parallel        # registers the strategy "model"
-from coursekit.parallel import pipelining_torch                # registers "torch_pipeline" (PyTorch's own)
-from coursekit.parallel.model import layer_costs, layers, partition, split
+from coursekit.parallel.pipeline import layer_costs, layers, partition, split  # registers "model", "torch_pipeline"
 from coursekit.trace import busy_time, overlap_length, union_length
 from coursekit.train import train
 from coursekit.verify import compare
@@ -52,7 +50,7 @@ print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
 # ## The seed's example: two layers, two GPUs
 #
 # The course's MLP with two layers: a hidden layer (16 → 64, then GELU) and an output layer (64 → 4).
-# `coursekit.parallel.model.layers` lists a model as the layers whose composition is its forward;
+# `coursekit.parallel.pipeline.layers` lists a model as the layers whose composition is its forward;
 # `split(model, 2)` cuts that list into two contiguous **stages**, which share the model's parameters.
 # Stage 0 goes to rank 0 ("GPU 1"), stage 1 to rank 1 ("GPU 2").
 
@@ -65,7 +63,7 @@ for rank, stage in enumerate(split(net, 2)):
     print(f"stage {rank} on rank {rank} (GPU {rank + 1}):", stage)
 
 # %% [markdown]
-# One training step of the strategy `"model"` (`coursekit.parallel.model.ModelParallel`):
+# One training step of the strategy `"model"` (`coursekit.parallel.pipeline.ModelParallel`):
 #
 # * **forward** — rank 0 computes the hidden activations (batch × 64) and **sends** them to rank 1;
 #   rank 1 receives them into a tensor of its own, marks it as a leaf that requires grad, computes the
@@ -362,7 +360,7 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
 # `layer1.to("cuda:0")`, `layer2.to("cuda:1")`, `h = layer1(x.to("cuda:0")); y = layer2(h.to("cuda:1"))` —
 # inside **one** process, and autograd follows `.to()` across devices. Across processes,
 # `torch.distributed.pipelining` runs exactly this chapter's chain: `PipelineStage` per rank, and a
-# schedule with **one micro-batch** is model parallelism. `coursekit.parallel.pipelining_torch` drives it
+# schedule with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
 # from the same training loop on the same stages (strategy `"torch_pipeline"`, schedule `"gpipe"`,
 # `micro_batches=1`): the course transformer on 2 ranks, against one process and against coursekit's
 # `"model"`:

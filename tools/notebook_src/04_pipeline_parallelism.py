@@ -41,8 +41,8 @@ import matplotlib.pyplot as plt
 import torch
 
 import coursekit
-from coursekit.parallel.schedules import (SCHEDULES, bubble_formula, make_schedule, peak_activations_formula,
-                                          plan, validate, ScheduleError)
+from coursekit.parallel.pipeline import (SCHEDULES, bubble_formula, make_schedule, peak_activations_formula,
+                                         plan, validate, ScheduleError)
 from coursekit.train import train
 from coursekit.verify import compare
 from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, measured_bubble
@@ -237,7 +237,7 @@ display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 # receive that has to wake a process sharing this machine's two cores — which for a model this small can be
 # as large as the work itself. So the measured bubble can be far above the planned one and need not keep
 # its ranking: the last line below compares them. ZB-H1's W runs autograd from the stage output again (see
-# the `coursekit.parallel.pipeline` docstring), so its measured boxes include compute the plan and the
+# the `coursekit.parallel.pipeline.executor` docstring), so its measured boxes include compute the plan and the
 # other schedules do not have.
 
 # %% tags=["nbval-ignore-output"]

@@ -32,8 +32,8 @@ CHECK_TIMEOUT = 90.0
 # %%
 # %matplotlib inline
 from coursekit.grading import check_pipeline_schedule
-from coursekit.parallel.schedules import (Action, Schedule, ScheduleError, add_communication, bubble_formula,
-                                          gpipe, plan, validate)
+from coursekit.parallel.pipeline import (Action, Schedule, ScheduleError, add_communication, bubble_formula,
+                                         gpipe, plan, validate)
 from coursekit.viz.pipeline import draw_plan
 
 # %% [markdown]

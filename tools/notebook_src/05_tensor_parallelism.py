@@ -18,7 +18,7 @@
 # 9. the same thing in production: PyTorch's DTensor.
 #
 # Every "GPU" is a process on this machine (gloo on 2 CPU cores); the library is
-# `coursekit.parallel.tensor` (operators and layers), `tensor_vocab` (the vocabulary) and `tensor_model`
+# `coursekit.parallel.tensor`: `layers` (operators and layers), `vocab` (the vocabulary) and `model`
 # (the whole transformer and the strategies `"tensor"` and `"dp_tp"` of `coursekit.train.train`).
 
 # %% tags=["parameters"]
@@ -41,9 +41,8 @@ import torch.nn.functional as F
 import coursekit
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.tensor import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear,
-                                       count_communication, shard_sizes)
-from coursekit.parallel.tensor_model import expected_counts, gather_dense, parallelize_transformer
-from coursekit.parallel.tensor_vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+                                       VocabParallelEmbedding, count_communication, expected_counts, gather_dense,
+                                       parallelize_transformer, shard_sizes, vocab_parallel_cross_entropy)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -575,7 +574,7 @@ mesh_explorer(world_size=8, tp=2, gpus_per_node=4)
 #
 # PyTorch expresses the same splits as *placements* of distributed tensors: `ColwiseParallel` shards a
 # linear layer's weight `Shard(0)` (output features), `RowwiseParallel` `Shard(1)` and turns its `Partial`
-# output into `Replicate` with an all-reduce. `coursekit.parallel.tensor_torch` parallelizes the course
+# output into `Replicate` with an all-reduce. `coursekit.parallel.tensor.torch` parallelizes the course
 # transformer that way (`torch_parallelize_transformer`: the same plan for every block, the embedding
 # `RowwiseParallel`, the tied head `ColwiseParallel` with vocabulary-sharded logits, the loss inside
 # `loss_parallel()`). Run on a DTensor mesh `init_device_mesh("cpu", (2,))`, against coursekit's and the dense
@@ -602,7 +601,7 @@ def side_by_side(rank, world_size, iters):
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import loss_parallel
 
-    from coursekit.parallel.tensor_torch import comm_counts, dense_qkv, torch_parallelize_transformer
+    from coursekit.parallel.tensor import comm_counts, dense_qkv, torch_parallelize_transformer
 
     device_mesh = init_device_mesh("cpu", (world_size,))
     x, y = LanguageData().batch(0, GLOBAL_BATCH)

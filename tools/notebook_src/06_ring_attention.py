@@ -41,7 +41,7 @@ import torch
 
 from coursekit import comm
 from coursekit.grading import check_ring_attention
-from coursekit.parallel.ring_attention import block_attention, full_attention
+from coursekit.parallel.sequence import block_attention, full_attention
 
 # %% [markdown]
 # ## Part 1: the merge

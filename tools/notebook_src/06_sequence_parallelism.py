@@ -37,11 +37,10 @@ import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
-from coursekit.parallel.ring_attention import (AttentionWork, chunk_bounds, full_attention, merge, ring_attention,
-                                               ring_traffic, shard_sequence)
-from coursekit.parallel.sequence import chunk_local_losses, saved_bytes, ulysses_attention, ulysses_traffic
-from coursekit.parallel.sequence_tensor import (SequenceTensorParallelBlock, megatron_sp_saved_bytes,
-                                                megatron_sp_traffic)
+from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, chunk_local_losses,
+                                         full_attention, megatron_sp_saved_bytes, megatron_sp_traffic, merge,
+                                         ring_attention, ring_traffic, saved_bytes, shard_sequence, ulysses_attention,
+                                         ulysses_traffic)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -347,8 +346,7 @@ except comm.SimulatorError as error:
 # saved for backward per rank (parameters excluded), for one process and for 2 and 4 ranks.
 
 # %% tags=["nbval-check-output"]
-from coursekit.parallel.ring_attention import positions
-from coursekit.parallel.sequence import sequence_forward
+from coursekit.parallel.sequence import positions, sequence_forward
 
 seq = 32
 x = torch.randint(16, (2, seq), generator=torch.Generator().manual_seed(0))
@@ -478,7 +476,7 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
 # samples). Every message is counted and assigned to the axis it travelled along:
 
 # %% tags=["nbval-check-output"]
-from coursekit.parallel.sequence_data import sequence_data_traffic, traffic_per_axis
+from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
 from coursekit.traffic import Traffic
 
 

@@ -4,7 +4,7 @@ rank 0 asks for micro-batch 1's gradient while rank 1 is still on micro-batch 0'
 Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
 "backward_newest_first: bubble_equals_formula earned 0.25, not 0"."""
 
-from coursekit.parallel.schedules import Action, Schedule, add_communication
+from coursekit.parallel.pipeline import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 8  # valid 3 + peak 3 + executed 2; bubble 0 (right only at m = 1, where every order idles (p−1)/p)

@@ -1,7 +1,7 @@
 """The right order of F and B, but no sends or receives (add_communication never called): on one rank
 that is a schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
 
-from coursekit.parallel.schedules import Action, Schedule
+from coursekit.parallel.pipeline import Action, Schedule
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 0.68  # only one rank works: valid and bubble there earn nothing; peak 3 × 7/31 (p = 1, m >= 2)

@@ -1,7 +1,7 @@
 """GPipe's order submitted as 1F1B: every forward, then every backward. Valid, the same bubble, and the
 executor trains right -- but each rank holds all m micro-batches' activations instead of min(p − r, m)."""
 
-from coursekit.parallel.schedules import Action, Schedule, add_communication
+from coursekit.parallel.pipeline import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 7  # valid 3 + bubble 2 + executed 2; peak activations 0 (only m = 1 agrees, and it earns nothing)

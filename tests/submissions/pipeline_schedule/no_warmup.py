@@ -4,7 +4,7 @@ but each forward waits for the whole round trip of the previous micro-batch: the
 Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
 "no_warmup: bubble_equals_formula earned 0.25, not 0"."""
 
-from coursekit.parallel.schedules import Action, Schedule, add_communication
+from coursekit.parallel.pipeline import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 8  # valid 3 + peak 3 + executed 2; bubble 0 (right only at m = 1, where every order idles (p−1)/p)

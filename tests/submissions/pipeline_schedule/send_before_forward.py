@@ -1,6 +1,6 @@
 """Sends and receives written by hand, each SEND placed before the action whose result it sends."""
 
-from coursekit.parallel.schedules import Action, Schedule
+from coursekit.parallel.pipeline import Action, Schedule
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 0.68

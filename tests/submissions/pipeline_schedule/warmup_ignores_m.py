@@ -4,7 +4,7 @@ rank 0 runs forwards of micro-batches that do not exist.
 Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
 "warmup_ignores_m: bubble_equals_formula earned 1.75, not 1.74"."""
 
-from coursekit.parallel.schedules import Action, Schedule, add_communication
+from coursekit.parallel.pipeline import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
 # valid 3 × 21/24 + bubble 2 × 20/23 (m = 1 a precondition: p=4, m=2 wrong of 21 cases, p=3 and p=4 at m = 1 failed

@@ -16,7 +16,7 @@ def functions(exercise: bool = False) -> dict:
     source = select((ROOT / "tools" / "notebook_src" / "06_ring_attention.py").read_text(), exercise)
     cells = re.split(r"^# %%.*$", source, flags=re.M)
     namespace: dict = {}
-    exec("import torch\nfrom coursekit import comm\nfrom coursekit.parallel.ring_attention import block_attention\n"
+    exec("import torch\nfrom coursekit import comm\nfrom coursekit.parallel.sequence import block_attention\n"
          + "\n".join(c for c in cells if any(d in c for d in ("def merge", "class PassRight",
                                                                  "def ring_attention_forward"))), namespace)
     return {name: namespace[name] for name in ("merge", "PassRight", "ring_attention_forward")}

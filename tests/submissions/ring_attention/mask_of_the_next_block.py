@@ -8,7 +8,7 @@ Seen failing before the fix (G = 2 counted as a real case of key_value_gradients
 import torch
 
 from coursekit import comm
-from coursekit.parallel.ring_attention import block_attention
+from coursekit.parallel.sequence import block_attention
 from _ra_solution import PassRight, merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"

@@ -4,7 +4,7 @@ where the ring needs G−1."""
 import torch
 
 from coursekit import comm
-from coursekit.parallel.ring_attention import block_attention
+from coursekit.parallel.sequence import block_attention
 from _ra_solution import PassRight, merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"

@@ -5,7 +5,7 @@ no gradient goes back to their owners either."""
 import torch
 
 from coursekit import comm
-from coursekit.parallel.ring_attention import block_attention
+from coursekit.parallel.sequence import block_attention
 from _ra_solution import merge  # noqa: F401  (right)
 
 EXERCISE = "06_ring_attention"

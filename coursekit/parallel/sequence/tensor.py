@@ -41,13 +41,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import collectives as _collectives
-from ..strategy import Setup, register
-from .ring_attention import _split, chunk_bounds, positions, rank_size
-from .sequence_comm import _exchange
-from .tensor import ColumnParallelLinear, RowParallelLinear
-from .tensor_model import TensorParallel, gather_dense
-from .tensor_vocab import VocabParallelEmbedding
+from ... import collectives as _collectives
+from ...strategy import Setup, register
+from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
+from .comm import exchange
+from .ring import chunk_bounds, positions, rank_size, split_bounds
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
@@ -61,14 +59,14 @@ def _lengths(local_len_or_total: int, size: int) -> list[int]:
 def _gather(local: torch.Tensor, lengths: list[int], group, name: str) -> torch.Tensor:
     size = len(lengths)
     shapes = [[local.shape[0], n, *local.shape[2:]] for n in lengths]
-    return torch.cat(_exchange([local] * size, shapes, group, name), dim=1)
+    return torch.cat(exchange([local] * size, shapes, group, name), dim=1)
 
 
 def _reduce_scatter(full: torch.Tensor, lengths: list[int], group, name: str) -> torch.Tensor:
     rank = rank_size(group)[0]
     pieces = list(full.split(lengths, dim=1))
     shape = list(pieces[rank].shape)
-    received = _exchange(pieces, [shape] * len(lengths), group, name)
+    received = exchange(pieces, [shape] * len(lengths), group, name)
     total = received[0].clone()
     for part in received[1:]:  # the same order on every rank
         total += part
@@ -153,9 +151,9 @@ class SequenceTensorParallelBlock(nn.Module):
         head_dim = d_model // n_heads
         if size > n_heads:
             raise ValueError(f"{n_heads} heads cannot be split over {size} ranks: use a degree of at most {n_heads}.")
-        first, stop = _split(n_heads, size)[rank]
+        first, stop = split_bounds(n_heads, size)[rank]
         columns = torch.arange(first * head_dim, stop * head_dim)
-        hidden = torch.arange(*_split(dense.fc.out_features, size)[rank])
+        hidden = torch.arange(*split_bounds(dense.fc.out_features, size)[rank])
         self.local_heads, self.head_dim = stop - first, head_dim
         self.ln1, self.ln2 = copy.deepcopy(dense.ln1), copy.deepcopy(dense.ln2)
         self.qkv = ColumnParallelLinear.from_dense(dense.attn.qkv, group,

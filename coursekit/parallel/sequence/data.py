@@ -30,10 +30,10 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ..mesh import Mesh
-from ..strategy import Setup, register
-from ..traffic import Traffic
-from .sequence import RingAttentionStrategy
+from ...mesh import Mesh
+from ...strategy import Setup, register
+from ...traffic import Traffic
+from .split import RingAttentionStrategy
 
 __all__ = ["SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]
 

@@ -1,7 +1,7 @@
-"""The collectives of tensor parallelism, counted: what :mod:`coursekit.parallel.tensor`'s operators call.
+"""The collectives of tensor parallelism, counted: what the operators of :mod:`coursekit.parallel.tensor.layers` call.
 
 Every all-reduce and all-gather issued by the operators goes through
-:func:`_all_reduce` / :func:`_all_gather` here, which time it and add it to
+:func:`counted_all_reduce` / :func:`counted_all_gather` here, which time it and add it to
 each active :class:`CommCounts`, so tests assert exact counts:
 
     >>> with count_communication() as counts:                       # doctest: +SKIP
@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..mesh import as_group
-from ..ring import segment_bounds
+from ...mesh import as_group
+from ...ring import segment_bounds
 
-__all__ = ["CommCounts", "count_communication", "tp_rank_size", "shard_sizes"]
+__all__ = ["CommCounts", "count_communication", "tp_rank_size", "counted_all_reduce", "counted_all_gather",
+           "shard_sizes", "shard_bounds"]
 
 
 # --------------------------------------------------------------------------
@@ -39,7 +40,7 @@ __all__ = ["CommCounts", "count_communication", "tp_rank_size", "shard_sizes"]
 # --------------------------------------------------------------------------
 @dataclass
 class CommCounts:
-    """Collectives issued by the operators of :mod:`coursekit.parallel.tensor`, keyed ``(op, direction)``.
+    """Collectives issued by the operators of :mod:`coursekit.parallel.tensor.layers`, keyed ``(op, direction)``.
 
     ``op`` is ``"all_reduce"`` or ``"all_gather"``, ``direction`` ``"forward"`` or
     ``"backward"``. ``elements`` adds up the size of each reduced (or gathered)
@@ -101,8 +102,12 @@ def tp_rank_size(group=None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def _all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-    """``dist.all_reduce`` in place (nothing at degree 1), counted."""
+def counted_all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``dist.all_reduce`` in place (nothing at degree 1), counted in every active :class:`CommCounts`.
+
+    ``direction`` (``"forward"`` or ``"backward"``) is the key it is counted under: the operators of
+    :mod:`coursekit.parallel.tensor.layers` and the vocabulary-parallel loss call it, nothing else.
+    """
     if tp_rank_size(group)[1] == 1:
         return tensor
     begin = time.perf_counter()
@@ -112,8 +117,11 @@ def _all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SU
     return tensor
 
 
-def _all_gather(tensor: torch.Tensor, dim: int, sizes: Sequence[int], group, direction: str) -> torch.Tensor:
-    """Concatenate every rank's slice along ``dim``; slices may differ in size (``sizes``, padded on the wire)."""
+def counted_all_gather(tensor: torch.Tensor, dim: int, sizes: Sequence[int], group, direction: str) -> torch.Tensor:
+    """Concatenate every rank's slice along ``dim``; slices may differ in size (``sizes``, padded on the wire).
+
+    Counted like :func:`counted_all_reduce` (``elements``: the size of the gathered result).
+    """
     rank, size = tp_rank_size(group)
     if size == 1:
         return tensor
@@ -143,7 +151,11 @@ def shard_sizes(total: int, parts: int, what: str = "size") -> list[int]:
     return [stop - start for start, stop in segment_bounds(total, parts)]
 
 
-def _bounds(total: int, group, what: str) -> tuple[int, int]:
+def shard_bounds(total: int, group, what: str) -> tuple[int, int]:
+    """``(start, stop)``: the rows of ``total`` this rank of ``group`` holds, cut as :func:`shard_sizes` cuts them.
+
+    ``what`` names the size in the error a too-large degree raises (e.g. ``"n_heads"``, ``"vocabulary"``).
+    """
     rank, size = tp_rank_size(group)
     sizes = shard_sizes(total, size, what)
     start = sum(sizes[:rank])

@@ -26,8 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tensor import copy_to_parallel_region, reduce_from_parallel_region
-from .tensor_comm import _all_reduce, _bounds
+from .comm import counted_all_reduce, shard_bounds
+from .layers import copy_to_parallel_region, reduce_from_parallel_region
 
 __all__ = ["VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy"]
 
@@ -40,7 +40,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, num_embeddings: int, embedding_dim: int, group=None):
         super().__init__()
         self.num_embeddings, self.embedding_dim, self.group = num_embeddings, embedding_dim, group
-        self.vocab_start, self.vocab_stop = _bounds(num_embeddings, group, "vocabulary")
+        self.vocab_start, self.vocab_stop = shard_bounds(num_embeddings, group, "vocabulary")
         self.weight = nn.Parameter(torch.randn(self.vocab_stop - self.vocab_start, embedding_dim))
 
     @property
@@ -79,14 +79,14 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, target: torch.Tensor, vocab_start: int, group):
         local_vocab = logits.shape[-1]
         row_max = logits.detach().max(dim=-1).values
-        _all_reduce(row_max, group, "forward", op=dist.ReduceOp.MAX)          # 1. the global max of each row
+        counted_all_reduce(row_max, group, "forward", op=dist.ReduceOp.MAX)          # 1. the global max of each row
         shifted = logits - row_max.unsqueeze(-1)
         exp = shifted.exp()
-        sum_exp = _all_reduce(exp.sum(dim=-1), group, "forward")              # 2. the global Σ exp
+        sum_exp = counted_all_reduce(exp.sum(dim=-1), group, "forward")              # 2. the global Σ exp
         mine = (target >= vocab_start) & (target < vocab_start + local_vocab)
         local_target = (target - vocab_start).masked_fill(~mine, 0)
         target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1).masked_fill(~mine, 0.0)
-        _all_reduce(target_logit, group, "forward")                           # 3. the target's (shifted) logit
+        counted_all_reduce(target_logit, group, "forward")                           # 3. the target's (shifted) logit
         ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), mine, local_target)
         return sum_exp.log() - target_logit
 

@@ -1,6 +1,6 @@
 """The same pipeline in PyTorch's own API: ``torch.distributed.pipelining``, run by the same training loop.
 
-The stages are coursekit's (:func:`coursekit.parallel.model.split`, the same layers on the same ranks), the
+The stages are coursekit's (:func:`coursekit.parallel.pipeline.split`, the same layers on the same ranks), the
 micro-batches the loop's, the loss the loop's scaled loss; only the executor changes:
 
 ======================================================  ==============================================
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import torch
 
-from ..strategy import Setup, register
+from ...strategy import Setup, register
 from .model import StagedStrategy
-from .stage_comm import broadcast_loss, sum_tied_gradients
+from .comm import broadcast_loss, sum_tied_gradients
 
 __all__ = ["TorchPipeline", "torch_schedule"]
 

@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import comm
+from ... import comm
 
 __all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
-           "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
+           "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -68,10 +68,15 @@ def rank_size(group=None) -> tuple[int, int]:
     return comm.get_rank(group), comm.get_world_size(group)
 
 
-# --------------------------------------------------------------------------
-# --------------------------------------------------------------------------
-def _split(total: int, parts: int) -> list[tuple[int, int]]:
-    """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more)."""
+def split_bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more).
+
+    How the sequence is cut into chunks here, and heads and hidden features in
+    :mod:`coursekit.parallel.sequence.tensor`.
+
+        >>> split_bounds(7, 3)
+        [(0, 3), (3, 5), (5, 7)]
+    """
     small, extra = divmod(total, parts)
     bounds, start = [], 0
     for i in range(parts):
@@ -96,7 +101,7 @@ def chunk_bounds(seq_len: int, size: int, layout: str = "contiguous") -> list[li
     if seq_len < chunks:
         raise ValueError(f"a sequence of {seq_len} tokens cannot be cut {layout} over {size} ranks: that needs "
                          f"{chunks} chunks of at least one token; use a longer sequence or fewer ranks.")
-    cut = _split(seq_len, chunks)
+    cut = split_bounds(seq_len, chunks)
     if layout == "contiguous":
         return [[cut[r]] for r in range(size)]
     return [[cut[r], cut[chunks - 1 - r]] for r in range(size)]

@@ -9,15 +9,15 @@ the local tokens unchanged. Attention is the one place where tokens meet:
 * **chunk-local** (:func:`chunked_attention`): each rank attends only within its own chunk. No
   communication, and *not* the same model: a token near the start of a chunk loses its context —
   what P9 means by "splitting a sequence may reduce accuracy" (:func:`chunk_local_losses` measures it).
-* **ring attention** (:mod:`coursekit.parallel.ring_attention`; Liu et al. 2023): key/value blocks
+* **ring attention** (:mod:`coursekit.parallel.sequence.ring`; Liu et al. 2023): key/value blocks
   travel around the ring, merged by the online softmax. Exact.
 * **all-to-all, DeepSpeed Ulysses** (:func:`ulysses_attention`; Jacobs et al. 2023): re-shard q, k, v
   from sequence-split to head-split, run ordinary attention on whole sequences of H/G heads, and
   re-shard the output back. Exact; needs the heads divisible by G.
 
 Megatron-LM's sequence parallelism, which splits the *LayerNorm/dropout* regions of tensor parallelism
-along the sequence (Korthikanti et al. 2022), is in :mod:`coursekit.parallel.sequence_tensor`; the
-all-to-all and the gather along the sequence in :mod:`coursekit.parallel.sequence_comm`.
+along the sequence (Korthikanti et al. 2022), is in :mod:`coursekit.parallel.sequence.tensor`; the
+all-to-all and the gather along the sequence in :mod:`coursekit.parallel.sequence.comm`.
 
 Per attention layer, elements sent over all ranks (``n = b·S·d_model``):
 
@@ -32,7 +32,7 @@ Strategies for :func:`coursekit.train.train` (every rank takes the *whole* batch
 sequence; gradients are summed over the ranks, each having seen its own tokens): ``"ring_attention"``
 (option ``layout="zigzag"`` or ``"contiguous"``), ``"ulysses"``, and ``"chunk_local"`` (the naive one).
 Combined: ``"sequence_data"`` (ring attention along a mesh's ``sp`` axis, the batch split along ``dp``:
-:mod:`coursekit.parallel.sequence_data`) and ``"sequence_tensor"`` (Megatron-style, beside tensor parallelism).
+:mod:`coursekit.parallel.sequence.data`) and ``"sequence_tensor"`` (Megatron-style, beside tensor parallelism).
 
     >>> def run(rank, world_size):
     ...     return train(rank, world_size, "ring_attention", model="transformer", steps=3)["losses"]
@@ -48,10 +48,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import collectives as _collectives
-from ..strategy import Setup, Strategy, register
-from .ring_attention import AttentionWork, chunk_bounds, positions, rank_size, ring_attention, shard_sequence
-from .sequence_comm import all_to_all, gather_sequence
+from ... import collectives as _collectives
+from ...strategy import Setup, Strategy, register
+from .ring import AttentionWork, chunk_bounds, positions, rank_size, ring_attention, shard_sequence
+from .comm import all_to_all, gather_sequence
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
            "sequence_forward", "SavedBytes", "saved_bytes", "chunk_local_losses", "SequenceParallel"]
@@ -161,7 +161,7 @@ def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, l
     One process, the same model, data and optimiser for each; ``chunks=1`` is full attention.
     Each sequence is cut into chunks exactly as over that many ranks: the block-diagonal mask.
     """
-    from ..models import LanguageData, loss_fn, tiny_transformer
+    from ...models import LanguageData, loss_fn, tiny_transformer
 
     data, out = LanguageData(seq_len=seq_len, seed=seed), {}
     for n in chunks:

@@ -26,14 +26,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..memory import held_bytes
-from ..mesh import as_group
-from ..strategy import Setup, Strategy, optimizer_tensors, register
+from ...memory import held_bytes
+from ...mesh import as_group
+from ...strategy import Setup, Strategy, optimizer_tensors, register
 
-__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes"]
+__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
 
 
-def _optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
+def optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
     """Which optimiser class and settings ``setup.optimizer_fn`` makes (ZeroRedundancyOptimizer wants a class)."""
     probe = setup.optimizer_fn([nn.Parameter(torch.zeros(1))])
     defaults = {k: v for k, v in probe.defaults.items() if k in ("lr", "momentum", "betas", "eps", "weight_decay")}
@@ -68,7 +68,7 @@ class TorchZeRO1(TorchDDP):
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         super().__init__(setup)
-        optimizer_class, defaults = _optimizer_class_and_defaults(setup)
+        optimizer_class, defaults = optimizer_class_and_defaults(setup)
         self.optimizer = ZeroRedundancyOptimizer([p for p in self.model.parameters() if p.requires_grad],
                                                  optimizer_class=optimizer_class, process_group=self.group,
                                                  **defaults)
@@ -81,7 +81,7 @@ class TorchZeRO1(TorchDDP):
 
 class FSDP2ParameterBytes:
     """The bytes of parameter storage an FSDP2 model holds, sampled before every leaf module's forward and
-    backward, and the maximum seen (:attr:`peak`), to set beside :class:`coursekit.parallel.fsdp.ShardedUnits`'
+    backward, and the maximum seen (:attr:`peak`), to set beside :class:`coursekit.parallel.data.ShardedUnits`'
     ``peak_param_bytes``.
 
     What it counts, through FSDP2's own (private, torch 2.13) objects: every parameter's padded shard, every

@@ -1,6 +1,6 @@
-"""Pipeline parallelism: one executor that runs any valid schedule (:mod:`coursekit.parallel.schedules`).
+"""Pipeline parallelism: one executor that runs any valid schedule (:mod:`coursekit.parallel.pipeline.schedules`).
 
-Model parallelism (:mod:`coursekit.parallel.model`) is a chain: one rank computes while the others wait.
+Model parallelism (:mod:`coursekit.parallel.pipeline.model`) is a chain: one rank computes while the others wait.
 Pipelining (GPipe, Huang et al. 2019; 1F1B, Narayanan et al. 2021) cuts the batch into ``m`` micro-batches
 so that while stage 1 works on micro-batch 0, stage 0 already starts micro-batch 1 (seed claim P7). *Which*
 rank does *what* and *when* is the schedule -- plain data, a list of actions per rank -- and this module
@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..strategy import Setup, register
+from ...strategy import Setup, register
+from .comm import Channel, broadcast_loss, sum_tied_gradients
 from .model import StagedStrategy
-from .stage_comm import Channel, broadcast_loss, sum_tied_gradients
-from .schedules import Schedule, make_schedule, validate
+from .schedules import Action, Schedule, make_schedule
+from .validator import validate
 
 __all__ = ["ExecutorStats", "execute", "PipelineParallel"]
 
@@ -93,77 +94,105 @@ def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_b
     """
     if check:
         validate(schedule)
-    last, split = schedule.n_stages - 1, schedule.split_backward
-    owner = schedule.stage_owner
-    key = [tuple(x.shape) for x, _ in micro_batches]  # both ends of a link know a micro-batch's shape
-    exclude = {p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()}
-    exclude |= {t.untyped_storage().data_ptr() for batch in micro_batches for t in batch}
-    saved, stats = _SavedTensors(exclude), ExecutorStats()
-    inputs, outputs, received, grads, to_send, for_w = {}, {}, {}, {}, {}, {}
-    results, loss_sum = {}, 0.0
+    step = _Step(schedule, rank, stages, micro_batches, micro_loss, channel, tracer)
     for action in schedule.actions[rank]:
+        step.run(action)
+    channel.wait()
+    outs = [step.results[i] for i in sorted(step.results)]
+    return outs, step.loss_sum, step.stats
+
+
+class _Step:
+    """One step of :func:`execute` on one rank: what each action leaves for the actions after it.
+
+    Keyed by ``(stage, micro-batch)``: the inputs and outputs of each forward, what ``RECV_F`` received,
+    the output gradients (from ``RECV_B`` or this rank's next stage), the input gradients ``SEND_B`` sends,
+    and -- when the backward is split -- what ``W`` needs after ``B``.
+    """
+
+    def __init__(self, schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_batches, micro_loss,
+                 channel: Channel, tracer):
+        self.schedule, self.rank, self.stages, self.channel, self.tracer = schedule, rank, stages, channel, tracer
+        self.micro_batches, self.micro_loss = micro_batches, micro_loss
+        self.last, self.split = schedule.n_stages - 1, schedule.split_backward
+        self.owner = schedule.stage_owner
+        self.key = [tuple(x.shape) for x, _ in micro_batches]  # both ends of a link know a micro-batch's shape
+        exclude = {p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()}
+        exclude |= {t.untyped_storage().data_ptr() for batch in micro_batches for t in batch}
+        self.saved, self.stats = _SavedTensors(exclude), ExecutorStats()
+        self.inputs, self.outputs, self.received, self.grads, self.to_send, self.for_w = {}, {}, {}, {}, {}, {}
+        self.results, self.loss_sum = {}, 0.0
+
+    def run(self, action: Action) -> None:
         op, s, i = action.op, action.stage, action.micro_batch
         name = str(action)
         if op == "F":
-            if s == 0:
-                x = micro_batches[i][0]
-            else:  # from RECV_F, or this rank's own stage s-1: a new leaf either way, so stages backward apart
-                x = (received.pop((s, i)) if owner(s - 1) != rank else outputs[(s - 1, i)].detach())
-                x.requires_grad_(True)
-            saved.current = (s, i)
-            with _span(tracer, "forward", name), torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t):
-                out = stages[s](x)
-                if s == last:
-                    results[i] = out.detach()
-                    out = micro_loss(out, *micro_batches[i])
-                    loss_sum += out.item()
-            inputs[(s, i)], outputs[(s, i)] = x, out
-            held = saved.alive()
-            stats.activation_bytes[(s, i)] = held.get((s, i), 0)
-            if len(held) > stats.peak_in_flight or (len(held) == stats.peak_in_flight
-                                                     and sum(held.values()) > stats.peak_activation_bytes):
-                stats.peak_in_flight, stats.peak_activation_bytes = len(held), sum(held.values())
+            self.forward(s, i, name)
         elif op == "B":
-            x, out = inputs.pop((s, i)), outputs[(s, i)]
-            grad = None if s == last else grads.pop((s, i))
-            with _span(tracer, "backward", name):
-                if split:  # the input gradient only; the graph stays for W
-                    dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0] if x.requires_grad else None
-                    for_w[(s, i)] = (out, grad)
-                else:      # input and weight gradients; the graph (and its saved activations) is freed
-                    torch.autograd.backward(out, grad)
-                    dx = x.grad if x.requires_grad else None
-                    del outputs[(s, i)]
-            if s > 0 and owner(s - 1) == rank:
-                grads[(s - 1, i)] = dx           # this rank's stage s-1 carries on from here
-            elif s > 0:
-                to_send[(s, i)] = dx             # for SEND_B
+            self.backward(s, i, name)
         elif op == "W":
-            out, grad = for_w.pop((s, i))
-            weights = [w for w in stages[s].parameters() if w.requires_grad]
-            with _span(tracer, "backward", name):
-                for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True) if weights else ()):
-                    if g is not None:
-                        w.grad = g if w.grad is None else w.grad.add_(g)
-            del outputs[(s, i)]
+            self.weight_gradients(s, i, name)
         elif op == "SEND_F":
-            with _span(tracer, "comm", name):
-                channel.isend(outputs[(s, i)].detach(), owner(s + 1), key=(s, key[i]))
+            with _span(self.tracer, "comm", name):
+                self.channel.isend(self.outputs[(s, i)].detach(), self.owner(s + 1), key=(s, self.key[i]))
         elif op == "SEND_B":
-            with _span(tracer, "comm", name):
-                channel.isend(to_send.pop((s, i)), owner(s - 1))
+            with _span(self.tracer, "comm", name):
+                self.channel.isend(self.to_send.pop((s, i)), self.owner(s - 1))
         elif op == "RECV_F":
-            received[(s, i)] = channel.recv(owner(s - 1), (s - 1, key[i]), name=name)
+            self.received[(s, i)] = self.channel.recv(self.owner(s - 1), (s - 1, self.key[i]), name=name)
         elif op == "RECV_B":
-            grads[(s, i)] = channel.recv(owner(s + 1), None, like=outputs[(s, i)], name=name)
+            self.grads[(s, i)] = self.channel.recv(self.owner(s + 1), None, like=self.outputs[(s, i)], name=name)
         else:
-            raise ValueError(f"rank {rank}: unknown action {action}")
-        stats.actions += 1
+            raise ValueError(f"rank {self.rank}: unknown action {action}")
+        self.stats.actions += 1
         if op.startswith("SEND"):
-            channel.prune()
-    channel.wait()
-    outs = [results[i] for i in sorted(results)]
-    return outs, loss_sum, stats
+            self.channel.prune()
+
+    def forward(self, s: int, i: int, name: str) -> None:
+        if s == 0:
+            x = self.micro_batches[i][0]
+        else:  # from RECV_F, or this rank's own stage s-1: a new leaf either way, so stages backward apart
+            x = (self.received.pop((s, i)) if self.owner(s - 1) != self.rank else self.outputs[(s - 1, i)].detach())
+            x.requires_grad_(True)
+        self.saved.current = (s, i)
+        with (_span(self.tracer, "forward", name),
+              torch.autograd.graph.saved_tensors_hooks(self.saved.pack, lambda t: t)):
+            out = self.stages[s](x)
+            if s == self.last:
+                self.results[i] = out.detach()
+                out = self.micro_loss(out, *self.micro_batches[i])
+                self.loss_sum += out.item()
+        self.inputs[(s, i)], self.outputs[(s, i)] = x, out
+        held, stats = self.saved.alive(), self.stats
+        stats.activation_bytes[(s, i)] = held.get((s, i), 0)
+        if len(held) > stats.peak_in_flight or (len(held) == stats.peak_in_flight
+                                                 and sum(held.values()) > stats.peak_activation_bytes):
+            stats.peak_in_flight, stats.peak_activation_bytes = len(held), sum(held.values())
+
+    def backward(self, s: int, i: int, name: str) -> None:
+        x, out = self.inputs.pop((s, i)), self.outputs[(s, i)]
+        grad = None if s == self.last else self.grads.pop((s, i))
+        with _span(self.tracer, "backward", name):
+            if self.split:  # the input gradient only; the graph stays for W
+                dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0] if x.requires_grad else None
+                self.for_w[(s, i)] = (out, grad)
+            else:           # input and weight gradients; the graph (and its saved activations) is freed
+                torch.autograd.backward(out, grad)
+                dx = x.grad if x.requires_grad else None
+                del self.outputs[(s, i)]
+        if s > 0 and self.owner(s - 1) == self.rank:
+            self.grads[(s - 1, i)] = dx           # this rank's stage s-1 carries on from here
+        elif s > 0:
+            self.to_send[(s, i)] = dx             # for SEND_B
+
+    def weight_gradients(self, s: int, i: int, name: str) -> None:
+        out, grad = self.for_w.pop((s, i))
+        weights = [w for w in self.stages[s].parameters() if w.requires_grad]
+        with _span(self.tracer, "backward", name):
+            for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True) if weights else ()):
+                if g is not None:
+                    w.grad = g if w.grad is None else w.grad.add_(g)
+        del self.outputs[(s, i)]
 
 
 def _span(tracer, kind: str, name: str):
@@ -175,7 +204,7 @@ class PipelineParallel(StagedStrategy):
     """Stages ``r, r+p, ...`` on rank ``r``; each step runs one schedule over the loop's micro-batches.
 
     Options: ``schedule`` -- ``"gpipe"``, ``"1f1b"``, ``"interleaved"``, ``"zb_h1"`` or a
-    :class:`~coursekit.parallel.schedules.Schedule` of your own (validated before it runs);
+    :class:`~coursekit.parallel.pipeline.Schedule` of your own (validated before it runs);
     ``stages_per_rank`` (v, for ``"interleaved"``); ``partition_by`` / ``layers_per_stage`` as ``"model"``.
     The loop's ``micro_batches`` is m.
     """

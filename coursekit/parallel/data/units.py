@@ -1,4 +1,4 @@
-"""The parts of per-unit ZeRO-3 (:mod:`coursekit.parallel.fsdp`): units, their flat buffers, the communication thread.
+"""The parts of per-unit ZeRO-3 (:mod:`coursekit.parallel.data.fsdp`): units, their flat buffers, the comm thread.
 
 * :func:`default_units` -- the default policy: every module of an ``nn.ModuleList``.
 * :func:`plan_units` -- which trainable parameters each unit holds; the root takes the rest;
@@ -19,8 +19,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from .. import comm, comm_state
-from ..collectives import TORCH, owned_segment, segment_bounds
+from ... import comm, comm_state
+from ...collectives import TORCH, owned_segment, segment_bounds
 
 __all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole"]
 

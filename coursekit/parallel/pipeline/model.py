@@ -17,8 +17,8 @@ one rank busy at a time (pipelining, :mod:`coursekit.parallel.pipeline`, fills i
 * :func:`partition` -- how many layers each stage gets: contiguous, balanced by a cost per layer
   (:func:`layer_costs`: parameter count, or measured forward + backward time).
 * :func:`split` -- the stages themselves, sharing the model's parameters.
-* :class:`~coursekit.parallel.stage_comm.Channel` -- activations forward and gradients back, through
-  :mod:`coursekit.comm` (counted), and :func:`~coursekit.parallel.stage_comm.sum_tied_gradients`: the tied
+* :class:`~coursekit.parallel.pipeline.Channel` -- activations forward and gradients back, through
+  :mod:`coursekit.comm` (counted), and :func:`~coursekit.parallel.pipeline.sum_tied_gradients`: the tied
   embedding / output head lives on the first and the last stage; each copy gets only its own stage's
   gradient, so the two are summed (Megatron-LM's "embedding group").
 * :class:`ModelParallel` -- the strategy ``"model"`` for :func:`coursekit.train.train`.
@@ -33,12 +33,12 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import comm
-from ..mesh import as_group
-from ..models import MLP, Transformer
-from ..strategy import Setup, Strategy, register
-from ..verify import NamedPart
-from .stage_comm import Channel, broadcast_loss, sum_tied_gradients, tied_parameters
+from ... import comm
+from ...mesh import as_group
+from ...models import MLP, Transformer
+from ...strategy import Setup, Strategy, register
+from ...verify import NamedPart
+from .comm import Channel, broadcast_loss, sum_tied_gradients, tied_parameters
 
 __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel", "Channel",
            "tied_parameters", "sum_tied_gradients", "broadcast_loss"]

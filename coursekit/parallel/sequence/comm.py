@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import torch
 
-from .. import comm
-from .ring_attention import positions, rank_size
+from ... import comm
+from .ring import positions, rank_size
 
-__all__ = ["all_to_all", "gather_sequence"]
+__all__ = ["exchange", "all_to_all", "gather_sequence"]
 
 
 # --------------------------------------------------------------------------
 # All-to-all and all-gather from point-to-point calls (counted; the same code in the simulator).
 # --------------------------------------------------------------------------
-def _exchange(outgoing: list[torch.Tensor], incoming_shapes: list[list[int]], group, name: str) -> list[torch.Tensor]:
-    """Send ``outgoing[j]`` to rank j and receive a tensor of ``incoming_shapes[j]`` from it; keep our own."""
+def exchange(outgoing: list[torch.Tensor], incoming_shapes: list[list[int]], group, name: str) -> list[torch.Tensor]:
+    """Send ``outgoing[j]`` to rank j and receive a tensor of ``incoming_shapes[j]`` from it; keep our own.
+
+    The one exchange every collective of the sequence split is built from (here and in
+    :mod:`coursekit.parallel.sequence.tensor`): ``comm`` ``isend``/``irecv`` under the phase ``name``, so
+    it is counted and runs in the simulator. Returns the G tensors in rank order (ours is ``outgoing[rank]``).
+    """
     rank, size = rank_size(group)
     received = [outgoing[rank] if j == rank else outgoing[rank].new_empty(incoming_shapes[j]) for j in range(size)]
     with comm.phase(name):
@@ -42,7 +47,7 @@ def _all_to_all(tensor, scatter_dim: int, gather_dim: int, scatter_sizes, gather
         shape[scatter_dim] = scatter_sizes[rank_size(group)[0]]
         shape[gather_dim] = n
         shapes.append(shape)
-    return torch.cat(_exchange(pieces, shapes, group, name), dim=gather_dim)
+    return torch.cat(exchange(pieces, shapes, group, name), dim=gather_dim)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -77,7 +82,7 @@ class _GatherSequence(torch.autograd.Function):
             shape = list(local.shape)
             shape[dim] = len(w)
             shapes.append(shape)
-        pieces = _exchange([local] * size, shapes, group, "gather sequence")
+        pieces = exchange([local] * size, shapes, group, "gather sequence")
         full_shape = list(local.shape)
         full_shape[dim] = seq_len
         full = local.new_empty(full_shape)

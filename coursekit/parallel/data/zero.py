@@ -16,13 +16,13 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ..collectives import RING, Collectives, get_collectives, owned_segment, segment_bounds
-from ..mesh import as_group
-from ..strategy import Setup, Strategy, optimizer_tensors, register
-from ..trace import Tracer
-from ..verify import FlatShard
-from ..memory import PeakMemory
-from .data import _bucket_capacity, _world, broadcast_parameters
+from ...collectives import RING, Collectives, get_collectives, owned_segment, segment_bounds
+from ...mesh import as_group
+from ...strategy import Setup, Strategy, optimizer_tensors, register
+from ...trace import Tracer
+from ...verify import FlatShard
+from ...memory import PeakMemory
+from .averaging import _bucket_capacity, _world, broadcast_parameters
 
 __all__ = ["ZeRO", "ZeroStrategy"]
 
@@ -87,7 +87,7 @@ class ZeRO(nn.Module):
 
     Simplification (said honestly): stage 3 gathers *all* parameters for the
     forward pass, so its parameter peak is a full copy; the ``"zero3_units"``
-    strategy (:mod:`coursekit.parallel.fsdp`) gathers one unit at a time.
+    strategy (:mod:`coursekit.parallel.data.fsdp`) gathers one unit at a time.
     """
 
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],

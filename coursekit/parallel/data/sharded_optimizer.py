@@ -1,6 +1,6 @@
 """ZeRO stage 1 as an optimiser: :class:`ShardedOptimizer`, shaped like PyTorch's ``ZeroRedundancyOptimizer``.
 
-:class:`coursekit.parallel.zero.ZeRO` wraps the *model*; this is a ``torch.optim.Optimizer`` over a plain
+:class:`coursekit.parallel.data.ZeRO` wraps the *model*; this is a ``torch.optim.Optimizer`` over a plain
 model you call yourself. Your data parallelism (torch DDP, :class:`~coursekit.parallel.data.DataParallel`,
 :func:`~coursekit.parallel.data.average_gradients`) has already averaged the gradients, so every rank holds
 them whole; only the optimiser state is sharded::
@@ -69,11 +69,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..collectives import Collectives, get_collectives, owned_segment, segment_bounds
-from ..mesh import as_group
-from ..strategy import Setup, register
-from .data import Bucketed, _world
-from .production import _optimizer_class_and_defaults
+from ...collectives import Collectives, get_collectives, owned_segment, segment_bounds
+from ...mesh import as_group
+from ...strategy import Setup, register
+from .averaging import Bucketed, _world
+from .torch import optimizer_class_and_defaults
 
 __all__ = ["ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE"]
 
@@ -308,7 +308,7 @@ class ShardedOptimizerStrategy(Bucketed):
 
     def __init__(self, setup: Setup):
         self.setup = setup
-        optimizer_class, defaults = _optimizer_class_and_defaults(setup)  # as "torch_zero1" reads them
+        optimizer_class, defaults = optimizer_class_and_defaults(setup)  # as "torch_zero1" reads them
         group, collectives = as_group(setup.group), self.option("collectives")
         super().__init__(replace(setup, optimizer_fn=lambda params: ShardedOptimizer(
             params, optimizer_class, group=group, collectives=collectives, **defaults)))

@@ -1,7 +1,7 @@
 """What the stages of one model send each other: activations forward, gradients back, the tied weight's gradient.
 
-Used by model parallelism (:mod:`coursekit.parallel.model`) and the pipeline executor
-(:mod:`coursekit.parallel.pipeline`); everything goes through :mod:`coursekit.comm`, so it is counted.
+Used by model parallelism (:mod:`coursekit.parallel.pipeline.model`) and the pipeline executor
+(:mod:`coursekit.parallel.pipeline.executor`); everything goes through :mod:`coursekit.comm`, so it is counted.
 
 * :class:`Channel` -- activations and gradients between neighbouring stages, with a one-time shape header.
 * :func:`tied_parameters`, :func:`sum_tied_gradients` -- a weight used by two stages (the transformer's token
@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import comm
+from ... import comm
 
 __all__ = ["Channel", "tied_parameters", "sum_tied_gradients", "broadcast_loss"]
 

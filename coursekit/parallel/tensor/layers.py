@@ -35,12 +35,12 @@ features, heads and vocabulary rows alike, so the model is never silently a
 different one; a degree larger than a size is rejected with the size named.
 
 Which all-reduce: ``torch.distributed.all_reduce``, not chapter 01's ring
-(why, and the counting: :mod:`coursekit.parallel.tensor_comm`); every call is
+(why, and the counting: :mod:`coursekit.parallel.tensor.comm`); every call is
 counted by :func:`count_communication`.
 
 The vocabulary-parallel embedding and loss are in
-:mod:`coursekit.parallel.tensor_vocab`; the whole course transformer and the
-``"tensor"`` and ``"dp_tp"`` strategies in :mod:`coursekit.parallel.tensor_model`.
+:mod:`coursekit.parallel.tensor.vocab`; the whole course transformer and the
+``"tensor"`` and ``"dp_tp"`` strategies in :mod:`coursekit.parallel.tensor.model`.
 """
 
 from __future__ import annotations
@@ -51,11 +51,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tensor_comm import CommCounts, _all_gather, _all_reduce, _bounds, count_communication, shard_sizes, tp_rank_size
+from .comm import (CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes,
+                   tp_rank_size)
 
 __all__ = ["CommCounts", "count_communication", "copy_to_parallel_region", "reduce_from_parallel_region",
-           "gather_from_parallel_region", "split_to_parallel_region", "shard_sizes", "ColumnParallelLinear",
-           "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention", "tp_rank_size"]
+           "gather_from_parallel_region", "split_to_parallel_region", "shard_sizes", "ShardedLinear",
+           "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention", "tp_rank_size"]
 
 
 # --------------------------------------------------------------------------
@@ -69,13 +70,13 @@ class _Copy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_reduce(grad.contiguous().clone(), ctx.group, "backward"), None
+        return counted_all_reduce(grad.contiguous().clone(), ctx.group, "backward"), None
 
 
 class _Reduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, group):
-        return _all_reduce(tensor.contiguous().clone(), group, "forward")
+        return counted_all_reduce(tensor.contiguous().clone(), group, "forward")
 
     @staticmethod
     def backward(ctx, grad):
@@ -86,7 +87,7 @@ class _Gather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dim, sizes, group):
         ctx.dim, ctx.sizes, ctx.group = dim, sizes, group
-        return _all_gather(tensor, dim, sizes, group, "forward")
+        return counted_all_gather(tensor, dim, sizes, group, "forward")
 
     @staticmethod
     def backward(ctx, grad):
@@ -103,7 +104,7 @@ class _Split(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather(grad.contiguous(), ctx.dim, ctx.sizes, ctx.group, "backward"), None, None
+        return counted_all_gather(grad.contiguous(), ctx.dim, ctx.sizes, ctx.group, "backward"), None, None
 
 
 def copy_to_parallel_region(tensor: torch.Tensor, group=None) -> torch.Tensor:
@@ -150,7 +151,7 @@ def split_to_parallel_region(tensor: torch.Tensor, dim: int = -1, group=None) ->
 # --------------------------------------------------------------------------
 # Column- and row-parallel linear layers.
 # --------------------------------------------------------------------------
-class _ShardedLinear(nn.Module):
+class ShardedLinear(nn.Module):
     """What both layers share: a local weight, the rows (or columns) of the dense one it holds, ``from_dense``."""
 
     shard_dim: int  # 0: output features (column-parallel); 1: input features (row-parallel)
@@ -161,7 +162,7 @@ class _ShardedLinear(nn.Module):
         total = (out_features, in_features)[self.shard_dim]
         what = ("out_features", "in_features")[self.shard_dim]
         if index is None:
-            index = torch.arange(*_bounds(total, group, what))
+            index = torch.arange(*shard_bounds(total, group, what))
         self.register_buffer("index", index, persistent=False)  # which dense rows/columns live here
         shape = [out_features, in_features]
         shape[self.shard_dim] = len(index)
@@ -188,7 +189,7 @@ class _ShardedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, local weight {local}"
 
 
-class ColumnParallelLinear(_ShardedLinear):
+class ColumnParallelLinear(ShardedLinear):
     """``nn.Linear`` with the weight split by output features (``weight`` is ``[out/t, in]`` here).
 
     Forward: **f** on the input, then the local product, this rank's slice of
@@ -202,7 +203,7 @@ class ColumnParallelLinear(_ShardedLinear):
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
                  group=None, index: torch.Tensor | None = None):
         super().__init__(in_features, out_features, bias, group, index)
-        if gather_output and index is not None and not torch.equal(index, torch.arange(*_bounds(
+        if gather_output and index is not None and not torch.equal(index, torch.arange(*shard_bounds(
                 out_features, group, "out_features"))):
             raise ValueError("gather_output=True needs this rank's contiguous slice of the output features.")
         self.gather_output = gather_output
@@ -212,7 +213,7 @@ class ColumnParallelLinear(_ShardedLinear):
         return gather_from_parallel_region(y, -1, self.group, self.out_features) if self.gather_output else y
 
 
-class RowParallelLinear(_ShardedLinear):
+class RowParallelLinear(ShardedLinear):
     """``nn.Linear`` with the weight split by input features (``weight`` is ``[out, in/t]`` here).
 
     Forward: the local partial product, then **g** (all-reduce), then the bias
@@ -265,7 +266,7 @@ def head_index(d_model: int, n_heads: int, group=None) -> tuple[torch.Tensor, to
     in ``t`` contiguous blocks instead would hand rank 0 all of q and part of k.
     """
     head_dim = d_model // n_heads
-    first, stop = _bounds(n_heads, group, "n_heads")
+    first, stop = shard_bounds(n_heads, group, "n_heads")
     features = torch.arange(first * head_dim, stop * head_dim)
     return torch.cat([features + i * d_model for i in range(3)]), features, stop - first
 

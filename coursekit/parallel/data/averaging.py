@@ -16,7 +16,7 @@ batch. This module builds that up in three steps:
    optimiser step. :meth:`DataParallel.no_sync` skips communication on the
    micro-batches of gradient accumulation.
 
-ZeRO, which shards what these replicate, is in :mod:`coursekit.parallel.zero`;
+ZeRO, which shards what these replicate, is in :mod:`coursekit.parallel.data.zero`;
 the training loop that runs any of them is :func:`coursekit.train.train`
 (strategies ``"naive"`` and ``"bucketed"`` are registered here).
 
@@ -38,10 +38,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .. import collectives as _collectives
-from ..mesh import as_group
-from ..strategy import Setup, Strategy, register
-from ..trace import Tracer
+from ... import collectives as _collectives
+from ...mesh import as_group
+from ...strategy import Setup, Strategy, register
+from ...trace import Tracer
 
 __all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed"]
 
@@ -374,10 +374,3 @@ class Bucketed(Strategy):
     def counters(self) -> dict[str, int]:
         return {"elements_reduced": self.wrapped.elements_reduced}
 
-
-def __getattr__(name: str):
-    # The loop moved to coursekit.train; chapter 02's notebook still imports it from here.
-    if name == "train":
-        from ..train import train
-        return train
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

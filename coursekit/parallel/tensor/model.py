@@ -37,13 +37,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import collectives as _collectives
-from ..mesh import Mesh, as_group
-from ..strategy import Setup, Strategy, optimizer_tensors, register
-from .data import average_gradients
-from .tensor import (CommCounts, ParallelMLP, ParallelSelfAttention, _ShardedLinear, count_communication,
+from ... import collectives as _collectives
+from ...mesh import Mesh, as_group
+from ...strategy import Setup, Strategy, optimizer_tensors, register
+from ..data import average_gradients
+from .layers import (CommCounts, ParallelMLP, ParallelSelfAttention, ShardedLinear, count_communication,
                      gather_from_parallel_region, tp_rank_size)
-from .tensor_vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
+from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 
 __all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense",
            "expected_counts", "TensorParallel", "DataTensorParallel"]
@@ -122,7 +122,7 @@ def _shard_dim(module: nn.Module, param_name: str) -> int | None:
     """Along which dim a parameter is split, or None when every rank holds it whole."""
     if isinstance(module, VocabParallelEmbedding):
         return 0
-    if isinstance(module, _ShardedLinear) and (param_name == "weight" or module.shard_dim == 0):
+    if isinstance(module, ShardedLinear) and (param_name == "weight" or module.shard_dim == 0):
         return module.shard_dim
     return None
 
@@ -136,7 +136,7 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
     with). Collective: call it on every rank of the group. Not counted.
     """
     if group is None:
-        group = next((m.group for m in model.modules() if isinstance(m, (_ShardedLinear, VocabParallelEmbedding))),
+        group = next((m.group for m in model.modules() if isinstance(m, (ShardedLinear, VocabParallelEmbedding))),
                      None)
     group = as_group(group)
     rank, size = tp_rank_size(group)

@@ -1,6 +1,6 @@
 """ZeRO-3 one unit at a time, as FSDP2's ``fully_shard`` on each block: the full model never exists on a rank.
 
-:mod:`coursekit.parallel.zero`'s stage 3 gathers the *whole* model for the
+:mod:`coursekit.parallel.data.zero`'s stage 3 gathers the *whole* model for the
 forward pass, so its peak is a full copy. Here the model is cut into
 **units**: each unit is a module (by default every module of an
 ``nn.ModuleList``: each transformer block, each MLP layer) whose trainable
@@ -68,11 +68,11 @@ from functools import partial
 import torch
 import torch.nn as nn
 
-from ..collectives import get_collectives
-from ..memory import held_bytes
-from ..mesh import as_group
-from ..strategy import Setup, Strategy, optimizer_tensors, register
-from .data import _world, broadcast_parameters
+from ...collectives import get_collectives
+from ...memory import held_bytes
+from ...mesh import as_group
+from ...strategy import Setup, Strategy, optimizer_tensors, register
+from .averaging import _world, broadcast_parameters
 from .units import CommThread, Unit, default_units, gather_whole, plan_units
 
 __all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]

@@ -1,0 +1,40 @@
+"""Data parallelism (chapter 02): every rank a full replica, gradients averaged -- then ZeRO's shards of it.
+
+One module per step, PyTorch's counterpart last:
+
+* ``averaging`` -- the same start (:func:`broadcast_parameters`), each rank its slice of the batch
+  (:func:`shard_batch`), gradients averaged after backward (:func:`average_gradients`, ``"naive"``) or
+  bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``);
+* ``zero`` -- :class:`ZeRO` stages 1-3 (``"zero1"``, ``"zero2"``, ``"zero3"``): optimiser state,
+  gradients, then parameters sharded;
+* ``units`` and ``fsdp`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`, ``"zero3_units"``): the
+  units and the thread that gathers the next one; the wrapper that runs them;
+* ``sharded_optimizer`` -- ZeRO-1 as a ``torch.optim.Optimizer`` (:class:`ShardedOptimizer`,
+  ``"sharded_optimizer"``);
+* ``torch`` -- PyTorch's own on the same loop: DDP, ``ZeroRedundancyOptimizer``, FSDP2 (``"torch_ddp"``,
+  ``"torch_zero1"``, ``"torch_fsdp"``).
+
+Every name below is importable from here (``from coursekit.parallel.data import DataParallel, ZeRO``).
+"""
+
+# In this order: the strategies register with the training loop in the order chapter 02 meets them.
+from .averaging import Bucketed, DataParallel, Naive, average_gradients, broadcast_parameters, shard_batch
+from .torch import FSDP2ParameterBytes, TorchDDP, TorchFSDP, TorchZeRO1, optimizer_class_and_defaults
+from .zero import ZeRO, ZeroStrategy
+from .units import CommThread, Job, Unit, default_units, gather_whole, plan_units
+from .fsdp import ShardedUnits, Zero3Units
+from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
+
+__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
+           "ZeRO", "ZeroStrategy",
+           "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",
+           "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
+           "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
+
+
+def __getattr__(name: str):
+    # The loop moved to coursekit.train; chapter 02's notebook still imports it from here.
+    if name == "train":
+        from ...train import train
+        return train
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,32 @@
+"""Model and pipeline parallelism (chapters 03-04): a model's layers cut into stages, one rank each.
+
+One module per concept, PyTorch's counterpart last:
+
+* ``model`` -- layers cut into contiguous stages (:func:`split`, balanced by parameters or measured time)
+  and the chain that runs them (``"model"``, chapter 03);
+* ``comm`` -- what the stages send each other: :class:`Channel` (activations forward, gradients back),
+  the tied weight's gradient summed, the loss broadcast;
+* ``schedules`` -- pipeline schedules as data (GPipe, 1F1B, interleaved, ZB-H1; :class:`Schedule`);
+  ``validator`` -- :func:`validate`, everything that would go wrong found before anything runs;
+  ``planning`` -- :func:`plan` on a unit-time clock and the papers' formulas;
+* ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
+* ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
+
+Every name below is importable from here (``from coursekit.parallel.pipeline import make_schedule, plan``).
+"""
+
+from .comm import Channel, broadcast_loss, sum_tied_gradients, tied_parameters
+from .model import ModelParallel, StagedStrategy, layer_costs, layers, partition, split
+from .schedules import (COMMUNICATION, COMPUTE, SCHEDULES, Action, Schedule, ScheduleError, add_communication, gpipe,
+                        interleaved_1f1b, make_schedule, message, needs, one_f_one_b, zb_h1)
+from .validator import run_on_clock, validate
+from .planning import Plan, bubble_formula, peak_activations_formula, plan
+from .executor import ExecutorStats, PipelineParallel, execute
+from .torch import TorchPipeline, torch_schedule
+
+__all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel",
+           "Channel", "tied_parameters", "sum_tied_gradients", "broadcast_loss",
+           "COMPUTE", "COMMUNICATION", "Action", "Schedule", "ScheduleError", "gpipe", "one_f_one_b",
+           "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs",
+           "validate", "run_on_clock", "Plan", "plan", "bubble_formula", "peak_activations_formula",
+           "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]

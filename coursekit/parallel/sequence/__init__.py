@@ -1,0 +1,40 @@
+"""Sequence parallelism (chapter 06): the sequence dim split over ranks, the whole model on each.
+
+One module per concept:
+
+* ``ring`` -- ring attention (online softmax, zig-zag layout, blockwise backward): who holds which
+  tokens (:func:`chunk_bounds`, :func:`shard_sequence`) and :func:`ring_attention`;
+* ``comm`` -- the collectives of the split from ``coursekit.comm`` point-to-point calls: Ulysses'
+  :func:`all_to_all`, :func:`gather_sequence`;
+* ``split`` -- chunk-local attention, DeepSpeed Ulysses, and the strategies ``"ring_attention"``,
+  ``"ulysses"`` and ``"chunk_local"``;
+* ``tensor`` -- Megatron-style sequence parallelism beside tensor parallelism (``"sequence_tensor"``);
+* ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``).
+
+PyTorch's counterpart (``torch.distributed.tensor.experimental.context_parallel``) is run side by side in
+chapter 06 itself. Every name below is importable from here (``from coursekit.parallel.sequence import
+ring_attention``).
+"""
+
+# In this order: the strategies register with the training loop in the order chapter 06 meets them.
+from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, chunk_bounds, full_attention, merge,
+                   positions, rank_size, ring_attention, ring_traffic, shard_sequence, split_bounds)
+from .comm import all_to_all, exchange, gather_sequence
+from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
+                    chunk_local_losses, chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
+                    ulysses_traffic)
+from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, SequenceTensorParallelTransformer,
+                     all_gather_sequence, gather_linear, megatron_sp_saved_bytes, megatron_sp_traffic,
+                     reduce_scatter_sequence)
+from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
+
+__all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
+           "block_attention", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
+           "exchange", "all_to_all", "gather_sequence",
+           "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
+           "saved_bytes", "chunk_local_losses", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
+           "ChunkLocalStrategy",
+           "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
+           "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
+           "megatron_sp_saved_bytes",
+           "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]

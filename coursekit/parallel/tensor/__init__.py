@@ -1,0 +1,37 @@
+"""Tensor parallelism (chapter 05, Megatron-LM): one matrix multiplication split over the ranks of an axis.
+
+One module per concept, PyTorch's counterpart last:
+
+* ``comm`` -- the collectives of the operators, counted (:func:`count_communication`), and how every
+  size is cut (:func:`shard_sizes`, ``torch.tensor_split``'s rule);
+* ``layers`` -- the conjugate operators f and g, :class:`ColumnParallelLinear` and
+  :class:`RowParallelLinear`, the MLP and attention blocks built from them;
+* ``vocab`` -- the vocabulary-parallel embedding and cross-entropy;
+* ``model`` -- the course transformer parallelized (:func:`parallelize_transformer`) and gathered back
+  (:func:`gather_dense`); the strategies ``"tensor"`` and ``"dp_tp"`` (data x tensor on a mesh);
+* ``torch`` -- the same blocks under DTensor's ``parallelize_module``, to run side by side.
+
+Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
+"""
+
+from .comm import (CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes,
+                   tp_rank_size)
+from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, ShardedLinear,
+                     copy_to_parallel_region, gather_from_parallel_region, reduce_from_parallel_region,
+                     split_to_parallel_region)
+from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
+from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer, expected_counts,
+                    gather_dense, parallelize_transformer)
+from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
+                    torch_parallel_mlp, torch_parallelize_transformer)
+
+__all__ = ["CommCounts", "count_communication", "tp_rank_size", "counted_all_reduce", "counted_all_gather",
+           "shard_sizes", "shard_bounds",
+           "copy_to_parallel_region", "reduce_from_parallel_region", "gather_from_parallel_region",
+           "split_to_parallel_region", "ShardedLinear", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
+           "ParallelSelfAttention",
+           "VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy",
+           "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "expected_counts",
+           "TensorParallel", "DataTensorParallel",
+           "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
+           "dense_qkv", "torch_parallelize_transformer", "comm_counts"]
