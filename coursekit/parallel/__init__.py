@@ -5,7 +5,7 @@ subclasses for :func:`coursekit.train.train`:
 
 * ``data`` (replicas, gradients averaged: "naive", "bucketed") and ``zero`` (ZeRO stages 1–3),
   ``fsdp`` (ZeRO-3 one unit at a time: "zero3_units"), ``sharded_optimizer`` (ZeRO-1 as a
-  ``torch.optim.Optimizer``) -- chapter 02;
+  ``torch.optim.Optimizer``), ``buckets`` (how big a bucket is, one rule for all of them) -- chapter 02;
 * ``model`` (layers cut into stages: "model") -- chapter 03; ``schedules`` (pipeline schedules as
   data) and ``pipeline`` (their executor: "pipeline") -- chapter 04;
 * ``tensor`` and ``tensor_model`` (Megatron-LM's column and row splits: "tensor", "dp_tp") -- chapter 05;

@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import comm
+from ..mesh import rank_size
 
-__all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
+__all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
            "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -60,15 +61,6 @@ LAYOUTS = ("contiguous", "zigzag")
 
 # --------------------------------------------------------------------------
 # Who holds which tokens.
-# --------------------------------------------------------------------------
-def rank_size(group=None) -> tuple[int, int]:
-    """This rank's index in ``group`` and its size: from ``comm`` on real or simulated ranks, (0, 1) without any."""
-    if not comm.has_ranks():
-        return 0, 1
-    return comm.get_rank(group), comm.get_world_size(group)
-
-
-# --------------------------------------------------------------------------
 # --------------------------------------------------------------------------
 def _split(total: int, parts: int) -> list[tuple[int, int]]:
     """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more)."""

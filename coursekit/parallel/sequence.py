@@ -49,8 +49,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import collectives as _collectives
+from ..mesh import rank_size
 from ..strategy import Setup, Strategy, register
-from .ring_attention import AttentionWork, chunk_bounds, positions, rank_size, ring_attention, shard_sequence
+from .ring_attention import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
 from .sequence_comm import all_to_all, gather_sequence
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
@@ -191,6 +192,7 @@ class SequenceParallel(Strategy):
     """
 
     options = {"collectives": "ring"}
+    axes = ("sp",)  # the ranks that split each sequence
     layout = "contiguous"
 
     def __init__(self, setup: Setup):

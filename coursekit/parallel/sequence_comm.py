@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from .. import comm
-from .ring_attention import positions, rank_size
+from ..mesh import rank_size
+from .ring_attention import positions
 
 __all__ = ["all_to_all", "gather_sequence"]
 

@@ -42,8 +42,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .. import collectives as _collectives
+from ..mesh import rank_size
 from ..strategy import Setup, register
-from .ring_attention import _split, chunk_bounds, positions, rank_size
+from .ring_attention import _split, chunk_bounds, positions
 from .sequence_comm import _exchange
 from .tensor import ColumnParallelLinear, RowParallelLinear
 from .tensor_model import TensorParallel, gather_dense

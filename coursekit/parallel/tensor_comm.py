@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..mesh import as_group
+from ..mesh import as_group, rank_size
 from ..ring import segment_bounds
 
-__all__ = ["CommCounts", "count_communication", "tp_rank_size", "shard_sizes"]
+__all__ = ["CommCounts", "count_communication", "shard_sizes"]
 
 
 # --------------------------------------------------------------------------
@@ -93,17 +93,9 @@ def count_communication(counts: CommCounts | None = None) -> Iterator[CommCounts
         _ACTIVE.remove(counts)
 
 
-def tp_rank_size(group=None) -> tuple[int, int]:
-    """This rank's index in ``group`` and the group's size (0, 1 without ``torch.distributed``)."""
-    group = as_group(group)
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
 def _all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """``dist.all_reduce`` in place (nothing at degree 1), counted."""
-    if tp_rank_size(group)[1] == 1:
+    if rank_size(group)[1] == 1:
         return tensor
     begin = time.perf_counter()
     dist.all_reduce(tensor, op=op, group=as_group(group))
@@ -114,7 +106,7 @@ def _all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SU
 
 def _all_gather(tensor: torch.Tensor, dim: int, sizes: Sequence[int], group, direction: str) -> torch.Tensor:
     """Concatenate every rank's slice along ``dim``; slices may differ in size (``sizes``, padded on the wire)."""
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     if size == 1:
         return tensor
     dim = dim % tensor.dim()
@@ -144,7 +136,7 @@ def shard_sizes(total: int, parts: int, what: str = "size") -> list[int]:
 
 
 def _bounds(total: int, group, what: str) -> tuple[int, int]:
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     sizes = shard_sizes(total, size, what)
     start = sum(sizes[:rank])
     return start, start + sizes[rank]
