@@ -4,9 +4,10 @@ The ranks are laid out in a grid with one named *axis* per kind of
 parallelism, e.g. ``Mesh({"dp": 2, "tp": 2})`` puts 4 ranks in a 2 × 2 grid
 (``torch.arange(4).view(2, 2)``, as picotron's grid does). Ranks that differ
 only along one axis form that axis's group: rank 1's ``tp`` group is ``[0, 1]``
-and its ``dp`` group is ``[1, 3]``. Every strategy takes one of these groups
-(``DataParallel(model, group=mesh["dp"])``), so the data × tensor hybrid, the
-pipeline and the capstone never build groups of their own.
+and its ``dp`` group is ``[1, 3]``. Every strategy takes these groups, by axis
+name (``DataParallel(model, group=mesh["dp"])``; ``train(..., mesh=mesh)`` hands
+the whole mesh in), so the data × tensor hybrid, the pipeline and the capstone
+never build groups of their own.
 
     >>> import coursekit
     >>> def where(rank, world_size):

@@ -184,7 +184,7 @@ def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, l
 # Strategies for coursekit.train.train.
 # --------------------------------------------------------------------------
 class SequenceParallel(Strategy):
-    """Every rank takes the whole batch and its part of every sequence; gradients summed over ``group``.
+    """Every rank takes the whole batch and its part of every sequence; gradients summed over the ``sp`` axis.
 
     ``forward`` runs the model on this rank's tokens and all-gathers the logits along the sequence,
     so the loop's loss sees whole sequences; each rank's gradients then hold its own tokens' share

@@ -224,7 +224,7 @@ class SequenceTensorParallelTransformer(nn.Module):
 
 @register("sequence_tensor")
 class SequenceTensorParallel(TensorParallel):
-    """Megatron-LM tensor parallelism with sequence parallelism over ``group`` (Korthikanti et al. 2022).
+    """Megatron-LM tensor parallelism with sequence parallelism along the ``tp`` axis (Korthikanti et al. 2022).
 
     As ``"tensor"`` (the same vocabulary-parallel loss, the same record), but the model is
     :class:`SequenceTensorParallelTransformer`; after backward the gradients of the replicated
