@@ -104,19 +104,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
     kind, and ``total``: see :class:`coursekit.memory.PeakMemory`), ``step_times``, ``traffic``
     and the strategy's counters.
     """
-    if "group" in options:
-        raise TypeError("train() takes mesh= (a coursekit.mesh.Mesh), not group=: each strategy takes the axes it "
-                        "needs from it by name, e.g. train(rank, world_size, 'zero2', mesh=Mesh({'dp': 2, 'tp': 2})) "
-                        "runs ZeRO-2 along mesh['dp'].")
-    unknown = set(options) - _known_options()
-    if unknown:
-        raise TypeError(f"train() got unknown option(s) {sorted(unknown)}; the strategies take "
-                        f"{sorted(_known_options())}.")
-    get_strategy(strategy)
-    if strategy == "single" and world_size != 1:
-        raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
-    if micro_batches < 1:
-        raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
+    _check_arguments(strategy, world_size, micro_batches, options)
     net, default_data = make_model(model, seed)
     data = data or default_data
     if data is None:
@@ -135,6 +123,23 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
     result.update(runner.counters())
     result.setdefault("elements_reduced", None)
     return result
+
+
+def _check_arguments(strategy: str, world_size: int, micro_batches: int, options: dict) -> None:
+    """What ``train`` refuses before it builds anything, each error saying what to pass instead."""
+    if "group" in options:
+        raise TypeError("train() takes mesh= (a coursekit.mesh.Mesh), not group=: each strategy takes the axes it "
+                        "needs from it by name, e.g. train(rank, world_size, 'zero2', mesh=Mesh({'dp': 2, 'tp': 2})) "
+                        "runs ZeRO-2 along mesh['dp'].")
+    unknown = set(options) - _known_options()
+    if unknown:
+        raise TypeError(f"train() got unknown option(s) {sorted(unknown)}; the strategies take "
+                        f"{sorted(_known_options())}.")
+    get_strategy(strategy)
+    if strategy == "single" and world_size != 1:
+        raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
 
 
 def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: int, record: bool,
