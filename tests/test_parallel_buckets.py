@@ -86,3 +86,12 @@ def test_torch_ddp_reads_none_as_one_bucket_too():
     (default, none), model_bytes = coursekit.launch(_ddp_caps, 2, timeout=180)[0]
     assert default == 25 * 2**20
     assert none == model_bytes
+
+
+def test_docstring_examples():
+    import doctest
+
+    from coursekit.parallel import buckets
+
+    failures, tried = doctest.testmod(buckets)
+    assert tried > 0 and failures == 0
