@@ -9,7 +9,7 @@ every strategy plugs into.
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
 from . import comm
 from .collectives import master_all_reduce, naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from .mesh import Mesh
+from .mesh import Mesh, rank_size
 from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from .trace import Tracer
 from .verify import assert_equivalent, compare
@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
-           "comm", "Mesh", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
+           "comm", "Mesh", "rank_size", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
            "ring_all_gather", "ring_all_reduce", "hierarchical_all_reduce", "PeakMemory",
            # chapters 03-04: stages, pipeline schedules as data, their executor
            "split", "Schedule", "ScheduleError", "make_schedule", "plan", "validate", "execute",

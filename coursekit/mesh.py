@@ -4,14 +4,15 @@ The ranks are laid out in a grid with one named *axis* per kind of
 parallelism, e.g. ``Mesh({"dp": 2, "tp": 2})`` puts 4 ranks in a 2 × 2 grid
 (``torch.arange(4).view(2, 2)``, as picotron's grid does). Ranks that differ
 only along one axis form that axis's group: rank 1's ``tp`` group is ``[0, 1]``
-and its ``dp`` group is ``[1, 3]``. Every strategy takes one of these groups
-(``DataParallel(model, group=mesh["dp"])``), so the data × tensor hybrid, the
-pipeline and the capstone never build groups of their own.
+and its ``dp`` group is ``[1, 3]``. Every strategy takes these groups, by axis
+name (``DataParallel(model, group=mesh["dp"])``; ``train(..., mesh=mesh)`` hands
+the whole mesh in), so the data × tensor hybrid, the pipeline and the capstone
+never build groups of their own.
 
     >>> import coursekit
     >>> def where(rank, world_size):
     ...     mesh = Mesh({"dp": 2, "tp": 2})
-    ...     return mesh.coordinate, mesh["dp"].ranks, mesh["tp"].ranks
+    ...     return mesh.coordinates(), mesh["dp"].ranks, mesh["tp"].ranks
     >>> coursekit.launch(where, 4)[1]
     ({'dp': 0, 'tp': 1}, [1, 3], [0, 1])
 
@@ -19,7 +20,10 @@ Names follow ``torch.distributed.device_mesh.init_device_mesh(device, shape,
 mesh_dim_names=...)``: the same shape and names give the same groups (tested).
 In this course an *axis* is an axis of the mesh and a *dim* a dimension of a
 tensor; the two words are never mixed. No global singleton: make one mesh per
-run and pass it (or its axes) along.
+run and pass it along (``train(..., mesh=mesh)``: each strategy takes the axes it needs by name).
+
+:func:`rank_size` answers "which rank am I in this group, of how many" for any
+group, axis or none, on real ranks, in the simulator and in a plain notebook cell.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import comm_state
 from ._launcher.gloo_threads import batch_gloo_loop_threads
 
-__all__ = ["Mesh", "MeshAxis", "as_group"]
+__all__ = ["Mesh", "MeshAxis", "as_group", "rank_size", "groups_along", "coordinates_of"]
 
 
 @dataclass(frozen=True)
@@ -52,9 +57,28 @@ class MeshAxis:
     group: Any
 
 
-def _groups_along(grid: torch.Tensor, axis: int) -> list[list[int]]:
-    """Every group along ``axis``: move that axis last, then each row is one group."""
+def groups_along(grid: torch.Tensor, axis: int) -> list[list[int]]:
+    """Every group along ``axis`` of a grid of global ranks: move that axis last, then each row is one group.
+
+        >>> groups_along(torch.arange(4).view(2, 2), 0)      # the dp groups of Mesh({"dp": 2, "tp": 2})
+        [[0, 2], [1, 3]]
+    """
     return grid.movedim(axis, -1).reshape(-1, grid.shape[axis]).tolist()
+
+
+def coordinates_of(rank: int, axes: dict[str, int]) -> dict[str, int]:
+    """Where global ``rank`` sits in a mesh of shape ``axes`` (``{name: size}``), by axis name; needs no ranks.
+
+    The grid is ``torch.arange(world).view(sizes)`` (row-major, the last axis innermost), so this is
+    ``rank`` written in the mixed radix of the sizes:
+
+        >>> coordinates_of(3, {"dp": 2, "tp": 2})
+        {'dp': 1, 'tp': 1}
+    """
+    coordinates = {}
+    for name, size in reversed(axes.items()):
+        rank, coordinates[name] = divmod(rank, size)
+    return dict(reversed(coordinates.items()))
 
 
 class Mesh:
@@ -77,10 +101,9 @@ class Mesh:
         self.shape, self.axes = _validate(axes, dist.get_world_size())
         self.grid = torch.arange(dist.get_world_size()).view(self.shape)
         me = dist.get_rank()
-        self.coordinate = {name: int(i) for name, i in zip(self.axes, (self.grid == me).nonzero()[0])}
         self._axes: dict[str, MeshAxis] = {}
         for index, name in enumerate(self.axes):
-            for ranks in _groups_along(self.grid, index):  # every rank creates every group, in one order
+            for ranks in groups_along(self.grid, index):  # every rank creates every group, in one order
                 group = dist.new_group(ranks)
                 if me in ranks:
                     self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
@@ -99,15 +122,19 @@ class Mesh:
         """How many ranks lie along axis ``name``."""
         return self[name].size
 
+    def coordinates(self) -> dict[str, int]:
+        """This rank's coordinate on each axis, by name: its rank in each axis's group (``{"dp": 0, "tp": 1}``)."""
+        return {name: axis.rank for name, axis in self._axes.items()}
+
     def all_groups(self, name: str) -> list[list[int]]:
         """The global ranks of *every* group along axis ``name`` (this rank's and the others')."""
         if name not in self.axes:
             raise KeyError(f"this mesh has axes {list(self.axes)}, not {name!r}.")
-        return _groups_along(self.grid, self.axes.index(name))
+        return groups_along(self.grid, self.axes.index(name))
 
     def __repr__(self) -> str:
         shape = " × ".join(f"{name}={size}" for name, size in zip(self.axes, self.shape))
-        return f"Mesh({shape}, this rank at {self.coordinate})"
+        return f"Mesh({shape}, this rank at {self.coordinates()})"
 
 
 def _validate(axes: dict[str, int], world_size: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -129,3 +156,23 @@ def _validate(axes: dict[str, int], world_size: int) -> tuple[tuple[int, ...], t
 def as_group(group):
     """The process group behind ``group``: a :class:`MeshAxis`, a process group, or None (the whole world)."""
     return group.group if isinstance(group, MeshAxis) else group
+
+
+def rank_size(group=None) -> tuple[int, int]:
+    """``(rank, size)``: this rank's index in ``group`` and the group's size, or ``(0, 1)`` when there are no ranks.
+
+    ``group`` is a process group, a :class:`MeshAxis` or None (every rank). Asked of whatever carries this
+    thread's calls: the transport set by ``comm.using`` (inside ``comm.simulate``, the simulator's ranks),
+    else ``torch.distributed`` on real ranks; with neither (one process, a notebook cell) one rank of one,
+    so code written for many ranks also runs, unchanged, on one.
+
+        >>> rank_size()
+        (0, 1)
+    """
+    group = as_group(group)
+    transport = comm_state.active()
+    if transport is not None:
+        return transport.rank(group), transport.world_size(group)
+    if not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)

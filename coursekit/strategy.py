@@ -6,6 +6,12 @@ synchronise, how to step, and what it holds and sent. Each chapter's module
 defines its strategies as small subclasses of :class:`Strategy` and registers
 them by name with :func:`register`; the loop never changes.
 
+Groups come from one :class:`~coursekit.mesh.Mesh` handed in (``train(..., mesh=mesh)``): each strategy
+names the axes it takes (:attr:`Strategy.axes`: ``("dp",)`` for data parallelism, ``("tp",)``,
+``("dp", "tp")`` ...) and reads each by name (``setup.group("dp")``); no strategy builds a mesh.
+Without a mesh, a strategy on one axis runs it over every rank; one on several axes says which
+mesh it wants (:meth:`Strategy.default_mesh`), and :func:`mesh_for` builds it, once.
+
     >>> @register("my_strategy")
     ... class Mine(Strategy):
     ...     def synchronize(self):
@@ -21,29 +27,38 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
-from .mesh import as_group
+from .mesh import Mesh, MeshAxis, as_group, rank_size
 from .models import loss_fn
 from .trace import Tracer
 
-__all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "optimizer_tensors"]
+__all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "mesh_for", "optimizer_tensors"]
 
 
 @dataclass
 class Setup:
     """What the loop hands a strategy to build itself from.
 
-    ``options`` holds the strategy's own keyword arguments given to ``train``
-    (e.g. ``bucket_cap_mb`` for ``"bucketed"``); a strategy reads those it knows.
+    ``mesh`` is the run's :class:`~coursekit.mesh.Mesh` (None: no mesh, every axis is all ranks); a strategy
+    takes the axes it needs from it by name with :meth:`axis` or :meth:`group`. ``options`` holds the
+    strategy's own keyword arguments given to ``train`` (e.g. ``bucket_cap_mb`` for ``"bucketed"``); a
+    strategy reads those it knows.
     """
 
     model: nn.Module
     optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer]
-    group: Any = None            # the data-parallel group: None (all ranks), a process group or a MeshAxis
+    mesh: Mesh | None = None
     tracer: Tracer | None = None
     options: dict = field(default_factory=dict)
+
+    def axis(self, name: str) -> MeshAxis | None:
+        """This rank's axis ``name`` of the mesh, or None without a mesh (the axis is then every rank)."""
+        return None if self.mesh is None else self.mesh[name]
+
+    def group(self, name: str) -> Any:
+        """The process group along axis ``name`` (None, all ranks, without a mesh), as ``Mesh.group``."""
+        return as_group(self.axis(name))
 
 
 class Strategy:
@@ -58,6 +73,9 @@ class Strategy:
     """
 
     options: dict = {}  # the options this strategy reads, with their defaults
+    #: The mesh axes this strategy takes, by name. The first one's group is :attr:`group`, the group the loop
+    #: averages the loss over when the strategy splits the batch (:attr:`data_size` > 1).
+    axes: tuple[str, ...] = ("dp",)
 
     #: A strategy that runs a whole step itself sets this to a method
     #: ``run_step(micro_batches, micro_loss) -> (output or None, local_loss)``: ``micro_batches`` is this rank's
@@ -69,23 +87,45 @@ class Strategy:
     def __init__(self, setup: Setup):
         self.setup = setup
         self.model = setup.model
-        self.group = as_group(setup.group)
+        self.group = setup.group(self.axes[0])
         self.tracer = setup.tracer
         self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
 
     def option(self, name: str):
         return self.setup.options.get(name, self.options[name])
 
+    @classmethod
+    def default_mesh(cls, world_size: int, options: dict) -> dict[str, int] | None:
+        """The mesh's shape when ``train`` is given none; None: no mesh.
+
+        A strategy on one axis needs no mesh: without one, its axis is every rank (the default group,
+        no new process group made). One on two axes, ``dp`` outside and one more inside, sizes the inner
+        axis by its option of the same name: ``"dp_tp"`` with ``tp=2`` on 4 ranks gets
+        ``{"dp": 2, "tp": 2}``, ``"sequence_data"`` with ``sp=2`` ``{"dp": 2, "sp": 2}``. A strategy whose
+        axes are laid out otherwise overrides this.
+        """
+        if len(cls.axes) < 2:
+            return None
+        if len(cls.axes) > 2:
+            raise NotImplementedError(f"{cls.__name__} takes the axes {list(cls.axes)}: pass train(..., "
+                                      f"mesh=Mesh(...)) or override default_mesh to size them.")
+        outer, inner = cls.axes
+        size = options.get(inner, cls.options[inner])
+        if isinstance(size, int) and not isinstance(size, bool) and size >= 1 and world_size % size == 0:
+            return {outer: world_size // size, inner: size}
+        raise ValueError(f"{inner}={size!r} must be a positive divisor of the world size {world_size} "
+                         f"(the mesh is {outer}={world_size}//{inner} × {inner}).")
+
     # ---------------------------------------------------------------- how the batch is split
     @property
     def data_rank(self) -> int:
         """Which slice of the global batch this rank takes."""
-        return dist.get_rank(self.group) if dist.is_initialized() else 0
+        return rank_size(self.group)[0]
 
     @property
     def data_size(self) -> int:
         """Into how many slices the global batch is cut (the data-parallel degree)."""
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+        return rank_size(self.group)[1]
 
     # ---------------------------------------------------------------- one step
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -171,3 +211,29 @@ def get_strategy(name: str) -> type[Strategy]:
     if name not in STRATEGIES:
         raise ValueError(f"strategy={name!r}: use one of {tuple(STRATEGIES)}.")
     return STRATEGIES[name]
+
+
+def mesh_for(name: str, world_size: int, options: dict, mesh: Mesh | None = None) -> Mesh | None:
+    """The mesh strategy ``name`` runs on: ``mesh`` checked to have the axes the strategy takes, or, when
+    None, the strategy's :meth:`~Strategy.default_mesh` built here (once: building groups is collective).
+
+    An axis the strategy does not take is left alone: each of its groups runs the strategy on its own
+    (data parallelism on ``Mesh({"dp": 2, "tp": 2})`` trains two copies, one per ``tp`` coordinate).
+    """
+    cls = get_strategy(name)
+    if mesh is None:
+        shape = cls.default_mesh(world_size, options)
+        return None if shape is None else Mesh(shape)
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh= takes a coursekit.mesh.Mesh (e.g. Mesh({{'dp': 2, 'tp': 2}})), not "
+                        f"{type(mesh).__name__}: strategy={name!r} takes the axes {list(cls.axes)} from it by name.")
+    missing = [axis for axis in cls.axes if axis not in mesh.axes]
+    if missing:
+        raise ValueError(f"strategy={name!r} takes the mesh axes {list(cls.axes)}, but this mesh has "
+                         f"{list(mesh.axes)} (no {', '.join(map(repr, missing))}); name the mesh's axes "
+                         f"{list(cls.axes)}, e.g. Mesh({{{', '.join(f'{a!r}: ...' for a in cls.axes)}}}).")
+    for axis in cls.axes:
+        if axis in options and options[axis] != mesh.size(axis):
+            raise ValueError(f"{axis}={options[axis]!r} but the mesh's {axis!r} axis has {mesh.size(axis)} ranks: "
+                             f"give the mesh or the option {axis}=, not both.")
+    return mesh

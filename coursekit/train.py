@@ -7,6 +7,10 @@ harness (:mod:`coursekit.verify`), the timelines (:mod:`coursekit.trace`) and
 the memory accounting need. A strategy plugs in through the small interface
 of :class:`coursekit.strategy.Strategy`; adding one never changes this loop.
 
+The process groups come from one :class:`~coursekit.mesh.Mesh` (``mesh=``): each strategy takes
+the axes it needs by name, and when none is given this loop is the one place that builds the mesh
+a strategy on several axes asks for (:func:`coursekit.strategy.mesh_for`).
+
     >>> import coursekit
     >>> def run(rank, world_size):
     ...     return train(rank, world_size, strategy="zero2", steps=3)["losses"]
@@ -27,8 +31,9 @@ import torch.nn as nn
 from . import comm
 from . import parallel  # noqa: F401  (registers the strategies of every chapter)
 from .memory import PeakMemory
+from .mesh import Mesh
 from .parallel.data import shard_batch
-from .strategy import STRATEGIES, Setup, Strategy, get_strategy
+from .strategy import STRATEGIES, Setup, Strategy, get_strategy, mesh_for
 from .trace import Tracer
 from .verify import record_step
 
@@ -63,7 +68,7 @@ def _known_options() -> set[str]:
 
 def train(rank: int, world_size: int, strategy: str = "naive", model: str | Callable[[], nn.Module] = "mlp",
           data=None, steps: int = 3, global_batch: int = 16, micro_batches: int = 1, optimizer: str = "adam",
-          lr: float = 1e-3, seed: int = 0, group=None, record: bool = True, trace: bool = False,
+          lr: float = 1e-3, seed: int = 0, mesh: Mesh | None = None, record: bool = True, trace: bool = False,
           freeze: tuple[str, ...] = (), count_traffic: bool = False, progress: bool = False,
           **options) -> dict:
     """Train for ``steps`` steps with one ``strategy`` and return what happened on this rank.
@@ -78,7 +83,15 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         global_batch: samples per optimiser step over the data-parallel ranks (need not divide by them).
         micro_batches: gradient accumulation: each rank splits its slice into this many micro-batches
             and communicates once per step.
-        group: the data-parallel group (None: all ranks), or a mesh axis such as ``mesh["dp"]``.
+        mesh: the :class:`~coursekit.mesh.Mesh` to run on; the strategy takes the axes it needs by name
+            (:attr:`Strategy.axes <coursekit.strategy.Strategy.axes>`): ``"dp"`` for data parallelism
+            (``"naive"``, ``"bucketed"``, ``"zero1"`` …), ``"tp"`` for ``"tensor"``, ``"sp"`` for
+            ``"ring_attention"``, ``"pp"`` for ``"pipeline"``, both ``"dp"`` and ``"tp"`` for ``"dp_tp"``,
+            ``"dp"`` and ``"sp"`` for ``"sequence_data"``; a missing axis is an error that names both
+            lists. Axes it does not take are left alone (each of their groups trains on its own).
+            None (the default): a one-axis strategy runs over every rank, and ``"dp_tp"`` (option ``tp``)
+            and ``"sequence_data"`` (option ``sp``) get ``Mesh({"dp": world_size // tp, "tp": tp})``
+            (``sp`` alike), built here.
         freeze: names of parameters to freeze (``requires_grad=False``) before training.
         count_traffic: record chapter 01's traffic counter around the steps (``result["traffic"]``).
         progress: show a progress bar (``tqdm``) on rank 0.
@@ -91,6 +104,33 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
     kind, and ``total``: see :class:`coursekit.memory.PeakMemory`), ``step_times``, ``traffic``
     and the strategy's counters.
     """
+    _check_arguments(strategy, world_size, micro_batches, options)
+    net, default_data = make_model(model, seed)
+    data = data or default_data
+    if data is None:
+        raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
+    for name, p in net.named_parameters():
+        if name in freeze:
+            p.requires_grad_(False)
+    tracer = Tracer(rank) if trace else None
+    mesh = mesh_for(strategy, world_size, options, mesh)
+    runner = get_strategy(strategy)(Setup(net, make_optimizer_fn(optimizer, lr), mesh, tracer, options))
+    if tracer is not None:
+        tracer.start(runner.group)
+    result = _loop(runner, data, steps, global_batch, micro_batches, record, count_traffic, progress and rank == 0)
+    result["spans"] = tracer.gather(runner.group) if tracer is not None else None
+    result["numel"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    result.update(runner.counters())
+    result.setdefault("elements_reduced", None)
+    return result
+
+
+def _check_arguments(strategy: str, world_size: int, micro_batches: int, options: dict) -> None:
+    """What ``train`` refuses before it builds anything, each error saying what to pass instead."""
+    if "group" in options:
+        raise TypeError("train() takes mesh= (a coursekit.mesh.Mesh), not group=: each strategy takes the axes it "
+                        "needs from it by name, e.g. train(rank, world_size, 'zero2', mesh=Mesh({'dp': 2, 'tp': 2})) "
+                        "runs ZeRO-2 along mesh['dp'].")
     unknown = set(options) - _known_options()
     if unknown:
         raise TypeError(f"train() got unknown option(s) {sorted(unknown)}; the strategies take "
@@ -100,23 +140,6 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
-    net, default_data = make_model(model, seed)
-    data = data or default_data
-    if data is None:
-        raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
-    for name, p in net.named_parameters():
-        if name in freeze:
-            p.requires_grad_(False)
-    tracer = Tracer(rank) if trace else None
-    runner = get_strategy(strategy)(Setup(net, make_optimizer_fn(optimizer, lr), group, tracer, options))
-    if tracer is not None:
-        tracer.start(runner.group)
-    result = _loop(runner, data, steps, global_batch, micro_batches, record, count_traffic, progress and rank == 0)
-    result["spans"] = tracer.gather(runner.group) if tracer is not None else None
-    result["numel"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    result.update(runner.counters())
-    result.setdefault("elements_reduced", None)
-    return result
 
 
 def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: int, record: bool,

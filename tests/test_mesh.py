@@ -4,7 +4,8 @@ import pytest
 import torch
 
 import coursekit
-from coursekit.mesh import Mesh, MeshAxis, as_group
+from coursekit import comm
+from coursekit.mesh import Mesh, MeshAxis, as_group, coordinates_of, rank_size
 
 TIMEOUT = 180.0
 SHAPES = [{"dp": 4}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 4}, {"dp": 4, "tp": 1}, {"dp": 2, "pp": 1, "tp": 2}]
@@ -16,7 +17,7 @@ def _compare_with_torch(rank, world_size, axes):
 
     mesh = Mesh(axes)
     theirs = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=tuple(axes))
-    out = {"coordinate": mesh.coordinate}
+    out = {"coordinate": mesh.coordinates()}
     for name in axes:
         axis = mesh[name]
         total = torch.tensor([float(rank)])
@@ -114,3 +115,42 @@ def test_the_ring_runs_on_a_mesh_axis_and_counts_global_links():
         dp_peer, tp_peer = (rank + 2) % 4, rank ^ 1
         assert result["dp"] == [float(rank + dp_peer)] * 5 and result["tp"] == [float(rank + tp_peer)] * 5
         assert result["dp_links"] == [(rank, dp_peer)] and result["tp_links"] == [(rank, tp_peer)]
+
+
+def test_rank_size_without_ranks_is_one_rank_of_one():
+    """Outside any rank (a notebook cell), code written for a group runs as its only rank."""
+    assert rank_size() == (0, 1) and rank_size(None) == (0, 1)
+    assert rank_size(MeshAxis("dp", 1, 0, [0], None)) == (0, 1)
+
+
+def test_rank_size_in_the_simulator_is_each_simulated_rank():
+    """Planted bug, seen failing: torch.distributed asked, not the simulator: "[(0, 1), (0, 1), (0, 1)] == ..."."""
+    assert comm.simulate(lambda rank, world_size: rank_size(), 3).results == [(0, 3), (1, 3), (2, 3)]
+
+
+def _where_am_i(rank, world_size):
+    mesh = Mesh({"dp": 2, "tp": 2})
+    return rank_size(), rank_size(mesh["dp"]), rank_size(mesh["tp"].group), mesh.coordinates()
+
+
+def test_rank_size_and_coordinates_on_a_2x2_mesh():
+    """Rank r sits at row r // 2, column r % 2 of ``[[0, 1], [2, 3]]``; its dp group is its column.
+
+    Planted bugs, seen failing: ``rank_size`` ignoring the group ("rank 0: dp (0, 4), expected (0, 2)"), and
+    ``coordinates()`` giving each axis's size ("rank 0: {'dp': 2, 'tp': 2}").
+    """
+    for rank, (world, dp, tp, coordinates) in enumerate(coursekit.launch(_where_am_i, 4, timeout=TIMEOUT)):
+        assert world == (rank, 4), f"rank {rank}: world {world}"
+        assert dp == (rank // 2, 2), f"rank {rank}: dp {dp}, expected {(rank // 2, 2)}"
+        assert tp == (rank % 2, 2), f"rank {rank}: tp {tp}, expected {(rank % 2, 2)}"
+        assert coordinates == {"dp": rank // 2, "tp": rank % 2}, f"rank {rank}: {coordinates}"
+
+
+def test_coordinates_of_any_rank_need_no_ranks():
+    """The same grid as ``torch.arange(world).view(sizes)``, read without building a mesh."""
+    shape = {"dp": 2, "pp": 1, "tp": 3}
+    grid = torch.arange(6).view(2, 1, 3)
+    for rank in range(6):
+        expected = dict(zip(shape, map(int, (grid == rank).nonzero()[0])))
+        assert coordinates_of(rank, shape) == expected, f"rank {rank}"
+    assert coordinates_of(5, shape) == {"dp": 1, "pp": 0, "tp": 2}

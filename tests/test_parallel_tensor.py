@@ -6,11 +6,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import coursekit
-from coursekit.mesh import Mesh
+from coursekit.mesh import Mesh, rank_size
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.tensor import (count_communication, expected_counts, gather_dense, parallelize_transformer,
-                                       shard_sizes, split_to_parallel_region, tp_rank_size,
-                                       vocab_parallel_cross_entropy)
+                                       shard_sizes, split_to_parallel_region, vocab_parallel_cross_entropy)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -137,7 +136,7 @@ def _loss_alone(rank, world_size):
         targets = torch.arange(40) % 13
         expected = F.cross_entropy(full, targets, reduction="none")
         expected.sum().backward()
-        sizes, me = shard_sizes(13, degree), tp_rank_size(group)[0]
+        sizes, me = shard_sizes(13, degree), rank_size(group)[0]
         start = sum(sizes[:me])
         local = full.detach()[:, start:start + sizes[me]].clone().requires_grad_(True)
         loss = vocab_parallel_cross_entropy(local, targets, start, group)

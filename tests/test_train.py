@@ -5,7 +5,7 @@ import torch.distributed as dist
 
 import coursekit
 from coursekit.mesh import Mesh
-from coursekit.strategy import STRATEGIES, Strategy, register
+from coursekit.strategy import STRATEGIES, Strategy, get_strategy, mesh_for, register
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -16,7 +16,7 @@ CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2, b
 
 def _on_the_dp_axis(rank, world_size):
     mesh = Mesh({"dp": 2, "tp": 2})
-    return mesh["dp"].ranks, [train(rank, world_size, s, group=mesh["dp"], **CONFIG)["records"]
+    return mesh["dp"].ranks, [train(rank, world_size, s, mesh=mesh, **CONFIG)["records"]
                               for s in DATA_PARALLEL]
 
 
@@ -61,6 +61,45 @@ def test_unknown_options_and_strategies_say_what_exists():
         train(0, 1, "single", bucket_elemnts=10)
     with pytest.raises(ValueError, match="strategy='no_such_strategy'.*'zero3'"):
         train(0, 1, "no_such_strategy")
+
+
+def _wrong_meshes(rank, world_size):
+    mesh = Mesh({"dp": 1, "sp": 2})
+    errors = []
+    for strategy, options in (("dp_tp", {"mesh": mesh}), ("tensor", {"mesh": mesh}), ("naive", {"mesh": mesh["dp"]}),
+                              ("sequence_data", {"mesh": mesh, "sp": 1})):
+        try:
+            train(rank, world_size, strategy, model="transformer", steps=1, **options)
+            errors.append("no error")
+        except (TypeError, ValueError) as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    return errors
+
+
+def test_a_mesh_without_the_axes_a_strategy_takes_is_refused_naming_both():
+    """Planted bug, seen failing: no check of the axes: the rank fails with the mesh's own KeyError ("this mesh
+    has axes ['dp', 'sp'], not 'tp'"), which names neither the strategy nor the axes it takes."""
+    dp_tp, tensor, axis, both = coursekit.launch(_wrong_meshes, 2, timeout=TIMEOUT)[0]
+    assert dp_tp.startswith("ValueError") and "strategy='dp_tp' takes the mesh axes ['dp', 'tp']" in dp_tp, dp_tp
+    assert "this mesh has ['dp', 'sp'] (no 'tp')" in dp_tp, dp_tp
+    assert "strategy='tensor' takes the mesh axes ['tp']" in tensor and "has ['dp', 'sp']" in tensor, tensor
+    assert axis.startswith("TypeError") and "Mesh" in axis and "not MeshAxis" in axis, axis
+    assert "sp=1" in both and "'sp' axis has 2 ranks" in both, both
+
+
+def test_one_documented_way_mesh_not_group():
+    """``group=`` is gone; the default mesh of each strategy, without building one.
+
+    Planted bug, seen failing: the two axes' default sizes swapped ("{'dp': 4, 'tp': 2} == {'dp': 2, 'tp': 4}").
+    """
+    with pytest.raises(TypeError, match=r"train\(\) takes mesh= .*not group="):
+        train(0, 1, "naive", group=None)
+    assert mesh_for("naive", 4, {}) is None  # one axis: every rank, no mesh built
+    assert get_strategy("dp_tp").default_mesh(8, {"tp": 4}) == {"dp": 2, "tp": 4}
+    assert get_strategy("dp_tp").default_mesh(4, {}) == {"dp": 2, "tp": 2}  # the option's default, tp=2
+    assert get_strategy("sequence_data").default_mesh(6, {"sp": 3}) == {"dp": 2, "sp": 3}
+    assert [get_strategy(s).axes for s in ("naive", "zero2", "tensor", "ring_attention", "pipeline")] == \
+        [("dp",), ("dp",), ("tp",), ("sp",), ("pp",)]
 
 
 def test_a_progress_bar_on_rank_zero_only(capfd):

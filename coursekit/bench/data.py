@@ -31,6 +31,7 @@ import statistics
 
 from ..launch import launch
 from ..models import LanguageData, tiny_transformer
+from ..parallel.data.buckets import megabytes
 from ..train import train
 from ..trace import busy_time, hidden_fraction
 
@@ -58,7 +59,7 @@ def _run(rank, world_size, strategy, options, extra):
     # --bucket-elements sizes the all-reduce buckets of plain data parallelism (ours and DDP alike);
     # ZeRO keeps its own defaults (see coursekit.parallel.data.ZeroStrategy), unless extra names some.
     if strategy == "torch_ddp":
-        buckets = {"bucket_cap_mb": options["bucket_elements"] * 4 / 2**20}
+        buckets = {"bucket_cap_mb": megabytes(options["bucket_elements"])}
     elif strategy.startswith(("zero", "torch")):
         buckets = {}
     else:

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..parallel.tensor import shard_sizes, tp_rank_size
+from ..mesh import rank_size
+from ..parallel.tensor import shard_sizes
 
 __all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording"]
 
@@ -37,7 +38,7 @@ def shard_range(total: int, group=None) -> tuple[int, int]:
         >>> shard_range(7)            # one process: everything
         (0, 7)
     """
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     sizes = shard_sizes(total, size, "size")
     return sum(sizes[:rank]), sum(sizes[:rank + 1])
 
@@ -45,7 +46,7 @@ def shard_range(total: int, group=None) -> tuple[int, int]:
 def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over the ranks of ``group``, in place; returns it. Counted (nothing happens on one rank)."""
     _CALLS.append(("all_reduce", _PHASE[0], tuple(tensor.shape), tensor.numel()))
-    if tp_rank_size(group)[1] > 1:
+    if rank_size(group)[1] > 1:
         _ALL_REDUCE(tensor, group=group)
     return tensor
 
@@ -53,7 +54,7 @@ def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 def all_gather(tensor: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along ``dim`` in rank order (sizes along ``dim`` may differ). Counted."""
     _CALLS.append(("all_gather", _PHASE[0], tuple(tensor.shape), tensor.numel()))
-    size = tp_rank_size(group)[1]
+    size = rank_size(group)[1]
     if size == 1:
         return tensor.clone()
     dim = dim % tensor.dim()

@@ -5,7 +5,7 @@ side -- and registers its :class:`coursekit.strategy.Strategy` subclasses for :f
 
 * ``data`` -- chapter 02: replicas, gradients averaged ("naive", "bucketed"), ZeRO stages 1–3 ("zero1",
   "zero2", "zero3"), ZeRO-3 one unit at a time ("zero3_units"), ZeRO-1 as a ``torch.optim.Optimizer``
-  ("sharded_optimizer"); PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2 ("torch_ddp", "torch_zero1",
+  ("sharded_optimizer"), one bucket rule for all of them (``buckets``); PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2 ("torch_ddp", "torch_zero1",
   "torch_fsdp");
 * ``pipeline`` -- chapters 03 and 04: layers cut into stages ("model"), pipeline schedules as data, their
   validator and plan, one executor ("pipeline"); ``torch.distributed.pipelining`` ("torch_pipeline");

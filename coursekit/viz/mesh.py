@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from ..mesh import _groups_along
+from ..mesh import groups_along
 
 
 def mesh_layout(world_size: int, tp: int, gpus_per_node: int) -> dict:
@@ -35,7 +35,7 @@ def mesh_layout(world_size: int, tp: int, gpus_per_node: int) -> dict:
                          f"(the mesh is dp = {world_size} // tp by tp).")
     grid = torch.arange(world_size).view(world_size // tp, tp)
     node = [rank // gpus_per_node for rank in range(world_size)]
-    tp_groups, dp_groups = _groups_along(grid, 1), _groups_along(grid, 0)
+    tp_groups, dp_groups = groups_along(grid, 1), groups_along(grid, 0)
     crossing = [i for i, group in enumerate(tp_groups) if len({node[r] for r in group}) > 1]
     return {"tp_groups": tp_groups, "dp_groups": dp_groups, "node": node, "crossing": crossing}
 

@@ -102,8 +102,8 @@ _here = threading.local()
 
 @contextmanager
 def _listening():
-    """Wrap the ring module's ``_mask``, ``block_attention`` and ``merge`` to note what each simulated rank does."""
-    mask_fn, block_fn, merge_fn = _ring._mask, _ring.block_attention, _ring.merge
+    """Wrap the ring module's ``block_mask``, ``block_attention`` and ``merge`` to note what each simulated rank does."""
+    mask_fn, block_fn, merge_fn = _ring.block_mask, _ring.block_attention, _ring.merge
 
     def mask(q_pos, k_pos, causal):
         out = mask_fn(q_pos, k_pos, causal)
@@ -127,11 +127,11 @@ def _listening():
         return o, lse
 
     with _listening_lock:
-        _ring._mask, _ring.block_attention, _ring.merge = mask, block, merge
+        _ring.block_mask, _ring.block_attention, _ring.merge = mask, block, merge
         try:
             yield
         finally:
-            _ring._mask, _ring.block_attention, _ring.merge = mask_fn, block_fn, merge_fn
+            _ring.block_mask, _ring.block_attention, _ring.merge = mask_fn, block_fn, merge_fn
 
 
 def record_rounds(world_size: int = 4, seq_len: int = 16, causal: bool = True, layout: str = "zigzag",

@@ -119,7 +119,7 @@ print(inspect.getsource(average_gradients))
 # %% [markdown]
 # ## The proof: every variant equals one process
 #
-# `coursekit.parallel.data.train` runs one training loop with any variant. `coursekit.verify.compare`
+# `coursekit.train` runs one training loop with any variant. `coursekit.verify.compare`
 # (the equivalence harness every later chapter uses) checks, step by step, the forward output (rank
 # outputs concatenated), the loss of the global batch, every gradient (reassembled from the shards
 # under ZeRO) and every parameter after the optimiser step, against one process on the same global

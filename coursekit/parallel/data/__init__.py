@@ -9,6 +9,7 @@ One module per step, PyTorch's counterpart last:
   gradients, then parameters sharded;
 * ``units`` and ``fsdp`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`, ``"zero3_units"``): the
   units and the thread that gathers the next one; the wrapper that runs them;
+* ``buckets`` -- how big a bucket is: one rule for all of them, DDP's ``bucket_cap_mb``;
 * ``sharded_optimizer`` -- ZeRO-1 as a ``torch.optim.Optimizer`` (:class:`ShardedOptimizer`,
   ``"sharded_optimizer"``);
 * ``torch`` -- PyTorch's own on the same loop: DDP, ``ZeroRedundancyOptimizer``, FSDP2 (``"torch_ddp"``,
@@ -18,6 +19,7 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 """
 
 # In this order: the strategies register with the training loop in the order chapter 02 meets them.
+from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 from .averaging import Bucketed, DataParallel, Naive, average_gradients, broadcast_parameters, shard_batch
 from .torch import FSDP2ParameterBytes, TorchDDP, TorchFSDP, TorchZeRO1, optimizer_class_and_defaults
 from .zero import ZeRO, ZeroStrategy
@@ -25,16 +27,8 @@ from .units import CommThread, Job, Unit, default_units, gather_whole, plan_unit
 from .fsdp import ShardedUnits, Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 
-__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
+__all__ = ["DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
            "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
-
-
-def __getattr__(name: str):
-    # The loop moved to coursekit.train; chapter 02's notebook still imports it from here.
-    if name == "train":
-        from ...train import train
-        return train
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,8 @@ Which collective does the work is switchable (:data:`coursekit.collectives.RING`
 chapter 01's ring, every element counted; or ``TORCH``, gloo/NCCL's own). The
 bucketed version always uses torch's ``async_op=True`` all-reduce, because
 overlap needs a collective that runs on another thread while this one computes.
+Buckets are sized by the course's one rule, :mod:`coursekit.parallel.data.buckets` (``bucket_cap_mb``
+megabytes of gradient per bucket, as DDP means it).
 """
 
 from __future__ import annotations
@@ -39,17 +41,12 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ... import collectives as _collectives
-from ...mesh import as_group
+from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, register
 from ...trace import Tracer
+from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 
 __all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed"]
-
-
-def _world(group) -> tuple[int, int]:
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
 
 
 # --------------------------------------------------------------------------
@@ -114,7 +111,7 @@ def average_gradients(module: nn.Module, group=None, all_reduce: Callable | None
     """
     all_reduce = all_reduce or _collectives.ring_all_reduce
     group = as_group(group)
-    _, size = _world(group)
+    _, size = rank_size(group)
     for param in module.parameters():
         if param.grad is not None:
             all_reduce(param.grad, group=group)
@@ -166,7 +163,8 @@ class DataParallel(nn.Module):
     Args:
         module: the model (its parameters are broadcast from rank 0 here).
         bucket_cap_mb: megabytes (2**20 bytes) of gradient per bucket, DDP's default 25. A parameter
-            is never split; a larger one gets a bucket of its own. ``None``: one bucket for everything.
+            is never split; a larger one gets a bucket of its own. ``None``: one bucket for everything
+            (the rule of every bucket in the course: :mod:`coursekit.parallel.data.buckets`).
         group: the data-parallel process group, or a mesh axis (``mesh["dp"]``).
         tracer: optional :class:`coursekit.trace.Tracer`; all-reduces are recorded as ``comm`` spans.
         overlap: ``False`` starts every bucket only when backward has ended
@@ -174,19 +172,19 @@ class DataParallel(nn.Module):
         bucket_elements: the bucket size as a number of elements instead (overrides ``bucket_cap_mb``).
     """
 
-    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = 25.0, group=None,
+    def __init__(self, module: nn.Module, bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, group=None,
                  tracer: Tracer | None = None, overlap: bool = True, *, bucket_elements: int | None = None):
         super().__init__()
         self.overlap = overlap
         group = as_group(group)
         self.module = broadcast_parameters(module, group=group)
         self.group, self.tracer = group, tracer
-        self.world_size = _world(group)[1]
+        self.world_size = rank_size(group)[1]
         self.require_sync = True
         params = [p for p in module.parameters() if p.requires_grad]
         if not params:
             raise ValueError("the module has no trainable parameter: nothing to synchronise.")
-        self.buckets = _make_buckets(params, _bucket_capacity(bucket_cap_mb, bucket_elements, params[0]))
+        self.buckets = _make_buckets(params, bucket_capacity(bucket_cap_mb, params[0], bucket_elements=bucket_elements))
         self._where = {id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)}
         self.elements_reduced = 0  # elements all-reduced so far (for exact counting in tests)
         self._pending = False  # gradients of this backward not yet averaged
@@ -302,19 +300,6 @@ def _remove_hooks(handles: list) -> None:
         handle.remove()
 
 
-def _bucket_capacity(bucket_cap_mb: float | None, bucket_elements: int | None, like: torch.Tensor) -> int | None:
-    """Elements per bucket from DDP's megabytes (or an explicit element count); None: unbounded."""
-    if bucket_elements is not None:
-        if bucket_elements < 1:
-            raise ValueError(f"bucket_elements must be a positive number of elements (got {bucket_elements}).")
-        return bucket_elements
-    if bucket_cap_mb is None:
-        return None
-    if bucket_cap_mb <= 0:
-        raise ValueError(f"bucket_cap_mb must be a positive number of megabytes or None (got {bucket_cap_mb}).")
-    return max(1, int(bucket_cap_mb * 2**20) // like.element_size())
-
-
 def _make_buckets(params: list[nn.Parameter], capacity: int | None) -> list[_Bucket]:
     """Group the parameters, in backward order (the reverse of their order in the module), into buckets."""
     buckets: list[_Bucket] = []
@@ -351,13 +336,14 @@ class Naive(Strategy):
 class Bucketed(Strategy):
     """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
 
-    options = {"bucket_cap_mb": None, "bucket_elements": 25_000, "overlap": True}
+    # 25,000 float32 elements a bucket, as megabytes: six of the course transformer, to overlap backward
+    options = {"bucket_cap_mb": megabytes(25_000), "bucket_elements": None, "overlap": True}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
-        elements = self.option("bucket_elements") if self.option("bucket_cap_mb") is None else None
         self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
-                                    tracer=self.tracer, overlap=self.option("overlap"), bucket_elements=elements)
+                                    tracer=self.tracer, overlap=self.option("overlap"),
+                                    bucket_elements=self.option("bucket_elements"))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.wrapped(inputs)

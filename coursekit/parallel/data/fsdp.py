@@ -70,9 +70,9 @@ import torch.nn as nn
 
 from ...collectives import get_collectives
 from ...memory import held_bytes
-from ...mesh import as_group
+from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
-from .averaging import _world, broadcast_parameters
+from .averaging import broadcast_parameters
 from .units import CommThread, Unit, default_units, gather_whole, plan_units
 
 __all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]
@@ -98,7 +98,7 @@ class ShardedUnits(nn.Module):
         super().__init__()
         self.group = as_group(group)
         self.module = broadcast_parameters(module, group=self.group)
-        self.rank, self.world_size = _world(self.group)
+        self.rank, self.world_size = rank_size(self.group)
         self.comm, self.prefetch = get_collectives(collectives), prefetch
         plan = plan_units(module, default_units(module) if units is None else list(units))
         self.units = [Unit(n, m, named, self.rank, self.world_size) for n, m, named in plan]
@@ -295,7 +295,7 @@ class Zero3Units(Strategy):
     options = {"collectives": "ring", "units": None, "prefetch": True}
 
     def __init__(self, setup: Setup):
-        self.setup, self.tracer, self.group = setup, setup.tracer, as_group(setup.group)
+        self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
         self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
                                   setup.tracer, self.option("prefetch"))
         self.optimizer = setup.optimizer_fn(self.model.shard_parameters())

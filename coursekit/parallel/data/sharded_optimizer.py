@@ -70,9 +70,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...collectives import Collectives, get_collectives, owned_segment, segment_bounds
-from ...mesh import as_group
+from ...mesh import as_group, rank_size
 from ...strategy import Setup, register
-from .averaging import Bucketed, _world
+from .averaging import Bucketed
 from .torch import optimizer_class_and_defaults
 
 __all__ = ["ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE"]
@@ -190,7 +190,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  collectives: str | Collectives = "ring", elementwise: bool = False, **defaults: Any):
         _check_elementwise(optimizer_class, elementwise)
         self.process_group = as_group(group)
-        self.rank, self.world_size = _world(self.process_group)
+        self.rank, self.world_size = rank_size(self.process_group)
         self.comm = get_collectives(collectives)
         self.optim: torch.optim.Optimizer | None = None
         self._flats: list[_FlatGroup] = []
@@ -309,6 +309,6 @@ class ShardedOptimizerStrategy(Bucketed):
     def __init__(self, setup: Setup):
         self.setup = setup
         optimizer_class, defaults = optimizer_class_and_defaults(setup)  # as "torch_zero1" reads them
-        group, collectives = as_group(setup.group), self.option("collectives")
+        group, collectives = setup.group("dp"), self.option("collectives")
         super().__init__(replace(setup, optimizer_fn=lambda params: ShardedOptimizer(
             params, optimizer_class, group=group, collectives=collectives, **defaults)))

@@ -27,8 +27,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...memory import held_bytes
-from ...mesh import as_group
 from ...strategy import Setup, Strategy, optimizer_tensors, register
+from .buckets import DDP_BUCKET_CAP_MB
 
 __all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
 
@@ -44,13 +44,14 @@ def optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
 class TorchDDP(Strategy):
     """``torch.nn.parallel.DistributedDataParallel``: gradients averaged by the time backward returns."""
 
-    options = {"bucket_cap_mb": None}
+    options = {"bucket_cap_mb": DDP_BUCKET_CAP_MB}  # DDP's own; None: one bucket, as everywhere in the course
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
         cap = self.option("bucket_cap_mb")
-        self.ddp = nn.parallel.DistributedDataParallel(self.model, process_group=self.group,
-                                                       **({} if cap is None else {"bucket_cap_mb": cap}))
+        if cap is None:  # as large as the model: one bucket (DDP itself reads None as 25 MB; its first bucket is 1 MB)
+            cap = sum(p.numel() * p.element_size() for p in self.model.parameters()) / 2**20
+        self.ddp = nn.parallel.DistributedDataParallel(self.model, process_group=self.group, bucket_cap_mb=cap)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.ddp(inputs)
@@ -130,7 +131,7 @@ class TorchFSDP(Strategy):
         from torch.distributed.fsdp import fully_shard
 
         self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
-        self.group = as_group(setup.group)
+        self.group = setup.group("dp")
         mesh = DeviceMesh.from_group(self.group or dist.group.WORLD, "cpu")
         for block in getattr(self.model, "blocks", None) or getattr(self.model, "layers", []):
             fully_shard(block, mesh=mesh)  # one unit per block (per layer of the MLP)

@@ -17,12 +17,13 @@ import torch
 import torch.nn as nn
 
 from ...collectives import RING, Collectives, get_collectives, owned_segment, segment_bounds
-from ...mesh import as_group
+from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from ...trace import Tracer
 from ...verify import FlatShard
 from ...memory import PeakMemory
-from .averaging import _bucket_capacity, _world, broadcast_parameters
+from .averaging import broadcast_parameters
+from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 
 __all__ = ["ZeRO", "ZeroStrategy"]
 
@@ -44,7 +45,8 @@ class ZeRO(nn.Module):
     The trainable parameters are laid end to end in one flat buffer (each
     parameter becomes a view into it), and the buffer is cut into *buckets*:
     contiguous ranges of about ``bucket_cap_mb`` megabytes, in backward order
-    (the last layers first), one bucket for everything by default. Each bucket
+    (the last layers first; DDP's 25 MB by default, one bucket for the course's
+    models; :mod:`coursekit.parallel.data.buckets` is the rule). Each bucket
     is cut into ``N`` segments as chapter 01's ring cuts it: rank ``r`` *owns*
     segment ``owned_segment(r, N)`` of every bucket, keeps the optimiser state
     of those segments only and updates only them.
@@ -92,7 +94,7 @@ class ZeRO(nn.Module):
 
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
                  stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None,
-                 bucket_cap_mb: float | None = None, *, bucket_elements: int | None = None):
+                 bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None):
         super().__init__()
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1 (optimiser state), 2 (+ gradients) or 3 (+ parameters); "
@@ -103,10 +105,10 @@ class ZeRO(nn.Module):
         self.shard_grads = stage >= 2   # reduce-scatter during backward, keep only my segments of the gradients
         self.shard_params = stage == 3  # keep only my segments of the parameters between uses
         self.comm = get_collectives(collectives)
-        self.rank, self.world_size = _world(group)
+        self.rank, self.world_size = rank_size(group)
         self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
         self._flatten([(name, p) for name, p in module.named_parameters() if p.requires_grad])  # tied: once
-        self._make_buckets(_bucket_capacity(bucket_cap_mb, bucket_elements, self.params[0]))
+        self._make_buckets(bucket_capacity(bucket_cap_mb, self.params[0], bucket_elements=bucket_elements))
         # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy);
         # stage 3: their own storage, because the full buffer is freed between uses.
         self.pieces = [nn.Parameter(self.flat_param[b.start:b.stop].clone() if self.shard_params
@@ -342,27 +344,26 @@ def _attach(p: nn.Parameter, view: torch.Tensor) -> None:
 class ZeroStrategy(Strategy):
     """:class:`ZeRO` in the training loop: its optimiser steps my segments; ``step`` also communicates.
 
-    Buckets as ``"bucketed"`` names them: ``bucket_cap_mb`` (megabytes) or ``bucket_elements``.
-    Defaults, chosen because every bucket costs one blocking ring call (two for ZeRO-3's gathers)
-    and each call has a fixed cost of its own:
+    Buckets by the course's one rule (:mod:`coursekit.parallel.data.buckets`): ``bucket_cap_mb``
+    megabytes, or ``bucket_elements``. Defaults, chosen because every bucket costs one blocking ring
+    call (two for ZeRO-3's gathers) and each call has a fixed cost of its own:
 
-    * stage 1: one bucket. Its gradients are all complete at the end of backward anyway, so
-      smaller buckets buy nothing -- 1 reduce-scatter and 1 all-gather per step.
-    * stages 2-3: buckets of 55,000 elements, two for the course transformer (49,984 and 54,848):
-      a rank still frees half the gradients before backward ends, with 2 ring calls per
-      pass instead of the 6 that 25,000-element buckets cost. The course MLP is one bucket.
+    * stage 1: DDP's 25 MB, one bucket for the course's models. Its gradients are all complete at the
+      end of backward anyway, so smaller buckets buy nothing -- 1 reduce-scatter and 1 all-gather per step.
+    * stages 2-3: ``megabytes(55_000)``, buckets of 55,000 float32 elements, two for the course
+      transformer (49,984 and 54,848): a rank still frees half the gradients before backward ends, with
+      2 ring calls per pass instead of the 6 that 25,000-element buckets cost. The course MLP is one bucket.
     """
 
     stage = 1
-    options = {"collectives": "ring", "bucket_cap_mb": None, "bucket_elements": None}
+    options = {"collectives": "ring", "bucket_cap_mb": DDP_BUCKET_CAP_MB, "bucket_elements": None}
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer = setup, setup.tracer
-        self.group = as_group(setup.group)
-        elements = self.option("bucket_elements") if self.option("bucket_cap_mb") is None else None
+        self.group = setup.group("dp")
         self.zero = ZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
                          collectives=self.option("collectives"), tracer=setup.tracer,
-                         bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=elements)
+                         bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=self.option("bucket_elements"))
         self.model, self.optimizer = self.zero, self.zero.optimizer
         self.peak = self.zero.peak  # noted inside backward too (the loop adds its own moments)
 
@@ -388,6 +389,6 @@ class ZeroStrategy(Strategy):
 
 
 for _stage in (1, 2, 3):
-    _options = dict(ZeroStrategy.options, bucket_elements=None if _stage == 1 else 55_000)
+    _options = dict(ZeroStrategy.options, bucket_cap_mb=DDP_BUCKET_CAP_MB if _stage == 1 else megabytes(55_000))
     register(f"zero{_stage}")(type(f"Zero{_stage}", (ZeroStrategy,), {"stage": _stage, "options": _options,
                                                                      "__doc__": f"ZeRO stage {_stage}."}))

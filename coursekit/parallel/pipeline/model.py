@@ -34,7 +34,6 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ... import comm
-from ...mesh import as_group
 from ...models import MLP, Transformer
 from ...strategy import Setup, Strategy, register
 from ...verify import NamedPart
@@ -191,10 +190,11 @@ class StagedStrategy(Strategy):
     """
 
     options = {"partition_by": "params", "layers_per_stage": None}
+    axes = ("pp",)  # the ranks of the pipeline
 
     def __init__(self, setup: Setup, stages_per_rank: int = 1):
         self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
-        self.group = as_group(setup.group)  # the ranks of the pipeline
+        self.group = setup.group("pp")
         self.rank, self.size = comm.get_rank(self.group), comm.get_world_size(self.group)
         self.n_stages = self.size * stages_per_rank
         sizes = self.option("layers_per_stage")

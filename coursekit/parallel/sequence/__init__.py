@@ -17,8 +17,8 @@ ring_attention``).
 """
 
 # In this order: the strategies register with the training loop in the order chapter 06 meets them.
-from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, chunk_bounds, full_attention, merge,
-                   positions, rank_size, ring_attention, ring_traffic, shard_sequence, split_bounds)
+from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, block_mask, chunk_bounds, full_attention,
+                   merge, positions, ring_attention, ring_traffic, shard_sequence, split_bounds)
 from .comm import all_to_all, exchange, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
                     chunk_local_losses, chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
@@ -28,8 +28,8 @@ from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, Sequen
                      reduce_scatter_sequence)
 from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
 
-__all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
-           "block_attention", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
+__all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
+           "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
            "exchange", "all_to_all", "gather_sequence",
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "chunk_local_losses", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",

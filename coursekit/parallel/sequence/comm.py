@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from ... import comm
-from .ring import positions, rank_size
+from ...mesh import rank_size
+from .ring import positions
 
 __all__ = ["exchange", "all_to_all", "gather_sequence"]
 

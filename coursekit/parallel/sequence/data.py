@@ -18,19 +18,16 @@ axis       forward and backward, per step, over all ranks         gradients, per
 (``b``: a slice's samples, ``Ψ``: parameters; :func:`sequence_data_traffic`.) :func:`traffic_per_axis`
 splits what :func:`coursekit.comm.record` counted by the axis each message travelled along.
 
-    >>> def run(rank, world_size):
+    >>> def run(rank, world_size):        # on Mesh({"dp": world_size // 2, "sp": 2}), built by train (or mesh=...)
     ...     return train(rank, world_size, "sequence_data", model="transformer", sp=2, count_traffic=True)
     >>> coursekit.launch(run, 4)                                    # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
-import torch.distributed as dist
 
-from ...mesh import Mesh
+from ...mesh import coordinates_of
 from ...strategy import Setup, register
 from ...traffic import Traffic
 from .split import RingAttentionStrategy
@@ -40,17 +37,14 @@ __all__ = ["SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]
 
 @register("sequence_data")
 class SequenceDataParallel(RingAttentionStrategy):
-    """Ring attention along ``sp``, the batch split along ``dp``: ``group=`` a Mesh with both, or option ``sp``."""
+    """Ring attention along ``sp``, the batch split along ``dp``: ``mesh=`` a Mesh with both, or option ``sp``."""
 
     options = {"collectives": "ring", "layout": "zigzag", "sp": 2}
+    axes = ("dp", "sp")  # no mesh given: Mesh({"dp": world // sp, "sp": sp}), from the option sp
 
     def __init__(self, setup: Setup):
-        mesh = setup.group if setup.group is not None else _mesh(setup.options.get("sp", self.options["sp"]))
-        if not isinstance(mesh, Mesh) or set(mesh.axes) != {"dp", "sp"}:
-            raise ValueError(f"strategy='sequence_data' takes group= a Mesh with axes 'dp' and 'sp' (or None, "
-                             f"with the option sp=...), got {mesh!r}.")
-        super().__init__(dataclasses.replace(setup, group=mesh["dp"]))  # the loop's group: its loss, over dp
-        self.mesh, self.sp_group = mesh, mesh["sp"].group
+        super().__init__(setup)
+        self.mesh, self.sp_group = setup.mesh, setup.group("sp")
 
     @property
     def data_rank(self) -> int:
@@ -72,27 +66,16 @@ class SequenceDataParallel(RingAttentionStrategy):
                 p.grad.copy_(g.view_as(p) / self.data_size)
 
 
-def _mesh(sp) -> Mesh:
-    """``Mesh({"dp": world // sp, "sp": sp})``; ``sp`` must divide the world size."""
-    world = dist.get_world_size()
-    if isinstance(sp, int) and sp >= 1 and world % sp == 0:
-        return Mesh({"dp": world // sp, "sp": sp})
-    raise ValueError(f"sp={sp!r} must be a positive divisor of the world size {world} "
-                     f"(the mesh is dp=world//sp × sp).")
-
-
 def traffic_per_axis(traffic: Traffic, mesh_shape: dict[str, int]) -> dict[str, int]:
     """Elements sent along each axis of a mesh ``{"dp": D, "sp": G}`` (ranks laid out as :class:`Mesh` does).
 
     A message whose sender and receiver differ only in their ``sp`` coordinate travelled along ``sp``;
     one that crosses both axes would be counted under ``"both"`` (there should be none).
     """
-    names, sizes = list(mesh_shape), list(mesh_shape.values())
-    grid = torch.arange(int(torch.tensor(sizes).prod())).view(*sizes)
-    where = {int(r): dict(zip(names, map(int, (grid == r).nonzero()[0]))) for r in grid.flatten()}
-    out = {name: 0 for name in names} | {"both": 0}
+    out = {name: 0 for name in mesh_shape} | {"both": 0}
     for t in traffic.payload:
-        differ = [n for n in names if where[t.src][n] != where[t.dst][n]]
+        src, dst = coordinates_of(t.src, mesh_shape), coordinates_of(t.dst, mesh_shape)
+        differ = [n for n in mesh_shape if src[n] != dst[n]]
         out[differ[0] if len(differ) == 1 else "both"] += t.numel
     return out
 

@@ -51,9 +51,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import comm
+from ...mesh import rank_size
 
-__all__ = ["LAYOUTS", "rank_size", "chunk_bounds", "positions", "shard_sequence", "merge", "block_attention", "AttentionWork",
-           "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
+__all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
+           "AttentionWork", "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -61,13 +62,6 @@ LAYOUTS = ("contiguous", "zigzag")
 # --------------------------------------------------------------------------
 # Who holds which tokens.
 # --------------------------------------------------------------------------
-def rank_size(group=None) -> tuple[int, int]:
-    """This rank's index in ``group`` and its size: from ``comm`` on real or simulated ranks, (0, 1) without any."""
-    if not comm.has_ranks():
-        return 0, 1
-    return comm.get_rank(group), comm.get_world_size(group)
-
-
 def split_bounds(total: int, parts: int) -> list[tuple[int, int]]:
     """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more).
 
@@ -136,8 +130,10 @@ def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Te
     return torch.exp(lse1 - lse).unsqueeze(-1) * o1 + torch.exp(lse2 - lse).unsqueeze(-1) * o2, lse
 
 
-def _mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool):
-    """``None`` (nothing masked), ``"skip"`` (everything masked), or the boolean mask of future keys."""
+def block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool):
+    """What causal attention hides of one query block from one key block, by their tokens' positions:
+    ``None`` (nothing masked), ``"skip"`` (everything masked: the block is not computed), or the boolean
+    mask of future keys (``True`` where a key comes after its query)."""
     if not causal:
         return None
     future = k_pos.unsqueeze(0) > q_pos.unsqueeze(1)  # decided on the CPU: no device sync per block
@@ -253,7 +249,7 @@ def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWo
         done = 0
         for i, (qs, q_pos) in enumerate(ring.pieces(ring.rank)):
             for ks, k_pos in ring.pieces(src):
-                mask = _mask(q_pos, k_pos, causal)
+                mask = block_mask(q_pos, k_pos, causal)
                 if isinstance(mask, str):
                     if work is not None:
                         work.skipped += 1
@@ -287,7 +283,7 @@ def _backward(ring: _Ring, q, k, v, o, lse, grad, causal: bool, scale: float):
             incoming, works = ring.exchange(kv, ring.lengths[ring.owner(step + 1)], "ring kv (backward)", step)
         for qs, q_pos in ring.pieces(ring.rank):
             for ks, k_pos in ring.pieces(src):
-                mask = _mask(q_pos, k_pos, causal)
+                mask = block_mask(q_pos, k_pos, causal)
                 if isinstance(mask, str):
                     continue
                 qi, gi = q[..., qs, :], grad[..., qs, :]

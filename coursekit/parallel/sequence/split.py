@@ -49,8 +49,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
+from ...mesh import rank_size
 from ...strategy import Setup, Strategy, register
-from .ring import AttentionWork, chunk_bounds, positions, rank_size, ring_attention, shard_sequence
+from .ring import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
 from .comm import all_to_all, gather_sequence
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
@@ -183,7 +184,7 @@ def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, l
 # Strategies for coursekit.train.train.
 # --------------------------------------------------------------------------
 class SequenceParallel(Strategy):
-    """Every rank takes the whole batch and its part of every sequence; gradients summed over ``group``.
+    """Every rank takes the whole batch and its part of every sequence; gradients summed over the ``sp`` axis.
 
     ``forward`` runs the model on this rank's tokens and all-gathers the logits along the sequence,
     so the loop's loss sees whole sequences; each rank's gradients then hold its own tokens' share
@@ -191,6 +192,7 @@ class SequenceParallel(Strategy):
     """
 
     options = {"collectives": "ring"}
+    axes = ("sp",)  # the ranks that split each sequence
     layout = "contiguous"
 
     def __init__(self, setup: Setup):

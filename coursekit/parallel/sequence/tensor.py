@@ -42,10 +42,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
+from ...mesh import rank_size
 from ...strategy import Setup, register
 from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
 from .comm import exchange
-from .ring import chunk_bounds, positions, rank_size, split_bounds
+from .ring import chunk_bounds, positions, split_bounds
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
@@ -221,7 +222,7 @@ class SequenceTensorParallelTransformer(nn.Module):
 
 @register("sequence_tensor")
 class SequenceTensorParallel(TensorParallel):
-    """Megatron-LM tensor parallelism with sequence parallelism over ``group`` (Korthikanti et al. 2022).
+    """Megatron-LM tensor parallelism with sequence parallelism along the ``tp`` axis (Korthikanti et al. 2022).
 
     As ``"tensor"`` (the same vocabulary-parallel loss, the same record), but the model is
     :class:`SequenceTensorParallelTransformer`; after backward the gradients of the replicated

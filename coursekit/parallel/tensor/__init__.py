@@ -14,8 +14,7 @@ One module per concept, PyTorch's counterpart last:
 Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
 """
 
-from .comm import (CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes,
-                   tp_rank_size)
+from .comm import CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes
 from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, ShardedLinear,
                      copy_to_parallel_region, gather_from_parallel_region, reduce_from_parallel_region,
                      split_to_parallel_region)
@@ -25,7 +24,7 @@ from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorPar
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
                     torch_parallel_mlp, torch_parallelize_transformer)
 
-__all__ = ["CommCounts", "count_communication", "tp_rank_size", "counted_all_reduce", "counted_all_gather",
+__all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_all_gather",
            "shard_sizes", "shard_bounds",
            "copy_to_parallel_region", "reduce_from_parallel_region", "gather_from_parallel_region",
            "split_to_parallel_region", "ShardedLinear", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",

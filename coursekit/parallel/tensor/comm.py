@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...mesh import as_group
+from ...mesh import as_group, rank_size
 from ...ring import segment_bounds
 
-__all__ = ["CommCounts", "count_communication", "tp_rank_size", "counted_all_reduce", "counted_all_gather",
-           "shard_sizes", "shard_bounds"]
+__all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_all_gather", "shard_sizes",
+           "shard_bounds"]
 
 
 # --------------------------------------------------------------------------
@@ -94,21 +94,13 @@ def count_communication(counts: CommCounts | None = None) -> Iterator[CommCounts
         _ACTIVE.remove(counts)
 
 
-def tp_rank_size(group=None) -> tuple[int, int]:
-    """This rank's index in ``group`` and the group's size (0, 1 without ``torch.distributed``)."""
-    group = as_group(group)
-    if not dist.is_initialized():
-        return 0, 1
-    return dist.get_rank(group), dist.get_world_size(group)
-
-
 def counted_all_reduce(tensor: torch.Tensor, group, direction: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
     """``dist.all_reduce`` in place (nothing at degree 1), counted in every active :class:`CommCounts`.
 
     ``direction`` (``"forward"`` or ``"backward"``) is the key it is counted under: the operators of
     :mod:`coursekit.parallel.tensor.layers` and the vocabulary-parallel loss call it, nothing else.
     """
-    if tp_rank_size(group)[1] == 1:
+    if rank_size(group)[1] == 1:
         return tensor
     begin = time.perf_counter()
     dist.all_reduce(tensor, op=op, group=as_group(group))
@@ -122,7 +114,7 @@ def counted_all_gather(tensor: torch.Tensor, dim: int, sizes: Sequence[int], gro
 
     Counted like :func:`counted_all_reduce` (``elements``: the size of the gathered result).
     """
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     if size == 1:
         return tensor
     dim = dim % tensor.dim()
@@ -156,7 +148,7 @@ def shard_bounds(total: int, group, what: str) -> tuple[int, int]:
 
     ``what`` names the size in the error a too-large degree raises (e.g. ``"n_heads"``, ``"vocabulary"``).
     """
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     sizes = shard_sizes(total, size, what)
     start = sum(sizes[:rank])
     return start, start + sizes[rank]

@@ -51,12 +51,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .comm import (CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes,
-                   tp_rank_size)
+from ...mesh import rank_size
+from .comm import CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes
 
 __all__ = ["CommCounts", "count_communication", "copy_to_parallel_region", "reduce_from_parallel_region",
            "gather_from_parallel_region", "split_to_parallel_region", "shard_sizes", "ShardedLinear",
-           "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention", "tp_rank_size"]
+           "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention"]
 
 
 # --------------------------------------------------------------------------
@@ -91,14 +91,14 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        rank = tp_rank_size(ctx.group)[0]
+        rank = rank_size(ctx.group)[0]
         return grad.narrow(ctx.dim, sum(ctx.sizes[:rank]), ctx.sizes[rank]).contiguous(), None, None, None
 
 
 class _Split(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, dim, group):
-        rank, size = tp_rank_size(group)
+        rank, size = rank_size(group)
         ctx.dim, ctx.sizes, ctx.group = dim, shard_sizes(tensor.shape[dim], size, f"dim {dim}"), group
         return tensor.narrow(dim, sum(ctx.sizes[:rank]), ctx.sizes[rank]).contiguous()
 
@@ -132,11 +132,11 @@ def gather_from_parallel_region(tensor: torch.Tensor, dim: int = -1, group=None,
     ``full_size``: the gathered length along ``dim`` when the slices are uneven
     (split as :func:`shard_sizes`); default ``size × tensor.shape[dim]``.
     """
-    size = tp_rank_size(group)[1]
+    size = rank_size(group)[1]
     sizes = shard_sizes(full_size, size, f"dim {dim}") if full_size is not None else [tensor.shape[dim]] * size
-    if tensor.shape[dim] != sizes[tp_rank_size(group)[0]]:
+    if tensor.shape[dim] != sizes[rank_size(group)[0]]:
         raise ValueError(f"gather_from_parallel_region: this rank's slice has {tensor.shape[dim]} along dim {dim}, "
-                         f"but a full size of {full_size} over {size} ranks gives it {sizes[tp_rank_size(group)[0]]}.")
+                         f"but a full size of {full_size} over {size} ranks gives it {sizes[rank_size(group)[0]]}.")
     return _Gather.apply(tensor, dim, sizes, group)
 
 

@@ -15,11 +15,11 @@ of ``b·s·h`` elements (attention's and the MLP's **g**) and backward 2 (their
 
 Strategies for :func:`coursekit.train.train`:
 
-* ``"tensor"``: tensor parallelism over ``group`` (None: every rank; or ``mesh["tp"]``); every rank of the
-  group takes the whole batch.
-* ``"dp_tp"``: the data × tensor hybrid on ``Mesh({"dp": world // tp, "tp": tp})`` (option ``tp``, default 2;
-  or pass ``group=`` a :class:`coursekit.mesh.Mesh` with axes ``dp`` and ``tp``). Each data-parallel slice of
-  the batch goes to one tensor group; gradients are averaged over the ``dp`` axis only.
+* ``"tensor"``: tensor parallelism along the mesh's ``tp`` axis (``train(..., mesh=mesh)``; no mesh: every
+  rank); every rank of the group takes the whole batch.
+* ``"dp_tp"``: the data × tensor hybrid on a mesh with axes ``dp`` and ``tp`` (``mesh=``; none given:
+  ``train`` builds ``Mesh({"dp": world // tp, "tp": tp})`` from the option ``tp``, default 2). Each
+  data-parallel slice of the batch goes to one tensor group; gradients are averaged over the ``dp`` axis only.
 
 Both hand the loop this rank's vocabulary shard of the logits and their own loss (:meth:`Strategy.loss
 <coursekit.strategy.Strategy.loss>`): the vocabulary-parallel cross-entropy, so training never gathers the
@@ -38,11 +38,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
-from ...mesh import Mesh, as_group
+from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from ..data import average_gradients
 from .layers import (CommCounts, ParallelMLP, ParallelSelfAttention, ShardedLinear, count_communication,
-                     gather_from_parallel_region, tp_rank_size)
+                     gather_from_parallel_region)
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 
 __all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense",
@@ -139,7 +139,7 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
         group = next((m.group for m in model.modules() if isinstance(m, (ShardedLinear, VocabParallelEmbedding))),
                      None)
     group = as_group(group)
-    rank, size = tp_rank_size(group)
+    rank, size = rank_size(group)
     out = {}
     for module_name, module in model.named_modules():
         for name, param in module.named_parameters(recurse=False):
@@ -208,9 +208,10 @@ def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: i
 # --------------------------------------------------------------------------
 @register("tensor")
 class TensorParallel(Strategy):
-    """Megatron tensor parallelism over ``group`` (every rank of it sees the whole batch)."""
+    """Megatron tensor parallelism along the mesh's ``tp`` axis (every rank of it sees the whole batch)."""
 
     options = {}
+    axes = ("tp",)
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer = setup, setup.tracer
@@ -221,10 +222,8 @@ class TensorParallel(Strategy):
         self.counts = CommCounts(tracer=setup.tracer)  # with trace=True, every collective is a span
 
     def _axes(self, setup: Setup):
-        if isinstance(setup.group, Mesh):
-            raise ValueError("strategy='tensor' takes group= the tensor-parallel axis (mesh['tp']), not a Mesh; "
-                             "for data x tensor parallelism use strategy='dp_tp'.")
-        return as_group(setup.group), None
+        """The tensor-parallel group and the data-parallel axis (None: no data parallelism)."""
+        return setup.group("tp"), None
 
     @property
     def data_rank(self) -> int:
@@ -270,6 +269,7 @@ class DataTensorParallel(TensorParallel):
     """Data × tensor parallelism on a 2-D mesh: tensor groups inside, gradients averaged over ``dp`` only."""
 
     options = {"tp": 2, "collectives": "ring"}
+    axes = ("dp", "tp")  # no mesh given: Mesh({"dp": world // tp, "tp": tp}), from the option tp
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
@@ -277,18 +277,7 @@ class DataTensorParallel(TensorParallel):
         self.elements_reduced, self.dp_seconds = 0, 0.0
 
     def _axes(self, setup: Setup):
-        mesh = setup.group
-        if mesh is None:
-            world, tp = dist.get_world_size(), self.option("tp")
-            if not isinstance(tp, int) or tp < 1 or world % tp:
-                raise ValueError(f"tp={tp!r} must be a positive divisor of the world size {world} "
-                                 f"(the mesh is dp={world}//tp × tp).")
-            mesh = Mesh({"dp": world // tp, "tp": tp})
-        if not isinstance(mesh, Mesh) or set(mesh.axes) != {"dp", "tp"}:
-            raise ValueError(f"strategy='dp_tp' takes group= a Mesh with axes 'dp' and 'tp' (or None, with the "
-                             f"option tp=...), got {mesh!r}.")
-        self.mesh = mesh
-        return mesh["tp"].group, mesh["dp"]
+        return setup.group("tp"), setup.axis("dp")
 
     def synchronize(self) -> None:
         begin = time.perf_counter()
