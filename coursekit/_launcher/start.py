@@ -59,13 +59,16 @@ def _start_ranks(gang: Gang, payload: Any, init_timeout: float) -> None:
         payload = cloudpickle.dumps(payload)  # spawn pickles by reference; cloudpickle sends cells by value
     threads = _default_threads(gang.start_method, gang.world_size)
     rendezvous = open_rendezvous(gang.world_size)  # rank 0 serves the store from it (see .group)
+    # Made before the first fork: after it, every page the parent writes is copied (copy-on-write), and the
+    # shared-memory allocator's Python between two forks cost the parent about 45 page faults a rank.
+    notes = [context.RawArray("c", STATUS_BYTES) for _ in range(gang.world_size)]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+: fork of a threaded process
             for rank in range(gang.world_size):
                 parent_conn, child_conn = context.Pipe(duplex=True)
                 stack_reader, stack_writer = context.Pipe(duplex=False)  # raw bytes from faulthandler, not messages
-                status = context.RawArray("c", STATUS_BYTES)
+                status = notes[rank]
                 spec = RankSpec(rank, gang.world_size, gang.backend, rendezvous, child_conn, status, stack_writer,
                                 threads, payload, init_timeout, os.getpid())
                 proc = context.Process(target=rank_main, args=(spec,), name=f"coursekit-rank-{rank}", daemon=True)
