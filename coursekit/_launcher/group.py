@@ -10,9 +10,10 @@ forked while it holds a lock (why that matters: :mod:`coursekit.launch`).
 
 Why not a ``FileStore``: its ``wait`` looks at the file every 10 ms, and gloo's
 rendezvous waits for every rank's address, so each launch paid up to 10 ms
-after its last rank had started (measured: a cold 4-rank launch of a no-op
-spent 8-15 ms in ``init_process_group`` on the last rank, 4 ms of it working).
-A ``TCPStore`` answers the moment the key is set.
+after its last rank had started (measured on the course's 2-core machine: 17
+such sleeps in one 4-rank launch of a no-op, and 15 ms in the last rank's
+``init_process_group``, 4 ms of it working). A ``TCPStore`` answers the moment
+the key is set.
 """
 
 from __future__ import annotations
