@@ -49,11 +49,13 @@ never taken from the platform default, which changes between Python versions.
 
 Why each launch is safe to repeat
 ---------------------------------
-* Rendezvous: each launch gets its own ``FileStore`` in a fresh temporary
-  folder, so back-to-back and concurrent launches never collide (no port to
-  pick). It is also fork-safe: a ``TCPStore`` server runs a thread in the
-  parent, and a child forked while that thread held a lock hung forever in
-  its own store client (seen here in about one launch in ten).
+* Rendezvous: each launch gets its own ``TCPStore``, served by rank 0 from a
+  socket the parent opened on a port the kernel picked, so back-to-back and
+  concurrent launches never collide (no port to pick). The server's thread
+  lives in rank 0, never in the parent: with a store server thread in the
+  parent, a child forked while that thread held a lock hung forever in its
+  own store client (seen here in about one launch in ten). Details, and why
+  not a ``FileStore`` (it polls every 10 ms): ``coursekit/_launcher/group.py``.
 * Finished ranks stay alive until *every* rank is done, so a slow peer's pending
   ``recv`` is not turned into "connection reset" by an early exit.
 * Timeout: a rank still running at the deadline is asked for its Python stack
@@ -173,7 +175,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
             try:
                 _stop_then_show(gang, echo, ok)
             finally:
-                close(gang, graceful=False)  # stopped already: this frees the pipes and the folder
+                close(gang, graceful=False)  # stopped already: this frees the pipes
 
 
 class Cluster:

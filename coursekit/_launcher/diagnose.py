@@ -2,7 +2,8 @@
 
 For a stuck rank, the note comes from :mod:`coursekit.waiting` (the
 communication layer writes it before it blocks) and the stack from
-``faulthandler``, which each rank set up to dump its frames on ``SIGUSR1``.
+``faulthandler``, which each rank set up to dump its frames on ``SIGUSR1``
+into a pipe of its own.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
     described = {}
     for rank in ranks:
         note = notes[rank]
-        frames = innermost_frames(gang.stack_paths[rank])
+        frames = innermost_frames(read_stack(gang.stacks[rank]))
         parts = [f"waiting on {note}" if note else "busy (not inside a coursekit communication call)"]
         if frames:
             parts.append("at " + " <- ".join(frames))
@@ -54,13 +55,23 @@ def _is_launcher_file(path: str) -> bool:
     return "coursekit/_launcher/" in path or path.endswith("coursekit/launch.py")
 
 
-def innermost_frames(stack_path: str, keep: int = 3) -> list[str]:
-    """The innermost ``keep`` frames of a faulthandler dump, as 'function (file:line)'."""
+def read_stack(reader) -> str:
+    """What a rank's faulthandler has written to its stack pipe so far (``reader``: the parent's end)."""
+    chunks = []
     try:
-        with open(stack_path) as handle:
-            lines = [line.strip() for line in handle if line.strip().startswith("File ")]
-    except OSError:
-        return []
+        while reader.poll(0):  # readable: text, or the end of the pipe (the rank died)
+            chunk = os.read(reader.fileno(), 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    except (OSError, ValueError):
+        pass
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def innermost_frames(dump: str, keep: int = 3) -> list[str]:
+    """The innermost ``keep`` frames of a faulthandler dump, as 'function (file:line)'."""
+    lines = [line.strip() for line in dump.splitlines() if line.strip().startswith("File ")]
     frames = []
     for line in lines:  # faulthandler prints the most recent call first
         # File "/path/to/file.py", line 12 in name

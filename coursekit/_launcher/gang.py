@@ -16,8 +16,7 @@ class Gang:
     world_size: int
     backend: str        # "gloo" or "nccl"
     start_method: str   # "fork" or "spawn"
-    tmpdir: str         # the rendezvous file and the stack dumps; removed by teardown
     procs: list = field(default_factory=list)        # multiprocessing.Process
     conns: list = field(default_factory=list)        # the parent's end of each rank's pipe
     status: list = field(default_factory=list)       # each rank's "waiting on" note (shared bytes)
-    stack_paths: list[str] = field(default_factory=list)  # where each rank's faulthandler writes
+    stacks: list = field(default_factory=list)       # the read end of the pipe each rank's faulthandler writes to

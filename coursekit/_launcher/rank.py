@@ -27,10 +27,10 @@ class RankSpec:
     rank: int
     world_size: int
     backend: str         # "gloo" or "nccl", already resolved
-    store_path: str      # the FileStore file where the ranks of this launch meet
+    rendezvous: Any      # the listening socket rank 0 serves the launch's store from (see .group)
     conn: Any            # this rank's end of its pipe to the parent
     status: Any          # shared bytes for the "waiting on" note (coursekit.waiting)
-    stack_path: str      # where faulthandler writes this rank's stack when the parent asks
+    stack: Any           # the pipe faulthandler writes this rank's stack to when the parent asks
     threads: int         # for torch.set_num_threads: 1 after fork (see coursekit.launch)
     payload: Any
     init_timeout: float  # seconds init_process_group waits for the other ranks
@@ -41,14 +41,14 @@ def rank_main(spec: RankSpec) -> None:
     """Entry point of every rank. Never returns: ends with ``os._exit``."""
     ignore_ctrl_c()  # first: the notebook's stop button is the parent's to handle (see .rank_signals)
     die_with_parent(spec.parent_pid)
-    channel = connect_to_parent(spec.conn, spec.status, spec.stack_path)
+    channel = connect_to_parent(spec.conn, spec.status, spec.stack)
     import torch
 
     torch.set_num_threads(spec.threads)  # before any matmul can touch a forked thread pool
     try:
-        join_process_group(spec.rank, spec.world_size, spec.backend, spec.store_path, spec.init_timeout)
-        channel.send("ready", None, None)
+        join_process_group(spec.rank, spec.world_size, spec.backend, spec.rendezvous, spec.init_timeout)
         if spec.payload is None:
+            channel.send("ready", None, None)  # a Cluster waits for this; a launch waits for the result
             _serve(spec, channel)
         else:
             channel.send(*_run_user(spec, spec.payload))

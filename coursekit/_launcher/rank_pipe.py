@@ -56,12 +56,16 @@ class PipeWriter(io.TextIOBase):
         pass  # every write was sent already
 
 
-def connect_to_parent(conn: Connection, status: Any, stack_path: str) -> Channel:
-    """Wire this rank to its parent; called first thing in every rank (after :mod:`.rank_signals`)."""
+def connect_to_parent(conn: Connection, status: Any, stack: Connection) -> Channel:
+    """Wire this rank to its parent; called first thing in every rank (after :mod:`.rank_signals`).
+
+    ``stack`` is the write end of a pipe of its own: faulthandler writes plain text
+    to its file descriptor on each SIGUSR1 (:mod:`.diagnose` reads the other end).
+    The rank keeps ``stack`` open until it exits.
+    """
     channel = Channel(conn)
     sys.stdout = PipeWriter(channel, "stdout")
     sys.stderr = PipeWriter(channel, "stderr")
     attach(status)  # coursekit.waiting notes now land where the parent can read them
-    stack_file = open(stack_path, "w")  # stays open: faulthandler writes to it on each SIGUSR1
-    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=False)
+    faulthandler.register(signal.SIGUSR1, file=stack.fileno(), all_threads=False)
     return channel

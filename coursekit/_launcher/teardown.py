@@ -12,7 +12,6 @@ printed last can still be shown; :func:`close` then frees everything.
 
 from __future__ import annotations
 
-import shutil
 import time
 
 from .gang import Gang
@@ -34,16 +33,15 @@ def stop(gang: Gang, graceful: bool) -> None:
 
 
 def close(gang: Gang, graceful: bool) -> None:
-    """:func:`stop`, then close the pipes and remove the temporary folder."""
+    """:func:`stop`, then close the pipes."""
     stop(gang, graceful)
     with held():
         for proc in gang.procs:
             if not proc.is_alive():  # one the kernel has not ended after REAP_S is left to multiprocessing
                 proc.close()
-        for conn in gang.conns:
+        for conn in gang.conns + gang.stacks:
             conn.close()
-        gang.procs, gang.conns = [], []
-        shutil.rmtree(gang.tmpdir, ignore_errors=True)
+        gang.procs, gang.conns, gang.stacks = [], [], []
 
 
 def _ask_to_exit(gang: Gang) -> None:

@@ -5,7 +5,16 @@
 Cold launch = the whole ``launch`` call: fork the ranks, initialise
 torch.distributed (gloo), run the no-op, collect results, tear everything down.
 Warm round trip = one ``Cluster.run`` of a no-op on ranks already running.
-Targets (2-core machine): cold 4 ranks <= 0.5 s, warm 4 ranks <= 10 ms.
+Targets (2-core machine): cold 4 ranks <= 40 ms (median), warm 4 ranks <= 10 ms.
+
+A cold launch is mostly the kernel's work, and it grows with the parent's
+memory, not with the launcher's code: a process with torch loaded has ~150 MB
+of private memory, so each fork copies tens of thousands of page-table entries
+(one after the other, in the parent), each rank then copies every page it
+writes (copy-on-write: ~1,400 pages for a no-op), and each exit tears its page
+tables down again. On the course's virtual machine one fork took 5-11 ms and
+one exit 4-14 ms, depending on what else the machine did. So judge the target
+on a quiet machine: the output says the load average before and after.
 
 Then what the launcher's ``SCHED_BATCH`` for gloo's event-loop threads buys
 (:mod:`coursekit._launcher.gloo_threads`): in one launch, every iteration runs a
@@ -19,6 +28,7 @@ rank, median). Target: ``SCHED_BATCH`` at least 1.3x faster for the all-reduce o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -26,8 +36,16 @@ from .._launcher.gloo_threads import gloo_loop_threads
 from ..launch import Cluster, launch
 
 
+COLD_TARGET_S = 0.040  # a cold 4-rank launch of a no-op, median
+
+
 def _noop(rank: int, world_size: int) -> int:
     return rank
+
+
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages: others' work on a 2-core machine slows every launch."""
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def _median_seconds(call, repeats: int) -> float:
@@ -89,14 +107,17 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--repeats", type=int, default=20, help="runs per measurement (median reported)")
     options = parser.parse_args(argv)
     repeats = max(10, options.repeats)
+    print(f"load average before: {_load()}\n")
     print("| measurement | world size | median | target |\n|---|---|---|---|")
     targets = []
     for world_size in (2, 4):
         launch(_noop, world_size)  # warm the page cache / imports once
         cold = _median_seconds(lambda: launch(_noop, world_size), repeats)
-        print(f"| cold `launch` (no-op) | {world_size} | {cold * 1e3:.0f} ms | {'≤ 0.5 s' if world_size == 4 else ''} |")
+        print(f"| cold `launch` (no-op) | {world_size} | {cold * 1e3:.0f} ms | "
+              f"{f'≤ {COLD_TARGET_S * 1e3:.0f} ms' if world_size == 4 else ''} |")
         if world_size == 4:
-            targets.append(("cold `launch` of a no-op, 4 ranks ≤ 0.5 s", f"{cold * 1e3:.0f} ms", cold <= 0.5))
+            targets.append((f"cold `launch` of a no-op, 4 ranks ≤ {COLD_TARGET_S * 1e3:.0f} ms", f"{cold * 1e3:.0f} ms",
+                            cold <= COLD_TARGET_S))
     for world_size in (2, 4):
         with Cluster(world_size) as cluster:
             cluster.run(_noop)
@@ -105,7 +126,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
               f"{'≤ 10 ms' if world_size == 4 else ''} |")
         if world_size == 4:
             targets.append(("warm `Cluster.run` round trip, 4 ranks ≤ 10 ms", f"{warm * 1e3:.2f} ms", warm <= 0.010))
-    print(f"\n{repeats} cold runs and {repeats * 5} warm runs per row.")
+    print(f"\n{repeats} cold runs and {repeats * 5} warm runs per row; load average after: {_load()}.")
     print("\n### gloo's event-loop threads: SCHED_OTHER against SCHED_BATCH (interleaved, one launch each)\n")
     print("| ranks | op | SCHED_OTHER | SCHED_BATCH | speed-up |\n|---|---|---|---|---|")
     for world_size in (2, 4):
