@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from . import comm_state
-from ._launcher.gloo_threads import batch_gloo_loop_threads
+from .gloo_threads import batch_gloo_loop_threads
 
 __all__ = ["Mesh", "MeshAxis", "as_group", "rank_size", "groups_along", "coordinates_of"]
 
@@ -107,7 +107,7 @@ class Mesh:
                 group = dist.new_group(ranks)
                 if me in ranks:
                     self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
-        batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see _launcher.gloo_threads)
+        batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see coursekit.gloo_threads)
 
     def __getitem__(self, name: str) -> MeshAxis:
         if name not in self._axes:

@@ -132,9 +132,12 @@ def path_to(target: str, seen: dict[str, str]) -> str:
 
 
 def private_reaches() -> list[str]:
-    """``from x import _y`` and ``x._y`` where x is another coursekit module."""
+    """``from x import _y`` and ``x._y`` where x is another coursekit module; a private package (``_launcher``)
+    imported from outside it and its public face (``coursekit.launch``)."""
     found = []
     for module, edges in imports().items():
+        found += [f"{module}:{line} imports the private package {source}" for source, _, line in edges
+                  if within(source, ("coursekit._launcher",)) and not within(module, LAUNCH)]
         found += [f"{module}:{line} imports {name} from {source}" for source, name, line in edges
                   if name.startswith("_") and not name.startswith("__") and source != module]
         tree = ast.parse(modules()[module].read_text())

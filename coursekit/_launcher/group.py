@@ -24,7 +24,7 @@ import sys
 from datetime import timedelta
 
 from ..waiting import waiting_on
-from .gloo_threads import batch_gloo_loop_threads
+from ..gloo_threads import batch_gloo_loop_threads
 
 HOST = "127.0.0.1"  # every rank of a launch runs on this machine
 
@@ -66,4 +66,4 @@ def join_process_group(rank: int, world_size: int, backend: str, rendezvous: soc
             store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=wait, wait_for_workers=False)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=wait, device_id=device_id)
-    batch_gloo_loop_threads()  # see .gloo_threads: gloo about twice as fast on a busy CPU
+    batch_gloo_loop_threads()  # see coursekit.gloo_threads: gloo about twice as fast on a busy CPU
