@@ -8,7 +8,7 @@ import coursekit
 from coursekit.models import count_parameters, tiny_mlp, tiny_transformer
 from coursekit.parallel.data.buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 from coursekit.parallel.data import DataParallel
-from coursekit.parallel.zero import ZeRO
+from coursekit.parallel.data import ZeRO
 from coursekit.strategy import Setup, get_strategy
 from coursekit.train import make_optimizer_fn
 

@@ -8,7 +8,7 @@ collective, in which phase (:func:`phase`, ``"forward"`` or ``"backward"``, set 
 the grader around the learner's forward and backward), the shape and the elements
 of the tensor passed. ``torch.distributed``'s own collectives are switched off
 while grading; these bound the real ones at import. (The library's own layers
-count theirs in :class:`coursekit.parallel.tensor_comm.CommCounts`, totals per
+count theirs in :class:`coursekit.parallel.tensor.CommCounts`, totals per
 collective and direction: the grader needs each call's size, to tell weights
 gathered from activations.)
 """
