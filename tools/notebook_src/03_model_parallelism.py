@@ -289,11 +289,12 @@ print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ
 # Here the blocks dominate both the parameters and the time, so both costs call for the same thing:
 # a block per stage where possible. Where the cuts can differ is where to put the small layers: with 3
 # ranks the embedding (5,120 parameters, mostly the position table, but only a lookup) and the head
-# (1,152 parameters, but a matrix multiply per token) weigh very differently by parameters and about the
-# same by time, so the cut by time rests on small differences between measured times — even between the
-# two blocks, which are the same layer and differ only by measurement noise (the last line says what
-# was decided in this run). Then a cut by time is no better than one by parameters: a measured cost is
-# only as good as the measurement.
+# (1,152 parameters, but a matrix multiply per token) weigh very differently by parameters and far less
+# so by time (both a small fraction of a block's), so the cut by time rests on small differences between
+# measured times — even between the two blocks, which are the same layer and differ only by measurement
+# noise (the last line says what was decided in this run). Then a cut by time is not reliably better than
+# one by parameters, whichever of the two has the smaller slowest stage in one run on shared cores like
+# the one above: a measured cost is only as good as the measurement.
 # `train(..., "model", partition_by="time")` measures the layers on rank 0 and gives every rank the same
 # cut; `layers_per_stage=[...]` sets it by hand.
 #
