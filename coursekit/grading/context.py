@@ -30,7 +30,7 @@ from typing import Any, Callable, Hashable
 
 from ..launch import LaunchTimeout, RankError, launch
 from ..simulator import Deadlock, SimulatorError, describe_waits, simulate
-from .feedback import describe_timeout, explain
+from .feedback import NOT_IMPLEMENTED, describe_timeout, explain, is_stub
 from .guard import guarded
 from .rank_deaths import death_summary
 from .scoring import CheckFailed, Deadlocked, NotDone
@@ -40,6 +40,12 @@ __all__ = ["Context"]
 # Errors that mean "the simulator cannot run this code", not "the code is wrong": such code goes to real ranks.
 _NOT_SIMULABLE = ("process group has not been initialized", "the simulator runs one world of ranks",
                   "coursekit.comm needs ranks")
+
+
+def _refuse_stubs(args: tuple) -> None:
+    """A learner's function still the exercise's stub: "not done" now, as the ranks would say after starting."""
+    if any(is_stub(arg) for arg in args):
+        raise NotDone(NOT_IMPLEMENTED)
 
 
 class Context:
@@ -75,6 +81,7 @@ class Context:
 
         ``on_send`` sees every message (see :func:`coursekit.comm.simulate`).
         """
+        _refuse_stubs(args)
         try:
             return simulate(guarded(fn, self.instead), world_size, *args, timeout=self.timeout,
                             on_send=on_send).results
@@ -89,6 +96,7 @@ class Context:
 
     def launch(self, fn: Callable, world_size: int, *args) -> list:
         """Run ``fn(rank, world_size, *args)`` on real ranks; learner errors become :class:`CheckFailed`."""
+        _refuse_stubs(args)
         with tempfile.TemporaryDirectory(prefix="coursekit-check-") as logs:
             try:
                 return launch(guarded(fn, self.instead, logs), world_size, *args, timeout=self.timeout)

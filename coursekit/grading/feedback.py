@@ -9,8 +9,11 @@ it was waiting on (:func:`describe_timeout`), in the simulator's words.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import os
 import re
+import textwrap
 import traceback
 from typing import Iterable
 
@@ -44,12 +47,51 @@ def learner_line_of(error: BaseException) -> str:
     return _innermost((f.filename, f.lineno, f.name) for f in traceback.extract_tb(error.__traceback__))
 
 
+NOT_IMPLEMENTED = "not implemented yet (your function raises NotImplementedError)"
+
+
+def is_stub(obj) -> bool:
+    """True for a function that can only end in ``NotImplementedError``: an exercise's untouched stub.
+
+    Its body's last statement is ``raise NotImplementedError(...)`` and it has no ``return`` or ``yield``
+    (outside functions it defines), so every call that ends ends there. Grading reports it "not done" at
+    once, with the words a rank raising it would get, instead of starting ranks to watch it raise.
+    """
+    function = getattr(obj, "__func__", obj)
+    if not inspect.isfunction(function):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):  # no source to read (made by exec, a lambda in an expression...)
+        return False
+    node = tree.body[0] if tree.body else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != function.__name__:
+        return False
+    last = node.body[-1]
+    if not isinstance(last, ast.Raise) or last.exc is None:
+        return False
+    raised = last.exc.func if isinstance(last.exc, ast.Call) else last.exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError" and not _leaves_early(node.body)
+
+
+def _leaves_early(statements: list) -> bool:
+    """A ``return`` or ``yield`` in these statements, not counting the bodies of functions they define."""
+    todo = list(statements)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.Return, ast.Yield, ast.YieldFrom)):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            todo.extend(ast.iter_child_nodes(node))
+    return False
+
+
 def explain(rank: int, remote_traceback: str) -> CheckFailed:
     """The learner's error from a rank's traceback, in one line, with where in their code it happened."""
     lines = remote_traceback.strip().splitlines()
     last = lines[-1] if lines else "an error"
     if "NotImplementedError" in remote_traceback:
-        return NotDone("not implemented yet (your function raises NotImplementedError)")
+        return NotDone(NOT_IMPLEMENTED)
     if "ForbiddenCall" in remote_traceback:
         return CheckFailed(last.split(": ", 1)[-1])
     where = learner_line(remote_traceback)
