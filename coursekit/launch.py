@@ -71,7 +71,11 @@ Why each launch is safe to repeat
   CPython drops what a signal handler raises inside at-fork callbacks and
   finalizers, so the launcher counts each interrupt and raises it again if it
   was swallowed; and starting or killing a rank is never cut in half
-  (``coursekit/_launcher/interrupts.py``).
+  (``coursekit/_launcher/interrupts.py``). A caller that *ignores* SIGINT
+  (a script started in the background by a non-interactive shell, ``nohup``)
+  is left as it is: Ctrl-C does nothing there, as for any program, and the
+  launch ends at its result, an error or its timeout, its ranks stopped either
+  way. A notebook's kernel never ignores it, so its stop button always works.
 """
 
 from __future__ import annotations

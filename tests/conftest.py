@@ -1,5 +1,23 @@
+import signal
+
 import matplotlib
+import pytest
 
 # Figures drawn by the library in this process stay off screen. (Not MPLBACKEND:
 # the kernels papermill starts inherit the environment, and would lose inline figures.)
 matplotlib.use("agg")
+
+
+@pytest.fixture
+def ctrl_c_as_in_a_terminal():
+    """Ctrl-C raises KeyboardInterrupt in this test, as in a terminal or a notebook, whatever started pytest.
+
+    A non-interactive shell starts background jobs (``make test &``, ``nohup``) with SIGINT *ignored*, and
+    every process inherits that: a test that sends itself SIGINT would then see nothing happen. Tests that
+    send SIGINT use this fixture; the previous disposition is restored after the test.
+    """
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

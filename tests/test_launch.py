@@ -176,6 +176,7 @@ def test_fifty_sequential_launches_leak_no_processes_or_fds():
     assert open_fds() == fds
 
 
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")  # raises even when pytest runs with SIGINT ignored
 def test_keyboard_interrupt_stops_every_rank(tmp_path):
     """Ctrl-C once both ranks run (they say so with a file each); tests/test_launch_interrupt.py has one
     test per stage. Planted bug: collect() caught KeyboardInterrupt around its wait and had no checkpoint

@@ -25,6 +25,9 @@ from coursekit._launcher.inbox import POLL_S
 from coursekit._launcher.teardown import TEARDOWN_MAX_S
 from launch_support import wait_for_files
 
+# Each test sends SIGINT: it must raise here even when pytest was started with SIGINT ignored (make test &).
+pytestmark = pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
+
 PROMPT_S = POLL_S + TEARDOWN_MAX_S  # Ctrl-C -> KeyboardInterrupt in the caller, every rank stopped
 TIMEOUT_S = 3 * PROMPT_S            # the launches' own timeout: far later than a prompt interrupt
 
