@@ -108,8 +108,11 @@ def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> s
     try:
         from .run_notebook import execute_notebook
 
+        # The kernel's own log stays quiet (errors only): its start-up warning about unencrypted TCP on
+        # localhost is not for a learner grading an exercise; what the learner's cells print is kept.
         execute_notebook(str(copy), str(tmp / ("executed-" + path.name)), kernel_name="python3",
-                         cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False)
+                         cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False,
+                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except Exception as error:  # the learner's notebook may fail anywhere: grade what ran
         first = str(error).strip().splitlines()
         return "the notebook stopped with an error before the end: " + (first[-1] if first else type(error).__name__)

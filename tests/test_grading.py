@@ -240,6 +240,8 @@ def test_cli_solution_scores_full_marks_and_exercise_scores_zero_without_touchin
     assert todo.returncode == 1, todo.stdout + todo.stderr
     assert "0 / 12 points" in todo.stdout and "not done" in todo.stdout
     assert exercise.read_bytes() == before
+    for run in (done, todo):  # the kernel's own start-up warnings are not for a learner's eyes
+        assert "IPKernelApp" not in run.stdout + run.stderr, run.stdout + run.stderr
 
 
 def test_cli_missing_notebook_or_unknown_exercise(capsys):
