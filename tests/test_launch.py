@@ -1,6 +1,7 @@
 """The launcher: results, errors, timeouts, cleanup, concurrency, Cluster."""
 
 import contextlib
+import importlib
 import io
 import os
 import signal
@@ -436,6 +437,29 @@ def test_timeout_shows_every_ranks_last_lines(capsys):
     for rank in (0, 1):
         assert f"[rank {rank}] rank {rank} started\n" in out and f"[rank {rank}] rank {rank} partial\n" in out
     assert info.value.output == {r: f"rank {r} started\nrank {r} partial\n" for r in (0, 1)}
+    assert_no_children()
+
+
+def test_the_launch_times_out_before_gloo_does(monkeypatch):
+    """A rank stuck in a recv: the launch's own timeout (it names the stuck rank) comes before gloo's. The
+    parent starts counting only once the ranks run, so gloo must give up later than the launch. Planted (the
+    process group's timeout equal to the launch's, as it was): the parent, 1 s late to collect, got gloo's
+    "RankError: ... Timed out waiting 2000ms for recv" instead (seen once in a fresh clone's make test)."""
+    launch_module = importlib.import_module("coursekit.launch")  # the module (coursekit.launch is the function)
+
+    def late_collect(*args, **kwargs):
+        time.sleep(1.0)  # a parent slowed down between starting the ranks and collecting from them
+        return collect(*args, **kwargs)
+
+    def rank_1_waits_forever(rank, world_size):
+        if rank == 1:
+            dist.recv(torch.zeros(1), src=0)  # rank 0 never sends
+        return rank
+
+    collect = launch_module.collect
+    monkeypatch.setattr(launch_module, "collect", late_collect)
+    with pytest.raises(LaunchTimeout, match="rank 1"):
+        launch(rank_1_waits_forever, 2, timeout=2)
     assert_no_children()
 
 

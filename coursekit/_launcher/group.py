@@ -41,6 +41,9 @@ def open_rendezvous(world_size: int) -> socket.socket:
     return server
 
 
+GRACE_S = 2.0  # how much later than the launch gloo itself gives up (seconds)
+
+
 def join_process_group(rank: int, world_size: int, backend: str, rendezvous: socket.socket, timeout: float) -> None:
     """Initialise ``torch.distributed`` in this rank; with NCCL, this rank owns ``cuda:rank``.
 
@@ -56,7 +59,10 @@ def join_process_group(rank: int, world_size: int, backend: str, rendezvous: soc
     if backend == "nccl":
         torch.cuda.set_device(rank)
         device_id = torch.device("cuda", rank)
-    port, wait = rendezvous.getsockname()[1], timedelta(seconds=timeout)
+    # gloo's own timeout a little after the launch's: the launcher's timeout is the one that names the stuck
+    # rank and what it waits on, so it must come first. (Equal, they raced: a rank posts its recv before the
+    # parent starts counting, and gloo's bare "Timed out waiting 3000ms" won on a busy machine.)
+    port, wait = rendezvous.getsockname()[1], timedelta(seconds=timeout + GRACE_S)
     with waiting_on("init_process_group (waiting for the other ranks to start)"):
         if rank == 0:  # the store takes the socket over: detached, or Python would close it under the server
             store = dist.TCPStore(HOST, port, world_size, is_master=True, timeout=wait, wait_for_workers=False,
