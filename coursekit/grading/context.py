@@ -56,6 +56,7 @@ class Context:
 
     def __init__(self, check_, timeout: float, instead: str | None = None, memo: dict | None = None):
         self.check, self.timeout, self.instead = check_, timeout, instead
+        self.exercise = getattr(check_, "exercise", None)  # whose library answers are held back (coursekit.answers)
         self.memory = {} if memo is None else memo
 
     def __getstate__(self) -> dict:  # a Context passed to a rank travels without the grading's memory
@@ -83,7 +84,7 @@ class Context:
         """
         _refuse_stubs(args)
         try:
-            return simulate(guarded(fn, self.instead), world_size, *args, timeout=self.timeout,
+            return simulate(guarded(fn, self.instead, exercise=self.exercise), world_size, *args, timeout=self.timeout,
                             on_send=on_send).results
         except Deadlock as error:
             raise Deadlocked(f"world size {world_size}: deadlock (a send waits until its receive is posted, as "
@@ -99,7 +100,7 @@ class Context:
         _refuse_stubs(args)
         with tempfile.TemporaryDirectory(prefix="coursekit-check-") as logs:
             try:
-                return launch(guarded(fn, self.instead, logs), world_size, *args, timeout=self.timeout)
+                return launch(guarded(fn, self.instead, logs, self.exercise), world_size, *args, timeout=self.timeout)
             except LaunchTimeout as error:
                 raise Deadlocked(f"world size {world_size}: still running after {self.timeout:g} s, stopped: "
                                  f"{describe_timeout(error)}", waited=True) from None

@@ -92,7 +92,7 @@ def explain(rank: int, remote_traceback: str) -> CheckFailed:
     last = lines[-1] if lines else "an error"
     if "NotImplementedError" in remote_traceback:
         return NotDone(NOT_IMPLEMENTED)
-    if "ForbiddenCall" in remote_traceback:
+    if "ForbiddenCall" in remote_traceback or "AnswerHeldBack" in remote_traceback:
         return CheckFailed(last.split(": ", 1)[-1])
     where = learner_line(remote_traceback)
     return CheckFailed(f"rank {rank} raised {last}{f' ({where})' if where else ''}")

@@ -5,15 +5,18 @@ calling ``dist.all_reduce``; and everything the learner sends must go through
 ``coursekit.comm``, where it is counted. So while a check runs the learner's code
 (on real ranks or in the simulator), :func:`forbid_torch_collectives` replaces
 each of :data:`FORBIDDEN` by a function that raises :class:`ForbiddenCall` and
-says what to use instead.
+says what to use instead. Likewise coursekit's own answer to the exercise
+(``coursekit.ring_reduce_scatter`` in exercise 01) is held back while the learner's
+code runs (:mod:`coursekit.answers`), so wrapping it earns nothing.
 """
 
 from __future__ import annotations
 
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Callable
 
+from ..answers import held_back
 from .rank_deaths import quiet_rank
 
 __all__ = ["FORBIDDEN", "ForbiddenCall", "forbid_torch_collectives", "guarded"]
@@ -72,9 +75,14 @@ def forbid_torch_collectives(instead: str | None = None):
                     setattr(module, name, original)
 
 
-def guarded(fn: Callable, instead: str | None, logs: str | None = None) -> Callable:
-    """``fn(rank, world_size, *args)`` run inside the guard, its C-level output kept in ``logs`` (see rank_deaths)."""
+def guarded(fn: Callable, instead: str | None, logs: str | None = None, exercise: str | None = None) -> Callable:
+    """``fn(rank, world_size, *args)`` run inside the guard, its C-level output kept in ``logs`` (see rank_deaths).
+
+    With ``exercise``, the library's own answers to it are held back too (:func:`coursekit.answers.held_back`):
+    a learner who wraps ``coursekit.ring_reduce_scatter`` in exercise 01 has written no ring.
+    """
     def rank_main(rank, world_size, *args):
-        with quiet_rank(logs, rank), forbid_torch_collectives(instead):
+        with quiet_rank(logs, rank), forbid_torch_collectives(instead), \
+                (held_back(exercise) if exercise else nullcontext()):
             return fn(rank, world_size, *args)
     return rank_main

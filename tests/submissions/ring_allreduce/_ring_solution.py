@@ -8,7 +8,6 @@ first), so that every attempt in this folder states its mistake and nothing else
 import torch
 
 from coursekit import comm
-from coursekit.collectives import ring_all_gather
 
 
 def ring_reduce_scatter(received_into=lambda r, s, G: (r - s - 1) % G, steps=lambda G: G - 1,
@@ -44,11 +43,6 @@ def ring_reduce_scatter(received_into=lambda r, s, G: (r - s - 1) % G, steps=lam
     return reduce_scatter
 
 
-def all_gather(segment, out, group=None):
-    """The right all-gather: the chapter's own (the notebook's solution is tested by its own notebook)."""
-    return ring_all_gather(segment, out, group)
-
-
 reduce_scatter = ring_reduce_scatter()
 
 
@@ -78,3 +72,8 @@ def ring_all_gather_as_written(steps=lambda G: G - 1, add=False, puts_own=True):
                 segments[recv_k].add_(incoming)
         return out
     return all_gather
+
+
+# The right all-gather, as the notebook's solution writes it (coursekit's own ring_all_gather is held back while
+# exercise 01 is graded: wrapping it earns nothing).
+all_gather = ring_all_gather_as_written()

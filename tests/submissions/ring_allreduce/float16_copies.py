@@ -5,7 +5,7 @@ ranks that hold a copy disagree with the owner in the last bits: data-parallel r
 """
 
 from coursekit import comm
-from coursekit.collectives import ring_all_gather
+from _ring_solution import all_gather as right_all_gather
 from _ring_solution import reduce_scatter  # noqa: F401  (the reduce-scatter is right)
 
 EXERCISE = "01_ring_allreduce"
@@ -15,7 +15,7 @@ LOSES = {"all_reduce_bit_identical": (0, "ranks disagree in the last bits: rank 
 
 def all_gather(segment, out, group=None):
     G, r = comm.get_world_size(group), comm.get_rank(group)
-    ring_all_gather(segment, out, group)
+    right_all_gather(segment, out, group)
     for k, received in enumerate(out.view(-1).tensor_split(G)):
         if k != (r + 1) % G:
             received.copy_(received.half())   # the mistake: a rounded copy, not the owner's bits
