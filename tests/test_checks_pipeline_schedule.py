@@ -15,7 +15,14 @@ Planted bugs, each seen failing (in coursekit/grading/pipeline_schedule.py):
   backward_newest_first "bubble_equals_formula earned 0.25, not 0", warmup_ignores_m "earned 1.75, not 1.74";
 * ``NotImplementedError`` not turned into NotDone -> the stub's status "fail", not "not done";
 * the reference trained on 16 samples, the ranks on 12 -> the solution's equals_one_process "earned 0"
-  with "step 0" in its feedback (slow test).
+  with "step 0" in its feedback (slow test);
+* the learner's call outside ``held_back`` -> wraps_library, wraps_make_schedule, wraps_private_schedule
+  "valid_schedule earned 3.0, not 0" (10/10 each, as before held_back), wraps_gpipe "earned 0.33, not 0";
+* the grader's reference (1F1B's plan, for the bubble's feedback) inside ``held_back`` -> no_warmup's
+  bubble_equals_formula feedback lacks "rank 0 waits from t=1 to t=4" (AnswerHeldBack instead);
+* no 1F1B gate (SLACK = 99) -> gpipe_order "valid_schedule earned 3.0, not 0.33";
+* the gate without slack (SLACK = 0) -> warmup_one_too_many "valid_schedule should earn full marks";
+* every check saying the held-back sentence in full -> test_a_wrapped_library_is_said_once fails.
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ from pathlib import Path
 import pytest
 from grading_support import assert_graded, attempts, load
 
+from coursekit.answers import is_held_back
 from coursekit.grading import check_pipeline_schedule
+from coursekit.parallel.pipeline import one_f_one_b
 
 ROOT = Path(__file__).resolve().parents[1]
 ATTEMPTS = attempts("pipeline_schedule")
@@ -78,11 +87,20 @@ def test_attempt_gets_its_score_and_feedback(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in ATTEMPTS if n in ("gpipe_order", "no_warmup")])
+@pytest.mark.parametrize("name", [n for n in ATTEMPTS if n in ("no_warmup", "warmup_one_too_many")])
 def test_valid_attempts_train_like_one_process(name):
     _graded(name, execute=True)
 
 
+def test_a_wrapped_library_is_said_once():
+    """The held-back sentence in valid_schedule only, once: not per case, not per check."""
+    report = check_pipeline_schedule(load("pipeline_schedule", "wraps_library").one_f_one_b, verbose=False)
+    said = [r.name for r in report.results for _ in range(r.feedback.count("was called"))]
+    assert said == ["valid_schedule"], report.table()
+    assert not is_held_back("04_pipeline_schedule") and one_f_one_b(2, 2).n_ranks == 2  # released after grading
+
+
 def test_every_typical_mistake_has_an_attempt():
-    assert {"gpipe_order", "no_warmup", "warmup_ignores_m", "forgets_communication", "send_before_forward",
-            "backward_newest_first"} <= set(ATTEMPTS)
+    assert {"gpipe_order", "no_warmup", "warmup_ignores_m", "warmup_one_too_many", "forgets_communication",
+            "send_before_forward", "backward_newest_first", "wraps_library", "wraps_make_schedule",
+            "wraps_private_schedule", "wraps_gpipe"} <= set(ATTEMPTS)
