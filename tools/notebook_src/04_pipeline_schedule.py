@@ -23,6 +23,10 @@
 # accepts it (the feedback names the rank and the first wrong action); its unit-time plan idles exactly
 # (p−1)/(m+p−1) of the time; rank r never holds more than min(p−r, m) micro-batches' activations; and
 # run by the course's executor on real ranks, training equals one process.
+# Only 1F1B's shape counts: validity, the bubble and the training earn points only where no rank holds
+# more than one micro-batch over min(p−r, m), so GPipe's order earns next to nothing. The library's own
+# schedules (`gpipe`, `one_f_one_b`, `make_schedule`) refuse while your function is graded; `Action`,
+# `Schedule` and `add_communication` are yours to use.
 # From a terminal: `coursekit grade exercises/04_pipeline_schedule.ipynb`.
 
 # %% tags=["parameters"]
