@@ -4,7 +4,15 @@ The solution and the stub are taken from the notebook's one source (tools/notebo
 both sides of its SOLUTION blocks); the wrong attempts are committed in tests/submissions/tensor_parallel/ with
 their score and feedback (README there): the weights all-gathered instead (partial credit, "not tensor
 parallelism"), the row-parallel bias added on every rank, f without its backward all-reduce, g all-reducing
-both ways (right numbers, one all-reduce too many), and torch.distributed.all_reduce called directly.
+both ways (right numbers, one all-reduce too many), torch.distributed.all_reduce called directly, f and g
+swapped, g left out of the row-parallel layer, and group= ignored (by the collectives only, or everywhere):
+right on the whole world, wrong on 4 ranks as two tensor-parallel groups {0, 1} and {2, 3}.
+
+Seen failing against the grader before the groups case and the named mistakes (c04cb50): ignores_group and
+collectives_ignore_group "column_parallel_linear earned 3.0, not 2" (10/10); f_and_g_swapped "lacks 'f and g
+are swapped'" (it said "the output differs from the dense layer's by 6.5"); row_without_all_reduce "lacks 'only
+this rank's partial sum'"; f_without_backward's MLP "lacks 'fc, the column-parallel layer'" (it said "the
+input's gradient differs"); row_bias_every_rank's MLP "lacks 'out, the row-parallel layer'".
 
 Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.py), each seen failing here:
 * the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
@@ -56,7 +64,8 @@ def test_solution_gets_full_marks():
 
 
 def test_every_mistake_of_the_issue_has_an_attempt():
-    assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward"} <= set(ATTEMPTS)
+    assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward", "ignores_group",
+            "collectives_ignore_group", "f_and_g_swapped", "row_without_all_reduce"} <= set(ATTEMPTS)
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)
