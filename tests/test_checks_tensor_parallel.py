@@ -26,6 +26,14 @@ Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.
 * the all-reduce count of the layers not compared -> g_all_reduces_backward_too "row_parallel_linear earned 3.0,
   not 0";
 * NotImplementedError not turned into NotDone -> the stub's status "fail", not "not done";
+* the groups case left out of CASES -> ignores_group and collectives_ignore_group "column_parallel_linear earned
+  3.0, not 2";
+* group_ranks ignoring its group (every call "over the world"), or the group test switched off ->
+  collectives_ignore_group's and ignores_group's feedback lack "the all-reduce ran over the whole world (ranks
+  0–3), not over the layer's group {0, 1}: pass group= to every collective";
+* the MLP's two forwards run in one layer's phase -> f_and_g_swapped's MLP feedback lacks "f and g are swapped";
+* one rank's partial sum compared without the bias -> row_without_all_reduce's feedback lacks "only this rank's
+  partial sum";
 * the dense reference's bias gradient taken from the wrong rows (``[:stop - start]``) -> the solution loses
   column_parallel_linear on 2 ranks (a grader that fails right code is caught too).
 """
