@@ -110,11 +110,11 @@ def _shape_problem(kind: str, r: dict, where: str) -> str | None:
     piece = "rows" if kind == "column" else "columns"
     if r["weight shape"] == r["expected weight"]:
         return None
-    shard = world_shard(r)
-    told = (f"{shard} (and to every collective)" if shard else
-            f"a {kind}-parallel rank keeps only {piece} [{r[piece][0]}, {r[piece][1]}) of the dense weight: "
-            f"shape {r['expected weight']}")
-    return f"{where}: self.weight has shape {r['weight shape']}; {told}"
+    shard = world_shard(r)  # "self.weight holds rows [0, 2) of a split over the whole world ..."
+    if shard:
+        return f"{where}: {shard} (and to every collective)"
+    return (f"{where}: self.weight has shape {r['weight shape']}; a {kind}-parallel rank keeps only {piece} "
+            f"[{r[piece][0]}, {r[piece][1]}) of the dense weight: shape {r['expected weight']}")
 
 
 def _numbers_problem(kind: str, r: dict, where: str) -> str | None:
@@ -217,8 +217,11 @@ def _judge_mlp(per_rank: list[dict], label: str) -> tuple[str | None, bool]:
             ("all_gather", "backward"): 0}
     for rank, r in enumerate(per_rank):
         where = f"{label}, rank {rank}"
-        if "error" in r or wrong_group(r):
-            return f"{where}: {wrong_group(r)}" if wrong_group(r) else _error(r, where), gathered
+        ignored = wrong_group(r)
+        if ignored:
+            return f"{where}: {ignored}", gathered
+        if "error" in r:
+            return _error(r, where), gathered
         gathered |= _gathered_weights(r["calls"], r["weight numels"])
         bad = {name: d for name, d in r["grads"].items() if not d < TOL}
         calls = {(o, p): count(r["calls"], o, p) for o, p in want}
