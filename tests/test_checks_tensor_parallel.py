@@ -71,6 +71,17 @@ def test_solution_gets_full_marks():
     assert report.full_marks and report.score == 10, report.table()
 
 
+def test_part_1_is_graded_before_part_2_is_written():
+    """The notebook's Part 1 cell, check_tensor_parallel(ColumnParallelLinear, None, only=[...]): the row-parallel
+    part not written yet (None, the entry's not_done stand-in) must not make the column-parallel part "not done".
+    Seen failing before the fix: "column_parallel_linear 0/3 not done" for the notebook's solution."""
+    column, _ = notebook_classes(exercise=False)
+    part_1 = check_tensor_parallel(column, None, only=["column_parallel_linear"], verbose=False)
+    assert part_1.score == 3 and part_1.full_marks, part_1.table()
+    both = check_tensor_parallel(column, None, verbose=False)
+    assert [r.status for r in both.results] == ["pass", "not done", "not done"], both.table()
+
+
 def test_every_mistake_of_the_issue_has_an_attempt():
     assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward", "ignores_group",
             "collectives_ignore_group", "f_and_g_swapped", "row_without_all_reduce"} <= set(ATTEMPTS)
