@@ -4,7 +4,15 @@ The solution and the stub are taken from the notebook's one source (tools/notebo
 both sides of its SOLUTION blocks); the wrong attempts are committed in tests/submissions/tensor_parallel/ with
 their score and feedback (README there): the weights all-gathered instead (partial credit, "not tensor
 parallelism"), the row-parallel bias added on every rank, f without its backward all-reduce, g all-reducing
-both ways (right numbers, one all-reduce too many), and torch.distributed.all_reduce called directly.
+both ways (right numbers, one all-reduce too many), torch.distributed.all_reduce called directly, f and g
+swapped, g left out of the row-parallel layer, and group= ignored (by the collectives only, or everywhere):
+right on the whole world, wrong on 4 ranks as two tensor-parallel groups {0, 1} and {2, 3}.
+
+Seen failing against the grader before the groups case and the named mistakes (c04cb50): ignores_group and
+collectives_ignore_group "column_parallel_linear earned 3.0, not 2" (10/10); f_and_g_swapped "lacks 'f and g
+are swapped'" (it said "the output differs from the dense layer's by 6.5"); row_without_all_reduce "lacks 'only
+this rank's partial sum'"; f_without_backward's MLP "lacks 'fc, the column-parallel layer'" (it said "the
+input's gradient differs"); row_bias_every_rank's MLP "lacks 'out, the row-parallel layer'".
 
 Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.py), each seen failing here:
 * the gathered-weights test always False -> gathers_weights "column_parallel_linear earned 3.0, not 1.5";
@@ -18,6 +26,14 @@ Planted bugs in coursekit/grading/tensor_parallel.py (and tensor_parallel_cases.
 * the all-reduce count of the layers not compared -> g_all_reduces_backward_too "row_parallel_linear earned 3.0,
   not 0";
 * NotImplementedError not turned into NotDone -> the stub's status "fail", not "not done";
+* the groups case left out of CASES -> ignores_group and collectives_ignore_group "column_parallel_linear earned
+  3.0, not 2";
+* group_ranks ignoring its group (every call "over the world"), or the group test switched off ->
+  collectives_ignore_group's and ignores_group's feedback lack "the all-reduce ran over the whole world (ranks
+  0–3), not over the layer's group {0, 1}: pass group= to every collective";
+* the MLP's two forwards run in one layer's phase -> f_and_g_swapped's MLP feedback lacks "f and g are swapped";
+* one rank's partial sum compared without the bias -> row_without_all_reduce's feedback lacks "only this rank's
+  partial sum";
 * the dense reference's bias gradient taken from the wrong rows (``[:stop - start]``) -> the solution loses
   column_parallel_linear on 2 ranks (a grader that fails right code is caught too).
 """
@@ -55,8 +71,20 @@ def test_solution_gets_full_marks():
     assert report.full_marks and report.score == 10, report.table()
 
 
+def test_part_1_is_graded_before_part_2_is_written():
+    """The notebook's Part 1 cell, check_tensor_parallel(ColumnParallelLinear, None, only=[...]): the row-parallel
+    part not written yet (None, the entry's not_done stand-in) must not make the column-parallel part "not done".
+    Seen failing before the fix: "column_parallel_linear 0/3 not done" for the notebook's solution."""
+    column, _ = notebook_classes(exercise=False)
+    part_1 = check_tensor_parallel(column, None, only=["column_parallel_linear"], verbose=False)
+    assert part_1.score == 3 and part_1.full_marks, part_1.table()
+    both = check_tensor_parallel(column, None, verbose=False)
+    assert [r.status for r in both.results] == ["pass", "not done", "not done"], both.table()
+
+
 def test_every_mistake_of_the_issue_has_an_attempt():
-    assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward"} <= set(ATTEMPTS)
+    assert {"gathers_weights", "row_bias_every_rank", "row_bias_on_one_rank", "f_without_backward", "ignores_group",
+            "collectives_ignore_group", "f_and_g_swapped", "row_without_all_reduce"} <= set(ATTEMPTS)
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

@@ -3,9 +3,15 @@
 Three parts (:func:`all_parts`): a column-parallel ``Linear(5, 7)``, a row-parallel
 ``Linear(7, 4)`` and the MLP ``out(gelu(fc(x)))`` built from both. Each returns
 numbers, not verdicts: how far the output, the input's gradient and every shard's
-gradients are from the dense layer's, the shapes, and every collective called
-(:mod:`.tensor_tools`), for :mod:`.tensor_parallel` to judge. A part that raises
-costs only itself: its error is returned, with the learner's line.
+gradients are from the dense layer's (and from what a typical mistake computes: the
+bias t times, one rank's partial sum, the input gradient of one shard), the shapes,
+and every collective called with the group it ran over (:mod:`.tensor_tools`), for
+:mod:`.tensor_parallel` to judge. A part that raises costs only itself: its error is
+returned, with the learner's line, and what it had recorded before.
+
+With ``tp`` set the ranks are a :class:`~coursekit.mesh.Mesh` ``{"dp": world / tp, "tp": tp}``: the layers
+get this rank's tensor-parallel group (a process group, as a mesh's ``mesh.group("tp")``), and each group
+its own inputs, so that a layer summing over the whole world instead mixes two groups' numbers.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..mesh import Mesh
 from .feedback import learner_line_of
-from .tensor_tools import phase, recording, shard_range
+from .tensor_tools import group_ranks, phase, recording, shard_range
 
 __all__ = ["all_parts"]
 
@@ -57,11 +64,21 @@ def _shape(layer, name):
     return None if not isinstance(param, torch.Tensor) else tuple(param.shape)
 
 
-def _column_case(Column, rank, world_size) -> dict:
+def _shards(seen: dict, piece: str, total: int, group) -> tuple[int, int]:
+    """This rank's ``piece`` ("rows", "columns") of ``total`` in ``group``, and in the whole world, noted in ``seen``."""
+    seen[piece], seen[f"world {piece}"] = shard_range(total, group), shard_range(total)
+    seen["group ranks"], seen["world ranks"] = group_ranks(group), group_ranks()
+    return seen[piece]
+
+
+def _column_case(seen: dict, Column, group, seed: int) -> dict:
     """Linear(5, 7) column-parallel: this rank's output slice, the whole input's gradient, its rows' gradients."""
-    dense, x, grad_out = _dense(5, 7, seed=1), _randn(3, 4, 5, seed=2), _randn(3, 4, 7, seed=3)
-    start, stop = shard_range(7)
-    layer = Column(dense, None)
+    dense, x, grad_out = _dense(5, 7, seed=1), _randn(3, 4, 5, seed=seed + 2), _randn(3, 4, 7, seed=seed + 3)
+    start, stop = _shards(seen, "rows", 7, group)
+    mine = dense.weight.detach()[start:stop]
+    seen["expected weight"], seen["weight numel"] = tuple(mine.shape), mine.numel()
+    layer = Column(dense, group)
+    seen["weight shape"] = _shape(layer, "weight")
     inputs = x.clone().requires_grad_(True)
     with phase("forward"):
         y = layer(inputs)
@@ -69,22 +86,22 @@ def _column_case(Column, rank, world_size) -> dict:
         y.backward(grad_out[..., start:stop] if tuple(y.shape) == (3, 4, stop - start) else torch.ones_like(y))
     reference = x.clone().requires_grad_(True)
     dense(reference).backward(grad_out)
-    mine = dense.weight.detach()[start:stop]
-    return {"rows": (start, stop), "weight shape": _shape(layer, "weight"), "expected weight": tuple(mine.shape),
-            "output shape": tuple(y.shape), "output": _diff(y, dense(x)[..., start:stop]),
+    return {"output shape": tuple(y.shape), "output": _diff(y, dense(x)[..., start:stop]),
             "input grad": _diff(inputs.grad, reference.grad),
             "input grad is the shard's part": _diff(inputs.grad, grad_out[..., start:stop] @ mine),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad[start:stop]),
-            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}),
-            "weight numel": mine.numel(), "x numel": x.numel()}
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")})}
 
 
-def _row_case(Row, rank, world_size) -> dict:
+def _row_case(seen: dict, Row, group, seed: int) -> dict:
     """Linear(7, 4) row-parallel: this rank's input columns in, the whole output out on every rank."""
-    dense, x, grad_out = _dense(7, 4, seed=4), _randn(3, 4, 7, seed=5), _randn(3, 4, 4, seed=6)
-    start, stop = shard_range(7)
-    layer = Row(dense, None)
+    dense, x, grad_out = _dense(7, 4, seed=4), _randn(3, 4, 7, seed=seed + 5), _randn(3, 4, 4, seed=seed + 6)
+    start, stop = _shards(seen, "columns", 7, group)
+    mine = dense.weight.detach()[:, start:stop]
+    seen["expected weight"], seen["weight numel"] = tuple(mine.shape), mine.numel()
+    layer = Row(dense, group)
+    seen["weight shape"] = _shape(layer, "weight")
     inputs = x[..., start:stop].clone().requires_grad_(True)
     with phase("forward"):
         y = layer(inputs)
@@ -93,57 +110,77 @@ def _row_case(Row, rank, world_size) -> dict:
     reference = x.clone().requires_grad_(True)
     expected = dense(reference)
     expected.backward(grad_out)
-    mine = dense.weight.detach()[:, start:stop]
-    return {"columns": (start, stop), "weight shape": _shape(layer, "weight"), "expected weight": tuple(mine.shape),
-            "output shape": tuple(y.shape), "output": _diff(y, expected),
-            "bias t times": _diff(y, expected + (world_size - 1) * dense.bias),
+    t = len(seen["group ranks"])
+    return {"output shape": tuple(y.shape), "output": _diff(y, expected),
+            "bias t times": _diff(y, expected + (t - 1) * dense.bias),
+            "one rank's partial sum": _diff(y, F.linear(x[..., start:stop], mine, dense.bias)),
             "input grad": _diff(inputs.grad, reference.grad[..., start:stop]),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[:, start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad),
-            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}),
-            "weight numel": mine.numel(), "y numel": expected.numel()}
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")})}
 
 
-def _mlp_case(Column, Row, rank, world_size) -> dict:
-    """``out(gelu(fc(x)))``, fc (6 -> 10) column-parallel, out (10 -> 6) row-parallel: the dense MLP's numbers."""
+def _mlp_case(seen: dict, Column, Row, group, seed: int) -> dict:
+    """``out(gelu(fc(x)))``, fc (6 -> 10) column-parallel, out (10 -> 6) row-parallel: the dense MLP's numbers.
+
+    The forward of each layer runs in its own ``phase("forward", "fc" | "out")``: which layer all-reduced."""
     fc, out = _dense(6, 10, seed=7), _dense(10, 6, seed=8)
-    x, grad_out = _randn(3, 4, 6, seed=9), _randn(3, 4, 6, seed=10)
-    start, stop = shard_range(10)
-    first, second = Column(fc, None), Row(out, None)
+    x, grad_out = _randn(3, 4, 6, seed=seed + 9), _randn(3, 4, 6, seed=seed + 10)
+    start, stop = _shards(seen, "rows", 10, group)
+    seen["weight numels"] = {(stop - start) * 6}  # fc's rows and out's columns: 6 × this rank's hidden features
+    first, second = Column(fc, group), Row(out, group)
     inputs = x.clone().requires_grad_(True)
-    with phase("forward"):
-        y = second(F.gelu(first(inputs)))
+    with phase("forward", "fc"):
+        hidden = first(inputs)
+    with phase("forward", "out"):
+        y = second(F.gelu(hidden))
     with phase("backward"):
         y.backward(grad_out if tuple(y.shape) == tuple(grad_out.shape) else torch.ones_like(y))
     reference = x.clone().requires_grad_(True)
-    expected = out(F.gelu(fc(reference)))
+    dense_hidden = fc(reference)
+    dense_hidden.retain_grad()
+    expected = out(F.gelu(dense_hidden))
     expected.backward(grad_out)
+    shard_part = dense_hidden.grad[..., start:stop] @ fc.weight.detach()[start:stop]  # f's backward left out
     grads = {"fc.weight": _diff(_grad(first, "weight"), fc.weight.grad[start:stop]),
              "fc.bias": _diff(_grad(first, "bias"), fc.bias.grad[start:stop]),
              "out.weight": _diff(_grad(second, "weight"), out.weight.grad[:, start:stop]),
              "out.bias": _diff(_grad(second, "bias"), out.bias.grad)}
     unused = _no_grad({f"{label}.{name}": (layer, name) for label, layer in (("fc", first), ("out", second))
                        for name in ("weight", "bias")})
-    return {"output": _diff(y, expected), "input grad": _diff(inputs.grad, reference.grad), "grads": grads,
-            "no grad": unused,
-            "weight numels": {(stop - start) * 6, 6 * (stop - start)}, "x numel": x.numel()}
+    t = len(seen["group ranks"])
+    return {"output": _diff(y, expected), "bias t times": _diff(y, expected + (t - 1) * out.bias),
+            "input grad": _diff(inputs.grad, reference.grad),
+            "input grad is the shard's part": _diff(inputs.grad, shard_part), "grads": grads, "no grad": unused}
 
 
 def _run_part(part, *args) -> dict:
-    """One part on this rank, its collectives recorded; an error is returned, not raised (it costs its part only)."""
+    """One part on this rank, its collectives recorded; an error is returned, not raised (it costs its part only),
+    with what the part noted before it (``seen``: the shards it expects, the learner's weight shape). A class
+    passed as None is not written yet: the part is "not done"."""
+    if any(arg is None for arg in args[:-2]):  # the classes; the group (last but one) may be None
+        return {"error": "NotImplementedError: not written yet", "not done": True, "where": "", "calls": []}
+    seen: dict = {}
     with recording() as calls:
         try:
-            result = part(*args)
+            result = part(seen, *args)
+            result = {**seen, **result}
         except Exception as error:  # the learner's code may fail in any way
-            result = {"error": f"{type(error).__name__}: {error}".strip(),
+            result = {**seen, "error": f"{type(error).__name__}: {error}".strip(),
                       "not done": isinstance(error, NotImplementedError), "where": learner_line_of(error)}
     result["calls"] = calls
     return result
 
 
+def all_parts(rank, world_size, Column, Row, tp: int | None = None):
+    """Every part of exercise 05 on this rank: the column- and row-parallel layers alone, then the MLP of both.
 
-def all_parts(rank, world_size, Column, Row):
-    """Every part of exercise 05 on this rank: the column- and row-parallel layers alone, then the MLP of both."""
-    return {"column": _run_part(_column_case, Column, rank, world_size),
-            "row": _run_part(_row_case, Row, rank, world_size),
-            "mlp": _run_part(_mlp_case, Column, Row, rank, world_size)}
+    ``tp``: the layers get this rank's group of a mesh ``{"dp": world_size // tp, "tp": tp}``, and each
+    tensor-parallel group its own inputs (seeds 100 apart); None: the whole world (``group=None``)."""
+    group, seed = None, 0
+    if tp is not None:
+        mesh = Mesh({"dp": world_size // tp, "tp": tp})
+        group, seed = mesh.group("tp"), 100 * mesh["dp"].rank
+    return {"column": _run_part(_column_case, Column, group, seed),
+            "row": _run_part(_row_case, Row, group, seed),
+            "mlp": _run_part(_mlp_case, Column, Row, group, seed)}

@@ -5,8 +5,10 @@
 The learner's layers call collectives themselves (not ``coursekit.comm``'s
 point-to-point calls), so what the grader watches here is each call: which
 collective, in which phase (:func:`phase`, ``"forward"`` or ``"backward"``, set by
-the grader around the learner's forward and backward), the shape and the elements
-of the tensor passed. ``torch.distributed``'s own collectives are switched off
+the grader around the learner's forward and backward, with the layer it is in),
+the shape and the elements of the tensor passed, and the global ranks of the group
+it ran over (:func:`group_ranks`: a layer that ignores its ``group=`` is seen
+summing over the whole world). ``torch.distributed``'s own collectives are switched off
 while grading; these bound the real ones at import. (The library's own layers
 count theirs in :class:`coursekit.parallel.tensor.CommCounts`, totals per
 collective and direction: the grader needs each call's size, to tell weights
@@ -16,20 +18,33 @@ gathered from activations.)
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..mesh import rank_size
+from ..mesh import as_group, rank_size
 from ..parallel.tensor import shard_sizes
 
-__all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording"]
+__all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording", "Call", "group_ranks"]
+
+
+class Call(NamedTuple):
+    """One collective the learner called: which, where (phase and layer), the tensor's size, the group's ranks."""
+
+    op: str            # "all_reduce" or "all_gather"
+    phase: str         # "forward", "backward" or "outside"
+    layer: str         # the layer the grader was running (``phase(name, layer)``), "" when not said
+    shape: tuple
+    numel: int
+    ranks: tuple       # the global ranks of the group it ran over
+
 
 # The real functions, bound at import: while grading, torch.distributed's names are replaced by ones that refuse.
 _ALL_REDUCE, _ALL_GATHER = dist.all_reduce, dist.all_gather
-_CALLS: list[tuple[str, str, tuple, int]] = []   # (op, phase, shape of the tensor passed, elements), this rank
-_PHASE = ["outside"]
+_CALLS: list[Call] = []   # this rank's, in order
+_PHASE = ["outside", ""]  # the phase and the layer
 
 
 def shard_range(total: int, group=None) -> tuple[int, int]:
@@ -43,9 +58,28 @@ def shard_range(total: int, group=None) -> tuple[int, int]:
     return sum(sizes[:rank]), sum(sizes[:rank + 1])
 
 
+def group_ranks(group=None) -> tuple[int, ...]:
+    """The global ranks of ``group`` (a process group, a :class:`~coursekit.mesh.MeshAxis`, None: the whole world).
+
+        >>> group_ranks()             # one process
+        (0,)
+    """
+    group = as_group(group)
+    if not dist.is_initialized():
+        return (0,)
+    if group is None:
+        return tuple(range(dist.get_world_size()))
+    return tuple(dist.get_process_group_ranks(group))
+
+
+def _record(op: str, tensor: torch.Tensor, group) -> None:
+    _CALLS.append(Call(op, _PHASE[0], _PHASE[1], tuple(tensor.shape), tensor.numel(), group_ranks(group)))
+
+
 def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
     """Sum ``tensor`` over the ranks of ``group``, in place; returns it. Counted (nothing happens on one rank)."""
-    _CALLS.append(("all_reduce", _PHASE[0], tuple(tensor.shape), tensor.numel()))
+    _record("all_reduce", tensor, group)
+    group = as_group(group)
     if rank_size(group)[1] > 1:
         _ALL_REDUCE(tensor, group=group)
     return tensor
@@ -53,7 +87,8 @@ def all_reduce(tensor: torch.Tensor, group=None) -> torch.Tensor:
 
 def all_gather(tensor: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along ``dim`` in rank order (sizes along ``dim`` may differ). Counted."""
-    _CALLS.append(("all_gather", _PHASE[0], tuple(tensor.shape), tensor.numel()))
+    _record("all_gather", tensor, group)
+    group = as_group(group)
     size = rank_size(group)[1]
     if size == 1:
         return tensor.clone()
@@ -68,18 +103,18 @@ def all_gather(tensor: torch.Tensor, dim: int = -1, group=None) -> torch.Tensor:
 
 
 @contextmanager
-def phase(name: str):
-    """Calls inside the block are counted as made in ``name`` (``"forward"``, ``"backward"``)."""
-    _PHASE[0] = name
+def phase(name: str, layer: str = ""):
+    """Calls inside the block are counted as made in ``name`` (``"forward"``, ``"backward"``), in ``layer``."""
+    _PHASE[:] = [name, layer]
     try:
         yield
     finally:
-        _PHASE[0] = "outside"
+        _PHASE[:] = ["outside", ""]
 
 
 @contextmanager
 def recording():
-    """``with recording() as calls:`` the ``(op, phase, shape, elements)`` of every call inside the block, in order."""
+    """``with recording() as calls:`` every :class:`Call` made inside the block, in order."""
     _CALLS.clear()
     calls: list = []
     try:

@@ -29,9 +29,11 @@
 # **Grading**: each layer on 1, 2 and 4 ranks against the dense `nn.Linear`: the output, the input's
 # gradient, the weight's and the bias's gradients of every shard, and the number of all-reduces in forward
 # and in backward; then the MLP `out(gelu(fc(x)))` built from both on 1, 2 and 4 ranks: the dense MLP's
-# numbers with exactly one all-reduce each way. Gathering the weights instead of splitting the work earns
-# partial credit only. From a terminal: `coursekit grade exercises/05_tensor_parallel.ipynb` (it grades a
-# copy of your file).
+# numbers with exactly one all-reduce each way. Each also runs on 4 ranks as two tensor-parallel groups,
+# {0, 1} and {2, 3} (a `Mesh({"dp": 2, "tp": 2})`, different inputs in each group), the layers given their
+# group: pass `group` to `shard_range` and to every collective. Gathering the weights instead of splitting
+# the work earns partial credit only. From a terminal: `coursekit grade exercises/05_tensor_parallel.ipynb`
+# (it grades a copy of your file).
 
 # %% tags=["parameters"]
 # Parameters: seconds each check may run before it counts as a deadlock (raise it on a slow machine).

@@ -10,7 +10,7 @@ from _tp_solution import RowParallelLinear
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 0, row 3, MLP 0
 LOSES = {"column_parallel_linear": (0, ("only its own shard's part", "must all-reduce the input's gradient")),
-         "mlp_one_all_reduce_each_way": (0, "the input's gradient differs")}
+         "mlp_one_all_reduce_each_way": (0, ("fc, the column-parallel layer", "only its own shard's part"))}
 
 
 class CopyWithoutReduce(torch.autograd.Function):

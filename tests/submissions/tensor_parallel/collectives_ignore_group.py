@@ -1,0 +1,50 @@
+"""The shards are cut over the layer's group (``shard_range(..., group)``), but f and g all-reduce over the whole
+world: ``all_reduce(grad)`` without ``group=``. Right whenever the group is the whole world; on 4 ranks as two
+tensor-parallel groups {0, 1} and {2, 3}, with different inputs in each group, the sum mixes the two groups.
+
+Seen scoring 10/10 before the groups case (every case built the layers with group=None)."""
+
+import torch
+import torch.nn.functional as F
+
+from _tp_solution import ColumnParallelLinear as _Column
+from _tp_solution import RowParallelLinear as _Row
+from coursekit.grading.tensor_tools import all_reduce
+
+EXERCISE = "05_tensor_parallel"
+SCORE = 2 + 2 + 2.67  # each check: 2 and 4 ranks right, the groups case wrong: 2/3 of 3, 3 and 4 points
+LOSES = {"column_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
+                                       "group {0, 1}: pass group= to every collective"),
+         "row_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
+                                    "group {0, 1}: pass group= to every collective"),
+         "mlp_one_all_reduce_each_way": (2.67, "not over the layer's group {0, 1}")}
+
+
+class CopyToParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, group):
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce(grad.contiguous().clone()), None
+
+
+class ReduceFromParallelRegion(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, group):
+        return all_reduce(tensor.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class ColumnParallelLinear(_Column):
+    def forward(self, x):
+        return F.linear(CopyToParallelRegion.apply(x, self.group), self.weight, self.bias)
+
+
+class RowParallelLinear(_Row):
+    def forward(self, x_local):
+        return ReduceFromParallelRegion.apply(F.linear(x_local, self.weight), self.group) + self.bias
