@@ -8,12 +8,18 @@ The learner writes ``reduce_scatter(tensor, group=None) -> owned segment`` and
 schedule of :mod:`coursekit.collectives` (rank r ends owning segment (r+1) % G).
 Each case runs in the strict simulator first and, if its results are right
 there, on real ranks (:meth:`coursekit.grading.context.Context.run`): answers are
-compared with exact sums and every transfer is counted. A right answer earns
-credit only if it was computed by the ring (each message to the right
-neighbour, one segment at most): a parameter server is not this exercise. When
-something is wrong the feedback first names the step where the attempt leaves
-the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then the world
-size, length, rank and segment of each case that failed.
+compared with exact sums and every transfer is counted. Every point is for the
+ring: a right answer earns credit only if the ring computed it (each message to
+the right neighbour, one segment at most); a parameter server is chapter 01's
+single master, not this exercise, and scores 0. So the two checks a server would
+pass too -- ``all_reduce_bit_identical`` (one rank sums, all copy: the same bits)
+and ``only_point_to_point`` (built from ``coursekit.comm``) -- count only once
+the run they judge has the ring's shape (:func:`.ring_judge.shape_problems`), as
+``ring_traffic_pattern`` counts only for a correct result.
+
+When something is wrong the feedback first names the step where the attempt
+leaves the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then
+the world size, length, rank and segment of each case that failed.
 """
 
 from __future__ import annotations
@@ -159,9 +165,21 @@ def _all_reduce_right(world_size: int, numel: int):
     return lambda results: all(torch.equal(x.double(), full) for x, _ in results)
 
 
+def _not_ring_shaped(world_size: int, numel: int, results: list, what: str) -> None:
+    """Raise if the traffic of ``results`` (per rank: (tensor, traffic)) is not shaped as a ring's: ``what``
+    (a check's finding that a parameter server shares) counts only for the ring."""
+    problems = shape_problems(world_size, numel, comm.Traffic.merge([t for _, t in results]))
+    if problems:
+        raise CheckFailed(f"world size {world_size}, length {numel}: {what}, but not along a ring: {problems[0]}. "
+                          f"This check counts only for the ring's traffic")
+
+
 @check(EXERCISE, points=1)
 def all_reduce_bit_identical(submission, ctx):
-    """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001)."""
+    """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001).
+
+    Counted only for a ring: one rank that sums and sends the sum to all has the same bits everywhere too.
+    """
     world_size, numel = 4, 1001
     right = _all_reduce_right(world_size, numel)
     results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
@@ -171,6 +189,7 @@ def all_reduce_bit_identical(submission, ctx):
         if not torch.equal(x.double(), full):
             raise CheckFailed(f"world size {world_size}, length {numel}: rank {rank} does not hold the sum after "
                               f"reduce_scatter + all_gather")
+    _not_ring_shaped(world_size, numel, results, "every rank holds the sum")
     same = lambda results: all(torch.equal(r, results[0]) for r in results)  # noqa: E731
     random = ctx.run(_random_all_reduce, world_size, submission.reduce_scatter, submission.all_gather, numel,
                      accept=same)
@@ -221,10 +240,17 @@ def ring_traffic_pattern(submission, ctx):
 
 @check(EXERCISE, points=1)
 def only_point_to_point(submission, ctx):
-    """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4)."""
-    results = ctx.run(_both_rank, 4, submission.reduce_scatter, submission.all_gather, 12, F32)
+    """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4).
+
+    Counted only for a ring: a parameter server built from coursekit.comm is point-to-point too.
+    """
+    world_size, numel = 4, 12
+    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32)
     if comm.Traffic.merge([t for _, t in results]).total == 0:
-        raise CheckFailed("nothing was sent through coursekit.comm: use comm.isend/comm.irecv (or send/recv)")
+        raise CheckFailed(f"world size {world_size}, length {numel}: nothing was sent through coursekit.comm: "
+                          f"each ring step sends one segment to the right neighbour with comm.isend and receives "
+                          f"one from the left with comm.irecv (or send/recv)")
+    _not_ring_shaped(world_size, numel, results, "point-to-point through coursekit.comm")
 
 
 @check(EXERCISE, points=1, hidden=True)
