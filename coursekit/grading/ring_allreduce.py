@@ -15,7 +15,9 @@ single master, not this exercise, and scores 0. So the two checks a server would
 pass too -- ``all_reduce_bit_identical`` (one rank sums, all copy: the same bits)
 and ``only_point_to_point`` (built from ``coursekit.comm``) -- count only once
 the run they judge has the ring's shape (:func:`.ring_judge.shape_problems`), as
-``ring_traffic_pattern`` counts only for a correct result.
+``ring_traffic_pattern`` counts only for a correct result. Cases any attempt gets
+right are *preconditions* (they cost when they fail, never earn): one rank (the
+input is the sum) and length 0 (every segment empty: doing nothing is right).
 
 When something is wrong the feedback first names the step where the attempt
 leaves the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then
@@ -119,27 +121,36 @@ _PHASES = {RS: (_rs_rank, judge_reduce_scatter, "reduce_scatter"), AG: (_ag_rank
 
 
 def _outcomes(submission, ctx, phase: str, plan) -> list:
-    """Every case of ``plan`` (``[(world size, [(length, dtype), ...]), ...]``) of one phase, judged."""
+    """Every case of ``plan`` (``[(world size, [(length, dtype), ...]), ...]``) of one phase, judged:
+    ``[(world size, length, outcome), ...]``."""
     rank_fn, judge, name = _PHASES[phase]
-    return [(world_size, outcome) for world_size, cases in plan
-            for _, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+    return [(world_size, numel, outcome) for world_size, cases in plan
+            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+
+
+def _is_precondition(world_size: int, numel: int) -> bool:
+    """A case every attempt gets right, ring or not: one rank (the input is the sum, nothing is sent) or
+    length 0 (every segment is empty: doing nothing is right). It earns nothing, and costs when it fails."""
+    return world_size == 1 or numel == 0
 
 
 def _score(submission, ctx, plans: dict) -> float:
     """Credit per right case over all ``plans`` (phase -> plan); the feedback starts with the first step, in
     the seed's labels, where the attempt leaves the ring's schedule (for each phase that fails).
 
-    Cases with one rank are preconditions: every attempt, ring or not, gets them right, so they earn nothing.
+    Preconditions (:func:`_is_precondition`) earn nothing: one rank, and length 0.
     """
     outcomes, found = [], []
     for phase, plan in plans.items():
         mine = _outcomes(submission, ctx, phase, plan)
         outcomes += mine
-        if any(outcome for _, outcome in mine):
+        if any(outcome for _, _, outcome in mine):
             diagnosis = diagnose(phase, getattr(submission, _PHASES[phase][2]), ctx.simulate)
             found += [f"{phase}: {diagnosis}"] if diagnosis else []
+    scored = [o for g, n, o in outcomes if not _is_precondition(g, n)]
+    preconditions = [o for g, n, o in outcomes if _is_precondition(g, n)]
     try:
-        return partial_credit([o for g, o in outcomes if g > 1], [o for g, o in outcomes if g == 1])
+        return partial_credit(scored, preconditions)
     except CheckFailed as failed:
         problems = str(failed).splitlines()
         shown = problems[:3] + ([f"(and {len(problems) - 3} more cases)"] if len(problems) > 3 else [])
