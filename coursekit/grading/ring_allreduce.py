@@ -21,7 +21,9 @@ input is the sum) and length 0 (every segment empty: doing nothing is right).
 
 When something is wrong the feedback first names the step where the attempt
 leaves the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then
-the world size, length, rank and segment of each case that failed.
+the world size, length, rank and segment of each case that failed; a message
+that many cases share (a forbidden call, the library's own ring) is said once,
+with the cases it holds for.
 """
 
 from __future__ import annotations
@@ -134,6 +136,26 @@ def _is_precondition(world_size: int, numel: int) -> bool:
     return world_size == 1 or numel == 0
 
 
+def _said_once(problems: list[str], cases: int) -> list[tuple[str, int]]:
+    """``problems`` (``"<where>: <what>"``, one per failed case of ``cases``) as lines, each with how many cases
+    it speaks for: a ``<what>`` that several cases share is said once, after the cases it holds for
+    ("every case" when it holds for all of them)."""
+    groups: dict[str, list[str]] = {}
+    for problem in problems:
+        where, _, what = problem.partition(": ")
+        groups.setdefault(what, []).append(where)
+    lines = []
+    for what, wheres in groups.items():
+        if not what:  # no "<where>: " to share
+            lines += [(where, 1) for where in wheres]
+        elif len(wheres) == cases > 1:
+            lines.append((f"every case ({cases} of them): {what}", cases))
+        else:
+            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
+            lines.append((f"{'; '.join(wheres[:3])}{more}: {what}", len(wheres)))
+    return lines
+
+
 def _score(submission, ctx, plans: dict) -> float:
     """Credit per right case over all ``plans`` (phase -> plan); the feedback starts with the first step, in
     the seed's labels, where the attempt leaves the ring's schedule (for each phase that fails).
@@ -152,8 +174,9 @@ def _score(submission, ctx, plans: dict) -> float:
     try:
         return partial_credit(scored, preconditions)
     except CheckFailed as failed:
-        problems = str(failed).splitlines()
-        shown = problems[:3] + ([f"(and {len(problems) - 3} more cases)"] if len(problems) > 3 else [])
+        lines = _said_once([o for o in preconditions + scored if o], len(outcomes))
+        left = sum(n for _, n in lines[3:])
+        shown = [line for line, _ in lines[:3]] + ([f"(and {left} more case{'s' * (left > 1)})"] if left else [])
         raise CheckFailed("\n".join(found + shown), failed.fraction) from None
 
 
