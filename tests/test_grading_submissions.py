@@ -15,6 +15,9 @@ Three of them are the negative controls of checks that could be switched off unn
 * ``ring_allreduce/calls_dist_all_reduce``: a ring that calls ``dist.all_reduce``. Planted bug:
   ``only_point_to_point`` switched off -> it earns its point. (Every check that runs the forbidden call fails
   with the same sentence: a check that credited such code would credit a cheat, so it cannot fail that check alone.)
+* ``ring_allreduce/does_nothing``: returns its input's owned segment, leaves ``out`` as it is, sends nothing. Planted
+  bug: ``only_point_to_point``'s "nothing was sent" test deleted (its run kept) -> it earns that point, and it is the
+  only attempt that fails (the others that lose the point call a forbidden function or deadlock in the run itself).
 
 ``data_parallel/accumulation_overwrites`` (issue 12, item 8) is right with one backward per step and fails only
 ``hooks_gradient_accumulation``. Planted bug: that check's body replaced by ``return 1.0`` -> seen failing
@@ -37,7 +40,8 @@ def test_every_row_of_the_issue_has_an_attempt():
     assert {"ring_allreduce/parameter_server", "ring_allreduce/off_by_one_receive",
             "ring_allreduce/wrong_owned_segment", "ring_allreduce/send_before_recv", "data_parallel/average_weights",
             "data_parallel/sum_not_mean", "data_parallel/zero2_frozen", "data_parallel/dist_all_reduce",
-            "data_parallel/accumulation_overwrites"} <= set(ATTEMPTS)
+            "data_parallel/accumulation_overwrites", "ring_allreduce/wraps_library_ring",
+            "ring_allreduce/wraps_library_all_gather", "ring_allreduce/does_nothing"} <= set(ATTEMPTS)  # issue 22
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)

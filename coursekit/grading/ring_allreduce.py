@@ -8,12 +8,22 @@ The learner writes ``reduce_scatter(tensor, group=None) -> owned segment`` and
 schedule of :mod:`coursekit.collectives` (rank r ends owning segment (r+1) % G).
 Each case runs in the strict simulator first and, if its results are right
 there, on real ranks (:meth:`coursekit.grading.context.Context.run`): answers are
-compared with exact sums and every transfer is counted. A right answer earns
-credit only if it was computed by the ring (each message to the right
-neighbour, one segment at most): a parameter server is not this exercise. When
-something is wrong the feedback first names the step where the attempt leaves
-the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then the world
-size, length, rank and segment of each case that failed.
+compared with exact sums and every transfer is counted. Every point is for the
+ring: a right answer earns credit only if the ring computed it (each message to
+the right neighbour, one segment at most); a parameter server is chapter 01's
+single master, not this exercise, and scores 0. So the two checks a server would
+pass too -- ``all_reduce_bit_identical`` (one rank sums, all copy: the same bits)
+and ``only_point_to_point`` (built from ``coursekit.comm``) -- count only once
+the run they judge has the ring's shape (:func:`.ring_judge.shape_problems`), as
+``ring_traffic_pattern`` counts only for a correct result. Cases any attempt gets
+right are *preconditions* (they cost when they fail, never earn): one rank (the
+input is the sum) and length 0 (every segment empty: doing nothing is right).
+
+When something is wrong the feedback first names the step where the attempt
+leaves the ring's schedule, in the seed's labels (:mod:`.ring_schedule`), then
+the world size, length, rank and segment of each case that failed; a message
+that many cases share (a forbidden call, the library's own ring) is said once,
+with the cases it holds for.
 """
 
 from __future__ import annotations
@@ -113,30 +123,60 @@ _PHASES = {RS: (_rs_rank, judge_reduce_scatter, "reduce_scatter"), AG: (_ag_rank
 
 
 def _outcomes(submission, ctx, phase: str, plan) -> list:
-    """Every case of ``plan`` (``[(world size, [(length, dtype), ...]), ...]``) of one phase, judged."""
+    """Every case of ``plan`` (``[(world size, [(length, dtype), ...]), ...]``) of one phase, judged:
+    ``[(world size, length, outcome), ...]``."""
     rank_fn, judge, name = _PHASES[phase]
-    return [(world_size, outcome) for world_size, cases in plan
-            for _, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+    return [(world_size, numel, outcome) for world_size, cases in plan
+            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+
+
+def _is_precondition(world_size: int, numel: int) -> bool:
+    """A case every attempt gets right, ring or not: one rank (the input is the sum, nothing is sent) or
+    length 0 (every segment is empty: doing nothing is right). It earns nothing, and costs when it fails."""
+    return world_size == 1 or numel == 0
+
+
+def _said_once(problems: list[str], cases: int) -> list[tuple[str, int]]:
+    """``problems`` (``"<where>: <what>"``, one per failed case of ``cases``) as lines, each with how many cases
+    it speaks for: a ``<what>`` that several cases share is said once, after the cases it holds for
+    ("every case" when it holds for all of them)."""
+    groups: dict[str, list[str]] = {}
+    for problem in problems:
+        where, _, what = problem.partition(": ")
+        groups.setdefault(what, []).append(where)
+    lines = []
+    for what, wheres in groups.items():
+        if not what:  # no "<where>: " to share
+            lines += [(where, 1) for where in wheres]
+        elif len(wheres) == cases > 1:
+            lines.append((f"every case ({cases} of them): {what}", cases))
+        else:
+            more = f" and {len(wheres) - 3} more" if len(wheres) > 3 else ""
+            lines.append((f"{'; '.join(wheres[:3])}{more}: {what}", len(wheres)))
+    return lines
 
 
 def _score(submission, ctx, plans: dict) -> float:
     """Credit per right case over all ``plans`` (phase -> plan); the feedback starts with the first step, in
     the seed's labels, where the attempt leaves the ring's schedule (for each phase that fails).
 
-    Cases with one rank are preconditions: every attempt, ring or not, gets them right, so they earn nothing.
+    Preconditions (:func:`_is_precondition`) earn nothing: one rank, and length 0.
     """
     outcomes, found = [], []
     for phase, plan in plans.items():
         mine = _outcomes(submission, ctx, phase, plan)
         outcomes += mine
-        if any(outcome for _, outcome in mine):
+        if any(outcome for _, _, outcome in mine):
             diagnosis = diagnose(phase, getattr(submission, _PHASES[phase][2]), ctx.simulate)
             found += [f"{phase}: {diagnosis}"] if diagnosis else []
+    scored = [o for g, n, o in outcomes if not _is_precondition(g, n)]
+    preconditions = [o for g, n, o in outcomes if _is_precondition(g, n)]
     try:
-        return partial_credit([o for g, o in outcomes if g > 1], [o for g, o in outcomes if g == 1])
+        return partial_credit(scored, preconditions)
     except CheckFailed as failed:
-        problems = str(failed).splitlines()
-        shown = problems[:3] + ([f"(and {len(problems) - 3} more cases)"] if len(problems) > 3 else [])
+        lines = _said_once([o for o in preconditions + scored if o], len(outcomes))
+        left = sum(n for _, n in lines[3:])
+        shown = [line for line, _ in lines[:3]] + ([f"(and {left} more case{'s' * (left > 1)})"] if left else [])
         raise CheckFailed("\n".join(found + shown), failed.fraction) from None
 
 
@@ -159,9 +199,21 @@ def _all_reduce_right(world_size: int, numel: int):
     return lambda results: all(torch.equal(x.double(), full) for x, _ in results)
 
 
+def _not_ring_shaped(world_size: int, numel: int, results: list, what: str) -> None:
+    """Raise if the traffic of ``results`` (per rank: (tensor, traffic)) is not shaped as a ring's: ``what``
+    (a check's finding that a parameter server shares) counts only for the ring."""
+    problems = shape_problems(world_size, numel, comm.Traffic.merge([t for _, t in results]))
+    if problems:
+        raise CheckFailed(f"world size {world_size}, length {numel}: {what}, but not along a ring: {problems[0]}. "
+                          f"This check counts only for the ring's traffic")
+
+
 @check(EXERCISE, points=1)
 def all_reduce_bit_identical(submission, ctx):
-    """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001)."""
+    """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001).
+
+    Counted only for a ring: one rank that sums and sends the sum to all has the same bits everywhere too.
+    """
     world_size, numel = 4, 1001
     right = _all_reduce_right(world_size, numel)
     results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
@@ -171,6 +223,7 @@ def all_reduce_bit_identical(submission, ctx):
         if not torch.equal(x.double(), full):
             raise CheckFailed(f"world size {world_size}, length {numel}: rank {rank} does not hold the sum after "
                               f"reduce_scatter + all_gather")
+    _not_ring_shaped(world_size, numel, results, "every rank holds the sum")
     same = lambda results: all(torch.equal(r, results[0]) for r in results)  # noqa: E731
     random = ctx.run(_random_all_reduce, world_size, submission.reduce_scatter, submission.all_gather, numel,
                      accept=same)
@@ -221,10 +274,17 @@ def ring_traffic_pattern(submission, ctx):
 
 @check(EXERCISE, points=1)
 def only_point_to_point(submission, ctx):
-    """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4)."""
-    results = ctx.run(_both_rank, 4, submission.reduce_scatter, submission.all_gather, 12, F32)
+    """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4).
+
+    Counted only for a ring: a parameter server built from coursekit.comm is point-to-point too.
+    """
+    world_size, numel = 4, 12
+    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32)
     if comm.Traffic.merge([t for _, t in results]).total == 0:
-        raise CheckFailed("nothing was sent through coursekit.comm: use comm.isend/comm.irecv (or send/recv)")
+        raise CheckFailed(f"world size {world_size}, length {numel}: nothing was sent through coursekit.comm: "
+                          f"each ring step sends one segment to the right neighbour with comm.isend and receives "
+                          f"one from the left with comm.irecv (or send/recv)")
+    _not_ring_shaped(world_size, numel, results, "point-to-point through coursekit.comm")
 
 
 @check(EXERCISE, points=1, hidden=True)

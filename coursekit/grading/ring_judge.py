@@ -128,15 +128,15 @@ def _segment_feedback(rank: int, world_size: int, numel: int, dtype, got, index:
     if index is not None and index != own:
         return (f"{where}: returned segment {index}; after G−1 steps rank r owns segment (r+1) mod G, "
                 f"so expected {expected}")
+    mine = ring_input(rank, numel, dtype).double()[start:stop]
+    if torch.equal(got, mine):  # first: a one-element segment left as it was may equal another's sum by chance
+        return f"{where}: segment {own} is unchanged: nothing was added into it; expected {expected}"
     for k, (a, b) in enumerate(bounds):
         if k != own and b - a == got.numel() and b > a and torch.equal(got, full[a:b]):
             return f"{where}: returned the complete segment {k}, but the ring leaves rank r owning segment (r+1) % G; expected {expected}"
     if got.numel() != stop - start:
         hint = " (the whole tensor?)" if got.numel() == numel and world_size > 1 else ""
         return f"{where}: returned {got.numel()} elements{hint}; expected {expected}"
-    mine = ring_input(rank, numel, dtype).double()[start:stop]
-    if torch.equal(got, mine):
-        return f"{where}: segment {own} is unchanged: nothing was added into it; expected {expected}"
     # A partial sum along the ring (too few steps, or a send of the value before the add)? The ring sends
     # right, so rank r's segment can only have gathered the ranks just left of it: r, r−1, ..., r−c+1.
     for count in range(2, world_size):
@@ -154,7 +154,7 @@ def judge_reduce_scatter(world_size: int, numel: int, dtype, results: list) -> s
     bad = [f for f in (_segment_feedback(r, world_size, numel, dtype, results[r][0], results[r][2])
                        for r in range(world_size)) if f]
     if bad:
-        return bad[0] + (f" (and {len(bad) - 1} more ranks)" if len(bad) > 1 else "")
+        return bad[0] + (f" (and {len(bad) - 1} more rank{'s' * (len(bad) > 2)})" if len(bad) > 1 else "")
     ring = not_a_ring(world_size, numel, comm.Traffic.merge([r[1] for r in results]), RS)
     return f"world size {world_size}, length {numel}: {ring}" if ring else None
 

@@ -23,13 +23,15 @@
 # **The tools**: `comm.get_rank()`, `comm.get_world_size()`, `comm.isend(tensor, dst)`,
 # `comm.irecv(tensor, src)` (both return a work object: call `.wait()`), and the blocking
 # `comm.send` / `comm.recv`. Every transfer through `comm` is counted; `torch.distributed`'s own
-# collectives and raw send/recv are switched off while grading.
+# collectives and raw send/recv, and coursekit's own ring (`coursekit.ring_reduce_scatter`,
+# `ring_all_gather`, `ring_all_reduce`), are switched off while grading: both phases are yours to write.
 #
 # **Grading**: the cells below grade each part as you go; the last cell grades everything, including
 # hidden world sizes and lengths. Or from a terminal: `coursekit grade exercises/01_ring_allreduce.ipynb`
 # (it runs a copy; your file is never touched). Points: correctness of each phase for G = 2, 3, 4 and
 # lengths that do and do not divide by G; bit-identical results on every rank; traffic exactly
 # 2·(G−1)·N, neighbours only, one segment per message; no built-in collectives; hidden variants.
+# Every point is for the ring: right values computed another way (everything through one rank) earn nothing.
 
 # %% tags=["parameters"]
 # Parameters: seconds each check may run before it counts as a deadlock (raise it on a slow machine).

@@ -12,7 +12,9 @@ from _ring_solution import reduce_scatter  # noqa: F401  (the reduce-scatter is 
 
 EXERCISE = "01_ring_allreduce"
 # The reduce-scatter cases all pass; every all-gather case calls the forbidden function and fails.
-SCORE = 4.4  # reduce_scatter_correct 3 + edge_cases 2/5 (its one-rank all-gather fails too) + hidden_variants 1
+SCORE = 4.25  # reduce_scatter_correct 3 + edge_cases 1/4 + hidden_variants 1
+#              edge_cases: the reduce-scatter's N = 2 right, the all-gather's N = 3 wrong, and the all-gather's two
+#              preconditions (N = 0 on 4 ranks, one rank) fail and cost: 1 right of 2 + 2
 _CALLED = ("torch.distributed.all_reduce was called: this exercise asks you to build it from "
            "coursekit.comm.send/recv/isend/irecv")
 LOSES = {
@@ -20,7 +22,7 @@ LOSES = {
     "all_reduce_bit_identical": (0, _CALLED),
     "ring_traffic_pattern": (0, _CALLED),
     "only_point_to_point": (0, _CALLED),
-    "edge_cases": (0.4, "world size 1, length 5: " + _CALLED),
+    "edge_cases": (0.25, ("world size 4, length 0; world size 1, length 5; world size 4, length 3: " + _CALLED)),
     "hidden_variants": (1, _CALLED),
 }
 

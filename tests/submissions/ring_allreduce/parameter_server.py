@@ -2,6 +2,9 @@
 
 The answer chapter 01 says "ends the interview": every value is right, but all traffic goes through
 one rank, whose link carries (G−1)·N each way while a ring's busiest rank carries about 2·(G−1)·N/G.
+
+Seen failing before the fix (all_reduce_bit_identical and only_point_to_point did not ask for a ring):
+"parameter_server: all_reduce_bit_identical earned 1.0, not 0".
 """
 
 import torch
@@ -10,9 +13,14 @@ from coursekit import comm
 
 EXERCISE = "01_ring_allreduce"
 # Every value is right, and no case with G ≥ 2 is a ring: at G = 2 each message is the whole tensor,
-# at G ≥ 3 rank 0 is at one end of every message. Bits agree (one rank sums, all copy); it is point-to-point.
-SCORE = 2  # all_reduce_bit_identical 1 + only_point_to_point 1
+# at G ≥ 3 rank 0 is at one end of every message. Bits agree (one rank sums, all copy) and it is point-to-point,
+# but those two checks count only for a ring's traffic (the module docstring of grading.ring_allreduce says why):
+# at G = 4 rank 0 is the hub of both runs. Every point is for the ring, so nothing is earned.
+SCORE = 0
+_NOT_A_RING = "but not along a ring: all traffic goes through rank 0 (a parameter server)"
 LOSES = {
+    "all_reduce_bit_identical": (0, ("world size 4, length 1001: every rank holds the sum", _NOT_A_RING)),
+    "only_point_to_point": (0, ("world size 4, length 12: point-to-point through coursekit.comm", _NOT_A_RING)),
     "reduce_scatter_correct": (0, "right values, but not the ring's reduce-scatter: all traffic goes through rank 0 "
                                   "(a parameter server)"),
     "all_gather_correct": (0, "right values, but not the ring's all-gather: all traffic goes through rank 0"),
