@@ -37,19 +37,20 @@ Planted bugs, each seen failing (in coursekit/grading/ring_attention.py):
   output attends to the blocks of later ranks'"; the wrong-merge hint removed -> merge_no_rescale,
   merge_not_normalised, merge_picks_larger "ring_equals_full_attention's feedback lacks 'your merge is wrong (see
   merge_exact)'"; the sent-nothing hint removed -> backward_sends_nothing "key_value_gradients's feedback lacks
-  'PassRight.backward sent nothing'" (each said only "differs from full attention('s) by" before).
+  'PassRight.backward sent nothing'" (each said only "differs from full attention('s) by" before);
+* the library's merge and ring_attention not marked @answer_to (nor held back) -> wraps_the_library 12/12, not 0.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 from grading_support import assert_graded, attempts, load
 
+from coursekit import comm
 from coursekit.grading import check_ring_attention
-from coursekit.grading.ring_attention_runs import L, run_ring
-from coursekit.parallel.sequence import merge, ring_attention
+from coursekit.grading.ring_attention_runs import L, run_ring, tensors
+from coursekit.grading.ring_attention_work import RankWork
+from coursekit.parallel.sequence import ring_attention
 
 ATTEMPTS = attempts("ring_attention")
 
@@ -83,7 +84,7 @@ def test_every_typical_mistake_has_an_attempt():
             "passes_the_last_block_too", "gradients_not_passed_back", "gradient_passed_right",
             "values_detached", "merge_picks_larger", "merge_not_normalised", "o_gradient_dropped",
             "full_attention_in_disguise", "gathers_then_merges", "merge_without_max", "attends_future_blocks",
-            "backward_sends_nothing", "keys_values_apart"} <= set(ATTEMPTS)
+            "backward_sends_nothing", "keys_values_apart", "wraps_the_library"} <= set(ATTEMPTS)
 
 
 def _works(submission, world_size=4):
@@ -94,10 +95,18 @@ def _works(submission, world_size=4):
 def test_a_true_ring_does_blockwise_work():
     """The library's ring attention keeps its docstring's promise, and the notebook's solution does the same work:
     one L×L score block at a time, two key/value blocks held at most (G = 4, forward only); the solution merges
-    G−1 = 3 times per rank (it calls the merge it is given; the library calls its own)."""
-    library = SimpleNamespace(merge=merge, ring_attention_forward=lambda q, k, v, causal=False: ring_attention(
-        q, k, v, causal))
-    for work in _works(library) + _works(attempt("_ra_solution")):
+    G−1 = 3 times per rank. (The library's is run outside run_ring, which holds it back: it is the answer.)"""
+    q, k, v, _ = tensors(4 * L)
+
+    def library(rank, size):
+        mine = [t[..., rank * L:(rank + 1) * L, :].clone() for t in (q, k, v)]
+        work = RankWork(block_bytes=2 * mine[1].numel() * mine[1].element_size())
+        work.own(*mine)
+        with comm.using(work.transport()), work:
+            ring_attention(*mine, causal=False)
+        return work
+
+    for work in comm.simulate(library, 4).results + _works(attempt("_ra_solution")):
         assert work.largest == (L, L) and work.blocks_held <= 2, (work.largest, work.blocks_held)
     assert [work.merges for work in _works(attempt("_ra_solution"))] == [3, 3, 3, 3]
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from ..answers import held_back
+
 __all__ = ["MERGE_CASES", "MERGE_PRECONDITIONS", "merge_case", "merge_mistake", "merge_is_right", "tolerance", "is_large",
            "RESCALE", "NO_RESCALE", "PICKS_LARGER", "NOT_NORMALISED", "OVERFLOWS", "WRONG_MERGE"]
 
@@ -99,7 +101,8 @@ def merge_is_right(merge) -> bool:
             continue
         parts, expected, _ = merge_case(shifts, dtype)
         try:
-            o, _ = merge(*parts)
+            with held_back("06_ring_attention"):
+                o, _ = merge(*parts)
             if not torch.allclose(o, expected, atol=tolerance(dtype)):
                 return False
         except Exception:
