@@ -23,7 +23,22 @@ Planted bugs, each seen failing (in coursekit/grading/ring_attention.py):
 * the "only its own queries' part" hint removed -> gradients_not_passed_back, sends_to_everyone "feedback lacks
   'G=2: rank 0's gradient of k holds only its own queries' part'";
 * the gradient-direction hint removed -> gradient_passed_right "feedback lacks 'a block's gradient goes back to
-  the rank the block came from'".
+  the rank the block came from'";
+* the blockwise test left out of ring_equals/causal (ring_attention_work.not_blockwise) -> full_attention_in_disguise
+  "ring_equals_full_attention earned 3.0, not 0"; the blocks held left out of traffic_pattern -> gathers_then_merges
+  "traffic_pattern earned 2.0, not 0" (both 12/12 on the grader before);
+* the blocks held counted by tensors, not bytes -> keys_values_apart (a right ring, keys and values sent apart)
+  traffic_pattern 0/2; a merge count short of G−1 taken for full attention -> keys_values_apart (its merge inline)
+  ring_equals_full_attention 0/3;
+* merge_exact without its two large-score cases -> merge_without_max "merge_exact earned 3.0, not 1.5" (12/12 before);
+  the overflow hint left out -> "feedback lacks 'merge overflows for large scores: subtract the running maximum
+  before exp'";
+* the later-blocks hint removed -> attends_future_blocks "causal_masking's feedback lacks 'G=2, causal: rank 0's
+  output attends to the blocks of later ranks'"; the wrong-merge hint removed -> merge_no_rescale,
+  merge_not_normalised, merge_picks_larger "ring_equals_full_attention's feedback lacks 'your merge is wrong (see
+  merge_exact)'"; the sent-nothing hint removed -> backward_sends_nothing "key_value_gradients's feedback lacks
+  'PassRight.backward sent nothing'" (each said only "differs from full attention('s) by" before);
+* the library's merge and ring_attention not marked @answer_to (nor held back) -> wraps_the_library 12/12, not 0.
 """
 
 from __future__ import annotations
@@ -31,7 +46,11 @@ from __future__ import annotations
 import pytest
 from grading_support import assert_graded, attempts, load
 
+from coursekit import comm
 from coursekit.grading import check_ring_attention
+from coursekit.grading.ring_attention_runs import L, run_ring, tensors
+from coursekit.grading.ring_attention_work import RankWork
+from coursekit.parallel.sequence import ring_attention
 
 ATTEMPTS = attempts("ring_attention")
 
@@ -63,4 +82,37 @@ def test_attempt_gets_its_score_and_feedback(name):
 def test_every_typical_mistake_has_an_attempt():
     assert {"merge_no_rescale", "no_skip_future", "mask_of_the_next_block", "sends_to_everyone",
             "passes_the_last_block_too", "gradients_not_passed_back", "gradient_passed_right",
-            "values_detached", "merge_picks_larger", "merge_not_normalised", "o_gradient_dropped"} <= set(ATTEMPTS)
+            "values_detached", "merge_picks_larger", "merge_not_normalised", "o_gradient_dropped",
+            "full_attention_in_disguise", "gathers_then_merges", "merge_without_max", "attends_future_blocks",
+            "backward_sends_nothing", "keys_values_apart", "wraps_the_library"} <= set(ATTEMPTS)
+
+
+def _works(submission, world_size=4):
+    results, _ = run_ring(submission, world_size, world_size * L, False, backward=False)
+    return [work for *_, work in results]
+
+
+def test_a_true_ring_does_blockwise_work():
+    """The library's ring attention keeps its docstring's promise, and the notebook's solution does the same work:
+    one L×L score block at a time, two key/value blocks held at most (G = 4, forward only); the solution merges
+    G−1 = 3 times per rank. (The library's is run outside run_ring, which holds it back: it is the answer.)"""
+    q, k, v, _ = tensors(4 * L)
+
+    def library(rank, size):
+        mine = [t[..., rank * L:(rank + 1) * L, :].clone() for t in (q, k, v)]
+        work = RankWork(block_bytes=2 * mine[1].numel() * mine[1].element_size())
+        work.own(*mine)
+        with comm.using(work.transport()), work:
+            ring_attention(*mine, causal=False)
+        return work
+
+    for work in comm.simulate(library, 4).results + _works(attempt("_ra_solution")):
+        assert work.largest == (L, L) and work.blocks_held <= 2, (work.largest, work.blocks_held)
+    assert [work.merges for work in _works(attempt("_ra_solution"))] == [3, 3, 3, 3]
+
+
+def test_full_attention_in_disguise_is_measured():
+    """Its L = 4 queries against all G·L = 16 keys at once, no merge, and every block kept (its own stacked one and
+    the three received: four blocks' worth once the last one arrives)."""
+    works = _works(attempt("full_attention_in_disguise"))
+    assert [(w.largest, w.merges, w.blocks_held) for w in works] == [((4, 16), 0, 4.0)] * 4

@@ -15,16 +15,26 @@ The learner writes two functions (and the backward of the notebook's ``PassRight
 Five checks, run in this process on the simulator (``comm.simulate``: the same calls as real ranks,
 every message counted), G = 1..4 ranks, float64 against full attention (Liu et al. 2023):
 
-* ``merge_exact``: equal to softmax over all keys, when the parts' scores differ by 1.5 (either way); with
+* ``merge_exact``: equal to softmax over all keys, when the parts' scores differ by 1.5 (either way) and when the
+  scores are large (800 in float64, 100 in float32: e^lse overflows unless the maximum is subtracted first); with
   equal parts (where averaging is right) and parts 30 apart (where keeping only the larger part, or rescaling
-  without normalising, is right to rounding: the other weighs e^−30) as preconditions;
+  without normalising, is right to rounding: the other weighs e^−30) as preconditions
+  (:mod:`.ring_attention_merges`);
 * ``ring_equals_full_attention``: outputs, and the gradient of q through the learner's code, without a mask;
-* ``causal_masking``: the same with a causal mask (blocks entirely in the future skipped);
+* ``causal_masking``: the same with a causal mask (blocks entirely in the future skipped; a ring that attends to
+  later ranks' blocks, or ignores the mask, is told so);
 * ``key_value_gradients``: the gradients of k and v, causal and not: most of a rank's comes from the other
   ranks' queries, so it exists only if each received block's gradient goes back to its owner (a block
   received with a bare ``comm.irecv`` has no autograd history: its owner keeps only its own queries' part);
 * ``traffic_pattern``: every message to the right-hand neighbour, each rank sending 2(G−1)·b·h·L·d
   elements: each key and value block once per step, G−1 steps.
+
+Right numbers are not enough for the loop's three checks (``ring_equals_full_attention``, ``causal_masking``,
+``traffic_pattern``): a rank must do ring attention's blockwise work (:mod:`.ring_attention_work`): no score block
+larger than L×L, and (in the forward-only run of ``traffic_pattern``, where autograd saves nothing) at most two
+key/value blocks held at once. Passing every block around to run one full attention earns none of them
+(``key_value_gradients`` still judges PassRight.backward, which such a loop may use rightly). A ring whose merge
+is wrong is told to fix merge first.
 
 With one rank there is nothing to pass, and with two every other rank is the neighbour (a gradient sent to the
 right arrives where it belongs): in ``traffic_pattern`` and ``key_value_gradients`` those cases are
@@ -36,90 +46,59 @@ from __future__ import annotations
 
 import torch
 
+from ..answers import AnswerHeldBack, held_back
 from .registry import check
-from .ring_attention_runs import B, D, H, L, dq_with_o_cut, full_answer, run_ring, tensors
-from .scoring import NotDone, partial_credit
+from .ring_attention_merges import (MERGE_CASES, MERGE_PRECONDITIONS, NO_RESCALE, OVERFLOWS, WRONG_MERGE, is_large,
+                                    merge_case, merge_is_right, merge_mistake, tolerance)
+from .ring_attention_runs import (B, D, H, L, attention_seeing_later_blocks, dq_with_o_cut, full_answer, run_ring,
+                                  tensors)
+from .ring_attention_work import not_blockwise
+from .scoring import CheckFailed, NotDone, partial_credit
 
 EXERCISE = "06_ring_attention"
 SIZES = (2, 3, 4)
 
 
-def _parts(scores: torch.Tensor, v: torch.Tensor, cut: int):
-    def part(s, vv):
-        lse = s.logsumexp(-1)
-        return torch.exp(s - lse.unsqueeze(-1)) @ vv, lse
-    return (*part(scores[..., :cut], v[..., :cut, :]), *part(scores[..., cut:], v[..., cut:, :]))
-
-
-# The first three are preconditions: with equal parts averaging is right; 30 apart, the smaller part weighs e^−30,
-# so keeping only the larger one, or rescaling without normalising, is right to rounding. Only 1.5 apart tells.
-MERGE_CASES = (("parts with equal scores", None), ("the second part's scores 30 higher", 30.0),
-               ("the first part's scores 30 higher", -30.0), ("the second part's scores 1.5 higher", 1.5),
-               ("the first part's scores 1.5 higher", -1.5))
-MERGE_PRECONDITIONS = 3
-RESCALE = ("Weigh each part by its share of the total, e^(lse_i − lse) with lse = log(e^lse1 + e^lse2) "
-           "(torch.logaddexp) — in max/sum terms l_i·e^(m_i − m)/l")
-NO_RESCALE = ("your merge is right when both parts have the same log-sum-exp but not when they differ: it does not "
-              "rescale by the running max. " + RESCALE)
-PICKS_LARGER = ("your merge keeps only the part with the larger log-sum-exp: right when the other part's weight is "
-                "negligible (e^−30), not when the two are close. Both parts count. " + RESCALE)
-NOT_NORMALISED = ("your merge weighs the two parts by factors that do not sum to one (query 0: {:.3g} + {:.3g} = "
-                  "{:.3g}): it rescales them but does not normalise (divide by the total weight). " + RESCALE)
-
-
-def _merge_mistake(o, o1, lse1, o2, lse2) -> str | None:
-    """What a wrong merge did, when its output is a per-query mix w1·o1 + w2·o2 of the parts (else None)."""
-    if not torch.isfinite(o).all():
-        return None
-    parts = torch.stack([o1, o2], dim=-1)                                # (..., L, d, 2): d equations, 2 weights
-    weights = torch.linalg.lstsq(parts, o.unsqueeze(-1)).solution        # (..., L, 2, 1)
-    if not torch.allclose(parts @ weights, o.unsqueeze(-1), atol=1e-9):
-        return None
-    weights = weights.squeeze(-1)
-    larger = (lse1 >= lse2).to(o.dtype)
-    if torch.allclose(weights, torch.stack([larger, 1 - larger], dim=-1), atol=1e-6):
-        return PICKS_LARGER
-    total = weights.sum(-1)
-    if not torch.allclose(total, torch.ones_like(total), atol=1e-6):
-        w1, w2 = weights.flatten(0, -2)[0].tolist()
-        return NOT_NORMALISED.format(w1, w2, w1 + w2)
-    return NO_RESCALE
-
-
 @check(EXERCISE, points=3)
 def merge_exact(submission, ctx):
-    """merge(o1, lse1, o2, lse2) gives softmax over both sets of keys, and their log-sum-exp."""
+    """merge(o1, lse1, o2, lse2) gives softmax over both sets of keys, and their log-sum-exp (cases:
+    :mod:`.ring_attention_merges`)."""
     outcomes, hinted = [], False
-    for name, shift in MERGE_CASES:
-        g = torch.Generator().manual_seed(1)
-        q, k, v = (torch.randn(3, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
-        scores = q @ k.transpose(-1, -2)
-        if shift is None:
-            scores = torch.cat([scores[..., :3], scores[..., :3]], dim=-1)
-            v = torch.cat([v[:, :3], v[:, :3]], dim=1)
-        else:
-            scores[..., 3:] += shift
-        parts = _parts(scores, v, 3)
+    for name, shifts, dtype in MERGE_CASES:
+        parts, expected, expected_lse = merge_case(shifts, dtype)
         try:
-            o, lse = submission.merge(*parts)
+            with held_back(EXERCISE):  # the library's merge is its answer: the learner's must be their own
+                o, lse = submission.merge(*parts)
         except NotImplementedError:
             raise NotDone("merge: not implemented yet (NotImplementedError)") from None
+        except AnswerHeldBack as error:  # said once: every case would say the same
+            raise CheckFailed(f"merge raised AnswerHeldBack: {error}") from None
         except Exception as error:
             outcomes.append(f"merge raised {type(error).__name__}: {error}")
             continue
-        expected = scores.softmax(-1) @ v
-        if not torch.allclose(o, expected, atol=1e-9):  # NaN is never close
+        tol, o, lse = tolerance(dtype), o.to(expected.dtype), lse.to(expected.dtype)
+        o_right = torch.allclose(o, expected, atol=tol)  # NaN is never close
+        if not o_right:
             outcomes.append(f"{name}: the merged output is off by {(o - expected).abs().max():.3g}")
-            if shift is not None and not hinted:  # what the merge did, said once, at its first wrong shifted case
-                hint = _merge_mistake(o, *parts) or (NO_RESCALE if outcomes[0] is None else None)
-                if hint:
-                    outcomes[-1] += "\n" + hint
-                    hinted = True
-        elif not torch.allclose(lse, scores.logsumexp(-1), atol=1e-9):
+        elif not torch.allclose(lse, expected_lse, atol=tol, rtol=tol):
             outcomes.append(f"{name}: the output is right but the returned lse is not log(e^lse1 + e^lse2)")
         else:
             outcomes.append(None)
+            continue
+        hint = None if hinted else _merge_hint(o, lse, o_right, parts, shifts, small_right=outcomes[0] is None)
+        if hint:  # what the merge did, said once, at its first wrong case that tells
+            outcomes[-1] += "\n" + hint
+            hinted = True
     return partial_credit(outcomes[MERGE_PRECONDITIONS:], outcomes[:MERGE_PRECONDITIONS])
+
+
+def _merge_hint(o, lse, o_right: bool, parts, shifts, small_right: bool) -> str | None:
+    """The mistake a wrong case shows: an overflow at large scores (inf or NaN), else a wrong weighting of o."""
+    if is_large(shifts):  # only an overflow is named here: the small cases name a wrong weighting
+        return None if torch.isfinite(o).all() and torch.isfinite(lse).all() else OVERFLOWS
+    if shifts is None or o_right:
+        return None
+    return merge_mistake(o, *parts) or (NO_RESCALE if small_right else None)
 
 
 def _ring_or_sentence(ctx, submission, world_size: int, causal: bool):
@@ -133,9 +112,12 @@ def _against_full(ctx, submission, world_size: int, causal: bool) -> str | None:
     if isinstance(run, str):
         return run
     results, _ = run
+    lazy = not_blockwise([work for *_, work in results], world_size, causal, L, D)
+    if lazy:  # the right numbers, but not from ring attention: the loop's checks earn nothing for them
+        return lazy
     q = tensors(seq)[0]
     expected, (dq_full, _, _) = full_answer(seq, causal)
-    for rank, (out, (dq, _, _), _) in enumerate(results):
+    for rank, (out, (dq, _, _), _, _) in enumerate(results):
         mine = slice(rank * L, (rank + 1) * L)
         if out.shape != expected[..., mine, :].shape:
             return f"G={world_size}: rank {rank} returned shape {tuple(out.shape)}, not {tuple(q[..., mine, :].shape)}"
@@ -145,8 +127,7 @@ def _against_full(ctx, submission, world_size: int, causal: bool) -> str | None:
             return f"G={world_size}: rank {rank}'s output has NaN{hint}"
         diff = (out - expected.detach()[..., mine, :]).abs().max().item()
         if not diff <= 1e-9:  # (NaN compares False with everything)
-            return (f"G={world_size}{', causal' if causal else ''}: rank {rank}'s output differs from full attention "
-                    f"by {diff:.3g}")
+            return _output_mistake(submission, out, rank, world_size, causal, diff)
         if world_size > 1 and _wrong(dq, dq_full[..., mine, :]) and _drops_grad_o(results, world_size, causal):
             return (f"G={world_size}{', causal' if causal else ''}: rank {rank}'s gradient of q is what it would be "
                     f"if PassRight.backward returned None for o: {O_CUT}")
@@ -158,6 +139,21 @@ def _against_full(ctx, submission, world_size: int, causal: bool) -> str | None:
     return None
 
 
+def _output_mistake(submission, out, rank: int, world_size: int, causal: bool, diff: float) -> str:
+    """Rank ``rank``'s output differs from full attention's by ``diff``: what it is instead, when that is known."""
+    where, mine = f"G={world_size}{', causal' if causal else ''}", slice(rank * L, (rank + 1) * L)
+    if causal and not _wrong(out, attention_seeing_later_blocks(world_size * L)[..., mine, :]):
+        return f"{where}: rank {rank}'s output attends to the blocks of later ranks: {LATER_BLOCKS}"
+    if causal and not _wrong(out, full_answer(world_size * L, False)[0][..., mine, :]):
+        return (f"{where}: rank {rank}'s output is attention without a mask: causal=True was ignored. "
+                f"{LATER_BLOCKS}")
+    merge_hint = "" if merge_is_right(submission.merge) else f": {WRONG_MERGE}"
+    return f"{where}: rank {rank}'s output differs from full attention by {diff:.3g}{merge_hint}"
+
+
+LATER_BLOCKS = ("every key of a block whose owner comes after you (owner > rank) is in the future of all your "
+                "queries. With causal=True mask the future keys of the block you own (its diagonal), and skip a block "
+                "whose owner comes after you (every key masked: nothing to compute)")
 O_CUT = ("the output's gradient then stops at each pass, and the blocks merged before it reach q only through "
          "their log-sum-exp (or not at all). o rides along unchanged, so its gradient does too: return grad_o "
          "unchanged as backward's second value")
@@ -173,7 +169,7 @@ def _wrong(got, want) -> bool:
 def _drops_grad_o(results, world_size: int, causal: bool) -> bool:
     """Whether every rank's gradient of q is what a PassRight.backward returning None for o gives (on some rank not
     None: a ring whose output never reaches q, on any rank, is told that instead)."""
-    dqs = [grads[0] for _, grads, _ in results]
+    dqs = [grads[0] for _, grads, _, _ in results]
     return (any(dq is not None for dq in dqs)
             and not any(_wrong(dq, dq_with_o_cut(world_size, causal, rank)) for rank, dq in enumerate(dqs)))
 
@@ -199,7 +195,7 @@ def _key_value_gradients(ctx, submission, world_size: int, causal: bool) -> str 
         return run
     results, _ = run
     expected, full = full_answer(seq, causal)
-    for rank, (out, grads, back) in enumerate(results):
+    for rank, (out, grads, back, _) in enumerate(results):
         mine = slice(rank * L, (rank + 1) * L)
         if not (out - expected[..., mine, :]).abs().max().item() <= 1e-9:
             return f"{where}: the output differs from full attention (see the checks above): its gradients cannot match"
@@ -216,6 +212,9 @@ def _key_value_gradients(ctx, submission, world_size: int, causal: bool) -> str 
                         f"{diff:.3g}): the gradient the other ranks' queries produce for its block never came back. "
                         f"A block received with comm.irecv has no autograd history; pass it with PassRight, whose "
                         f"backward sends the gradient to the rank the block came from")
+            if world_size > 1 and not back.payload:
+                return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}: "
+                        f"{SENT_NOTHING}")
             if right and world_size > 2:
                 return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}; in "
                         f"backward rank {right[0].src} sent a gradient to rank {right[0].dst}, on to the right: a "
@@ -223,8 +222,15 @@ def _key_value_gradients(ctx, submission, world_size: int, causal: bool) -> str 
             if _wrong(grads[0], full[0][..., mine, :]):
                 return (f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}; "
                         f"the gradient of q is wrong too (see ring_equals_full_attention): fix that first")
-            return f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}"
+            merge_hint = "" if merge_is_right(submission.merge) else f": {WRONG_MERGE}"
+            return f"{where}: rank {rank}'s gradient of {name} differs from full attention's by {diff:.3g}{merge_hint}"
     return None
+
+
+SENT_NOTHING = ("PassRight.backward sent nothing, so the gradient your queries produce for a received block stayed "
+                "on your rank (added to your own block's) instead of going back to its owner. In backward, send "
+                "grad_incoming to rank r−1, the rank the block came from, receive from rank r+1 the gradient of the "
+                "block you sent it, and return that")
 
 
 @check(EXERCISE, points=2)
@@ -249,6 +255,7 @@ def traffic_pattern(submission, ctx):
             outcomes.append(run)
             continue
         traffic = run[1]
+        lazy = not_blockwise([work for *_, work in run[0]], world_size, False, L, D, held=True)
         far = [t for t in traffic.payload if t.dst != (t.src + 1) % world_size]
         want = 2 * (world_size - 1) * B * H * L * D
         if far:
@@ -260,6 +267,6 @@ def traffic_pattern(submission, ctx):
             outcomes.append(f"G={world_size}: the ranks sent {[sent[r] for r in range(world_size)]} elements; the "
                             f"ring sends 2(G−1)·b·h·L·d = {want} each: its key and value block once per step, "
                             f"G−1 steps (the last block needs no passing on)")
-        else:
-            outcomes.append(None)
+        else:  # the ring's traffic, and the ring's work (blocks held: nothing is saved for a backward here)?
+            outcomes.append(lazy)
     return partial_credit(outcomes[1:], outcomes[:1])

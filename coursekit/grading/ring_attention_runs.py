@@ -1,7 +1,7 @@
 """What runs for exercise 06: the learner's ring on simulated ranks, and full attention to compare it with.
 
 :func:`run_ring` runs ``ring_attention_forward`` (and its backward) on G simulated ranks, each holding its
-chunk of one random sequence (:func:`tensors`), and returns every rank's output, gradients and backward traffic,
+chunk of one random sequence (:func:`tensors`), and returns every rank's output, gradients, backward traffic and forward work (:mod:`.ring_attention_work`),
 or a sentence saying why there are none. :func:`full_answer` is the answer (full attention, float64);
 :func:`dq_with_o_cut` the gradient of q a ``PassRight.backward`` returning None for ``o`` gives, to name it.
 """
@@ -11,13 +11,17 @@ from __future__ import annotations
 import torch
 
 from .. import comm
+from ..answers import held_back
 from ..parallel.sequence import block_attention, full_attention
 from ..parallel.sequence import merge as right_merge
+from .ring_attention_work import RankWork, counting_merges
 from .scoring import NotDone
 
-__all__ = ["B", "H", "D", "L", "tensors", "run_ring", "BackwardNotDone", "full_answer", "dq_with_o_cut"]
+__all__ = ["B", "H", "D", "L", "tensors", "run_ring", "BackwardNotDone", "full_answer", "dq_with_o_cut",
+           "attention_seeing_later_blocks"]
 
 B, H, D, L = 2, 2, 4, 4  # batch, heads, head dim, tokens per rank
+EXERCISE = "06_ring_attention"  # the library's answers to it (its merge, its ring_attention) held back in the learner's run
 
 
 def tensors(seq: int, seed: int = 0):
@@ -28,23 +32,28 @@ def tensors(seq: int, seed: int = 0):
 def run_ring(submission, world_size: int, seq: int, causal: bool, backward: bool = True):
     """The learner's ring on ``world_size`` simulated ranks, or a sentence.
 
-    Returns (per rank ``(output, [dq, dk, dv], backward traffic)``, all traffic). ``backward=False``: forward
-    only, nothing requires grad (no gradient is sent).
+    Returns (per rank ``(output, [dq, dk, dv], backward traffic, the forward's RankWork)``, all traffic).
+    ``backward=False``: forward only, nothing requires grad (no gradient is sent, no block is saved for backward).
     """
     q, k, v, grad = tensors(seq)
+    works = {rank: RankWork(block_bytes=2 * B * H * L * D * q.element_size()) for rank in range(world_size)}
 
     def rank_fn(rank, size):
         mine = [t[..., rank * L:(rank + 1) * L, :].clone().requires_grad_(backward) for t in (q, k, v)]
-        out = submission.ring_attention_forward(*mine, causal=causal)
+        work = works[rank]
+        work.own(*mine)
+        with comm.using(work.transport()), work:
+            out = submission.ring_attention_forward(*mine, causal=causal)
         with comm.record() as back:
             if out.requires_grad:
                 try:
                     (out * grad[..., rank * L:(rank + 1) * L, :]).sum().backward()
                 except NotImplementedError as error:
                     raise BackwardNotDone(str(error)) from None
-        return out.detach(), [t.grad for t in mine], back
+        return out.detach(), [t.grad for t in mine], back, work
     try:
-        results, traffic = comm.simulate(rank_fn, world_size, timeout=20)
+        with counting_merges(submission.ring_attention_forward, submission.merge, works), held_back(EXERCISE):
+            results, traffic = comm.simulate(rank_fn, world_size, timeout=20)
     except comm.Deadlock as error:
         return f"G={world_size}: {error}"
     except comm.SimulatorError as error:
@@ -98,3 +107,13 @@ def dq_with_o_cut(world_size: int, causal: bool, rank: int):
         return None
     (o * grad[..., mine, :]).sum().backward()
     return query.grad
+
+
+def attention_seeing_later_blocks(seq: int) -> torch.Tensor:
+    """The output of a causal ring that masks only each rank's own block and attends to every other block in full
+    (the blocks of later ranks included), to name that mistake."""
+    q, k, v, _ = tensors(seq)
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    pos = torch.arange(seq)
+    same_block = (pos // L).unsqueeze(1) == (pos // L).unsqueeze(0)
+    return scores.masked_fill(same_block & (pos.unsqueeze(0) > pos.unsqueeze(1)), float("-inf")).softmax(-1) @ v

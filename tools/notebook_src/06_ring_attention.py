@@ -25,11 +25,12 @@
 #    (it has no key to attend to).
 #
 # **Grading** (`check_ring_attention`, on the single-process simulator, 1 to 4 ranks, float64): `merge` equals
-# softmax over all keys, when the two parts' maxima differ by a little and by a lot; the ring's outputs and the gradient
+# softmax over all keys, when the two parts' maxima differ by a little and by a lot, and when the scores are large
+# (800 in float64, 100 in float32, where `e^lse` alone overflows); the ring's outputs and the gradient
 # of q equal full attention's, without and with the causal mask; the gradients of k and v too (each rank's
 # keys are attended to by every later rank's queries: their gradient must come back around the ring); and the
-# traffic: every message goes to the right-hand neighbour, each rank sending its key and value block once per
-# step.
+# work and traffic: one L×L score block per step (never all keys at once), at most two key/value blocks held at
+# once, every message to the right-hand neighbour, each rank sending its key and value block once per step.
 # From a terminal: `coursekit grade exercises/06_ring_attention.ipynb`.
 
 # %% tags=["parameters"]

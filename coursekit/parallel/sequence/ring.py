@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import comm
+from ...answers import answer_to
 from ...mesh import rank_size
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
@@ -115,6 +116,7 @@ def shard_sequence(x: torch.Tensor, dim: int, rank: int, size: int, layout: str 
 # --------------------------------------------------------------------------
 # One block, and the merge.
 # --------------------------------------------------------------------------
+@answer_to("06_ring_attention", "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)")
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor):
     """The online-softmax merge of two partial attention results over disjoint sets of keys.
 
@@ -326,6 +328,7 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None
 
 
+@answer_to("06_ring_attention", "write the ring loop yourself: block_attention, merge and PassRight, G steps")
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                    layout: str = "contiguous", seq_len: int | None = None, group=None,
                    work: AttentionWork | None = None) -> torch.Tensor:

@@ -2,7 +2,9 @@
 no rescale by the running max). The ring loop is right, so its traffic is too; its outputs are not.
 
 Seen failing before the fix (the equal-scores case not yet a precondition of merge_exact):
-"merge_no_rescale: merge_exact earned 1.0, not 0"."""
+"merge_no_rescale: merge_exact earned 1.0, not 0".
+The ring's checks named only the symptom before ("rank 0's output differs from full attention by 0.455"):
+"merge_no_rescale: ring_equals_full_attention's feedback lacks 'your merge is wrong (see merge_exact)'"."""
 
 import torch
 
@@ -12,8 +14,8 @@ EXERCISE = "06_ring_attention"
 SCORE = 2  # merge 0 (right only with equal scores, a precondition) + traffic 2; the ring's outputs wrong at G >= 2
 LOSES = {"merge_exact": (0, ("the second part's scores 30 higher: the merged output is off by",
                              "it does not rescale by the running max")),
-         "ring_equals_full_attention": (0, "differs from full attention by"),
-         "causal_masking": (0, "differs from full attention by"),
+         "ring_equals_full_attention": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
+         "causal_masking": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
          "key_value_gradients": (0, "the output differs from full attention (see the checks above)")}
 
 

@@ -3,7 +3,9 @@ one part's scores are 30 higher (the weights are 1 and e^−30), twice the answe
 when they differ by 1.5. The ring loop is right, so its traffic is too; its outputs are not.
 
 Seen failing before the fix (three merge cases, two of them with a 30 shift):
-"merge_not_normalised: merge_exact earned 2.0, not 0"."""
+"merge_not_normalised: merge_exact earned 2.0, not 0".
+The ring's checks named only the symptom before ("rank 0's output differs from full attention by 0.455"):
+"merge_not_normalised: ring_equals_full_attention's feedback lacks 'your merge is wrong (see merge_exact)'"."""
 
 import torch
 
@@ -14,8 +16,8 @@ SCORE = 2  # merge 0 (right only in the preconditions with a 30 shift); traffic 
 LOSES = {"merge_exact": (0, ("parts with equal scores: the merged output is off by",
                              "the second part's scores 1.5 higher: the merged output is off by",
                              "weighs the two parts by factors that do not sum to one")),
-         "ring_equals_full_attention": (0, "differs from full attention by"),
-         "causal_masking": (0, "differs from full attention by"),
+         "ring_equals_full_attention": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
+         "causal_masking": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
          "key_value_gradients": (0, "the output differs from full attention (see the checks above)")}
 
 

@@ -3,7 +3,9 @@ to rounding when one part's scores are 30 higher (the other weighs e^−30), wro
 lse is log 2 short when the parts are equal. The ring loop is right, so its traffic is too; its outputs are not.
 
 Seen failing before the fix (three merge cases, two of them with a 30 shift):
-"merge_picks_larger: merge_exact earned 2.0, not 0"."""
+"merge_picks_larger: merge_exact earned 2.0, not 0".
+The ring's checks named only the symptom before ("rank 0's output differs from full attention by 0.455"):
+"merge_picks_larger: ring_equals_full_attention's feedback lacks 'your merge is wrong (see merge_exact)'"."""
 
 import torch
 
@@ -13,8 +15,8 @@ EXERCISE = "06_ring_attention"
 SCORE = 2  # merge 0 (right only in the preconditions with a 30 shift); traffic 2; the ring's outputs wrong at G >= 2
 LOSES = {"merge_exact": (0, ("the second part's scores 1.5 higher: the merged output is off by",
                              "keeps only the part with the larger log-sum-exp")),
-         "ring_equals_full_attention": (0, "differs from full attention by"),
-         "causal_masking": (0, "differs from full attention by"),
+         "ring_equals_full_attention": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
+         "causal_masking": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
          "key_value_gradients": (0, "the output differs from full attention (see the checks above)")}
 
 
