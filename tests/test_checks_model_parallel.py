@@ -3,7 +3,8 @@ fails on the mistake it is there for. (The committed wrong attempts with their s
 tests/submissions/model_parallel/, graded by tests/test_grading_submissions.py; each check of this exercise is seen
 failing there: no requires_grad_ and the gradient to the wrong rank fail the gradient checks, the extra
 message traffic_pattern, the attached activations activations_sent_detached, zero_grad per call the
-micro-batch cases, and the gradient received first is a deadlock named by the simulator.)"""
+micro-batch cases, the activations kept detached on rank 0 the first stage's gradients (its backward has no graph),
+and the gradient received first is a deadlock named by the simulator.)"""
 
 import torch
 from grading_support import load
@@ -91,3 +92,24 @@ def test_the_loss_returned_is_checked_whatever_its_form():
     result = report.results[0]
     assert result.earned == 0, report.table()
     assert "second_stage must return the loss: it returned a tensor of shape (12, 4)" in result.feedback
+
+
+def test_the_loss_check_stops_rank_0_after_its_send_whatever_its_backward_does():
+    """A first stage whose backward fails after a right forward (``activations.backward()`` without the gradient:
+    "grad can be implicitly created only for scalar outputs") still earns the loss check: rank 1's loss is right.
+    The check reruns the forward alone when the whole step stopped; there rank 0 stops right after its send.
+    Seen failing before the change (issue 22, item 2): that rerun sent rank 0 zeros, rank 0 ran the same failing
+    backward, and the loss check earned 0 with the raw RuntimeError. The gradients check still fails, on it."""
+    def first(stage, inputs):
+        activations = stage(inputs)
+        comm.send(activations.detach(), dst=1)
+        grad = torch.empty_like(activations)
+        comm.recv(grad, src=1)
+        activations.backward()                  # the mistake: the gradient received is not used
+
+    report = check_model_parallel(first, second_stage, verbose=False,
+                                  only=["activations_reach_the_loss", "gradients_of_both_stages"])
+    loss, grads = report.results
+    assert loss.earned == 2, report.table()
+    assert grads.earned == 0 and "grad can be implicitly created only for scalar outputs" in grads.feedback, \
+        report.table()
