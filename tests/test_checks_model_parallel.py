@@ -6,12 +6,21 @@ message traffic_pattern, the attached activations activations_sent_detached, zer
 micro-batch cases, the activations kept detached on rank 0 the first stage's gradients (its backward has no graph),
 and the gradient received first is a deadlock named by the simulator.)"""
 
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
 import torch
 from grading_support import load
 
 from coursekit import comm
 from coursekit.grading import check_model_parallel
 
+ROOT = Path(__file__).resolve().parents[1]
 _solution = load("model_parallel", "_mp_solution")
 first_stage, second_stage = _solution.first_stage, _solution.second_stage
 
@@ -113,3 +122,45 @@ def test_the_loss_check_stops_rank_0_after_its_send_whatever_its_backward_does()
     assert loss.earned == 2, report.table()
     assert grads.earned == 0 and "grad can be implicitly created only for scalar outputs" in grads.feedback, \
         report.table()
+
+
+# receives_gradient_first.py (tests/submissions/model_parallel/) as a learner writes it in the notebook's cell
+_STUCK_FIRST_STAGE = """def first_stage(stage, inputs):
+    activations = stage(inputs)
+    grad = torch.empty_like(activations)
+    comm.recv(grad, src=1)                       # the mistake: waits for the gradient before sending
+    comm.send(activations.detach(), dst=1)
+    activations.backward(grad)
+"""
+
+
+def _attempt_notebook(path: Path, first_stage_source: str) -> None:
+    """The exercise notebook with the learner's cells: ``first_stage_source``, and the solution's second_stage."""
+    def cell(notebook, name):
+        return next(c for c in notebook["cells"] if "".join(c["source"]).startswith(f"def {name}("))
+    notebook = json.loads((ROOT / "exercises" / "03_model_parallel.ipynb").read_text())
+    solution = json.loads((ROOT / "solutions" / "03_model_parallel.ipynb").read_text())
+    cell(notebook, "first_stage")["source"] = first_stage_source
+    cell(notebook, "second_stage")["source"] = cell(solution, "second_stage")["source"]
+    path.write_text(json.dumps(notebook))
+
+
+@pytest.mark.notebook
+def test_coursekit_grade_names_a_deadlock_without_waiting_for_the_timeout(tmp_path, capsys):
+    """``coursekit grade`` on an exercise notebook whose first stage waits for the gradient before sending: every
+    check names the deadlock (the simulator's words, rank 0 waiting in recv from rank 1). Issue 22, item 3: the
+    notebook's own "Try it" cell waited CHECK_TIMEOUT (30 s) on real ranks before the grading cell ran; it now runs
+    the simulator first, which names the deadlock at once. The time it took is printed (pytest -s), never
+    asserted: it depends on the machine (measured in the commit that added this test)."""
+    notebook = tmp_path / "03_model_parallel.ipynb"
+    _attempt_notebook(notebook, _STUCK_FIRST_STAGE)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "coursekit", "grade", str(notebook)], capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, MPLBACKEND="agg"), cwd=ROOT)
+    seconds = time.perf_counter() - start
+    with capsys.disabled():
+        print(f"\ncoursekit grade on a deadlocking exercise 03: {seconds:.1f} s")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "0 / 12 points" in done.stdout, done.stdout
+    said = "deadlock (a send waits until its receive is posted, as on gloo): rank 0 waits in recv from rank 1"
+    assert done.stdout.count(said) == 6, done.stdout  # each of the six checks names it
