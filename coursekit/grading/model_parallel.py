@@ -22,7 +22,11 @@ batches (:mod:`coursekit.verify`: the loss, every gradient, every weight after e
 What a rank does is watched through a thin layer over ``coursekit.comm``'s transport (:mod:`.watch`, run by
 :mod:`.model_parallel_ranks`): where each message goes, and whether the activations sent still required grad.
 When the second stage cannot send a gradient, the harness sends rank 0 a zero gradient in its place, so that
-the run finishes and the feedback can say what that costs: the first stage's gradients are zero.
+the run finishes and the feedback can say what that costs: the first stage's gradients are zero. When the first
+stage kept only detached activations (its ``activations.backward(grad)`` has no graph to follow), the harness
+notes it and goes on: the second stage's half is judged, the first stage's gradients are missing. The check of
+the forward alone stops rank 0 right after its send, so that a right loss earns its points whatever rank 0's
+backward does.
 """
 
 from __future__ import annotations
@@ -152,7 +156,9 @@ def _judge(case, results, kinds=("loss", "grad", "param", "output", "missing")) 
     for s, divergence in first.items():
         verdict[s] = f"{_case_name(case)}: {divergence}"
     note = _rescue_note(results)
-    if note and 0 in first:
+    if results[0]["rescued"] and 0 in first:  # rank 0 could not continue backward: its gradients are missing
+        verdict[0] = f"{_case_name(case)}: {results[0]['rescued'][0][2]}"
+    elif note and 0 in first:
         d = first[0]
         verdict[0] = (f"{_case_name(case)}: {note} (step {d.step}, {d.kind} {d.name!r}: expected {d.expected:.4g}, "
                       f"got {d.got:.4g})")

@@ -9,7 +9,12 @@ is not a tensor, so that the feedback names it instead of a deadlock. When the
 second stage cannot send a gradient (``inputs.grad`` is None because the received
 activations did not require grad, or it is sent to the wrong rank), the harness
 sends rank 0 a zero gradient in its place, so that the run finishes and the
-feedback can say what that costs: the first stage's gradients are zero.
+feedback can say what that costs: the first stage's gradients are zero. When the
+first stage cannot continue backward because the activations it kept are detached
+(``activations.backward(grad)`` on a tensor with no graph), the harness notes why and
+goes on, so that the second stage's half is still judged. When only the forward is
+checked, rank 0 stops right after its send: whatever its backward does, rank 1's
+loss is what is judged.
 """
 
 from __future__ import annotations
@@ -54,11 +59,28 @@ class _Refused(Exception):
 
 
 class StageWatch(Watch):
-    """The watch of one stage's rank: a message to itself, to a rank that does not exist or not a tensor is refused."""
+    """The watch of one stage's rank: a message to itself, to a rank that does not exist or not a tensor is refused.
 
-    def __init__(self, rank: int):
+    ``stop_after_send``: the rank stops (raises ``_ForwardDone``) once its first payload has left, for a check of
+    the forward alone: what it would do next (its backward, from a gradient nobody computed) is not judged.
+    """
+
+    def __init__(self, rank: int, stop_after_send: bool = False):
         super().__init__()
-        self.me = rank
+        self.me, self.stop_after_send = rank, stop_after_send
+
+    def send(self, tensor, dst, group):
+        work = super().send(tensor, dst, group)
+        if self.stop_after_send and self.sent[-1]["kind"] == "payload":
+            raise _ForwardDone
+        return work
+
+    def isend(self, tensor, dst, group):
+        work = super().isend(tensor, dst, group)
+        if self.stop_after_send and self.sent[-1]["kind"] == "payload":
+            work.wait()  # delivered before the rank stops
+            raise _ForwardDone
+        return work
 
     def vet(self, tensor, peer: int, what: str) -> None:
         sending = what.startswith("send")
@@ -86,7 +108,7 @@ class _StageRun:
         self.own = [(names[id(p)], p) for p in self.stage.parameters()]
         self.rank, self.halves, self.forward_only = rank, (first_stage, second_stage), forward_only
         self.width = boundary_width(d_hidden, n_layers, sizes)
-        self.watch = StageWatch(rank)
+        self.watch = StageWatch(rank, stop_after_send=forward_only and rank == 0)
         self.sends, self.rescued, self.answers = [], [], []
         # The stage's output, seen without the loss_fn: a second stage that computes a loss of its own is judged
         # on what it returned and on this output (its gradients may still be right), not reported as having none.
@@ -133,16 +155,30 @@ class _StageRun:
                     answer = self.halves[1](self.stage, y, scaled_loss, (x.shape[0], self.width))
                     # (step, micro-batch, what it returned, the loss loss_fn computed or None if never called)
                     self.answers.append((step, micro, _returned(answer), seen[-1][1] if seen else None))
-        except (_ForwardDone, _Refused, AttributeError, TypeError) as error:
-            got_activations = self.rank == 1 and len(self.watch.received) > before_received
-            sent_gradient = any(s["dst"] == 0 for s in self.watch.payload_sent(before_sent))
-            if not got_activations or sent_gradient:
-                raise
-            if not isinstance(error, _ForwardDone):
-                self.rescued.append((step, micro, _rescue_reason(error, self.watch.received[-1])))
-            self.watch.inner.send(torch.zeros(x.shape[0], self.width), 0, None)  # rank 0 may go on (not counted)
+        except (_ForwardDone, _Refused, AttributeError, TypeError, RuntimeError) as error:
+            self._rescue(step, micro, x.shape[0], error, before_sent, before_received)
         self.sends.append((step, micro, x.shape[0], self.watch.payload_sent(before_sent)))
         return seen
+
+    def _rescue(self, step: int, micro: int, samples: int, error: BaseException, before_sent: int,
+                before_received: int) -> None:
+        """Go on after the learner's half stopped, where the harness can (else re-raise): rank 0 stopped after its
+        send (the forward alone), rank 1 without a gradient to send, rank 0 unable to continue backward."""
+        sent = self.watch.payload_sent(before_sent)
+        received = len(self.watch.received) > before_received
+        if self.rank == 0:
+            if isinstance(error, _ForwardDone):
+                return
+            if received and any(s["dst"] == 1 for s in sent) and _detached_backward(error):
+                self.rescued.append((step, micro, _DETACHED_KEPT))
+                return
+            raise error
+        if isinstance(error, RuntimeError) or not received or any(s["dst"] == 0 for s in sent):
+            raise error
+        if not isinstance(error, _ForwardDone):
+            self.rescued.append((step, micro, _rescue_reason(error, self.watch.received[-1])))
+        if not self.forward_only:  # rank 0 may go on (not counted); in the forward alone it stopped after its send
+            self.watch.inner.send(torch.zeros(samples, self.width), 0, None)
 
     def result(self, **more) -> dict:
         return {**more, "sends": self.sends, "rescued": self.rescued, "answers": self.answers}
@@ -176,6 +212,19 @@ def _returned(answer):
     if isinstance(answer, torch.Tensor):
         return f"a tensor of shape {tuple(answer.shape)}"
     return "None" if answer is None else f"a {type(answer).__name__}"
+
+
+_DETACHED_KEPT = (
+    "first_stage's activations.backward(grad) raised \"element 0 of tensors does not require grad\": the "
+    "activations it kept on rank 0 are detached from rank 0's graph (stage(inputs).detach(), or computed under "
+    "torch.no_grad()), so the backward cannot reach rank 0's layers. Detach only what you send: "
+    "comm.send(activations.detach(), dst=1), and keep activations = stage(inputs) itself for "
+    "activations.backward(grad)")
+
+
+def _detached_backward(error: BaseException) -> bool:
+    """autograd refused a backward from a tensor that has no graph (torch's own words)."""
+    return isinstance(error, RuntimeError) and "does not require grad and does not have a grad_fn" in str(error)
 
 
 def _rescue_reason(error: Exception, received: torch.Tensor) -> str:

@@ -95,6 +95,8 @@ def second_stage(stage, targets, loss_fn, shape):
 # Try it: the two-layer network (16 → 64 → 4) cut in two with `coursekit.parallel.pipeline.split`, 3 SGD steps
 # on 2 ranks, compared with one process by the harness (it names the first step, tensor and rank that
 # differ). Each rank records only its own stage's gradients and weights; rank 1 also records the output.
+# It runs in the strict simulator first (the two ranks as threads: a deadlock is named at once, instead of
+# waited for until the timeout), then on 2 real ranks.
 
 # %%
 def try_two_stages(rank, world_size, steps=3, batch=12):
@@ -121,13 +123,20 @@ def try_two_stages(rank, world_size, steps=3, batch=12):
     return records
 
 
+def simulated(rank, world_size):
+    """Both stages as threads of this one rank, in the strict simulator (its own process: ranks forked from a
+    kernel whose threads have multiplied matrices can hang)."""
+    return comm.simulate(try_two_stages, 2, timeout=CHECK_TIMEOUT).results
+
+
+model = tiny_mlp(seed=0, n_layers=2)             # one process, the whole network: what the two ranks must equal
+reference = reference_run(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                          [TeacherData().batch(s, 12) for s in range(3)], loss_fn)
 try:
+    coursekit.launch(simulated, 1, timeout=CHECK_TIMEOUT)   # a deadlock is named here, in a second
     runs = coursekit.launch(try_two_stages, 2, timeout=CHECK_TIMEOUT)
     for r0, r1 in zip(*runs):
         r0["loss"] = r1["loss"]                  # the loss lives on rank 1
-    model = tiny_mlp(seed=0, n_layers=2)
-    reference = reference_run(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                              [TeacherData().batch(s, 12) for s in range(3)], loss_fn)
     print(compare(reference, runs))
 except Exception as error:                      # an unfinished exercise lands here
     print(type(error).__name__, str(error).strip().splitlines()[-1])

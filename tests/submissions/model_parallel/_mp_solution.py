@@ -8,13 +8,14 @@ import torch.nn.functional as F
 from coursekit import comm
 
 
-def first_stage_with(detach=True, zero_grad=False, gradient_first=False, receive_loss=False):
+def first_stage_with(detach=True, zero_grad=False, gradient_first=False, receive_loss=False, keep_detached=False):
     """``detach=False``: activations sent attached; ``zero_grad``: gradients zeroed at every call;
-    ``gradient_first``: waits for the gradient before sending; ``receive_loss``: also receives the loss."""
+    ``gradient_first``: waits for the gradient before sending; ``receive_loss``: also receives the loss;
+    ``keep_detached``: detaches the activations as they are computed, so backward starts from a tensor with no graph."""
     def first_stage(stage, inputs):
         if zero_grad:
             stage.zero_grad()
-        activations = stage(inputs)
+        activations = stage(inputs).detach() if keep_detached else stage(inputs)
         grad = torch.empty_like(activations)
         if gradient_first:
             comm.recv(grad, src=1)
