@@ -118,7 +118,9 @@ class _SimSend:
         self.transport, self.dst, self.index, self.note = transport, dst, index, note
 
     def is_completed(self) -> bool:
-        return self.transport.world.posted[(self.transport.my_rank, self.dst)] > self.index
+        world = self.transport.world
+        with world.cond:  # every read of the shared books holds the lock, as every write does
+            return world.posted.get((self.transport.my_rank, self.dst), 0) > self.index
 
     def wait(self):
         world = self.transport.world
@@ -216,8 +218,8 @@ class _SimTransport:
         """Block until the next message from ``posted.src`` arrives; copy it into ``posted.tensor``."""
         tensor, src = posted.tensor, posted.src
         world, me = self.world, self.my_rank
-        box = world.boxes[(src, me)]
         with world.cond:
+            box = world.boxes[(src, me)]  # (a defaultdict: a first read inserts, so it holds the lock too)
             world.block(me, comm_state.note() or f"recv from rank {src}, {tensor.numel()} elements", lambda: bool(box))
             message = box.popleft()
         if message.numel() != tensor.numel() or message.dtype != tensor.dtype:
