@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 # suite shares one JupyterLab. Run serially with  make test XDIST=
 XDIST ?= -n 3 --dist loadfile --durations=25
 
-.PHONY: lab test lint install install-test browser-deps notebooks bench clean
+.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,10 @@ lint: install-test
 test: install-test browser-deps lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
 		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
+
+# Every committed attempt graded 20 times beside two CPU hogs: one score and one feedback each (long: not in make test).
+determinism: install-test
+	$(PY) -m pytest -m determinism -q tests/test_grading_determinism.py
 
 # Re-execute every notebook in place with its default parameters (what gets committed).
 notebooks: install-test

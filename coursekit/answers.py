@@ -2,7 +2,8 @@
 
 Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both
 (:mod:`coursekit.ring`), and exercise 02 tells learners to import them. Exercise 04
-asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it. A learner who wraps the
+asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it; exercise 06's merge and ring
+loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``. A learner who wraps the
 library's function has written nothing, so a function that answers an exercise
 is marked ``@answer_to(exercise, ...)``, and while a grader runs the learner's code
 for that exercise it holds the answers back (:func:`held_back`): calling one

@@ -6,12 +6,29 @@ Check a single notebook with:  .venv/bin/python -m pytest tests/test_notebooks.p
 """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = [p for folder in ("notebooks", "exercises", "solutions") for p in sorted((ROOT / folder).glob("*.ipynb"))]
+GRADING_CELL = re.compile(r"^\s*(report = )?(grading\.grade|(grading\.)?check_\w+)\(", re.M)
+
+
+def score_tables(notebook: dict) -> list[str]:
+    """The printed output of each grading cell (``grading.grade(...)``, ``check_<exercise>(...)``): its score table.
+
+    Grading is deterministic (the same attempt, the same score and feedback), so a run must print what the
+    committed notebook shows: a change that lowers the solution's score, or rewords the exercise's "not done",
+    fails here even though papermill ran the notebook without an error.
+    """
+    tables = []
+    for cell in notebook["cells"]:
+        if cell["cell_type"] == "code" and GRADING_CELL.search("".join(cell["source"])):
+            tables.append("".join("".join(o.get("text", "")) for o in cell.get("outputs", [])
+                                  if o.get("output_type") == "stream" and o.get("name") == "stdout"))
+    return tables
 
 
 def test_there_are_notebooks():
@@ -32,6 +49,13 @@ def test_notebook_executes(path, tmp_path):
     executed = json.loads((tmp_path / path.name).read_text())
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
+    if path.parent.name in ("exercises", "solutions"):
+        committed, now = score_tables(notebook), score_tables(executed)
+        assert committed and all(committed), f"{path.name}: no grading cell with a score table found"
+        for before, after in zip(committed, now, strict=True):
+            assert after == before, (f"{path.name}: a grading cell printed\n{after}\nbut the committed notebook "
+                                     f"shows\n{before}\n(re-execute it with tools/execute_notebooks.py if the "
+                                     f"change is meant)")
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")

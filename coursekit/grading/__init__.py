@@ -25,7 +25,7 @@ schedule), ``data_parallel`` 02 (with ``data_parallel_runs``, what runs on the r
 ``data_parallel_hints``), ``model_parallel`` 03 (activations forward, gradients back; with
 ``model_parallel_ranks``), ``pipeline_schedule`` 04 (a 1F1B generator), ``tensor_parallel``
 05 (column- and row-parallel linear; with ``tensor_parallel_cases``, ``tensor_parallel_mistakes`` (the
-typical mistakes, named) and ``tensor_tools``, the learner's counted collectives) and ``ring_attention`` 06 (with ``ring_attention_runs``). Each exercise is registered once, in
+typical mistakes, named) and ``tensor_tools``, the learner's counted collectives) and ``ring_attention`` 06 (with ``ring_attention_runs``, ``ring_attention_merges`` and ``ring_attention_work``, the blockwise work each rank did). Each exercise is registered once, in
 :data:`~.registry.EXERCISES`; ``grade(name, ...)`` imports its module the first time, and
 its ``@check`` decorators fill the registry.
 
