@@ -9,10 +9,11 @@ PIP    := $(PY) -m pip
 LAB_PORT ?= 8888
 PYTEST_ARGS ?=
 # Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
-# meeting, a browser drawing). Each file stays on one worker (loadfile): module fixtures
-# are built once, a notebook's nbval cells run in order in one kernel, and the browser
-# suite shares one JupyterLab. Run serially with  make test XDIST=
-XDIST ?= -n 3 --dist loadfile --durations=25
+# meeting, a browser drawing). Each file stays on one worker (loadgroup, groups set in
+# tests/conftest.py): module fixtures are built once, a notebook's nbval cells run in order
+# in one kernel, and the browser suite shares one JupyterLab; only the papermill runs of
+# tests/test_notebooks.py are spread, one unit per notebook. Serially:  make test XDIST=
+XDIST ?= -n 3 --dist loadgroup --durations=25
 
 .PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism
 

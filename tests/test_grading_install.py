@@ -1,7 +1,9 @@
 """`coursekit grade` works as a learner installs the course: the package without its test extra, in a fresh venv.
 
 Planted bug (seen, issue 9): papermill only in the `test` extra -> the solution scores 0/12 with "the notebook
-stopped with an error before the end: No module named 'papermill'". Seen again after the change below.
+stopped with an error before the end: No module named 'papermill'". Seen again after the change below, and
+again (0/10, the same sentence) after the notebook graded became exercise 04's solution: its grading launches real
+ranks too (equals_one_process trains on them), in half the time of exercise 01's (107 s -> 50 s for this test).
 
 The fresh venv holds the package (built and installed from a copy of its sources, so nothing is built inside
 the working tree) and exactly what its `dependencies` need: their closure, read from pyproject.toml and each
@@ -76,12 +78,12 @@ def test_grade_works_after_installing_the_package_without_extras(tmp_path):
     assert (site / "coursekit").is_dir(), "the package was not installed into the venv"
     env = dict(os.environ, MPLBACKEND="agg", PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
     env.pop("PYTHONPATH", None)
-    notebook = tmp_path / "01_ring_allreduce.ipynb"  # graded outside the repository: the installed package runs
-    shutil.copy(ROOT / "solutions" / "01_ring_allreduce.ipynb", notebook)
+    notebook = tmp_path / "04_pipeline_schedule.ipynb"  # graded outside the repository: the installed package runs
+    shutil.copy(ROOT / "solutions" / "04_pipeline_schedule.ipynb", notebook)
     done = subprocess.run([str(venv / "bin" / "coursekit"), "grade", str(notebook)], capture_output=True, text=True,
                           timeout=900, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "01_ring_allreduce: 12 / 12 points" in done.stdout, done.stdout
+    assert "04_pipeline_schedule: 10 / 10 points" in done.stdout, done.stdout
     where = _run([str(venv / "bin" / "python"), "-c", "import coursekit; print(coursekit.__file__)"], cwd=tmp_path,
                  env=env).stdout
     assert str(venv) in where, f"graded with {where}, not the installed package"
