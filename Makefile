@@ -9,13 +9,13 @@ PIP    := $(PY) -m pip
 LAB_PORT ?= 8888
 PYTEST_ARGS ?=
 # Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
-# meeting, a browser drawing). Each file stays on one worker (loadgroup, groups set in
-# tests/conftest.py): module fixtures are built once, a notebook's nbval cells run in order
-# in one kernel, and the browser suite shares one JupyterLab; only the papermill runs of
-# tests/test_notebooks.py are spread, one unit per notebook. Serially:  make test XDIST=
-XDIST ?= -n 3 --dist loadgroup --durations=25
+# meeting, a browser drawing). Each file stays on one worker (loadfile): module fixtures
+# are built once, a notebook's nbval cells run in order in one kernel, and the browser
+# suite shares one JupyterLab. (So the papermill runs are three files, one per folder:
+# in one file they queued on one worker.) Serially:  make test XDIST=
+XDIST ?= -n 3 --dist loadfile --durations=25
 
-.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism
+.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,9 +28,13 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e .
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
+# The test extra in the same pip run as the package (one resolution, one editable build): what a fresh
+# clone's make test installs. It satisfies `install` too.
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH)"
+	echo "$(TORCH)" > $(VENV)/torch-pin.txt
 	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e ".[test]"
-	touch $@
+	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test

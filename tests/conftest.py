@@ -22,23 +22,3 @@ def ctrl_c_as_in_a_terminal():
     finally:
         signal.signal(signal.SIGINT, previous)
 
-
-# Notebooks whose papermill run is a work unit of its own (see below); every other test stays with its file.
-SPREAD = {"test_notebooks.py"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """How ``make test``'s workers share the suite (``--dist loadgroup``): a file's tests stay on one worker, in
-    order -- module fixtures are built once, a notebook's nbval cells run in one kernel, the browser suite shares
-    one JupyterLab -- except the papermill runs of tests/test_notebooks.py: each notebook is a unit of its own,
-    so the nineteen runs (~7 minutes in all) spread over the workers instead of queueing on one.
-    (Runs before xdist's own hook, which reads these marks.)"""
-    for item in items:
-        name = item.path.name
-        callspec = getattr(item, "callspec", None)
-        if name in SPREAD and callspec is not None:
-            group = f"{name}:{callspec.id}"
-        else:
-            group = str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))

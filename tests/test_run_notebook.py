@@ -123,7 +123,7 @@ def test_grade_and_the_notebook_tools_run_papermill_patched(unpatched, monkeypat
     assert cli._execute_copy(notebook, tmp_path, tmp_path / "report.json", timeout=10) == ""
     assert seen, "grade did not run the notebook"
     assert seen[0] is not original, "grade ran papermill without the patch"
-    callers = [Path("coursekit/cli.py"), Path("tools/execute_notebooks.py"), Path("tests/test_notebooks.py")]
+    callers = [Path("coursekit/cli.py"), Path("tools/execute_notebooks.py"), Path("tests/notebook_support.py")]
     root = Path(__file__).resolve().parents[1]
     for caller in callers:
         assert "papermill.execute_notebook(" not in (root / caller).read_text(), f"{caller} calls papermill directly"
