@@ -65,6 +65,10 @@ test: install-test browser-deps lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
 		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
 
+# On a machine with >= 2 GPUs: the collectives under NCCL against torch.distributed's own (tools/gpu_check.py).
+gpu-check: install
+	$(PY) tools/gpu_check.py
+
 # Every committed attempt graded 20 times beside two CPU hogs: one score and one feedback each (long: not in make test).
 determinism: install-test
 	$(PY) -m pytest -m determinism -q tests/test_grading_determinism.py

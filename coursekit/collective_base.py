@@ -62,14 +62,17 @@ def scratch_buffer(numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 
-def _signature_tensor(numel: int, code: int) -> torch.Tensor:
-    """``tensor([numel, code])``, made once per signature and reused (only ever read: it is what we send)."""
+def _signature_tensor(numel: int, code: int, device: torch.device) -> torch.Tensor:
+    """``tensor([numel, code])``, made once per signature and reused (only ever read: it is what we send).
+
+    On the payload's device: NCCL moves only GPU tensors.
+    """
     cache = getattr(_scratch, "signatures", None)
     if cache is None or len(cache) > 256:  # a run uses a handful of lengths; never let it grow unbounded
         cache = _scratch.signatures = {}
-    tensor = cache.get((numel, code))
+    tensor = cache.get((numel, code, device))
     if tensor is None:
-        tensor = cache[(numel, code)] = torch.tensor([numel, code], dtype=torch.int64)
+        tensor = cache[(numel, code, device)] = torch.tensor([numel, code], dtype=torch.int64, device=device)
     return tensor
 
 
@@ -93,9 +96,9 @@ class LengthCheck:
 
     def __init__(self, flat: torch.Tensor, name: str, group, send_to: list[int], recv_from: list[int]):
         self.signature = [flat.numel(), _CODES.get(flat.dtype, -1)]
-        self.mine = _signature_tensor(*self.signature)
+        self.mine = _signature_tensor(*self.signature, flat.device)
         self.name, self.group, self.recv_from = name, group, recv_from
-        self.theirs = [torch.empty(2, dtype=torch.int64) for _ in recv_from]
+        self.theirs = [torch.empty(2, dtype=torch.int64, device=flat.device) for _ in recv_from]
         with comm.control(), comm.phase("check lengths"):
             self.receives = [comm.irecv(buf, group=group, group_src=peer) for buf, peer in zip(self.theirs, recv_from)]
             self.sends = [comm.isend(self.mine, group=group, group_dst=peer) for peer in send_to]
