@@ -84,6 +84,7 @@ def test_grade_works_after_installing_the_package_without_extras(tmp_path):
                           timeout=900, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "04_pipeline_schedule: 10 / 10 points" in done.stdout, done.stdout
+    assert "IPKernelApp" not in done.stdout + done.stderr, done.stdout + done.stderr  # not for a learner's eyes
     where = _run([str(venv / "bin" / "python"), "-c", "import coursekit; print(coursekit.__file__)"], cwd=tmp_path,
                  env=env).stdout
     assert str(venv) in where, f"graded with {where}, not the installed package"
