@@ -52,7 +52,8 @@ def executes(path: Path, tmp_path: Path) -> None:
     assert any("parameters" in t for t in tags), f"{path.name} needs a cell tagged 'parameters'"
     parameters = notebook.get("metadata", {}).get("coursekit", {}).get("ci_parameters", {})
     execute_notebook(path, tmp_path / path.name, parameters=parameters, kernel_name="python3",
-                     cwd=str(path.parent), execution_timeout=300, progress_bar=False)
+                     cwd=str(path.parent), execution_timeout=300, progress_bar=False,
+                     start_timeout=300)  # a kernel on a machine loaded ~10 on 2 cores took over the default 60 s
     executed = json.loads((tmp_path / path.name).read_text())
     errors = [o for c in executed["cells"] for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
