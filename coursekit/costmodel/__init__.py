@@ -1,0 +1,10 @@
+"""costmodel: chapter 07's memory and time model of a training step, and a planner on top of it (P1, P8, P10).
+
+Plain functions, each citing where its formula comes from, each checked against this course's own
+measured runs and against published figures (tests/test_costmodel_*.py). What the model is asked about
+is described once, in :mod:`.config`.
+"""
+
+from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
+
+__all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
