@@ -22,3 +22,11 @@ def ctrl_c_as_in_a_terminal():
     finally:
         signal.signal(signal.SIGINT, previous)
 
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item (``item.report_call`` ...), for fixtures that keep evidence of a failure."""
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report

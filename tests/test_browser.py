@@ -8,7 +8,8 @@ the notebook's CI parameters injected after its `parameters` cell, as papermill
 does in tests/test_notebooks.py), checks
 that no cell shows an error and every widget rendered, moves every slider (and
 presses every Play button) and checks that the figure next to it was redrawn.
-A full-page screenshot of each notebook lands in test-artifacts/browser/.
+When a test fails, a full-page screenshot of each notebook it opened lands in test-artifacts/browser/
+(with ``COURSEKIT_SCREENSHOTS=1``, whatever the outcome: each costs seconds of a busy machine).
 
 Needs the system Chromium (`make browser-deps`, which `make test` runs).
 Run just this suite:   .venv/bin/python -m pytest tests/test_browser.py
@@ -19,6 +20,7 @@ Skip it:               .venv/bin/python -m pytest -m "not browser"
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import threading
@@ -66,11 +68,11 @@ def lab_page(lab, browser):
 
 
 @pytest.fixture
-def open_notebook(lab, browser, lab_page):
+def open_notebook(lab, browser, lab_page, request):
     """Open a notebook (path relative to the repository) in the shared JupyterLab
-    page, or with ``fresh_page=True`` in a page of its own; on the way out save a
-    full-page screenshot and the browser console, close it and stop its kernel,
-    whatever the test did."""
+    page, or with ``fresh_page=True`` in a page of its own; on the way out save the
+    browser console (and, if the test failed, a full-page screenshot), close it and
+    stop its kernel, whatever the test did."""
     opened: list[tuple[NotebookPage, bool]] = []
 
     def _open(path: Path, fresh_page: bool = False) -> NotebookPage:
@@ -81,10 +83,13 @@ def open_notebook(lab, browser, lab_page):
         return notebook
 
     yield _open
+    report = getattr(request.node, "report_call", None)
+    screenshots = report is None or report.failed or os.environ.get("COURSEKIT_SCREENSHOTS") == "1"
     for n, (notebook, fresh_page) in enumerate(opened):
         name = notebook.path.replace("/", "__").removesuffix(".ipynb") + (f"-{n}" if n else "")
         try:
-            notebook.screenshot(ARTIFACTS / f"{name}.png")
+            if screenshots:
+                notebook.screenshot(ARTIFACTS / f"{name}.png")
             (ARTIFACTS / f"{name}.console.txt").write_text("\n".join(notebook.console) + "\n")
         finally:
             if fresh_page:
