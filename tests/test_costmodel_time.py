@@ -1,7 +1,7 @@
 """The cost model's time half: FLOPs against Narayanan et al. 2021's published figures, compute and bubble time,
 communication times through chapter 01's network model on the right link, and the step time's sum.
 
-Sources: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Sources: Korthikanti et al. 2022 Table 5 (at the test); Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM" (arXiv:2104.04473): Table 1 (models of 1.7 B to 1008 B parameters, V = 51,200, s = 2,048;
 per-GPU throughput), eq. 2 (P = 12lh²(1 + 13/(12h) + (V + s)/(12lh))), eq. 3 (F = 96Bslh²(1 + s/(6h) +
 V/(16lh)) per iteration with recomputation), eq. 4 and section 5.1 (8TP/(nX): GPT-3 175 B, 300 B tokens, 1,024
@@ -54,6 +54,22 @@ def test_training_days_equal_narayanan_section_5_1(config, tokens, gpus, per_gpu
     seconds = compute_flops(config, tokens, "full").total / (gpus * per_gpu)
     assert seconds / DAY == pytest.approx(days, rel=0.03), f"{config.name}: {seconds / DAY:.1f} days, paper {days}"
     assert 8 * tokens * num_params(config) / (gpus * per_gpu) / DAY == pytest.approx(days, abs=0.5)
+
+
+# Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198):
+# Table 3 (heads, hidden, layers, GPUs, global batch; s = 2,048, V = 51,200, A100 at 312 TFLOP/s) and Table 5
+# (seconds per iteration with sequence parallelism + selective recomputation, model FLOPs utilisation in %)
+TABLE_5 = [("22B", 64, 6144, 48, 8, 4, 1.10, 41.5), ("175B", 96, 12288, 96, 64, 64, 13.75, 51.4),
+           ("530B", 128, 20480, 105, 280, 280, 37.83, 56.0), ("1T", 160, 25600, 128, 512, 512, 71.49, 56.3)]
+
+
+@pytest.mark.parametrize("name,heads,hidden,layers,gpus,batch,seconds,mfu", TABLE_5)
+def test_model_flops_equal_korthikanti_table_5_utilisation(name, heads, hidden, layers, gpus, batch, seconds, mfu):
+    """Model FLOPs (no recomputation counted, their eq. 7 = Narayanan's 72 form) / (GPUs · 312 TFLOP/s · the
+    measured iteration time) is the MFU they publish, to 0.25 points (the times are given to 3-4 digits)."""
+    flops = compute_flops(_megatron(heads, hidden, layers), batch * 2048, "none").total
+    ours = 100 * flops / (gpus * 312e12 * seconds)
+    assert ours == pytest.approx(mfu, abs=0.25), f"{name}: {ours:.2f}% model FLOPs utilisation, Table 5 {mfu}%"
 
 
 def test_6pt_is_six_times_the_course_models_parameters():
@@ -153,3 +169,13 @@ def test_collectives_of_a_step_are_listed_per_axis():
     assert {r.axis for r in rows} == {"dp", "tp", "pp", "sp"} and all(r.what for r in rows)
     with pytest.raises(ValueError, match="attention must be one of"):
         step_collectives(ModelConfig.course(), Layout(sp=2), 4, attention="flash")
+
+
+def test_the_worked_examples_in_the_docstrings_hold():
+    """Each module's doctest is a worked example a learner reads: they must stay true."""
+    import doctest
+
+    from coursekit.costmodel import comm, compute, step
+    for module in (comm, compute, step):
+        failures, tried = doctest.testmod(module)
+        assert tried and not failures, f"{module.__name__}: {failures} of {tried} examples fail"

@@ -106,7 +106,8 @@ def test_interleaved_pipeline_counts_v_times_the_boundaries():
     config = ModelConfig.course(tie_weights=False, n_layers=8)
     sent = communication_bytes(config, Layout(pp=4, chunks=2, micro_batches=m, schedule="interleaved"), b, 1,
                                seq_len=S).pp
-    assert sent == 2 * 2 * m * b * S * H
+    assert sent == 2 * 2 * m * b * S * H, (f"interleaved p = 4, v = 2: {sent:.0f} elements from a middle stage, expected "
+                                          f"2v·m·b·s·h = {2 * 2 * m * b * S * H} (each rank holds v chunks)")
     rows = step_collectives(ModelConfig.course(), Layout(pp=2, micro_batches=m), b, seq_len=S)
     assert [(r.op, r.numel, r.count) for r in rows] == [("send", b * S * H, m), ("all_reduce", V * H, 1)]
 

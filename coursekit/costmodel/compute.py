@@ -10,8 +10,11 @@ parameters' matmuls (Kaplan et al. 2020, section 2.1), and attention's two ``s×
     full recomputation:      96·B·s·L·h²·(1 + s/(6h) + V/(16hL))       (one more forward of every layer)
 
 (the logit layer is not recomputed: its ``6·B·s·h·V`` is in both). Korthikanti et al. 2022's selective
-recomputation recomputes attention's core only: ``4·L·s·h`` more per token. Both papers count the whole
-``s×s`` score matrix (no causal halving); so does this module.
+recomputation recomputes attention's core only: one more forward of ``QKᵀ`` and ``AV``, ``4·L·s·h`` more
+per token. (Their eq. 8 writes ``72·B·s·L·h²·(1 + s/(3h) + V/(12hL))``, three times that, and their Table 5's
+hardware FLOPs utilisation follows eq. 8; their model FLOPs, eq. 7 = the 72 form above, are what
+:func:`compute_flops` with ``recompute="none"`` reproduces: tests/test_costmodel_time.py.) Both papers count
+the whole ``s×s`` score matrix (no causal halving); so does this module.
 
     >>> gpt3 = ModelConfig.gpt3_175b()
     >>> flops = compute_flops(gpt3, tokens=2048, recompute="none")      # one sequence
