@@ -65,13 +65,14 @@ def test_tp_equals_the_collectives_tensor_parallelism_counts(tp, gathered):
 
 def test_megatron_sequence_parallel_block_equals_chapter_06s():
     """One block's 2 all-gathers + 2 reduce-scatters forward and 6 backward (its inputs gathered again):
-    the difference between the model with 2 layers and with 1."""
+    the difference between the model with 2 layers and with 1, less the block's 6h replicated parameters'
+    gradient all-reduce (2 LayerNorms, 2 row-parallel biases)."""
     b, t = 3, 4
     block = megatron_sp_traffic(b, 32, H, t)
     per_gpu = (block["forward"] + block["backward"]) / t
     two, one = (communication_bytes(ModelConfig.course(n_layers=n), Layout(tp=t, sequence_parallel=True), b, 1,
                                     seq_len=32).tp for n in (2, 1))
-    assert two - one == per_gpu
+    assert two - one - 2 * (t - 1) / t * 6 * H == per_gpu
     plain = communication_bytes(COURSE, Layout(tp=t), b, 1, seq_len=32).tp
     assert two > plain, "sequence parallelism sends more than tensor parallelism (the re-gathered inputs)"
 
@@ -113,8 +114,8 @@ def test_interleaved_pipeline_counts_v_times_the_boundaries():
 
 
 # ----------------------------------------------------------------------------- counted while training
-STRATEGIES = {"zero1": {}, "zero3": {}, "tensor": {}, "pipeline": {"schedule": "1f1b", "micro_batches": 2},
-              "ring_attention": {}, "ulysses": {}}
+STRATEGIES = {"zero1": {}, "zero3": {}, "tensor": {}, "sequence_tensor": {},
+              "pipeline": {"schedule": "1f1b", "micro_batches": 2}, "ring_attention": {}, "ulysses": {}}
 BATCH = 4
 
 
@@ -151,3 +152,19 @@ def test_counted_while_training_equals_the_prediction(counted):
     for name, attention in (("ring_attention", "ring"), ("ulysses", "ulysses")):
         sp = predict(Layout(sp=2), BATCH, attention=attention, gather_logits=True).sp
         assert counted[name][0].total == 2 * sp, f"{name}: counted {counted[name][0].total}, predicted {2 * sp}"
+
+
+def test_counted_megatron_sequence_parallelism_equals_the_prediction(counted):
+    """"sequence_tensor" at t = 2: what went through chapter 01's counter (the layers' all-gathers and
+    reduce-scatters, the embedding's reduce-scatter, the head's gather, the replicated gradients' ring
+    all-reduce) over both ranks = 2 × the prediction less the loss's 3 all-reduces of b·s (torch's all_reduce,
+    not counted there), plus the course's position embedding (64 × 64): the course adds positions after the
+    scatter, so their gradient is summed too (Megatron-LM adds them before it)."""
+    t = 2
+    rows = step_collectives(COURSE, Layout(tp=t, sequence_parallel=True), BATCH, seq_len=S)
+    through_comm = sum(r.sent for r in rows if r.what != "vocabulary-parallel cross-entropy")
+    positions = 2 * (t - 1) * 64 * H
+    total = counted["sequence_tensor"][0].total
+    assert total == t * through_comm + positions, (
+        f"sequence_tensor: {total} elements counted, predicted {t * through_comm + positions:.0f} (layers, embedding, "
+        f"head, replicated gradients); a difference of k·{BATCH * S * H} is k all-gathers or reduce-scatters of b·s·h")

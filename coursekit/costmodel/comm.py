@@ -30,7 +30,9 @@ sample, ``h`` hidden, ``L`` layers, ``V`` vocabulary, ``Ψ`` this rank's paramet
   :func:`coursekit.parallel.tensor.expected_counts` counts (chapter 05). Full recomputation repeats the
   forward's. With ``sequence_parallel`` (Korthikanti et al. 2022, section 4.2.2) each all-reduce becomes a
   reduce-scatter + an all-gather (the same volume), and backward all-gathers each column-parallel input
-  once more, as Megatron-LM does (:func:`coursekit.parallel.sequence.megatron_sp_traffic`: 4 + 6 per layer).
+  once more, as Megatron-LM does (:func:`coursekit.parallel.sequence.megatron_sp_traffic`: 4 + 6 per layer);
+  the LayerNorms and row-parallel biases, now trained on each rank's tokens only, have their gradients
+  all-reduced once a step (``(6L + 2)·h``; Megatron-LM's all-reduce of its ``sequence_parallel`` gradients).
 * **pp** -- each micro-batch's activations ``b·s·h`` forward over every stage boundary and their gradient
   back; with ``v`` chunks per rank (interleaved) ``p·v − 1`` boundaries. Counted for the busiest stage (a
   middle one sends ``2v`` per micro-batch, the first and last ``2v − 1``), plus the tied embedding's gradient
@@ -123,6 +125,9 @@ def _tensor(config: ModelConfig, layout: Layout, b: int, s: float, vocab_paralle
         rows = [("all_reduce", (2 * (L + again) + 1) * m, "row-parallel outputs forward (+ the embedding)"),
                 ("all_reduce", (2 * L + 1) * m, "column-parallel inputs' gradients (+ the head)")]
     out = [Collective("tp", op, t, n, count, what) for op, count, what in rows]
+    if layout.sequence_parallel:  # trained on this rank's tokens only: 2 LayerNorms + 2 row-parallel biases a layer
+        out.append(Collective("tp", "all_reduce", t, (6 * L + 2) * config.hidden, 1,
+                              "gradients of the LayerNorms and row-parallel biases, summed"))
     if vocab_parallel_loss:
         out.append(Collective("tp", "all_reduce", t, b * s, 3 * m, "vocabulary-parallel cross-entropy"))
     else:
