@@ -113,6 +113,19 @@ def test_interleaved_pipeline_counts_v_times_the_boundaries():
     assert [(r.op, r.numel, r.count) for r in rows] == [("send", b * S * H, m), ("all_reduce", V * H, 1)]
 
 
+def test_with_pipelining_tp_and_sp_count_one_stages_layers():
+    """GPT-3 on tp = 8 × pp = 8: a stage holds 12 of the 96 layers; the last (the busiest: head and loss, no
+    embedding) all-reduces 2·12 times forward, 2·12 + 1 backward, and the loss's 3 of b·s, per micro-batch;
+    sp's ring passes happen in those 12 layers only."""
+    gpt3, b, m = ModelConfig.gpt3_175b(), 1, 4
+    n, share = b * 2048 * 12288, 2 * 7 / 8
+    tp = communication_bytes(gpt3, Layout(tp=8, pp=8, micro_batches=m), b).tp
+    expected = m * (49 * n + 3 * b * 2048) * share * 2
+    assert tp == pytest.approx(expected, rel=1e-12), f"tp {tp:.4g} bytes, expected {expected:.4g}: 12 layers a stage"
+    rows = step_collectives(gpt3, Layout(pp=8, sp=2, micro_batches=m), b)
+    assert [r.count for r in rows if r.axis == "sp" and r.op == "send"] == [12 * m, 12 * m, 12 * m]
+
+
 # ----------------------------------------------------------------------------- counted while training
 STRATEGIES = {"zero1": {}, "zero3": {}, "tensor": {}, "sequence_tensor": {},
               "pipeline": {"schedule": "1f1b", "micro_batches": 2}, "ring_attention": {}, "ulysses": {}}

@@ -16,7 +16,10 @@ send to a neighbour           ``N``               one ring step of ``N``
 ============================  ==================  =====================================================
 
 What each axis counts, per step (``b`` samples per micro-batch, ``m`` micro-batches, ``s`` tokens per
-sample, ``h`` hidden, ``L`` layers, ``V`` vocabulary, ``Ψ`` this rank's parameters = ``P/(tp·pp)``):
+sample on this rank -- ``S/sp`` --, ``h`` hidden, ``L`` layers *of this stage* -- ``⌈L/pp⌉``, and with
+``pp > 1`` the last stage, which holds the head and the loss --, ``V`` vocabulary, ``Ψ`` this rank's
+parameters, taken as ``P/(tp·pp)``: exact without tp and pp, which leave LayerNorms and biases whole and put
+the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exact per-rank count):
 
 * **dp** -- the gradients, once per step (accumulated over micro-batches): a ring all-reduce of ``Ψ``,
   ``2(D−1)/D·Ψ``; ZeRO-1 a reduce-scatter + an all-gather (the same volume); ZeRO-2 reduce-scatters in every
@@ -36,7 +39,8 @@ sample, ``h`` hidden, ``L`` layers, ``V`` vocabulary, ``Ψ`` this rank's paramet
 * **pp** -- each micro-batch's activations ``b·s·h`` forward over every stage boundary and their gradient
   back; with ``v`` chunks per rank (interleaved) ``p·v − 1`` boundaries. Counted for the busiest stage (a
   middle one sends ``2v`` per micro-batch, the first and last ``2v − 1``), plus the tied embedding's gradient
-  all-reduced between the first and the last stage (Megatron-LM's embedding group). Chapter 04.
+  all-reduced between the first and the last stage (Megatron-LM's embedding group). Chapter 04. Each tp
+  rank of a stage sends the whole ``b·s·h`` (without Narayanan et al. 2021's scatter/gather optimisation).
 * **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``) makes
   ``G−1`` hops forward; backward ``G−1`` hops with their gradients beside them and one more for the
   gradients to reach their owner (:func:`coursekit.parallel.sequence.ring_traffic`); or DeepSpeed Ulysses
@@ -62,16 +66,20 @@ from .compute import num_params
 from .config import Hardware, Layout, ModelConfig
 
 __all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network",
-           "collective_seconds", "communication_time", "ATTENTIONS", "AXES"]
+           "collective_seconds", "communication_time", "ATTENTIONS", "AXES", "OPS"]
 
 AXES = ("dp", "tp", "pp", "sp")           # innermost last: the mesh is laid out pp, dp, sp, tp (torchtitan's order)
 ATTENTIONS = ("ring", "ulysses")          # how the sp axis attends across its ranks
-_OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
 
 
 @dataclass(frozen=True)
 class Collective:
-    """One row of a step: ``count`` times ``op`` of ``numel`` elements over ``group`` GPUs along ``axis``."""
+    """One row of a step: ``count`` times ``op`` of ``numel`` elements over ``group`` GPUs along ``axis``.
+
+    ``numel`` is an even share, fractional when the tokens do not divide by the ranks (31 over 2: 15.5
+    each); summed over the ranks it is exact. ``what`` says what the row carries, for a learner's table.
+    """
 
     axis: str
     op: str
@@ -79,6 +87,10 @@ class Collective:
     numel: float
     count: int
     what: str = ""
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"Collective.op must be one of {OPS} (got {self.op!r}).")
 
     @property
     def sent(self) -> float:
@@ -113,16 +125,18 @@ def _data(psi: int, layout: Layout) -> list[Collective]:
 
 
 def _tensor(config: ModelConfig, layout: Layout, b: int, s: float, vocab_parallel_loss: bool) -> list[Collective]:
+    """``config.layers``: this stage's; with ``pp > 1`` the stage is the last (the head and the loss, no embedding)."""
     t, m, L, n = layout.tp, layout.micro_batches, config.layers, b * s * config.hidden
-    again = L if layout.recompute == "full" else 0    # the recomputed forward issues the forward's again
+    e = 1 if layout.pp == 1 else 0                    # the embedding's collectives are on this stage
+    again = L if layout.recompute == "full" else 0    # the recomputed forward issues the layers' forward ones again
     if layout.sequence_parallel:
         rows = [("all_gather", (2 * (L + again) + 1) * m, "layer inputs forward (+ the head's)"),
-                ("reduce_scatter", (2 * (L + again) + 1) * m, "row-parallel outputs forward (+ the embedding's)"),
+                ("reduce_scatter", (2 * (L + again) + e) * m, "row-parallel outputs forward (+ the embedding's)"),
                 ("reduce_scatter", (2 * L + 1) * m, "column-parallel inputs' gradients (+ the head's)"),
-                ("all_gather", (4 * L + 2) * m, "gradients of the row-parallel outputs (+ the embedding's) "
-                                               "and the inputs gathered again for the weight gradients")]
+                ("all_gather", (4 * L + e + 1) * m, "gradients of the row-parallel outputs (+ the embedding's) "
+                                                   "and the inputs gathered again for the weight gradients")]
     else:
-        rows = [("all_reduce", (2 * (L + again) + 1) * m, "row-parallel outputs forward (+ the embedding)"),
+        rows = [("all_reduce", (2 * (L + again) + e) * m, "row-parallel outputs forward (+ the embedding)"),
                 ("all_reduce", (2 * L + 1) * m, "column-parallel inputs' gradients (+ the head)")]
     out = [Collective("tp", op, t, n, count, what) for op, count, what in rows]
     if layout.sequence_parallel:  # trained on this rank's tokens only: 2 LayerNorms + 2 row-parallel biases a layer
@@ -183,18 +197,18 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1 sample (got {micro_batch}).")
     tokens = config.seq_len if seq_len is None else seq_len
-    sample = ModelConfig(config.vocab, tokens, config.hidden, config.layers, config.heads, config.tied,
-                         config.qkv_bias, config.name)
+    stage = ModelConfig(config.vocab, tokens, config.hidden, -(-config.layers // layout.pp), config.heads,
+                        config.tied, config.qkv_bias, config.name)     # one sample through the busiest stage
     psi = -(-num_params(config) // (layout.tp * layout.pp))
     rows: list[Collective] = []
     if layout.dp > 1:
         rows += _data(psi, layout)
     if layout.tp > 1:
-        rows += _tensor(sample, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)
+        rows += _tensor(stage, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)
     if layout.pp > 1:
-        rows += _pipeline(sample, layout, micro_batch, tokens / layout.sp)
+        rows += _pipeline(stage, layout, micro_batch, tokens / layout.sp)
     if layout.sp > 1:
-        rows += _sequence(sample, layout, micro_batch, attention, gather_logits)
+        rows += _sequence(stage, layout, micro_batch, attention, gather_logits)
         rows.append(Collective("sp", "all_reduce", layout.sp, psi, 1, "gradients summed over the sequence ranks"))
     return tuple(rows)
 
