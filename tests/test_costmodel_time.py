@@ -128,6 +128,10 @@ def test_data_parallel_time_across_nodes_and_zero_3():
     ring = 2 * 3 * (10e-6 + -(-psi // 4) * 2 / 25e9)
     assert communication_time(config, Layout(dp=4, tp=8), a100, 1).dp == pytest.approx(ring, rel=1e-12)
     assert communication_time(config, Layout(dp=4, tp=8, zero=3), a100, 1).dp == pytest.approx(1.5 * ring, rel=1e-12)
+    # dp = 8 outside tp = 2: 4 of each ring in a node, 2 nodes; every step waits on the hop between nodes
+    psi = -(-num_params(config) // 2)
+    mixed = 2 * 7 * max(5e-6 + -(-psi // 8) * 2 / 300e9, 10e-6 + -(-psi // 8) * 2 / 25e9)
+    assert communication_time(config, Layout(dp=8, tp=2), a100, 1).dp == pytest.approx(mixed, rel=1e-12)
 
 
 def test_ulysses_all_to_all_is_one_step_and_ring_attention_g_minus_1():

@@ -277,8 +277,9 @@ def communication_time(config: ModelConfig, layout: Layout, hardware: Hardware, 
     timed by :func:`collective_seconds` on :func:`axis_network`'s link for the axis).
 
     tp (innermost) stays on NVLink while ``tp ≤ gpus_per_node``; dp and pp, outer, cross nodes once the
-    inner axes fill one. The tied embedding's all-reduce between the first and last stage uses the pp
-    group's slowest link. E.g. GPT-2 small, dp = 8 in one node: 2·7 steps of ``⌈Ψ/8⌉`` over NVLink:
+    inner axes fill one. A pipeline send is one ring step on the pp group's network (its slowest link when
+    the group spans nodes); the tied embedding's all-reduce between the first and the last stage is timed on
+    that slowest link too. E.g. GPT-2 small, dp = 8 in one node: 2·7 steps of ``⌈Ψ/8⌉`` over NVLink:
 
         >>> t = communication_time(ModelConfig.gpt2_small(), Layout(dp=8), Hardware(), micro_batch=1).dp
         >>> round(t * 1e3, 3), round(14 * (5e-6 + 15_554_976 * 2 / 300e9) * 1e3, 3)
