@@ -104,11 +104,12 @@ def test_compute_time_and_the_bubble(schedule, p, m, v):
 def test_each_axis_uses_the_link_its_ranks_share():
     """Mesh order pp, dp, sp, tp (tp innermost): 8 GPUs per node."""
     a100 = Hardware()
-    assert {a: axis_network(Layout(dp=4, tp=8), a100, a)[1] for a in ("tp", "dp")} == {"tp": "intra", "dp": "net"}
-    assert axis_network(Layout(dp=4, tp=2), a100, "dp")[1] == "intra"        # 2·4 ranks: one node
+    links = {a: axis_network(Layout(dp=4, tp=8), a100, a)[1] for a in ("tp", "dp")}
+    assert links == {"tp": "intra", "dp": "net"}, f"tp = 8 fills a node, dp rings cross nodes: {links}"
+    assert axis_network(Layout(dp=4, tp=2), a100, "dp")[1] == "intra", "2·4 ranks fit one node of 8"
     network, link = axis_network(Layout(dp=8, tp=2), a100, "dp")              # 16 ranks: 4 per node, 2 nodes
-    assert link == "intra+net" and network.gpus_per_node == 4
-    assert axis_network(Layout(pp=4, dp=2, tp=8), a100, "pp")[1] == "net"
+    assert (link, network.gpus_per_node) == ("intra+net", 4), "a dp ring of 8, 2 apart: 4 in each of 2 nodes"
+    assert axis_network(Layout(pp=4, dp=2, tp=8), a100, "pp")[1] == "net", "pp is outermost: a node per stage"
 
 
 def test_tensor_parallel_time_is_its_all_reduces_on_nvlink():
