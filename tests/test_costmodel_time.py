@@ -1,8 +1,8 @@
 """The cost model's time half: FLOPs against Narayanan et al. 2021's published figures, compute and bubble time,
 communication times through chapter 01's network model on the right link, and the step time's sum.
 
-Sources: Korthikanti et al. 2022 Table 5 (at the test); Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
-Megatron-LM" (arXiv:2104.04473): Table 1 (models of 1.7 B to 1008 B parameters, V = 51,200, s = 2,048;
+Sources: Korthikanti et al. 2022 Table 5 (at its test); Narayanan et al. 2021, "Efficient Large-Scale
+Language Model Training on GPU Clusters Using Megatron-LM" (arXiv:2104.04473): Table 1 (models of 1.7 B to 1008 B parameters, V = 51,200, s = 2,048;
 per-GPU throughput), eq. 2 (P = 12lh²(1 + 13/(12h) + (V + s)/(12lh))), eq. 3 (F = 96Bslh²(1 + s/(6h) +
 V/(16lh)) per iteration with recomputation), eq. 4 and section 5.1 (8TP/(nX): GPT-3 175 B, 300 B tokens, 1,024
 A100s at 140 TFLOP/s per GPU, batch 1,536 -> 34 days; 1 T parameters, 450 B tokens, 3,072 A100s at 163 TFLOP/s

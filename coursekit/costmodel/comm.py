@@ -45,9 +45,10 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   ``G−1`` hops forward; backward ``G−1`` hops with their gradients beside them and one more for the
   gradients to reach their owner (:func:`coursekit.parallel.sequence.ring_traffic`); or DeepSpeed Ulysses
   (Jacobs et al. 2023): 4 all-to-alls forward (q, k, v in, the output back) and 4 backward, ``4(G−1)/G ·
-  b·s·h/G`` each way per GPU -- the paper's ``4Nh/P`` per link. Then the gradients summed over the ``sp``
-  group (every rank saw its own tokens), and with ``gather_logits`` the course's gather of the logits along
-  the sequence (:func:`coursekit.parallel.sequence.sequence_data_traffic`, chapter 06).
+  b·s·h/G`` each way per GPU -- the paper's ``4Nh/P`` (its "per link" is per GPU, as ``(G−1)/G → 1``).
+  Then the gradients summed over the ``sp`` group (every rank saw its own tokens), and with
+  ``gather_logits`` the course's gather of the logits along the sequence
+  (:func:`coursekit.parallel.sequence.sequence_data_traffic`, chapter 06).
 
     >>> course = ModelConfig.course()                      # 104,832 parameters, fp32 as the course runs
     >>> communication_bytes(course, Layout(dp=4), micro_batch=8, bytes_per_element=4).dp
