@@ -2,15 +2,17 @@
 communication times through chapter 01's network model on the right link, and the step time's sum.
 
 Sources: Korthikanti et al. 2022 Table 5 (at its test); Narayanan et al. 2021, "Efficient Large-Scale
-Language Model Training on GPU Clusters Using Megatron-LM" (arXiv:2104.04473): Table 1 (models of 1.7 B to 1008 B parameters, V = 51,200, s = 2,048;
-per-GPU throughput), eq. 2 (P = 12lh²(1 + 13/(12h) + (V + s)/(12lh))), eq. 3 (F = 96Bslh²(1 + s/(6h) +
-V/(16lh)) per iteration with recomputation), eq. 4 and section 5.1 (8TP/(nX): GPT-3 175 B, 300 B tokens, 1,024
-A100s at 140 TFLOP/s per GPU, batch 1,536 -> 34 days; 1 T parameters, 450 B tokens, 3,072 A100s at 163 TFLOP/s
-per GPU, 502 PFLOP/s aggregate -> 84 days). (163 TFLOP/s and 502 PFLOP/s are the 1 T model's, not GPT-3's.)
+Language Model Training on GPU Clusters Using Megatron-LM" (arXiv:2104.04473): Table 1 (models of 1.7 B to
+1008 B parameters, V = 51,200, s = 2,048; per-GPU throughput), eq. 2 (P = 12lh²(1 + 13/(12h) + (V + s)/(12lh))),
+eq. 3 (F = 96Bslh²(1 + s/(6h) + V/(16lh)) per iteration with recomputation), eq. 4 and section 5.1 (8TP/(nX):
+GPT-3 175 B, 300 B tokens, 1,024 A100s at 140 TFLOP/s per GPU, batch 1,536 -> 34 days; 1 T parameters, 450 B
+tokens, 3,072 A100s at 163 TFLOP/s per GPU, 502 PFLOP/s aggregate -> 84 days). (163 TFLOP/s and 502 PFLOP/s
+are the 1 T model's, not GPT-3's.)
 
-Planted and seen failing: full recomputation's 96 as 72 (the extra forward left out: "GPT-3-like 1008 B,
-recompute='full': 0.75 of eq. 3"); attention's 12·L·s·h as 6·L·s·h; the bubble as f·compute instead of
-f/(1 − f)·compute; the dp all-reduce's 2(G−1) steps as G−1.
+Planted and seen failing: full recomputation's 96 as 72 (the extra forward left out: "Megatron 25600x128,
+recompute='full': 0.7503 of eq. 3's 96·B·s·L·h²(...)", "26.1 days, paper 34"); no recomputation as 96;
+attention's 12·L·s·h as 6·L·s·h ("175B: 50.71% model FLOPs utilisation, Table 5 51.4%"); the bubble as
+f·compute instead of f/(1 − f)·compute; the all-reduce's 2(G−1) steps as G−1; tp not innermost on the mesh.
 """
 
 import pytest

@@ -54,7 +54,8 @@ def test_zero_2_and_3_communicate_in_every_backward():
 @pytest.mark.parametrize("gathered", [False, True])
 def test_tp_equals_the_collectives_tensor_parallelism_counts(tp, gathered):
     """expected_counts: per layer 2 all-reduces of b·s·h each way, the embedding's and the head's, the loss's 3
-    of b·s (or the logits all-gathered); a ring all-reduce of N sends 2(t−1)/t·N per GPU, an all-gather (t−1)/t·N."""
+    of b·s (or the logits all-gathered); a ring all-reduce of N sends 2(t−1)/t·N per GPU, an all-gather
+    (t−1)/t·N."""
     b = 5
     counts = expected_counts(b, S, H, L, tp, vocab=V, gathered_logits=gathered)
     share = (tp - 1) / tp
@@ -107,8 +108,9 @@ def test_interleaved_pipeline_counts_v_times_the_boundaries():
     config = ModelConfig.course(tie_weights=False, n_layers=8)
     sent = communication_bytes(config, Layout(pp=4, chunks=2, micro_batches=m, schedule="interleaved"), b, 1,
                                seq_len=S).pp
-    assert sent == 2 * 2 * m * b * S * H, (f"interleaved p = 4, v = 2: {sent:.0f} elements from a middle stage, expected "
-                                          f"2v·m·b·s·h = {2 * 2 * m * b * S * H} (each rank holds v chunks)")
+    expected = 2 * 2 * m * b * S * H
+    assert sent == expected, (f"interleaved p = 4, v = 2: {sent:.0f} elements from a middle stage, expected "
+                              f"2v·m·b·s·h = {expected} (each rank holds v chunks)")
     rows = step_collectives(ModelConfig.course(), Layout(pp=2, micro_batches=m), b, seq_len=S)
     assert [(r.op, r.numel, r.count) for r in rows] == [("send", b * S * H, m), ("all_reduce", V * H, 1)]
 
@@ -179,5 +181,6 @@ def test_counted_megatron_sequence_parallelism_equals_the_prediction(counted):
     positions = 2 * (t - 1) * 64 * H
     total = counted["sequence_tensor"][0].total
     assert total == t * through_comm + positions, (
-        f"sequence_tensor: {total} elements counted, predicted {t * through_comm + positions:.0f} (layers, embedding, "
-        f"head, replicated gradients); a difference of k·{BATCH * S * H} is k all-gathers or reduce-scatters of b·s·h")
+        f"sequence_tensor: {total} elements counted, predicted {t * through_comm + positions:.0f} (layers, "
+        f"embedding, head, replicated gradients); a difference of k·{BATCH * S * H} is k all-gathers or "
+        f"reduce-scatters of b·s·h")

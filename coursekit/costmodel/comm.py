@@ -161,7 +161,8 @@ def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float) -> list[Col
     sends, embedding = max((load(r) for r in range(p)), key=lambda x: x[0] * m * activation + x[1])
     out = [Collective("pp", "send", p, activation, sends * m, "activations forward, their gradients back")]
     if embedding:
-        out.append(Collective("pp", "all_reduce", 2, embedding, 1, "the tied embedding's gradient, first and last stage"))
+        out.append(Collective("pp", "all_reduce", 2, embedding, 1,
+                              "the tied embedding's gradient, first and last stage"))
     return out
 
 

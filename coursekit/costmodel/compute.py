@@ -46,7 +46,8 @@ def num_params(config: ModelConfig) -> int:
     """
     h = config.hidden
     per_layer = 12 * h * h + (13 if config.qkv_bias else 10) * h
-    return h * (config.vocab + config.seq_len) + config.layers * per_layer + 2 * h + (0 if config.tied else config.vocab * h)
+    head = 0 if config.tied else config.vocab * h
+    return h * (config.vocab + config.seq_len) + config.layers * per_layer + 2 * h + head
 
 
 @dataclass(frozen=True)
