@@ -167,6 +167,8 @@ def test_step_time_adds_compute_bubble_and_exposed_communication():
         step_time(config, layout, a100, global_batch=24)
     with pytest.raises(ValueError, match="dp_overlap is the share"):
         step_time(config, layout, a100, 32, dp_overlap=1.5)
+    with pytest.raises(TypeError, match="pass a ModelConfig with that seq_len"):
+        step_time(config, layout, a100, 32, seq_len=1024)
 
 
 def test_collectives_of_a_step_are_listed_per_axis():

@@ -51,10 +51,11 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
               efficiency: float | None = None, bytes_per_element: int = 2, **assumptions) -> TrainingStepTime:
     """One step of ``global_batch`` sequences on ``layout``: the time half of "step time and memory for a layout".
 
-    ``global_batch`` is cut into ``dp`` slices of ``layout.micro_batches`` micro-batches each (it must divide);
-    ``efficiency``: :func:`compute_time`'s (default ``hardware.efficiency``); ``bytes_per_element``: gradients
-    and activations on the wire (16-bit); ``assumptions``: :func:`coursekit.costmodel.step_collectives`'
-    (``attention="ring"`` or ``"ulysses"`` along ``sp``, ...). ``*_overlap``: the share of that axis's
+    ``global_batch`` sequences of ``config.seq_len`` tokens are cut into ``dp`` slices of
+    ``layout.micro_batches`` micro-batches each (it must divide); ``efficiency``: :func:`compute_time`'s
+    (default ``hardware.efficiency``); ``bytes_per_element``: gradients and activations on the wire (16-bit);
+    ``assumptions``: :func:`coursekit.costmodel.step_collectives`' (``attention="ring"`` or ``"ulysses"``
+    along ``sp``, ``gather_logits``, ``vocab_parallel_loss``). ``*_overlap``: the share of that axis's
     communication hidden behind compute, 0 to 1.
     """
     overlaps = {"dp": dp_overlap, "tp": tp_overlap, "pp": pp_overlap, "sp": sp_overlap}
@@ -62,6 +63,9 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"{axis}_overlap is the share of {axis}'s communication hidden behind compute: "
                              f"between 0 and 1 (got {share}).")
+    if "seq_len" in assumptions:
+        raise TypeError("step_time's sequences are config.seq_len tokens long (its FLOPs and its traffic): pass a "
+                        "ModelConfig with that seq_len instead of seq_len=.")
     per_rank = layout.dp * layout.micro_batches
     if global_batch % per_rank:
         raise ValueError(f"global_batch {global_batch} does not split into dp = {layout.dp} slices of "
