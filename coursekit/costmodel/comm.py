@@ -1,0 +1,296 @@
+"""Communication per training step, per axis of a layout: what each collective sends, and how long it takes.
+
+One table, :func:`step_collectives`, lists every collective one GPU takes part in during a step (each with
+its axis, its group, the elements it carries and how many times it runs); :func:`communication_bytes` adds
+up what one GPU *sends* per axis, :func:`communication_time` times the same collectives with chapter 01's
+network model (:func:`coursekit.netsim.closed_form_time`). Bytes and seconds come from the same rows, so they
+cannot disagree. With ``N`` elements and a group of ``G`` GPUs, one GPU sends:
+
+============================  ==================  =====================================================
+collective                    sent per GPU        time (chapter 01's ring / naive closed forms)
+============================  ==================  =====================================================
+all-reduce of ``N``           ``2(G−1)/G · N``    ``closed_form_time("ring", G, N)``: 2(G−1) steps
+reduce-scatter / all-gather   ``(G−1)/G · N``     half of it: G−1 steps (``N``: the whole tensor)
+all-to-all (``N`` its own)    ``(G−1)/G · N``     ``closed_form_time("naive", G, ⌈N/G⌉)``: one step
+send to a neighbour           ``N``               one ring step of ``N``
+============================  ==================  =====================================================
+
+What each axis counts, per step (``b`` samples per micro-batch, ``m`` micro-batches, ``s`` tokens per
+sample on this rank -- ``S/sp`` --, ``h`` hidden, ``L`` layers *of this stage* -- ``⌈L/pp⌉``, and with
+``pp > 1`` the last stage, which holds the head and the loss --, ``V`` vocabulary, ``Ψ`` this rank's
+parameters, taken as ``P/(tp·pp)``: exact without tp and pp, which leave LayerNorms and biases whole and put
+the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exact per-rank count):
+
+* **dp** -- the gradients, once per step (accumulated over micro-batches): a ring all-reduce of ``Ψ``,
+  ``2(D−1)/D·Ψ``; ZeRO-1 a reduce-scatter + an all-gather (the same volume); ZeRO-2 reduce-scatters in every
+  backward (``m`` times) and all-gathers once; ZeRO-3 all-gathers the parameters before every forward and
+  backward and reduce-scatters every backward: ``3m(D−1)/D·Ψ``, the ZeRO paper's 3Ψ against 2Ψ
+  (Rajbhandari et al. 2020, section 7) -- :func:`coursekit.memory.comm_elements`, chapter 02.
+* **tp** -- per micro-batch and layer, 2 all-reduces of ``b·s·h`` forward (after attention's and the MLP's
+  row-parallel layers) and 2 backward (the column-parallel inputs' gradients): Megatron-LM's ``f``/``g``
+  (Shoeybi et al. 2019, Figure 3); the vocabulary-parallel embedding 1 forward, the tied head 1 backward,
+  the vocabulary-parallel cross-entropy 3 of ``b·s`` (max, sum of exponentials, target logit) -- what
+  :func:`coursekit.parallel.tensor.expected_counts` counts (chapter 05). Full recomputation repeats the
+  forward's. With ``sequence_parallel`` (Korthikanti et al. 2022, section 4.2.2) each all-reduce becomes a
+  reduce-scatter + an all-gather (the same volume), and backward all-gathers each column-parallel input
+  once more, as Megatron-LM does (:func:`coursekit.parallel.sequence.megatron_sp_traffic`: 4 + 6 per layer);
+  the LayerNorms and row-parallel biases, now trained on each rank's tokens only, have their gradients
+  all-reduced once a step (``(6L + 2)·h``; Megatron-LM's all-reduce of its ``sequence_parallel`` gradients).
+* **pp** -- each micro-batch's activations ``b·s·h`` forward over every stage boundary and their gradient
+  back; with ``v`` chunks per rank (interleaved) ``p·v − 1`` boundaries. Counted for the busiest stage (a
+  middle one sends ``2v`` per micro-batch, the first and last ``2v − 1``), plus the tied embedding's gradient
+  all-reduced between the first and the last stage (Megatron-LM's embedding group). Chapter 04. Each tp
+  rank of a stage sends the whole ``b·s·h`` (without Narayanan et al. 2021's scatter/gather optimisation).
+* **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``) makes
+  ``G−1`` hops forward; backward ``G−1`` hops with their gradients beside them and one more for the
+  gradients to reach their owner (:func:`coursekit.parallel.sequence.ring_traffic`); or DeepSpeed Ulysses
+  (Jacobs et al. 2023): 4 all-to-alls forward (q, k, v in, the output back) and 4 backward, ``4(G−1)/G ·
+  b·s·h/G`` each way per GPU -- the paper's ``4Nh/P`` (its "per link" is per GPU, as ``(G−1)/G → 1``).
+  Then the gradients summed over the ``sp`` group (every rank saw its own tokens), and with
+  ``gather_logits`` the course's gather of the logits along the sequence
+  (:func:`coursekit.parallel.sequence.sequence_data_traffic`, chapter 06).
+
+    >>> course = ModelConfig.course()                      # 104,832 parameters, fp32 as the course runs
+    >>> communication_bytes(course, Layout(dp=4), micro_batch=8, bytes_per_element=4).dp
+    628992.0
+    >>> 2 * 3 / 4 * 104_832 * 4                             # 2(G−1)/G · Ψ · 4 bytes
+    628992.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..netsim import Network, closed_form_time
+from .compute import num_params
+from .config import Hardware, Layout, ModelConfig
+
+__all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network",
+           "collective_seconds", "communication_time", "ATTENTIONS", "AXES", "OPS"]
+
+AXES = ("dp", "tp", "pp", "sp")           # innermost last: the mesh is laid out pp, dp, sp, tp (torchtitan's order)
+ATTENTIONS = ("ring", "ulysses")          # how the sp axis attends across its ranks
+OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One row of a step: ``count`` times ``op`` of ``numel`` elements over ``group`` GPUs along ``axis``.
+
+    ``numel`` is an even share, fractional when the tokens do not divide by the ranks (31 over 2: 15.5
+    each); summed over the ranks it is exact. ``what`` says what the row carries, for a learner's table.
+    """
+
+    axis: str
+    op: str
+    group: int
+    numel: float
+    count: int
+    what: str = ""
+
+    def __post_init__(self):
+        if self.op not in OPS:
+            raise ValueError(f"Collective.op must be one of {OPS} (got {self.op!r}).")
+
+    @property
+    def sent(self) -> float:
+        """Elements one GPU sends, all ``count`` runs together (the module docstring's table)."""
+        G, N = self.group, self.numel
+        each = {"all_reduce": 2 * (G - 1) * N / G, "send": N}.get(self.op, (G - 1) * N / G)
+        return self.count * each
+
+
+@dataclass(frozen=True)
+class PerAxis:
+    """A quantity per axis of the layout (bytes or seconds); ``total`` is their sum."""
+
+    dp: float = 0.0
+    tp: float = 0.0
+    pp: float = 0.0
+    sp: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.dp + self.tp + self.pp + self.sp
+
+
+def _data(psi: int, layout: Layout) -> list[Collective]:
+    D, m = layout.dp, layout.micro_batches
+    rows = {0: [("all_reduce", 1, "gradients")],
+            1: [("reduce_scatter", 1, "gradients"), ("all_gather", 1, "updated parameters")],
+            2: [("reduce_scatter", m, "gradients, every backward"), ("all_gather", 1, "updated parameters")],
+            3: [("all_gather", 2 * m, "parameters, before every forward and backward"),
+                ("reduce_scatter", m, "gradients, every backward")]}[layout.zero]
+    return [Collective("dp", op, D, psi, count, what) for op, count, what in rows]
+
+
+def _tensor(config: ModelConfig, layout: Layout, b: int, s: float, vocab_parallel_loss: bool) -> list[Collective]:
+    """``config.layers``: this stage's; with ``pp > 1`` the stage is the last (the head and the loss, no embedding)."""
+    t, m, L, n = layout.tp, layout.micro_batches, config.layers, b * s * config.hidden
+    e = 1 if layout.pp == 1 else 0                    # the embedding's collectives are on this stage
+    again = L if layout.recompute == "full" else 0    # the recomputed forward issues the layers' forward ones again
+    if layout.sequence_parallel:
+        rows = [("all_gather", (2 * (L + again) + 1) * m, "layer inputs forward (+ the head's)"),
+                ("reduce_scatter", (2 * (L + again) + e) * m, "row-parallel outputs forward (+ the embedding's)"),
+                ("reduce_scatter", (2 * L + 1) * m, "column-parallel inputs' gradients (+ the head's)"),
+                ("all_gather", (4 * L + e + 1) * m, "gradients of the row-parallel outputs (+ the embedding's) "
+                                                   "and the inputs gathered again for the weight gradients")]
+    else:
+        rows = [("all_reduce", (2 * (L + again) + e) * m, "row-parallel outputs forward (+ the embedding)"),
+                ("all_reduce", (2 * L + 1) * m, "column-parallel inputs' gradients (+ the head)")]
+    out = [Collective("tp", op, t, n, count, what) for op, count, what in rows]
+    if layout.sequence_parallel:  # trained on this rank's tokens only: 2 LayerNorms + 2 row-parallel biases a layer
+        out.append(Collective("tp", "all_reduce", t, (6 * L + 2) * config.hidden, 1,
+                              "gradients of the LayerNorms and row-parallel biases, summed"))
+    if vocab_parallel_loss:
+        out.append(Collective("tp", "all_reduce", t, b * s, 3 * m, "vocabulary-parallel cross-entropy"))
+    else:
+        out.append(Collective("tp", "all_gather", t, b * s * config.vocab, m, "the logits, gathered"))
+    return out
+
+
+def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float) -> list[Collective]:
+    p, v, m = layout.pp, layout.chunks, layout.micro_batches
+    activation = b * s * config.hidden
+    tied = config.vocab * config.hidden / layout.tp if config.tied else 0
+
+    def load(r):  # (sends per micro-batch, tied elements) of stage r: forward unless last, backward unless first
+        return 2 * v - (r == 0) - (r == p - 1), tied if r in (0, p - 1) else 0
+
+    sends, embedding = max((load(r) for r in range(p)), key=lambda x: x[0] * m * activation + x[1])
+    out = [Collective("pp", "send", p, activation, sends * m, "activations forward, their gradients back")]
+    if embedding:
+        out.append(Collective("pp", "all_reduce", 2, embedding, 1,
+                              "the tied embedding's gradient, first and last stage"))
+    return out
+
+
+def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gather_logits: bool) -> list[Collective]:
+    G, m, L = layout.sp, layout.micro_batches, config.layers
+    block = b * config.seq_len / G * config.hidden / layout.tp      # this rank's K (or V, q, out)
+    forwards = 2 if layout.recompute == "full" else 1
+    if attention == "ring":
+        rows = [("send", 2 * block, (G - 1) * forwards * L * m, "K and V blocks around the ring, forward"),
+                ("send", 4 * block, (G - 1) * L * m, "K, V and their gradients around the ring, backward"),
+                ("send", 2 * block, L * m, "the K, V gradients' last hop to their owner")]
+    else:
+        rows = [("all_to_all", 3 * block, (forwards + 1) * L * m, "q, k, v: sequence-split to head-split"),
+                ("all_to_all", block, (forwards + 1) * L * m, "attention's output: head-split to sequence-split")]
+    out = [Collective("sp", op, G, numel, count, what) for op, numel, count, what in rows]
+    if gather_logits:
+        out.append(Collective("sp", "all_gather", G, b * config.seq_len * config.vocab, m, "the logits, gathered"))
+    return out
+
+
+def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_len: int | None = None,
+                     attention: str = "ring", gather_logits: bool = False,
+                     vocab_parallel_loss: bool = True) -> tuple[Collective, ...]:
+    """Every collective one GPU takes part in during one training step (the module docstring says which).
+
+    ``micro_batch``: samples per micro-batch on one data-parallel rank (``layout.micro_batches`` of them a
+    step); ``seq_len``: tokens per sample (default ``config.seq_len``, the model's positions); ``attention``:
+    ``"ring"`` or ``"ulysses"`` along ``sp``; ``gather_logits``: the ``sp`` ranks gather the logits as the
+    course's strategies do; ``vocab_parallel_loss``: Megatron's loss on the vocabulary shards (else the
+    logits are all-gathered over ``tp``). An axis of degree 1 has no rows.
+    """
+    if attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS} (got {attention!r}).")
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 sample (got {micro_batch}).")
+    tokens = config.seq_len if seq_len is None else seq_len
+    stage = ModelConfig(config.vocab, tokens, config.hidden, -(-config.layers // layout.pp), config.heads,
+                        config.tied, config.qkv_bias, config.name)     # one sample through the busiest stage
+    psi = -(-num_params(config) // (layout.tp * layout.pp))
+    rows: list[Collective] = []
+    if layout.dp > 1:
+        rows += _data(psi, layout)
+    if layout.tp > 1:
+        rows += _tensor(stage, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)
+    if layout.pp > 1:
+        rows += _pipeline(stage, layout, micro_batch, tokens / layout.sp)
+    if layout.sp > 1:
+        rows += _sequence(stage, layout, micro_batch, attention, gather_logits)
+        rows.append(Collective("sp", "all_reduce", layout.sp, psi, 1, "gradients summed over the sequence ranks"))
+    return tuple(rows)
+
+
+def communication_bytes(config: ModelConfig, layout: Layout, micro_batch: int, bytes_per_element: int = 2,
+                        **assumptions) -> PerAxis:
+    """Bytes one GPU sends per training step, per axis: the sum of :func:`step_collectives`' rows.
+
+    ``assumptions``: :func:`step_collectives`' named arguments (``seq_len``, ``attention``, ``gather_logits``,
+    ``vocab_parallel_loss``). 16-bit gradients and activations by default (``bytes_per_element=4`` for fp32,
+    as the course runs). For tp, 2 all-reduces per layer each way at ``t = 2`` send ``2·(2(t−1)/t)·b·s·h``:
+
+        >>> gpt2 = ModelConfig.gpt2_small()
+        >>> tp = communication_bytes(gpt2, Layout(tp=2), micro_batch=1).tp
+        >>> int(tp), (4 * 12 + 2) * 1024 * 768 * 2 + 3 * 1024 * 2       # (4L + 2) b·s·h + 3 b·s, 2 bytes
+        (78649344, 78649344)
+    """
+    sent = {axis: 0.0 for axis in AXES}
+    for row in step_collectives(config, layout, micro_batch, **assumptions):
+        sent[row.axis] += row.sent * bytes_per_element
+    return PerAxis(**sent)
+
+
+def axis_network(layout: Layout, hardware: Hardware, axis: str) -> tuple[Network, str]:
+    """The network one group of ``axis`` sees, and which link it uses: ``"intra"``, ``"net"`` or ``"intra+net"``.
+
+    Ranks are laid out ``pp, dp, sp, tp`` (tp innermost, as torchtitan's mesh): a group of ``G`` ranks
+    ``stride`` apart (tp 1, sp tp, dp tp·sp, pp tp·sp·dp) stays inside a node when ``stride·G ≤
+    gpus_per_node`` (NVLink), has every member on its own node when ``stride ≥ gpus_per_node``
+    (InfiniBand), and otherwise spans nodes with ``gpus_per_node/stride`` members in each (both levels).
+
+        >>> [axis_network(Layout(dp=4, tp=8), Hardware(), a)[1] for a in ("tp", "dp")]
+        ['intra', 'net']
+    """
+    degrees = {"pp": layout.pp, "dp": layout.dp, "sp": layout.sp, "tp": layout.tp}
+    order = ("tp", "sp", "dp", "pp")
+    stride = math.prod(degrees[a] for a in order[:order.index(axis)])
+    G, k = degrees[axis], hardware.gpus_per_node
+    intra = Network(hardware.intra_bandwidth, hardware.intra_latency)
+    net = Network(hardware.bandwidth, hardware.latency)
+    if stride * G <= k:
+        return intra, "intra"
+    if stride >= k:
+        return net, "net"
+    return Network(hardware.bandwidth, hardware.latency, gpus_per_node=math.gcd(G, k // stride),
+                   intra_bandwidth=hardware.intra_bandwidth, intra_latency=hardware.intra_latency), "intra+net"
+
+
+def collective_seconds(row: Collective, network: Network, bytes_per_element: int = 2) -> float:
+    """How long ``row`` takes on ``network``, all its ``count`` runs (the module docstring's closed forms)."""
+    G, N, b = row.group, math.ceil(row.numel), bytes_per_element
+    if row.op == "all_reduce":
+        each = closed_form_time("ring", G, N, network, b)
+    elif row.op in ("reduce_scatter", "all_gather"):
+        each = closed_form_time("ring", G, N, network, b) / 2
+    elif row.op == "all_to_all":
+        each = closed_form_time("naive", G, -(-N // G), network, b)
+    else:                                                        # one step of a ring: a segment of N each
+        each = closed_form_time("ring", G, G * N, network, b) / (2 * (G - 1))
+    return row.count * each
+
+
+def communication_time(config: ModelConfig, layout: Layout, hardware: Hardware, micro_batch: int,
+                       bytes_per_element: int = 2, **assumptions) -> PerAxis:
+    """Seconds per step each axis spends communicating, nothing overlapped (:func:`step_collectives`' rows
+    timed by :func:`collective_seconds` on :func:`axis_network`'s link for the axis).
+
+    tp (innermost) stays on NVLink while ``tp ≤ gpus_per_node``; dp and pp, outer, cross nodes once the
+    inner axes fill one. A pipeline send is one ring step on the pp group's network (its slowest link when
+    the group spans nodes); the tied embedding's all-reduce between the first and the last stage is timed on
+    that slowest link too. E.g. GPT-2 small, dp = 8 in one node: 2·7 steps of ``⌈Ψ/8⌉`` over NVLink:
+
+        >>> t = communication_time(ModelConfig.gpt2_small(), Layout(dp=8), Hardware(), micro_batch=1).dp
+        >>> round(t * 1e3, 3), round(14 * (5e-6 + 15_554_976 * 2 / 300e9) * 1e3, 3)
+        (1.522, 1.522)
+    """
+    seconds = {axis: 0.0 for axis in AXES}
+    for row in step_collectives(config, layout, micro_batch, **assumptions):
+        network, link = axis_network(layout, hardware, row.axis)
+        if row.group != getattr(layout, row.axis):             # the tied embedding's pair: one link level
+            network = network if link != "intra+net" else Network(hardware.bandwidth, hardware.latency)
+        seconds[row.axis] += collective_seconds(row, network, bytes_per_element)
+    return PerAxis(**seconds)

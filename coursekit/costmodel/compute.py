@@ -1,0 +1,127 @@
+"""Compute per training step: the FLOPs of a GPT-shaped transformer, their time, and the pipeline's bubble.
+
+Every matrix multiply of ``m×k`` by ``k×n`` costs ``2mkn`` FLOPs forward and twice that backward (the
+gradients of both inputs). Over a step of ``T`` tokens that is the well-known ``6·P·T`` for the
+parameters' matmuls (Kaplan et al. 2020, section 2.1), and attention's two ``s×s`` products
+(``QKᵀ`` and ``AV``, ``4·s·h`` per token and layer forward) add ``12·L·s·h`` per token. Narayanan et al.
+2021 (section 5.1, eq. 3) write the same for ``B`` sequences of ``s`` tokens, ``P ≈ 12Lh²``::
+
+    no recomputation:        72·B·s·L·h²·(1 + s/(6h) + V/(12hL))
+    full recomputation:      96·B·s·L·h²·(1 + s/(6h) + V/(16hL))       (one more forward of every layer)
+
+(the logit layer is not recomputed: its ``6·B·s·h·V`` is in both). Korthikanti et al. 2022's selective
+recomputation recomputes attention's core only: one more forward of ``QKᵀ`` and ``AV``, ``4·L·s·h`` more
+per token. (Their eq. 8 writes ``72·B·s·L·h²·(1 + s/(3h) + V/(12hL))``, three times that, and their Table 5's
+hardware FLOPs utilisation follows eq. 8; their model FLOPs, eq. 7 = the 72 form above, are what
+:func:`compute_flops` with ``recompute="none"`` reproduces: tests/test_costmodel_time.py.) Both papers count
+the whole ``s×s`` score matrix (no causal halving); so does this module.
+
+    >>> gpt3 = ModelConfig.gpt3_175b()
+    >>> flops = compute_flops(gpt3, tokens=2048, recompute="none")      # one sequence
+    >>> round(flops.total / 1e15, 3), round(72 * 2048 * 96 * 12288**2 * (1 + 2048/(6*12288)
+    ...                                      + 50257/(12*12288*96)) / 1e15, 3)
+    (2.205, 2.204)
+
+(the 0.02% between them: ``P`` here counts the biases, LayerNorms and positions, which the paper's
+``12Lh² + Vh`` leaves out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..parallel.pipeline.planning import bubble_formula
+from .config import RECOMPUTE, Hardware, Layout, ModelConfig
+
+__all__ = ["Flops", "ComputeTime", "num_params", "compute_flops", "compute_time", "bubble_fraction"]
+
+
+def num_params(config: ModelConfig) -> int:
+    """``P = h(v + s) + L(12h² + 13h) + 2h`` (``10h`` per layer without the qkv bias), ``+ vh`` untied.
+
+    A stand-in for :mod:`coursekit.costmodel.params` (the memory half), replaced by it on merge.
+
+        >>> num_params(ModelConfig.gpt2_small()), num_params(ModelConfig.course())
+        (124439808, 104832)
+    """
+    h = config.hidden
+    per_layer = 12 * h * h + (13 if config.qkv_bias else 10) * h
+    head = 0 if config.tied else config.vocab * h
+    return h * (config.vocab + config.seq_len) + config.layers * per_layer + 2 * h + head
+
+
+@dataclass(frozen=True)
+class Flops:
+    """One step's FLOPs: the parameters' matmuls (``dense``), attention's ``s×s`` products, the recomputation."""
+
+    dense: float
+    attention: float
+    recompute: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.dense + self.attention + self.recompute
+
+
+def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -> Flops:
+    """FLOPs of forward + backward over ``tokens`` tokens (sequences of ``config.seq_len``).
+
+    ``dense = 6·P·tokens``, ``attention = 12·L·s·h·tokens``; recomputation adds one forward: ``"full"`` of
+    every layer (``2·P_layers·tokens + 4·L·s·h·tokens``, Narayanan et al. 2021's 96 in place of 72),
+    ``"selective"`` of attention's core (``4·L·s·h·tokens``, Korthikanti et al. 2022).
+
+        >>> compute_flops(ModelConfig.course(), tokens=64).dense == 6 * 104_832 * 64
+        True
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {RECOMPUTE} (got {recompute!r}).")
+    h, L, s = config.hidden, config.layers, config.seq_len
+    attention_forward = 4 * L * s * h * tokens
+    layers = L * (12 * h * h + (13 if config.qkv_bias else 10) * h)
+    extra = {"none": 0.0, "selective": attention_forward, "full": 2 * layers * tokens + attention_forward}[recompute]
+    return Flops(6 * num_params(config) * tokens, 3 * attention_forward, extra)
+
+
+def bubble_fraction(layout: Layout) -> float:
+    """The share of a pipelined step that a rank idles: chapter 04's
+    :func:`coursekit.parallel.pipeline.bubble_formula` for the layout's schedule (0 without pipelining).
+
+        >>> bubble_fraction(Layout(pp=4, micro_batches=8))            # (p − 1)/(m + p − 1)
+        0.2727272727272727
+    """
+    if layout.pp == 1:
+        return 0.0
+    return float(bubble_formula(layout.schedule, layout.pp, layout.micro_batches, layout.chunks))
+
+
+@dataclass(frozen=True)
+class ComputeTime:
+    """Seconds of one step on one GPU: its share of the FLOPs at the reached speed, and the pipeline's bubble."""
+
+    compute: float
+    bubble: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble
+
+
+def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
+                 efficiency: float | None = None) -> ComputeTime:
+    """``compute = compute_flops(global_batch·s).total / gpus / (flops · efficiency)``; the bubble on top.
+
+    Every GPU does ``1/gpus`` of the work (dp splits the batch, tp the matrices, pp the layers, sp the
+    tokens); ``efficiency`` (default ``hardware.efficiency``) is the share of peak the matmuls reach. The
+    bubble is idle time: if a rank idles a fraction ``f`` of the step (:func:`bubble_fraction`), the step is
+    ``compute/(1 − f)``, so ``bubble = compute·f/(1 − f)`` -- ``compute·(p − 1)/m`` for GPipe and 1F1B,
+    Narayanan et al. 2021's bubble time fraction.
+
+        >>> t = compute_time(ModelConfig.gpt3_175b(), Layout(dp=1, tp=8, pp=8, micro_batches=8), Hardware(), 8)
+        >>> round(t.bubble / t.compute, 4)                            # (p − 1)/m = 7/8
+        0.875
+    """
+    reached = hardware.flops * (hardware.efficiency if efficiency is None else efficiency)
+    flops = compute_flops(config, global_batch * config.seq_len, layout.recompute).total
+    compute = flops / layout.gpus / reached
+    f = bubble_fraction(layout)
+    return ComputeTime(compute, compute * f / (1 - f))

@@ -1,0 +1,77 @@
+"""The time of one training step for a layout: compute, the pipeline's bubble, and the communication left exposed.
+
+:func:`step_time` puts together :func:`coursekit.costmodel.compute_time` (FLOPs at the reached speed, the
+bubble) and :func:`coursekit.costmodel.communication_time` (chapter 01's network model on each axis's link).
+What overlaps what is an assumption, so each is a named argument: the share of an axis's communication
+hidden behind compute (``dp_overlap`` and the others, 0 = none hidden, 1 = all of it). The defaults hide
+nothing: tensor and sequence parallelism's collectives sit on the critical path of every layer, and a
+pipeline's sends wait on the stage before; data parallelism's all-reduce *can* run during backward
+(PyTorch DDP's buckets, chapter 02), so ``dp_overlap`` is the one a learner will usually raise.
+
+    >>> gpt2, a100 = ModelConfig.gpt2_small(), Hardware()
+    >>> t = step_time(gpt2, Layout(dp=8), a100, global_batch=64)
+    >>> round(t.compute * 1e3, 1), round(t.exposed_communication * 1e3, 2), t.bubble
+    (45.2, 1.52, 0.0)
+    >>> round((6 * 124_439_808 + 12 * 12 * 1024 * 768) * 64 * 1024 / 8 / (312e12 * 0.5) * 1e3, 1)
+    45.2
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .comm import PerAxis, communication_time
+from .compute import compute_time
+from .config import Hardware, Layout, ModelConfig
+
+__all__ = ["TrainingStepTime", "step_time"]
+
+
+@dataclass(frozen=True)
+class TrainingStepTime:
+    """Seconds of one step: ``compute + bubble + exposed_communication`` = ``total``; ``communication`` is every
+    axis's time before overlap (:class:`coursekit.costmodel.comm.PerAxis`), ``exposed`` what is left of it."""
+
+    compute: float
+    bubble: float
+    communication: PerAxis
+    exposed: PerAxis
+
+    @property
+    def exposed_communication(self) -> float:
+        return self.exposed.total
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.exposed.total
+
+
+def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
+              dp_overlap: float = 0.0, tp_overlap: float = 0.0, pp_overlap: float = 0.0, sp_overlap: float = 0.0,
+              efficiency: float | None = None, bytes_per_element: int = 2, **assumptions) -> TrainingStepTime:
+    """One step of ``global_batch`` sequences on ``layout``: the time half of "step time and memory for a layout".
+
+    ``global_batch`` sequences of ``config.seq_len`` tokens are cut into ``dp`` slices of
+    ``layout.micro_batches`` micro-batches each (it must divide); ``efficiency``: :func:`compute_time`'s
+    (default ``hardware.efficiency``); ``bytes_per_element``: gradients and activations on the wire (16-bit);
+    ``assumptions``: :func:`coursekit.costmodel.step_collectives`' (``attention="ring"`` or ``"ulysses"``
+    along ``sp``, ``gather_logits``, ``vocab_parallel_loss``). ``*_overlap``: the share of that axis's
+    communication hidden behind compute, 0 to 1.
+    """
+    overlaps = {"dp": dp_overlap, "tp": tp_overlap, "pp": pp_overlap, "sp": sp_overlap}
+    for axis, share in overlaps.items():
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"{axis}_overlap is the share of {axis}'s communication hidden behind compute: "
+                             f"between 0 and 1 (got {share}).")
+    if "seq_len" in assumptions:
+        raise TypeError("step_time's sequences are config.seq_len tokens long (its FLOPs and its traffic): pass a "
+                        "ModelConfig with that seq_len instead of seq_len=.")
+    per_rank = layout.dp * layout.micro_batches
+    if global_batch % per_rank:
+        raise ValueError(f"global_batch {global_batch} does not split into dp = {layout.dp} slices of "
+                         f"{layout.micro_batches} micro-batches: use a multiple of {per_rank}.")
+    compute = compute_time(config, layout, hardware, global_batch, efficiency)
+    communication = communication_time(config, layout, hardware, global_batch // per_rank, bytes_per_element,
+                                       **assumptions)
+    exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share) for axis, share in overlaps.items()})
+    return TrainingStepTime(compute.compute, compute.bubble, communication, exposed)
