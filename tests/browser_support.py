@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import os
@@ -56,6 +57,44 @@ LAB_SETTINGS = {
     "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
     "@jupyterlab/extensionmanager-extension/plugin": {"enabled": False},
 }
+
+def cells_widgets_need(notebook: dict) -> list[int]:
+    """Indices (among all cells) of the code cells a chapter's widgets need: every cell whose committed outputs
+    show a widget, the ``parameters`` cell, the first (imports, ``%matplotlib``), and -- read statically from
+    the sources -- every earlier cell that defines a name one of those uses, and so on back.
+
+    The browser suite runs only these (papermill runs every cell, nbval checks the committed outputs): what
+    only a browser can see is a widget that does not render or a figure that does not redraw, and the
+    training runs between the widgets cost minutes of a two-core machine without showing either. A missed
+    dependency is loud, not silent: the cell that needs it fails with a ``NameError`` on the page.
+    """
+    def names(source: str) -> tuple[set[str], set[str]]:
+        tree = ast.parse("\n".join(line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))))
+        defined, used = set(), set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                (defined if isinstance(node.ctx, ast.Store) else used).add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+        return defined, used
+
+    code = [(i, c) for i, c in enumerate(notebook["cells"]) if c["cell_type"] == "code"]
+    source = {i: "".join(c["source"]) for i, c in code}
+    read = {i: names(source[i]) for i, _ in code}
+    need = {code[0][0]} | {i for i, c in code if "parameters" in c.get("metadata", {}).get("tags", [])
+                           or source[i].lstrip().startswith("%")
+                           or any(WIDGET_VIEW in o.get("data", {}) for o in c.get("outputs", []))}
+    todo = sorted(need)
+    while todo:
+        cell = todo.pop()
+        for j, _ in code:
+            if j < cell and j not in need and read[j][0] & read[cell][1]:
+                need.add(j)
+                todo.append(j)
+    return sorted(need)
+
 
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -375,6 +414,16 @@ class NotebookPage:
         self.js("(async () => { const p = window.__ck.panel(path); await p.context.ready;"
                 " await p.sessionContext.ready; })()")
         self.wait_idle(timeout)
+
+    def keep_only(self, indices: list[int]) -> None:
+        """Delete every other cell from the open notebook (in the page only: nothing is saved)."""
+        removed = self.js("""(() => {
+            const model = window.__ck.panel(path).content.model.sharedModel, keep = new Set(args[0]);
+            let removed = 0;
+            for (let i = model.cells.length - 1; i >= 0; i--)
+                if (!keep.has(i)) { model.deleteCell(i); removed++; }
+            return removed; })()""", indices)
+        assert removed >= 0, f"{self.path}: could not trim the notebook"
 
     def inject_parameters(self, parameters: dict) -> None:
         """What papermill does: a cell after the one tagged ``parameters`` that

@@ -3,11 +3,15 @@
 Widgets that execute fine under papermill can still show "Error displaying
 widget" in the browser (front end missing or mismatched), and a figure can fail
 to redraw when a slider moves. Only a real browser sees that, so for every
-notebook in notebooks/ this suite opens it in JupyterLab, runs all cells (with
+notebook in notebooks/ this suite opens it in JupyterLab, keeps (in the page only)
+the cells its widgets need -- the widget cells and, read from the sources, every
+cell they depend on (`browser_support.cells_widgets_need`) -- and runs them, with
 the notebook's CI parameters injected after its `parameters` cell, as papermill
-does in tests/test_notebooks.py), checks
-that no cell shows an error and every widget rendered, moves every slider (and
-presses every Play button) and checks that the figure next to it was redrawn.
+does in tests/test_notebooks.py; checks that no cell shows an error and every
+widget rendered, moves every slider (and presses every Play button) and checks
+that the figure next to it was redrawn. Every cell of every notebook runs under
+papermill (tests/test_notebooks*.py); the training runs between the widgets
+would cost minutes here and show the browser nothing new.
 When a test fails, a full-page screenshot of each notebook it opened lands in test-artifacts/browser/
 (with ``COURSEKIT_SCREENSHOTS=1``, whatever the outcome: each costs seconds of a busy machine).
 
@@ -32,8 +36,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from browser_support import (WIDGET_MANAGER, LabPage, LabServer, NotebookPage, clean_env, free_port,
-                             launch_chromium, stop_process_tree)
+from browser_support import (WIDGET_MANAGER, LabPage, LabServer, NotebookPage, cells_widgets_need, clean_env,
+                             free_port, launch_chromium, stop_process_tree)
 
 pytestmark = pytest.mark.browser
 
@@ -100,8 +104,9 @@ def open_notebook(lab, browser, lab_page, request):
 
 
 def check_learner_view(notebook: NotebookPage) -> None:
-    """Run all cells; nothing broken on the page; every slider and Play button redraws."""
+    """Run the cells the widgets need; nothing broken on the page; every slider and Play button redraws."""
     on_disk = json.loads((ROOT / notebook.path).read_text())
+    notebook.keep_only(cells_widgets_need(on_disk))
     notebook.inject_parameters(on_disk["metadata"].get("coursekit", {}).get("ci_parameters", {}))
     start = time.monotonic()
     notebook.run_all()
