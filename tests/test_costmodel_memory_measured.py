@@ -1,4 +1,4 @@
-"""The cost model's model states against what chapter 02's strategies hold, measured (issue 27, section 2).
+"""The cost model against what the chapters measure (issue 27, section 2): model states (chapter 02), activations (04).
 
 The course transformer (104,832 parameters, fp32 Adam) trained one step by plain data parallelism and
 ZeRO-1/2/3 on 2 and 3 ranks, one gradient bucket (so a rank's shard is Ψ/N, which divides). Measured by
@@ -13,7 +13,8 @@ gradients ("zero3 on 2 ranks, rank 0: peak params + grads 1257984 != 838656").
 import pytest
 
 import coursekit
-from coursekit.costmodel import ModelConfig, model_state_bytes, num_params
+from coursekit.costmodel import (ModelConfig, activation_bytes_per_layer, logits_bytes, model_state_bytes, num_params,
+                                 pipeline_activation_bytes)
 from coursekit.models import tiny_transformer
 from coursekit.train import train
 
@@ -60,3 +61,45 @@ def test_predicted_model_states_equal_what_chapter_02_holds(world_size):
                 assert peak["grads"] - predicted.grads == 4 * PSI, f"{where}: the one bucket before reduce-scatter"
             else:
                 assert (peak["params"], peak["grads"]) == (predicted.params, predicted.grads), where
+
+
+def _pipeline(rank, world_size):
+    keys = ("peak_in_flight", "peak_activation_bytes", "activation_bytes")
+    return [{k: run[k] for k in keys} for run in
+            (train(rank, world_size, "pipeline", model="transformer", micro_batches=2, schedule=schedule, steps=1,
+                   global_batch=8, record=False) for schedule in ("1f1b", "gpipe"))]
+
+
+def test_predicted_activations_equal_what_chapter_04_holds():
+    """Chapter 04's executor measures what autograd saves per (stage, micro-batch) (weak references, each storage
+    once, the parameters and the input batch excluded). The course transformer on 2 stages (embedding + block 0 |
+    block 1 + ln_f + head + loss), micro-batches of b = 4 sequences of s = 31 tokens, h = 64, a = 4, v = 16, fp32.
+
+    The model: Table 2 at 4 bytes without dropout masks (the course model has no dropout), *selective* -- no
+    a·s²·b scores, because PyTorch's CPU scaled_dot_product_attention is flash-style: it keeps the output and
+    the log-sum-exp and recomputes the softmax in backward, as selective recomputation does (counting the scores,
+    "none", overestimates by 8·a·s²·b = 123,008 bytes, 24%). On the last stage the output layer's inputs and the
+    logits (:func:`logits_bytes`). Within 2% of what is measured; the rest, exactly, is what Korthikanti et al.
+    leave out: LayerNorm's mean and 1/std (2 floats a token a norm), the log-sum-exp (1 float a token a head),
+    the position ids (int64) on the first stage, the targets (int64) and NLL's total weight on the last.
+    """
+    s, b, h, a, v = 31, 4, 64, 4, 16
+    tokens = s * b
+    block = activation_bytes_per_layer(s, b, h, a, recompute="selective", bytes_per_element=4, dropout=False).total
+    assert block == 16 * 4 * tokens * h == 507_904, f"{block}: Table 2's 16 elements of s·b·h, 4 bytes each"
+    with_scores = activation_bytes_per_layer(s, b, h, a, bytes_per_element=4, dropout=False).total
+    assert with_scores - block == 8 * a * s * s * b == 123_008
+    per_block_extra = 2 * (2 * tokens * 4) + a * tokens * 4           # two LayerNorms' stats, the log-sum-exp
+    model = [block, block + logits_bytes(s, b, h, v, bytes_per_element=4, logits_bytes_per_element=4).total]
+    extra = [per_block_extra + 8 * s, per_block_extra + 2 * tokens * 4 + 8 * tokens + 4]   # ln_f's stats, targets
+    results = coursekit.launch(_pipeline, 2, timeout=240)
+    for schedule_index, schedule in enumerate(("1f1b", "gpipe")):
+        for rank in range(2):
+            run = results[rank][schedule_index]
+            for (stage, micro_batch), measured in run["activation_bytes"].items():
+                where = f"{schedule}, stage {stage}, micro-batch {micro_batch}"
+                assert measured == pytest.approx(model[stage], rel=0.02), f"{where}: {measured} vs model {model[stage]}"
+                assert measured - model[stage] == extra[stage], f"{where}: {measured} - {model[stage]} != {extra[stage]}"
+            held = pipeline_activation_bytes(model[rank] + extra[rank], 2, pp=2, micro_batches=2, schedule=schedule,
+                                             rank=rank)
+            assert run["peak_activation_bytes"] == held.total, f"{schedule}, rank {rank}: {held.in_flight} in flight"
