@@ -1,4 +1,4 @@
-"""The cost model against what the chapters measure (issue 27, section 2): model states (chapter 02), activations (04).
+"""The cost model against what the chapters measure (issue 27, section 2): model states (02-05), activations (04).
 
 The course transformer (104,832 parameters, fp32 Adam) trained one step by plain data parallelism and
 ZeRO-1/2/3 on 2 and 3 ranks, one gradient bucket (so a rank's shard is Ψ/N, which divides). Measured by
@@ -14,7 +14,7 @@ import pytest
 
 import coursekit
 from coursekit.costmodel import (ModelConfig, activation_bytes_per_layer, logits_bytes, model_state_bytes, num_params,
-                                 pipeline_activation_bytes)
+                                 params_per_rank, pipeline_activation_bytes)
 from coursekit.models import tiny_transformer
 from coursekit.train import train
 
@@ -103,3 +103,33 @@ def test_predicted_activations_equal_what_chapter_04_holds():
             held = pipeline_activation_bytes(model[rank] + extra[rank], 2, pp=2, micro_batches=2, schedule=schedule,
                                              rank=rank)
             assert run["peak_activation_bytes"] == held.total, f"{schedule}, rank {rank}: {held.in_flight} in flight"
+
+
+def _model_states(rank, world_size):
+    return [train(rank, world_size, s, model="transformer", steps=1, global_batch=4, record=False)["memory"]
+            for s in ("model", "pipeline", "tensor")]
+
+
+def test_params_per_rank_equal_what_chapters_03_to_05_hold():
+    """After one fp32 Adam step on 2 ranks: 4 bytes a parameter and a gradient, 8 + Adam's step counters, where
+    the parameters are :func:`params_per_rank` of the rank -- exactly.
+
+    * chapters 03 (``"model"``) and 04 (``"pipeline"``), pp = 2: stage 0 the embedding (16·64), the positions
+      (64·64) and block 0 (49,792) = 54,912 parameters in 2 + 11 tensors; stage 1 block 1, ln_f (128) and
+      the tied head's *copy* (1,024) = 50,944 in 11 + 2 + 1 tensors.
+    * chapter 05 (``"tensor"``), tp = 2: the vocabulary-parallel embedding 512, the positions 4,096
+      (replicated), each block (12·64² + 4·64)/2 split + 6·64 replicated = 25,088, ln_f 128: 54,912 in all
+      26 tensors (every tensor is split or replicated, none is dropped).
+    """
+    course = ModelConfig.course()
+    stages = [params_per_rank(course, pp=2, stage=r).total for r in (0, 1)]
+    assert stages == [54_912, 50_944]
+    tensor = params_per_rank(course, tp=2).total
+    assert tensor == 512 + 4096 + 2 * 25_088 + 128
+    tensors = {"model": [13, 14], "pipeline": [13, 14], "tensor": [26, 26]}
+    results = coursekit.launch(_model_states, 2, timeout=240)
+    for rank in range(2):
+        for strategy, held in zip(("model", "pipeline", "tensor"), results[rank]):
+            n = tensor if strategy == "tensor" else stages[rank]
+            expected = {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n + 4 * tensors[strategy][rank]}
+            assert held == expected, f"{strategy}, rank {rank}: held {held}, params_per_rank predicts {expected}"
