@@ -260,7 +260,7 @@ def test_pipeline_in_flight_micro_batches_per_schedule():
     chunked = pipeline_activation_bytes(10, 16, pp=4, micro_batches=8, schedule="interleaved", chunks=2)
     assert (chunked.layers, chunked.in_flight) == (2, 4 + 6 + 1)
     assert chunked.total == 10 * 16 * (1 + 3 / 8) == 220, "L(1 + (p−1)/(pv)) layers' worth"
-    assert pipeline_activation_bytes(1, 10, pp=4, micro_batches=4).layers == 3, "uneven stages round up"
+    assert [pipeline_activation_bytes(1, 10, pp=4, micro_batches=4, rank=r).layers for r in range(4)] == [3, 3, 2, 2]
 
 
 # ----------------------------------------------------------------------------------------------- a layout's GPU

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ..memory import PRECISIONS as CHAPTER02_PRECISIONS
 from ..parallel.pipeline.planning import peak_activations_formula
 from .config import RECOMPUTE, Layout, ModelConfig
-from .params import layer_params, params_per_rank
+from .params import layer_params, params_per_rank, stage_layers
 
 __all__ = ["PRECISIONS", "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes_per_layer",
            "LogitsBytes", "logits_bytes", "PipelineActivations", "pipeline_activation_bytes", "GPUMemory",
@@ -210,8 +210,9 @@ def pipeline_activation_bytes(per_layer: float, layers: int, pp: int = 1, micro_
     :func:`~coursekit.parallel.pipeline.peak_activations_formula`: GPipe m; 1F1B min(p − r, m), so rank 0
     holds p micro-batches of L/p layers, L layers' worth whatever p (Narayanan et al. 2021); ZB-H1 the
     same (Qi et al. 2023: its deferred weight gradients keep only the layers' inputs); interleaved with v
-    chunks of L/(pv) layers, (v − 1)·p + 2(p − 1 − r) + 1 chunks on rank 0, L(1 + (p − 1)/(pv)) layers'
-    worth, the factor of Korthikanti et al. 2022, section 4.2.3. Layers per stage (per chunk) round up.
+    chunks of L/(pv) layers, (v − 1)·p + 2(p − 1 − r) + 1 chunks on rank r (m a multiple of p): on rank
+    0 L(1 + (p − 1)/(pv)) layers' worth, the factor of Korthikanti et al. 2022, section 4.2.3. Layers on a stage as
+    :func:`~.params.stage_layers` (the first L mod p stages one more); per chunk, rounded up.
 
         >>> pipeline_activation_bytes(1.0, 96, pp=8, micro_batches=64, schedule="1f1b").total       # L layers
         96.0
@@ -223,7 +224,7 @@ def pipeline_activation_bytes(per_layer: float, layers: int, pp: int = 1, micro_
     v = chunks if schedule == "interleaved" else 1
     if layers < pp * v:
         raise ValueError(f"{layers} layers cannot fill {pp} stages × {v} chunks: each chunk needs at least one layer.")
-    held = -(-layers // (pp * v))
+    held = stage_layers(layers, pp, rank) if v == 1 else -(-layers // (pp * v))
     return PipelineActivations(per_layer, held, peak_activations_formula(schedule, pp, micro_batches, rank, v))
 
 
