@@ -1,16 +1,21 @@
-"""The cost model against what the chapters measure (issue 27, section 2): model states (02-05), activations (04).
+"""The cost model against what is measured (issue 27, section 2): model states, chapters 02-05; activations, 04-05.
 
-The course transformer (104,832 parameters, fp32 Adam) trained one step by plain data parallelism and
-ZeRO-1/2/3 on 2 and 3 ranks, one gradient bucket (so a rank's shard is Ψ/N, which divides). Measured by
-``coursekit.memory.PeakMemory`` inside ``coursekit.train.train`` (storage actually allocated).
+Model states: the course transformer (104,832 parameters, fp32 Adam) trained one step, measured by
+``coursekit.memory.PeakMemory`` inside ``coursekit.train.train`` (storage actually allocated). Activations:
+what autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``, each storage once): chapter
+04's executor records it per (stage, micro-batch); for chapter 05's block and Korthikanti et al.'s own layer
+(built here) the tests count it.
 
 Seen failing (planted in coursekit.costmodel.memory, reverted): fp32's optimizer state 8 -> 12 bytes
 ("naive on 2 ranks, rank 0: optimizer 838760 != 1257984 + Adam's step counters 104"); ZeRO-2 not dividing
 the gradients ("zero2 on 2 ranks, rank 0: grads 209664 != 419328"); ZeRO-3's live layer without its
-gradients ("zero3 on 2 ranks, rank 0: peak params + grads 1257984 != 838656").
+gradients ("zero3 on 2 ranks, rank 0: peak params + grads 1257984 != 838656"); tensor parallelism
+splitting the norms' and first matmuls' inputs too ("tp = 2, rank 0: saved 320416, model 253952").
 """
 
 import pytest
+import torch
+import torch.nn.functional as F
 
 import coursekit
 from coursekit.costmodel import (ModelConfig, activation_bytes_per_layer, logits_bytes, model_state_bytes, num_params,
@@ -86,9 +91,6 @@ def test_predicted_activations_equal_what_chapter_04_holds():
     s, b, h, a, v = 31, 4, 64, 4, 16
     tokens = s * b
     block = activation_bytes_per_layer(s, b, h, a, recompute="selective", bytes_per_element=4, dropout=False).total
-    assert block == 16 * 4 * tokens * h == 507_904, f"{block}: Table 2's 16 elements of s·b·h, 4 bytes each"
-    with_scores = activation_bytes_per_layer(s, b, h, a, bytes_per_element=4, dropout=False).total
-    assert with_scores - block == 8 * a * s * s * b == 123_008
     per_block_extra = 2 * (2 * tokens * 4) + a * tokens * 4           # two LayerNorms' stats, the log-sum-exp
     model = [block, block + logits_bytes(s, b, h, v, bytes_per_element=4, logits_bytes_per_element=4).total]
     extra = [per_block_extra + 8 * s, per_block_extra + 2 * tokens * 4 + 8 * tokens + 4]   # ln_f's stats, targets
@@ -103,6 +105,9 @@ def test_predicted_activations_equal_what_chapter_04_holds():
             held = pipeline_activation_bytes(model[rank] + extra[rank], 2, pp=2, micro_batches=2, schedule=schedule,
                                              rank=rank)
             assert run["peak_activation_bytes"] == held.total, f"{schedule}, rank {rank}: {held.in_flight} in flight"
+    assert block == 16 * 4 * tokens * h == 507_904, f"{block}: Table 2's 16 elements of s·b·h, 4 bytes each"
+    with_scores = activation_bytes_per_layer(s, b, h, a, bytes_per_element=4, dropout=False).total
+    assert with_scores - block == 8 * a * s * s * b == 123_008
 
 
 def _model_states(rank, world_size):
@@ -133,3 +138,79 @@ def test_params_per_rank_equal_what_chapters_03_to_05_hold():
             n = tensor if strategy == "tensor" else stages[rank]
             expected = {"params": 4 * n, "grads": 4 * n, "optimizer": 8 * n + 4 * tensors[strategy][rank]}
             assert held == expected, f"{strategy}, rank {rank}: held {held}, params_per_rank predicts {expected}"
+
+
+class KorthikantiLayer(torch.nn.Module):
+    """The layer Table 2 counts: pre-norm GPT block, explicit softmax attention (no flash), dropout in three places."""
+
+    def __init__(self, h, a, p=0.1):
+        super().__init__()
+        self.a, self.p = a, p
+        self.ln1, self.qkv, self.proj = torch.nn.LayerNorm(h), torch.nn.Linear(h, 3 * h), torch.nn.Linear(h, h)
+        self.ln2, self.fc, self.out = torch.nn.LayerNorm(h), torch.nn.Linear(h, 4 * h), torch.nn.Linear(4 * h, h)
+
+    def forward(self, x):
+        b, s, h = x.shape
+        q, k, v = (t.reshape(b, s, self.a, -1).transpose(1, 2) for t in self.qkv(self.ln1(x)).split(h, dim=-1))
+        probs = F.dropout((q @ k.transpose(-1, -2) * (h // self.a) ** -0.5).softmax(-1), self.p, True)
+        x = x + F.dropout(self.proj((probs @ v).transpose(1, 2).reshape(b, s, h)), self.p, True)
+        return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)))), self.p, True)
+
+
+def _saved_bytes(module, x, exclude=None):
+    """Bytes of the storages autograd saves for backward during ``module(x)``, each once, parameters excluded."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()} if exclude is None else exclude
+    saved = {}
+
+    def pack(t):
+        if t.untyped_storage().data_ptr() not in params:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_table_2_counted_in_autograd(dtype):
+    """Table 2's sbh(34 + 5as/h) is what PyTorch's autograd saves for the paper's layer -- up to two named terms.
+
+    Counted through saved_tensors_hooks (s = 32, b = 2, h = 64, a = 4; CPU): the formula at 2 (bf16) or 4 (fp32)
+    bytes an element, plus (1) the three dropout masks (2sbh + as²b elements), which PyTorch's CPU kernel stores
+    at the activation's dtype, e bytes, where the paper counts 1 byte (CUDA's kernel keeps a bool mask; no GPU
+    here to see it), and (2) the two LayerNorms' mean and 1/std, 4·s·b values, which the paper leaves out.
+    """
+    s, b, h, a = 32, 2, 64, 4
+    e = torch.finfo(dtype).bits // 8
+    torch.manual_seed(0)
+    measured = _saved_bytes(KorthikantiLayer(h, a).to(dtype), torch.randn(b, s, h, dtype=dtype, requires_grad=True))
+    formula = activation_bytes_per_layer(s, b, h, a, bytes_per_element=e).total
+    masks, norm_stats = (e - 1) * (2 * s * b * h + a * s * s * b), 4 * s * b * e
+    assert measured == formula + masks + norm_stats, f"{dtype}: autograd saved {measured}, Table 2 {formula}"
+    if dtype == torch.bfloat16:
+        assert formula == 34 * s * b * h + 5 * a * s * s * b
+
+
+def _tp_block_saved_bytes(rank, world_size):
+    from coursekit.parallel.tensor import parallelize_transformer
+    model = parallelize_transformer(tiny_transformer())
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return _saved_bytes(model.blocks[0], torch.randn(4, 31, 64, requires_grad=True), exclude=params)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_tensor_parallel_activations_equal_chapter_05s_layers(tp):
+    """Chapter 05's block (column-parallel qkv and fc, row-parallel proj and out, replicated norms) on tp ranks:
+    what autograd saves on each rank = Table 2's tensor-parallel row, sbh(10 + 24/t), at 4 bytes without masks
+    and scores (no dropout; flash-style CPU attention, as for chapter 04): 4 elements whole (both norms' inputs,
+    the qkv and fc inputs) and 12/t split (Q, K, V, the proj input, the GeLU input, the out input) -- plus the
+    norms' mean and 1/std (4·s·b floats) and the log-sum-exp of this rank's a/t heads, exactly.
+    """
+    s, b, h, a = 31, 4, 64, 4
+    sbh = s * b * h
+    model = activation_bytes_per_layer(s, b, h, a, tp=tp, recompute="selective", bytes_per_element=4, dropout=False)
+    extra = 4 * s * b * 4 + (a // tp) * s * b * 4
+    for rank, measured in enumerate(coursekit.launch(_tp_block_saved_bytes, tp, timeout=240)):
+        assert measured == model.total + extra, f"tp = {tp}, rank {rank}: saved {measured}, model {model.total}"
+    assert model.total == sbh * 4 * (4 + 12 / tp)
