@@ -10,7 +10,8 @@ Seen failing (planted in coursekit.costmodel.memory, reverted): fp32's optimizer
 ("naive on 2 ranks, rank 0: optimizer 838760 != 1257984 + Adam's step counters 104"); ZeRO-2 not dividing
 the gradients ("zero2 on 2 ranks, rank 0: grads 209664 != 419328"); ZeRO-3's live layer without its
 gradients ("zero3 on 2 ranks, rank 0: peak params + grads 1257984 != 838656"); tensor parallelism
-splitting the norms' and first matmuls' inputs too ("tp = 2, rank 0: saved 320416, model 253952").
+splitting the norms' and first matmuls' inputs too ("tp = 2, sp False, rank 0: saved 330752, model 262144");
+sequence parallelism not splitting them ("tp = 2, sp True, rank 0: saved 264192, model 327680").
 """
 
 import pytest
@@ -18,9 +19,12 @@ import torch
 import torch.nn.functional as F
 
 import coursekit
+from coursekit import comm
 from coursekit.costmodel import (ModelConfig, activation_bytes_per_layer, logits_bytes, model_state_bytes, num_params,
                                  params_per_rank, pipeline_activation_bytes)
 from coursekit.models import tiny_transformer
+from coursekit.parallel.sequence import SequenceTensorParallelBlock, megatron_sp_saved_bytes, saved_bytes, shard_sequence
+from coursekit.parallel.tensor import parallelize_transformer
 from coursekit.train import train
 
 STRATEGIES = ("naive", "zero1", "zero2", "zero3")
@@ -157,26 +161,11 @@ class KorthikantiLayer(torch.nn.Module):
         return x + F.dropout(self.out(F.gelu(self.fc(self.ln2(x)))), self.p, True)
 
 
-def _saved_bytes(module, x, exclude=None):
-    """Bytes of the storages autograd saves for backward during ``module(x)``, each once, parameters excluded."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()} if exclude is None else exclude
-    saved = {}
-
-    def pack(t):
-        if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(x)
-    return sum(saved.values())
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_table_2_counted_in_autograd(dtype):
     """Table 2's sbh(34 + 5as/h) is what PyTorch's autograd saves for the paper's layer -- up to two named terms.
 
-    Counted through saved_tensors_hooks (s = 32, b = 2, h = 64, a = 4; CPU): the formula at 2 (bf16) or 4 (fp32)
+    Counted by chapter 06's saved_bytes (s = 32, b = 2, h = 64, a = 4; CPU): the formula at 2 (bf16) or 4 (fp32)
     bytes an element, plus (1) the three dropout masks (2sbh + as²b elements), which PyTorch's CPU kernel stores
     at the activation's dtype, e bytes, where the paper counts 1 byte (CUDA's kernel keeps a bool mask; no GPU
     here to see it), and (2) the two LayerNorms' mean and 1/std, 4·s·b values, which the paper leaves out.
@@ -184,7 +173,10 @@ def test_table_2_counted_in_autograd(dtype):
     s, b, h, a = 32, 2, 64, 4
     e = torch.finfo(dtype).bits // 8
     torch.manual_seed(0)
-    measured = _saved_bytes(KorthikantiLayer(h, a).to(dtype), torch.randn(b, s, h, dtype=dtype, requires_grad=True))
+    layer = KorthikantiLayer(h, a).to(dtype)
+    with saved_bytes(layer.parameters()) as meter:                  # chapter 06's meter
+        layer(torch.randn(b, s, h, dtype=dtype, requires_grad=True))
+    measured = meter.bytes
     formula = activation_bytes_per_layer(s, b, h, a, bytes_per_element=e).total
     masks, norm_stats = (e - 1) * (2 * s * b * h + a * s * s * b), 4 * s * b * e
     assert measured == formula + masks + norm_stats, f"{dtype}: autograd saved {measured}, Table 2 {formula}"
@@ -192,25 +184,42 @@ def test_table_2_counted_in_autograd(dtype):
         assert formula == 34 * s * b * h + 5 * a * s * s * b
 
 
-def _tp_block_saved_bytes(rank, world_size):
-    from coursekit.parallel.tensor import parallelize_transformer
-    model = parallelize_transformer(tiny_transformer())
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    return _saved_bytes(model.blocks[0], torch.randn(4, 31, 64, requires_grad=True), exclude=params)
+def _block_saved_bytes(rank, world_size, sequence_parallel, x):
+    """What chapter 05's (or 06's Megatron-style) block 0 saves on this rank for a forward of ``x``."""
+    if sequence_parallel:
+        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+        x = shard_sequence(x, 1, rank, world_size)
+    else:
+        block = parallelize_transformer(tiny_transformer(seed=0)).blocks[0]
+    with saved_bytes(block.parameters()) as meter:
+        block(x.clone().requires_grad_(), *([x.shape[1] * world_size] if sequence_parallel else []))
+    return meter.bytes
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp", "tp+sp"])
 @pytest.mark.parametrize("tp", [2, 4])
-def test_tensor_parallel_activations_equal_chapter_05s_layers(tp):
-    """Chapter 05's block (column-parallel qkv and fc, row-parallel proj and out, replicated norms) on tp ranks:
-    what autograd saves on each rank = Table 2's tensor-parallel row, sbh(10 + 24/t), at 4 bytes without masks
-    and scores (no dropout; flash-style CPU attention, as for chapter 04): 4 elements whole (both norms' inputs,
-    the qkv and fc inputs) and 12/t split (Q, K, V, the proj input, the GeLU input, the out input) -- plus the
-    norms' mean and 1/std (4·s·b floats) and the log-sum-exp of this rank's a/t heads, exactly.
+def test_tensor_parallel_activations_equal_chapters_05_and_06s_blocks(tp, sequence_parallel):
+    """Chapter 05's block (column-parallel qkv and fc, row-parallel proj and out, replicated norms) and chapter 06's
+    Megatron-style one (the norms' regions split by tokens) on tp ranks: what autograd saves per
+    rank = Table 2's rows sbh(10 + 24/t) and sbh(34/t), at 4 bytes without masks and scores (no dropout;
+    flash-style CPU attention, as for chapter 04) -- 4 elements of s·b·h whole (tp) or split (tp + sp: both norms'
+    inputs, the qkv and fc inputs), 12 split (Q, K, V, the proj input, the GeLU input, the out input) -- plus,
+    exactly, the norms' mean and 1/std (4 floats a token, a token of this rank's with sp) and the log-sum-exp of
+    this rank's a/t heads. The same as chapter 06's own count, megatron_sp_saved_bytes.
     """
-    s, b, h, a = 31, 4, 64, 4
+    s, b, h, a = 32, 4, 64, 4
     sbh = s * b * h
-    model = activation_bytes_per_layer(s, b, h, a, tp=tp, recompute="selective", bytes_per_element=4, dropout=False)
-    extra = 4 * s * b * 4 + (a // tp) * s * b * 4
-    for rank, measured in enumerate(coursekit.launch(_tp_block_saved_bytes, tp, timeout=240)):
-        assert measured == model.total + extra, f"tp = {tp}, rank {rank}: saved {measured}, model {model.total}"
-    assert model.total == sbh * 4 * (4 + 12 / tp)
+    model = activation_bytes_per_layer(s, b, h, a, tp=tp, sequence_parallel=sequence_parallel, recompute="selective",
+                                       bytes_per_element=4, dropout=False)
+    extra = (4 * s * b // (tp if sequence_parallel else 1) + (a // tp) * s * b) * 4
+    x = torch.randn(b, s, h, generator=torch.Generator().manual_seed(0))
+    if sequence_parallel:   # chapter 06's block runs on coursekit.comm: in this process's threads
+        held = comm.simulate(_block_saved_bytes, tp, sequence_parallel, x).results
+    else:                   # chapter 05's counted all-reduces are torch.distributed's: real ranks
+        held = coursekit.launch(_block_saved_bytes, tp, sequence_parallel, x, timeout=240)
+    for rank, measured in enumerate(held):
+        assert measured == model.total + extra, f"tp = {tp}, sp {sequence_parallel}, rank {rank}: saved {measured}, " \
+                                                f"model {model.total}"
+    assert model.total == sbh * 4 * ((4 / tp if sequence_parallel else 4) + 12 / tp)
+    if sequence_parallel:
+        assert model.total + extra == megatron_sp_saved_bytes(b, s, h, a, 4 * h, tp)
