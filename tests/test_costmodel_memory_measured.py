@@ -1,4 +1,4 @@
-"""The cost model against what is measured (issue 27, section 2): model states, chapters 02-05; activations, 04-05.
+"""The cost model against what is measured (issue 27, section 2): model states, chapters 02-05; activations, 04-06.
 
 Model states: the course transformer (104,832 parameters, fp32 Adam) trained one step, measured by
 ``coursekit.memory.PeakMemory`` inside ``coursekit.train.train`` (storage actually allocated). Activations:
@@ -11,7 +11,8 @@ Seen failing (planted in coursekit.costmodel.memory, reverted): fp32's optimizer
 the gradients ("zero2 on 2 ranks, rank 0: grads 209664 != 419328"); ZeRO-3's live layer without its
 gradients ("zero3 on 2 ranks, rank 0: peak params + grads 1257984 != 838656"); tensor parallelism
 splitting the norms' and first matmuls' inputs too ("tp = 2, sp False, rank 0: saved 330752, model 262144");
-sequence parallelism not splitting them ("tp = 2, sp True, rank 0: saved 264192, model 327680").
+sequence parallelism not splitting them ("tp = 2, sp True, rank 0: saved 264192, model 327680"); the output
+layer's inputs 3sbh ("ring, G = 1: [562432], model 573440 + 5376"); memory_per_gpu not dividing by sp.
 """
 
 import pytest
@@ -20,10 +21,11 @@ import torch.nn.functional as F
 
 import coursekit
 from coursekit import comm
-from coursekit.costmodel import (ModelConfig, activation_bytes_per_layer, logits_bytes, model_state_bytes, num_params,
-                                 params_per_rank, pipeline_activation_bytes)
+from coursekit.costmodel import (Layout, ModelConfig, activation_bytes_per_layer, logits_bytes, memory_per_gpu,
+                                 model_state_bytes, num_params, params_per_rank, pipeline_activation_bytes)
 from coursekit.models import tiny_transformer
-from coursekit.parallel.sequence import SequenceTensorParallelBlock, megatron_sp_saved_bytes, saved_bytes, shard_sequence
+from coursekit.parallel.sequence import (SequenceTensorParallelBlock, megatron_sp_saved_bytes, positions, ring_attention,
+                                        saved_bytes, sequence_forward, shard_sequence, ulysses_attention)
 from coursekit.parallel.tensor import parallelize_transformer
 from coursekit.train import train
 
@@ -223,3 +225,41 @@ def test_tensor_parallel_activations_equal_chapters_05_and_06s_blocks(tp, sequen
     assert model.total == sbh * 4 * ((4 / tp if sequence_parallel else 4) + 12 / tp)
     if sequence_parallel:
         assert model.total + extra == megatron_sp_saved_bytes(b, s, h, a, 4 * h, tp)
+
+
+def _sequence_saved_bytes(rank, world_size, attention, x):
+    seq = x.shape[1]
+    attend = {"ring": lambda q, k, v: ring_attention(q, k, v, True, "contiguous", seq),
+              "ulysses": lambda q, k, v: ulysses_attention(q, k, v, True, seq)}[attention]
+    model = tiny_transformer(seed=0)
+    with saved_bytes(model.parameters()) as meter:
+        sequence_forward(model, shard_sequence(x, 1, rank, world_size), positions(seq, rank, world_size), attend)
+    return meter.bytes
+
+
+@pytest.mark.parametrize("attention", ["ring", "ulysses"])
+def test_context_parallel_activations_divide_by_sp(attention):
+    """Chapter 06's ring attention and Ulysses on G = 1, 2, 4 ranks (the Layout's ``sp``): the whole course
+    transformer's forward on b = 2 sequences of s = 32 tokens (no loss: sequence_forward returns the logits).
+
+    The model: 2 layers of Table 2 (selective: the attention keeps q, k, v, o and the log-sum-exp, never the
+    s×s scores, 4 bytes, no masks) + the output layer's inputs, divided by G as memory_per_gpu divides by
+    ``layout.sp`` -- exactly, with the named extras: the norms' stats (4 floats a token a layer, 2 for ln_f),
+    the log-sum-exp (a floats a token a layer), the token and position ids (int64). Ulysses keeps the attention
+    output twice, head-split (its attention's) and sequence-split (proj's input after the all-to-all back): one
+    more s·b·h a layer.
+    """
+    s, b, h, a, layers = 32, 2, 64, 4, 2
+    tokens = s * b
+    layer = activation_bytes_per_layer(s, b, h, a, recompute="selective", bytes_per_element=4, dropout=False).total
+    model = layers * layer + logits_bytes(s, b, h, 16, bytes_per_element=4).inputs
+    extra = layers * (4 + a) * tokens * 4 + 2 * tokens * 4 + 8 * (tokens + s)
+    if attention == "ulysses":
+        extra += layers * tokens * h * 4
+    x = torch.randint(16, (b, s), generator=torch.Generator().manual_seed(0))
+    for g in (1, 2, 4):
+        held = comm.simulate(_sequence_saved_bytes, g, attention, x).results
+        assert held == [(model + extra) // g] * g, f"{attention}, G = {g}: {held}, model {model} + {extra}, / {g}"
+    course = ModelConfig.course(max_seq_len=s)
+    one, four = (memory_per_gpu(course, Layout(sp=g), b, "fp32", dropout=False).activations for g in (1, 4))
+    assert four == one / 4, f"memory_per_gpu at sp = 4: {four} activations, not 1/4 of {one}"
