@@ -1,6 +1,6 @@
 """Memory per GPU: model states (the ZeRO paper), activations (Korthikanti et al. 2022) and what a pipeline holds.
 
-Four terms, one function each, then :func:`memory_per_gpu` for a whole :class:`~.config.Layout`:
+Three terms, one function each, then :func:`memory_per_gpu` for a whole :class:`~.config.Layout`:
 
 * :func:`model_state_bytes` -- parameters, gradients and Adam's state per rank (Rajbhandari et al. 2020,
   section 3.1 and Figure 1), ZeRO stages 1-3 over ``dp``; chapter 02's :mod:`coursekit.memory` is the
@@ -10,6 +10,11 @@ Four terms, one function each, then :func:`memory_per_gpu` for a whole :class:`~
   :func:`logits_bytes` -- the output layer's inputs and the logits the loss keeps (their section 4.3).
 * :func:`pipeline_activation_bytes` -- per-layer activations × layers on a stage × micro-batches in flight
   on a rank, the last from chapter 04's :func:`~coursekit.parallel.pipeline.peak_activations_formula`.
+
+Each is checked against the published figures (the ZeRO paper's Figure 1, DeepSpeed's estimators,
+Korthikanti et al.'s Figures 1 and 7 as Calculon reproduces them) and against what this course's runs
+hold: the model states of chapters 02-05 and the activations of chapters 04-06 byte for byte, up to
+small terms the papers leave out and the tests name (LayerNorm's statistics, attention's log-sum-exp).
 
     >>> model_state_bytes(7_500_000_000, dp=64, zero_stage=3).total / 1e9    # the ZeRO paper's 1.88 GB
     1.875
@@ -132,6 +137,11 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     after the row-parallel layers (the 10: 4 elements + 2 masks); sequence parallelism splits those too,
     along the sequence. Full recomputation keeps the input, split along the sequence with sequence
     parallelism (Table 2 lists the unsplit 2sbh).
+
+    A fused attention kernel (FlashAttention; PyTorch's ``scaled_dot_product_attention``, which the
+    course model calls) never keeps the a·s²·b scores: it recomputes them in backward, so
+    ``recompute="selective"`` is what it holds -- the course's runs, fp32 without dropout, measure
+    exactly that plus the log-sum-exp (a·s·b floats) and LayerNorm's mean and 1/std (4·s·b floats).
 
         >>> activation_bytes_per_layer(2048, 1, 12288, 96, tp=8).total / (2048 * 12288)   # GPT-3: 10 + 3 + 10
         23.0
