@@ -19,7 +19,7 @@ import pytest
 
 from coursekit.costmodel import (Hardware, Layout, ModelConfig, axis_network, bubble_fraction, communication_time,
                                  compute_flops, compute_time, step_collectives, step_time)
-from coursekit.costmodel.compute import num_params
+from coursekit.costmodel import num_params
 from coursekit.models import tiny_transformer
 from coursekit.parallel.pipeline import bubble_formula
 
@@ -39,7 +39,7 @@ def test_parameters_and_flops_equal_narayanan_table_1_and_eq_3(billions, heads, 
     no-recomputation form (72, V/(12hL)) to 0.3%: eq. 3 counts matmuls only (12Lh² + Vh), P here also the
     biases, LayerNorms and positions."""
     config = _megatron(heads, hidden, layers)
-    assert round(num_params(config) / 1e9, 1) == billions
+    assert round(num_params(config).total / 1e9, 1) == billions
     B, s, h, L, V = 1, 2048, hidden, layers, 51200
     for recompute, k, d in (("none", 72, 12), ("full", 96, 16)):
         paper = k * B * s * L * h * h * (1 + s / (6 * h) + V / (d * h * L))
@@ -55,7 +55,7 @@ def test_training_days_equal_narayanan_section_5_1(config, tokens, gpus, per_gpu
     """The paper's 8TP/(nX) rounds eq. 3 (drops s/(6h) and V/(16lh)): ours, the full eq., is within 3%."""
     seconds = compute_flops(config, tokens, "full").total / (gpus * per_gpu)
     assert seconds / DAY == pytest.approx(days, rel=0.03), f"{config.name}: {seconds / DAY:.1f} days, paper {days}"
-    assert 8 * tokens * num_params(config) / (gpus * per_gpu) / DAY == pytest.approx(days, abs=0.5)
+    assert 8 * tokens * num_params(config).total / (gpus * per_gpu) / DAY == pytest.approx(days, abs=0.5)
 
 
 # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198):
@@ -127,12 +127,12 @@ def test_data_parallel_time_across_nodes_and_zero_3():
     """dp = 4 outside tp = 8: one GPU per node in each ring, so InfiniBand: 2·3 steps of ⌈Ψ/4⌉ (Ψ = P/8);
     ZeRO-3 (m = 1) 1.5 times as long: 2 all-gathers + 1 reduce-scatter, 3·3 steps."""
     config, a100 = ModelConfig.gpt3_175b(), Hardware()
-    psi = -(-num_params(config) // 8)
+    psi = -(-num_params(config).total // 8)
     ring = 2 * 3 * (10e-6 + -(-psi // 4) * 2 / 25e9)
     assert communication_time(config, Layout(dp=4, tp=8), a100, 1).dp == pytest.approx(ring, rel=1e-12)
     assert communication_time(config, Layout(dp=4, tp=8, zero=3), a100, 1).dp == pytest.approx(1.5 * ring, rel=1e-12)
     # dp = 8 outside tp = 2: 4 of each ring in a node, 2 nodes; every step waits on the hop between nodes
-    psi = -(-num_params(config) // 2)
+    psi = -(-num_params(config).total // 2)
     mixed = 2 * 7 * max(5e-6 + -(-psi // 8) * 2 / 300e9, 10e-6 + -(-psi // 8) * 2 / 25e9)
     assert communication_time(config, Layout(dp=8, tp=2), a100, 1).dp == pytest.approx(mixed, rel=1e-12)
 
@@ -144,7 +144,7 @@ def test_ulysses_all_to_all_is_one_step_and_ring_attention_g_minus_1():
     block = b * 1024 // 4 * 768
     hop = lambda n: 5e-6 + n * 2 / 300e9  # noqa: E731
     ulysses = communication_time(config, Layout(sp=4), a100, b, attention="ulysses").sp
-    gradients = 2 * 3 * hop(-(-num_params(config) // 4))
+    gradients = 2 * 3 * hop(-(-num_params(config).total // 4))
     a2a = lambda n: 5e-6 + 3 * -(-n // 4) * 2 / 300e9  # noqa: E731
     assert ulysses == pytest.approx(12 * 2 * (a2a(3 * block) + a2a(block)) + gradients, rel=1e-12)
     ring = communication_time(config, Layout(sp=4), a100, b).sp

@@ -2,17 +2,30 @@
 
 Plain functions, each citing where its formula comes from, each checked against this course's own
 measured runs and against published figures (tests/test_costmodel_*.py). What the model is asked about
-is described once, in :mod:`.config`.
+is described once, in :mod:`.config`:
+
+* memory -- :mod:`.params` (parameter counts), :mod:`.memory` (model states with ZeRO, activations after
+  Korthikanti et al. 2022, pipeline in-flight micro-batches, :func:`memory_per_gpu` for a layout);
+* time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.comm` (every collective of a step, its
+  bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout).
 """
 
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
-
-__all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
+from .params import ParamCount, layer_params, num_params, params_per_rank, stage_layers
+from .memory import (PRECISIONS, ActivationBytes, GPUMemory, LogitsBytes, ModelStateBytes, PipelineActivations,
+                     activation_bytes_per_layer, logits_bytes, memory_per_gpu, model_state_bytes,
+                     pipeline_activation_bytes)
+from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute_time
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, step_collectives)
-from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute_time
 from .step import TrainingStepTime, step_time
 
-__all__ += ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network", "collective_seconds",
-            "communication_time", "ATTENTIONS", "AXES", "OPS", "Flops", "ComputeTime", "compute_flops", "compute_time",
-            "bubble_fraction", "TrainingStepTime", "step_time"]
+__all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
+           # memory
+           "ParamCount", "num_params", "layer_params", "stage_layers", "params_per_rank", "PRECISIONS",
+           "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes_per_layer", "LogitsBytes",
+           "logits_bytes", "PipelineActivations", "pipeline_activation_bytes", "GPUMemory", "memory_per_gpu",
+           # time
+           "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
+           "step_collectives", "communication_bytes", "axis_network", "collective_seconds", "communication_time",
+           "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time"]

@@ -63,7 +63,7 @@ import math
 from dataclasses import dataclass
 
 from ..netsim import Network, closed_form_time
-from .compute import num_params
+from .params import num_params
 from .config import Hardware, Layout, ModelConfig
 
 __all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network",
@@ -201,7 +201,7 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     tokens = config.seq_len if seq_len is None else seq_len
     stage = ModelConfig(config.vocab, tokens, config.hidden, -(-config.layers // layout.pp), config.heads,
                         config.tied, config.qkv_bias, config.name)     # one sample through the busiest stage
-    psi = -(-num_params(config) // (layout.tp * layout.pp))
+    psi = -(-num_params(config).total // (layout.tp * layout.pp))
     rows: list[Collective] = []
     if layout.dp > 1:
         rows += _data(psi, layout)

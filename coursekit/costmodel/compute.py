@@ -32,22 +32,9 @@ from dataclasses import dataclass
 
 from ..parallel.pipeline.planning import bubble_formula
 from .config import RECOMPUTE, Hardware, Layout, ModelConfig
+from .params import num_params
 
-__all__ = ["Flops", "ComputeTime", "num_params", "compute_flops", "compute_time", "bubble_fraction"]
-
-
-def num_params(config: ModelConfig) -> int:
-    """``P = h(v + s) + L(12h² + 13h) + 2h`` (``10h`` per layer without the qkv bias), ``+ vh`` untied.
-
-    A stand-in for :mod:`coursekit.costmodel.params` (the memory half), replaced by it on merge.
-
-        >>> num_params(ModelConfig.gpt2_small()), num_params(ModelConfig.course())
-        (124439808, 104832)
-    """
-    h = config.hidden
-    per_layer = 12 * h * h + (13 if config.qkv_bias else 10) * h
-    head = 0 if config.tied else config.vocab * h
-    return h * (config.vocab + config.seq_len) + config.layers * per_layer + 2 * h + head
+__all__ = ["Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +66,7 @@ def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -
     attention_forward = 4 * L * s * h * tokens
     layers = L * (12 * h * h + (13 if config.qkv_bias else 10) * h)
     extra = {"none": 0.0, "selective": attention_forward, "full": 2 * layers * tokens + attention_forward}[recompute]
-    return Flops(6 * num_params(config) * tokens, 3 * attention_forward, extra)
+    return Flops(6 * num_params(config).total * tokens, 3 * attention_forward, extra)
 
 
 def bubble_fraction(layout: Layout) -> float:
