@@ -243,7 +243,13 @@ def _stop(thread: threading.Thread) -> None:
 
 
 def _run_rank(world: _SimWorld, rank: int, record: Traffic, results: list, errors: dict, call: Callable) -> None:
-    """One simulated rank's thread: its transport and recorder, then ``call()``; a failure stops every rank."""
+    """One simulated rank's thread: its transport and recorder, then ``call()``.
+
+    A rank that raises only records its error: the others run on until each returns, raises or waits on a rank
+    that can no longer answer (then the world is stuck and they are stopped). Stopping them at the first error
+    would make *which* ranks raise -- and so the report -- depend on thread timing (an off-by-one length in a
+    ring is raised by every receiver; whichever got there first used to be the one reported).
+    """
     try:
         with comm_state.using(_SimTransport(world, rank), recorders=(record,), seq=0):
             results[rank] = call()
@@ -251,9 +257,6 @@ def _run_rank(world: _SimWorld, rank: int, record: Traffic, results: list, error
         pass
     except BaseException:
         errors[rank] = traceback.format_exc()
-        with world.cond:
-            world.aborted = True
-            world.cond.notify_all()
     finally:
         with world.cond:
             world.finished.add(rank)
@@ -275,7 +278,8 @@ def simulate(fn: Callable[..., Any], world_size: int, *args, timeout: float = 60
         ([6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0, 6.0], 48)
 
     Raises:
-        SimulatorError: a rank raised (the first one to fail).
+        SimulatorError: a rank raised (the lowest-numbered one that did: the others ran on until they returned,
+            raised or were stuck, so the set of ranks that raise never depends on thread timing).
         Deadlock: every live rank waits on a call no one will match; says who waits in which call.
         TimeoutError: ranks still running after ``timeout`` seconds (they are stopped).
     """

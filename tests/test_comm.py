@@ -2,6 +2,8 @@
 
 import pickle
 
+import time
+
 import pytest
 import torch
 
@@ -96,6 +98,28 @@ def test_simulator_reports_the_failing_rank_and_stops_the_others():
     with pytest.raises(comm.SimulatorError, match="simulated rank 2 failed") as info:
         comm.simulate(run, 3)
     assert "KeyError: 'boom'" in str(info.value)
+
+
+def test_the_simulator_reports_the_lowest_rank_that_raises_however_the_threads_are_timed():
+    """Every rank runs on after another raised, so the report never depends on which thread got there first.
+
+    Planted bug (the simulator before issue 22's fix): the first error stopped every rank, so here rank 1's
+    immediate error stopped rank 0 in its receive and rank 1 was reported; an off-by-one length in exercise 01
+    was reported for rank 0 in one grading and rank 1 in the next, beside two CPU hogs.
+    """
+    def run(rank, world_size):
+        if rank == 1:
+            raise KeyError("rank 1 at once")
+        if rank == 2:
+            time.sleep(0.2)  # rank 1 has long raised when rank 0's receive completes
+            comm.send(torch.ones(1), 0)
+        if rank == 0:
+            comm.recv(torch.empty(1), 2)
+            raise KeyError("rank 0 after its receive")
+
+    with pytest.raises(comm.SimulatorError, match="simulated rank 0 failed") as info:
+        comm.simulate(run, 3)
+    assert "rank 0 after its receive" in str(info.value)
 
 
 def test_simulator_rejects_a_receive_of_the_wrong_length_and_bad_peers():
