@@ -107,6 +107,10 @@ def test_175b_on_1024_gpus_is_megatrons_tp_8_pp_dp():
     published = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (1024 * 140e12)
     assert published == pytest.approx(31.5, abs=0.05)
     assert published / 1.5 <= best.seconds <= published * 1.5, (best.seconds, published)
+    pp_line = [r for r in best.reasons if r.startswith(f"pp = {best.layout.pp}")][0]
+    flat = num_params(GPT3).total / 8 * 16 / 1e9            # tp = 8 alone: P/8 parameters at 16 bytes
+    shown = float(re.search(r"model states alone would need ([\d.]+) GB per GPU > 80.0 GB", pp_line).group(1))
+    assert shown == pytest.approx(flat, rel=0.01), pp_line
     tp_line = [r for r in best.reasons if r.startswith("tp = 8")][0]
     assert "inside the node" in tp_line and "across nodes they would take" in tp_line
     inside = best.time.communication.tp

@@ -7,7 +7,7 @@ recomputation saves and costs, and -- when the layout does not fit -- its larges
     >>> from coursekit.costmodel import Hardware, Layout, ModelConfig, evaluate
     >>> c = evaluate(ModelConfig.gpt2_small(), Layout(pp=4, micro_batches=8), Hardware(), global_batch=8)
     >>> [r for r in c.reasons if r.startswith("pp")][0]
-    'pp = 4: the bubble costs 27% at m = 8 (1f1b, 4.23 ms) -- raise m'
+    'pp = 4: the bubble costs 27% at m = 8 (1f1b, 4.23 ms) -- raise m; without a pipeline the model states would be 2.0 GB per GPU'
     >>> round(3 / 11, 2)                   # (p − 1)/(m + p − 1)
     0.27
 """
@@ -19,7 +19,8 @@ from dataclasses import replace
 from .comm import axis_network, communication_time
 from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
-from .memory import GPUMemory, memory_per_gpu
+from .memory import GPUMemory, memory_per_gpu, model_state_bytes
+from .params import params_per_rank
 from .step import TrainingStepTime
 
 __all__ = ["layout_reasons", "gb", "ms"]
@@ -58,12 +59,16 @@ def _tp_reason(config, layout, hardware, global_batch, time, **assumptions) -> s
             f"({_share(seconds, time.total)} of the step), against {ms(other)} if they stayed on NVLink")
 
 
-def _pp_reason(layout, time) -> str:
+def _pp_reason(config, layout, hardware, time) -> str:
+    """The bubble at this m, and what the same tp, dp and ZeRO would hold without the pipeline."""
     p, m = layout.pp, layout.micro_batches
     f = bubble_fraction(layout)
     advice = " -- raise m" if f > 0.1 else ""
-    return (f"pp = {p}: the bubble costs {100 * f:.0f}% at m = {m} ({layout.schedule}, {ms(time.bubble)})"
-            f"{advice}")
+    flat = model_state_bytes(params_per_rank(config, layout.tp).total, layout.dp, layout.zero).total
+    without = (f"without a pipeline the model states alone would need {gb(flat)} per GPU > {gb(hardware.memory)}"
+               if flat > hardware.memory else f"without a pipeline the model states would be {gb(flat)} per GPU")
+    return (f"pp = {p}: the bubble costs {100 * f:.0f}% at m = {m} ({layout.schedule}, {ms(time.bubble)}){advice}; "
+            f"{without}")
 
 
 def _dp_reason(layout, hardware, time) -> str:
@@ -111,7 +116,7 @@ def layout_reasons(config: ModelConfig, layout: Layout, hardware: Hardware, glob
     if layout.tp > 1:
         lines.append(_tp_reason(config, layout, hardware, global_batch, time, **assumptions))
     if layout.pp > 1:
-        lines.append(_pp_reason(layout, time))
+        lines.append(_pp_reason(config, layout, hardware, time))
     if layout.dp > 1:
         lines.append(_dp_reason(layout, hardware, time))
     if layout.sp > 1:
