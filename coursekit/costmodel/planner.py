@@ -16,14 +16,15 @@ Valid, as the frameworks require (each refused by :func:`evaluate` with what to 
 * ``dp × micro_batches`` divides the global batch; with ``pp > 1``, ``micro_batches ≥ pp`` -- torchtitan
   accepts fewer and hangs, chapter 04's validator refuses it -- and a multiple of ``pp`` for the interleaved
   schedule (its rounds);
-* ZeRO 2 and 3 only without a pipeline (DeepSpeed refuses them with pipeline parallelism: its
-  ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``), a ZeRO stage only with ``dp > 1``,
+* ZeRO 2 and 3 only without a pipeline (DeepSpeed's pipeline engine asserts ``zero_optimization_stage() <
+  ZeroStageEnum.gradients``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; ZeRO-2 would
+  reduce-scatter every micro-batch's gradients), a ZeRO stage only with ``dp > 1``,
   Megatron's ``sequence_parallel`` only with ``tp > 1``.
 
 The space :func:`layouts` walks: every factorisation of ``gpus`` into valid degrees; ZeRO 0-3; with a pipeline
 the four schedules of chapter 04 (interleaved with ``chunks=2``); every number of micro-batches that divides
 the data-parallel slice of the batch (at least ``pp``); the three recomputations; ``sequence_parallel`` on and
-off when ``tp > 1``.
+off when ``tp > 1``. :class:`Space` narrows it (``Space.megatron_2021()``: what Megatron-LM offered in 2021).
 
 How :func:`plan` prunes without changing the answer: a *group* is one choice of degrees and ZeRO stage. Its
 model states do not depend on the rest, so a group whose states alone exceed the GPU cannot fit whatever its
