@@ -32,6 +32,12 @@ GPT3_13B = ModelConfig(51200, 2048, 5120, 40, 40, name="GPT-3 13B")
 GPT3_125M = ModelConfig(51200, 2048, 768, 12, 12, name="GPT-3 125M")
 
 
+def _seconds(text):
+    """The first duration in ``text`` ("4.46 s", "271 ms"), in seconds."""
+    value, unit = re.match(r"([\d.e+]+) (ms|s)\b", text).groups()
+    return float(value) / (1e3 if unit == "ms" else 1)
+
+
 def _fitting(candidates):
     return [c for c in candidates if c.fits]
 
@@ -94,6 +100,7 @@ def test_13b_on_8_x_80gb_is_zero_or_tp_inside_the_node_and_dp():
         shown, plain_states = re.search(r"model states ([\d.]+) GB per GPU instead of ([\d.]+) GB", line).groups()
         assert float(shown) == pytest.approx(P / t * (4 + 12 / d) / 1e9, rel=0.01)
         assert float(plain_states) == pytest.approx(P / t * 16 / 1e9, rel=0.01)
+        assert "it would not fit" in line        # the deciding term: without ZeRO, > 80 GB
 
 
 def test_175b_on_1024_gpus_is_megatrons_tp_8_pp_dp():
@@ -114,7 +121,7 @@ def test_175b_on_1024_gpus_is_megatrons_tp_8_pp_dp():
     tp_line = [r for r in best.reasons if r.startswith("tp = 8")][0]
     assert "inside the node" in tp_line and "across nodes they would take" in tp_line
     inside = best.time.communication.tp
-    across = float(tp_line.split("would take ")[1].split(" ms")[0]) / 1e3
+    across = _seconds(tp_line.split("would take ")[1])
     assert across > 5 * inside          # InfiniBand's 25 GB/s against NVLink's 300 GB/s, per GPU
 
 
@@ -135,7 +142,7 @@ def test_tp_across_nodes_costs_what_the_links_say():
     wide = evaluate(GPT3, replace(best.layout, tp=16, pp=best.layout.pp // 2), A100, 1536)
     line = [r for r in wide.reasons if r.startswith("tp = 16")][0]
     assert line.startswith("tp = 16 across nodes (NVLink and InfiniBand)"), line
-    on_nvlink = float(line.split("against ")[1].split(" ms")[0]) / 1e3
+    on_nvlink = _seconds(line.split("against ")[1])
     assert wide.time.communication.tp > 5 * on_nvlink
     assert wide.seconds > 2 * best.seconds
 
