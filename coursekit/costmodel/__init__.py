@@ -7,7 +7,9 @@ is described once, in :mod:`.config`:
 * memory -- :mod:`.params` (parameter counts), :mod:`.memory` (model states with ZeRO, activations after
   Korthikanti et al. 2022, pipeline in-flight micro-batches, :func:`memory_per_gpu` for a layout);
 * time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.comm` (every collective of a step, its
-  bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout).
+  bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
+* the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
+  :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers).
 """
 
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
@@ -19,6 +21,8 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, step_collectives)
 from .step import TrainingStepTime, step_time
+from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound, plan, ranking_key,
+                      states_fit)
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # memory
@@ -28,4 +32,7 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # time
            "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
            "step_collectives", "communication_bytes", "axis_network", "collective_seconds", "communication_time",
-           "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time"]
+           "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
+           # the planner
+           "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
+           "ranking_key"]
