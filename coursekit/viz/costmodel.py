@@ -49,12 +49,20 @@ TIME_COLOURS = {"compute": "#4C72B0", "bubble": "#DD8452", "exposed communicatio
 
 
 def layout_label(layout: Layout) -> str:
-    """Two short lines: the degrees that are not 1 (mesh order pp, dp, sp, tp), then ZeRO, schedule, recompute."""
+    """Two short lines: the degrees that are not 1 (mesh order pp, dp, sp, tp), then the ZeRO stage (``Z1``), the
+    schedule and micro-batches (``m`` alone without a pipeline: gradient accumulation), recomputation, Megatron's
+    sequence parallelism (``SP``).
+
+        >>> layout_label(Layout(dp=4, tp=2, zero=1, micro_batches=2, sequence_parallel=True))
+        'dp4 tp2\\nZ1 m2 SP'
+    """
     degrees = " ".join(f"{axis}{getattr(layout, axis)}" for axis in ("pp", "dp", "sp", "tp")
                        if getattr(layout, axis) > 1) or "1 GPU"
     details = [f"Z{layout.zero}"] if layout.zero else []
     if layout.pp > 1:
         details.append(f"{layout.schedule} m{layout.micro_batches}")
+    elif layout.micro_batches > 1:
+        details.append(f"m{layout.micro_batches}")          # gradient accumulation over m micro-batches
     if layout.recompute != "none":
         details.append({"selective": "sel", "full": "full rc"}[layout.recompute])
     if layout.sequence_parallel:

@@ -1,7 +1,9 @@
 """Chapter 07's strategy calculator: pick a model and a machine, see which layouts fit and how fast they run.
 
     >>> from coursekit.widgets.costmodel import strategy_calculator
-    >>> strategy_calculator()       # in a notebook cell: controls, one sentence, the two charts, drawn at once
+    >>> box = strategy_calculator()   # a notebook cell ending in strategy_calculator() shows it, drawn at once
+    >>> [type(c).__name__ for c in box.children]
+    ['HBox', 'HBox', 'HBox', 'HBox', 'HTML', 'Image']
 
 The charts are :func:`coursekit.viz.costmodel.draw_calculator`: the planner's fastest layouts that fit
 (:func:`coursekit.costmodel.plan`) and plain data parallelism beside them. :func:`calculator_inputs` turns
