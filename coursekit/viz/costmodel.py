@@ -27,8 +27,9 @@ from ..costmodel import Candidate, Hardware, Layout, ModelConfig, evaluate, plan
 __all__ = ["PRESETS", "MEMORY_COLOURS", "TIME_COLOURS", "layout_label", "calculator_candidates",
            "draw_memory_per_gpu", "draw_step_time", "draw_calculator"]
 
-# The vocabulary of GPT-2 and GPT-3 (50,257) is padded to 50,304 = 128 · 393, as nanoGPT and Megatron-LM
-# (--make-vocab-size-divisible-by 128) pad it, so that a tensor-parallel degree up to 128 divides it.
+# The vocabulary of GPT-2 and GPT-3 (50,257) is padded so that a tensor-parallel degree divides it: GPT-2's to
+# 50,304 = 128 · 393 (nanoGPT's; Megatron-LM's --make-vocab-size-divisible-by 128), GPT-3's to 51,200, the size
+# Narayanan et al. 2021 use for all their GPT models (and tests/test_costmodel_planner.py).
 # The Llama-style models are the *GPT shape* at Llama's sizes (Touvron et al. 2023: h, layers, heads,
 # vocabulary 32,000, untied head, no biases): an approximation -- Llama's SwiGLU MLP (3 matrices of
 # 11,008 for 7B, 28,672 for 70B) and 70B's grouped-query attention are not this shape; the GPT shape's
@@ -40,7 +41,7 @@ PRESETS = {
                                   name="Llama-style 7B (GPT shape)"),
     "Llama-style 70B": ModelConfig(32000, 4096, 8192, 80, 64, tied=False, qkv_bias=False,
                                    name="Llama-style 70B (GPT shape)"),
-    "GPT-3 175B": replace(ModelConfig.gpt3_175b(), vocab=50304),
+    "GPT-3 175B": replace(ModelConfig.gpt3_175b(), vocab=51200),
 }
 
 MEMORY_COLOURS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B2",
