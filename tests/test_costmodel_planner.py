@@ -63,6 +63,17 @@ def test_plan_ranks_as_brute_force(config, hardware, gpus, batch, space):
         assert plan(config, hardware, gpus, batch, top, space) == _fitting(everything)[:top]
 
 
+def test_plan_ranks_as_brute_force_with_overlap_assumptions():
+    """The assumptions reach the bound as they reach step_time: DDP-style overlap of dp, Ulysses along sp."""
+    config, hardware = ModelConfig(51200, 1024, 2048, 24, 4, name="1.3B, 4 heads"), SMALL[1][1]
+    assert any(c.layout.sp * c.layout.tp > 4 for c in brute_force(config, hardware, 16, 32))   # ring: any sp
+    assumptions = {"dp_overlap": 0.8, "tp_overlap": 0.3, "attention": "ulysses"}
+    everything = brute_force(config, hardware, 16, 32, **assumptions)
+    assert plan(config, hardware, 16, 32, 10, **assumptions) == _fitting(everything)[:10]
+    assert everything[0].time.exposed.dp == pytest.approx(0.2 * everything[0].time.communication.dp)
+    assert all(config.heads % (c.layout.tp * c.layout.sp) == 0 for c in everything)       # Ulysses: whole heads
+
+
 @pytest.mark.parametrize("config,hardware,gpus,batch,space", SMALL[:2], ids=[s[0].name for s in SMALL[:2]])
 def test_lower_bound_holds_for_every_layout(config, hardware, gpus, batch, space):
     """The bound plan prunes with is never above a layout of its group (else pruning could drop the best)."""
@@ -158,13 +169,14 @@ def test_pipeline_reason_says_to_raise_m():
     (Layout(tp=5), "tp = 5 must divide the heads (12)"),
     (Layout(pp=5, micro_batches=5), "pp = 5 must divide the layers (12)"),
     (Layout(sp=3), "sp = 3 must divide the sequence (1024 tokens)"),
+    (Layout(tp=4, sp=4), "Ulysses hands each of tp × sp = 16 ranks whole heads"),
     (Layout(dp=5), "use a global batch that is a multiple of 5"),
     (Layout(pp=2, micro_batches=2, zero=2), "use zero <= 1"),
     (Layout(pp=2, micro_batches=3, schedule="interleaved", chunks=2), "use m = 2 or 4"),
 ])
 def test_evaluate_refuses_with_what_to_change(layout, says):
     with pytest.raises(ValueError) as error:
-        evaluate(ModelConfig.gpt2_small(), layout, A100, 24)
+        evaluate(ModelConfig(50304, 1024, 768, 12, 12), layout, A100, 24, attention="ulysses")
     assert says in str(error.value)
 
 

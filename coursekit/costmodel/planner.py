@@ -86,8 +86,10 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: int | None = None) -> None:
-    """Raise ``ValueError`` saying what to change when ``layout`` cannot run ``config`` (the module docstring's list)."""
+def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: int | None = None,
+                 attention: str = "ring") -> None:
+    """Raise ``ValueError`` saying what to change when ``layout`` cannot run ``config`` (the module docstring's list;
+    with ``attention="ulysses"`` also: ``tp × sp`` divides the heads, as its all-to-all gives each rank whole heads)."""
     t, p, m = layout.tp, layout.pp, layout.micro_batches
     if gpus is not None and layout.gpus != gpus:
         raise ValueError(f"dp × tp × pp × sp = {layout.gpus} GPUs, not {gpus}: choose degrees whose product is {gpus}.")
@@ -99,6 +101,9 @@ def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: i
     if config.layers % (p * v):
         raise ValueError(f"pp = {p}{f' × {v} chunks' if v > 1 else ''} must divide the layers ({config.layers}): "
                          f"every stage needs the same number of layers; use a pp that divides {config.layers}.")
+    if attention == "ulysses" and config.heads % (t * layout.sp):
+        raise ValueError(f"Ulysses hands each of tp × sp = {t * layout.sp} ranks whole heads: it must divide the heads "
+                         f"({config.heads}); use a smaller sp, or ring attention.")
     if config.seq_len % layout.sp:
         raise ValueError(f"sp = {layout.sp} must divide the sequence ({config.seq_len} tokens): each rank takes an "
                          f"equal block; use an sp that divides {config.seq_len}.")
@@ -123,7 +128,7 @@ def evaluate(config: ModelConfig, layout: Layout, hardware: Hardware, global_bat
 
     Refuses an invalid layout (:func:`check_layout`): e.g. ``m < p``, or a tp that does not divide the heads.
     """
-    check_layout(config, layout, global_batch)
+    check_layout(config, layout, global_batch, attention=assumptions.get("attention", "ring"))
     micro_batch = global_batch // (layout.dp * layout.micro_batches)
     memory = memory_per_gpu(config, layout, micro_batch)
     time = step_time(config, layout, hardware, global_batch, **assumptions)
@@ -150,7 +155,7 @@ class Space:
                    sequence_parallel=(False,), max_sp=1)
 
 
-def _degrees(config: ModelConfig, gpus: int, space: Space) -> Iterator[tuple[int, int, int, int]]:
+def _degrees(config: ModelConfig, gpus: int, space: Space, attention: str) -> Iterator[tuple[int, int, int, int]]:
     for tp in _divisors(gpus):
         if config.heads % tp or config.vocab % tp:
             continue
@@ -158,13 +163,15 @@ def _degrees(config: ModelConfig, gpus: int, space: Space) -> Iterator[tuple[int
             if config.layers % pp:
                 continue
             for sp in _divisors(gpus // (tp * pp)):
+                if attention == "ulysses" and config.heads % (tp * sp):
+                    continue
                 if config.seq_len % sp == 0 and (space.max_sp is None or sp <= space.max_sp):
                     yield gpus // (tp * pp * sp), tp, pp, sp
 
 
-def _groups(config: ModelConfig, gpus: int, global_batch: int, space: Space) -> Iterator[Layout]:
+def _groups(config: ModelConfig, gpus: int, global_batch: int, space: Space, attention: str) -> Iterator[Layout]:
     """One layout per group (degrees and ZeRO stage), the rest at its defaults."""
-    for dp, tp, pp, sp in _degrees(config, gpus, space):
+    for dp, tp, pp, sp in _degrees(config, gpus, space, attention):
         if global_batch % dp:
             continue
         for zero in space.zero:
@@ -188,13 +195,14 @@ def _members(config: ModelConfig, group: Layout, global_batch: int, space: Space
 
 
 def layouts(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int,
-            space: Space = Space()) -> Iterator[Layout]:
+            space: Space = Space(), attention: str = "ring") -> Iterator[Layout]:
     """The search space: every valid layout of ``gpus`` GPUs for ``global_batch`` sequences (module docstring).
 
     ``hardware`` does not change which layouts are valid; it is here so that every planner function is asked
-    the same question. ``space`` narrows the choices (:class:`Space`).
+    the same question. ``space`` narrows the choices (:class:`Space`); ``attention``, the sp axis's (step_time's
+    assumption), decides whether sp must leave whole heads (Ulysses).
     """
-    for group in _groups(config, gpus, global_batch, space):
+    for group in _groups(config, gpus, global_batch, space, attention):
         yield from _members(config, group, global_batch, space)
 
 
@@ -211,7 +219,8 @@ def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch
                 **assumptions) -> list[Candidate]:
     """Every layout of :func:`layouts` evaluated, sorted by :func:`ranking_key` (fitting and fastest first)."""
     return sorted((evaluate(config, layout, hardware, global_batch, **assumptions)
-                   for layout in layouts(config, hardware, gpus, global_batch, space)), key=ranking_key)
+                   for layout in layouts(config, hardware, gpus, global_batch, space,
+                                         assumptions.get("attention", "ring"))), key=ranking_key)
 
 
 def states_fit(config: ModelConfig, group: Layout, hardware: Hardware) -> bool:
@@ -248,7 +257,8 @@ def plan(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, 
     cheapest :func:`lower_bound` first, stopping when the bound passes the ``top``-th best."""
     if top < 1:
         raise ValueError(f"top must be >= 1 (got {top}).")
-    groups = [g for g in _groups(config, gpus, global_batch, space) if states_fit(config, g, hardware)]
+    groups = [g for g in _groups(config, gpus, global_batch, space, assumptions.get("attention", "ring"))
+              if states_fit(config, g, hardware)]
     bounds = sorted((lower_bound(config, g, hardware, global_batch, space, **assumptions), i)
                     for i, g in enumerate(groups))
     best: list[Candidate] = []
