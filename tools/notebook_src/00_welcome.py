@@ -197,7 +197,7 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
-# | 07 | *coming next:* choosing a strategy: a calculator checked against measurements | P1, P8, P10 |
+# | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
 # | 08 | *coming next:* debugging distributed programs | — |
 #
 # Next: `01_gradient_sync.ipynb`.
