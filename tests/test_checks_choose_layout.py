@@ -20,6 +20,9 @@ and coursekit/costmodel/__init__.py's marking):
 * the memory advice naming the first term, not the largest -> no_zero_13b "feedback lacks 'The largest term:
   optimizer state 154.3 GB per GPU: add ZeRO over dp'", no_micro_batches_125m the same for its activations;
 * the grader's best computed inside ``held_back`` -> the solution and every attempt's near_best_step_time 0;
+* the slow term always taken to be tp -> pipeline_few_micro_batches "feedback lacks 'the pipeline bubble takes
+  12.36 s: pp = 8 at m = 16 idles 30% of the time'", zero3_every_micro_batch its ZeRO-3 sentence; ZeRO-3's gathers
+  described as a plain all-reduce -> zero3_every_micro_batch "feedback lacks 'ZeRO-3 gathers the parameters ...'";
 * the scenarios' keys left out of the feedback (partial_credit's lines as they come) -> 7 attempts lack their phrase.
 """
 
@@ -52,7 +55,8 @@ def test_stub_is_not_done():
 
 def test_every_typical_mistake_has_an_attempt():
     assert {"solution", "stub", "tp_across_nodes", "no_zero_13b", "pipeline_m_below_p", "calls_plan",
-            "degrees_not_gpus", "searches_layouts", "no_micro_batches_125m"} <= set(ATTEMPTS)
+            "degrees_not_gpus", "searches_layouts", "no_micro_batches_125m", "pipeline_few_micro_batches",
+            "zero3_every_micro_batch"} <= set(ATTEMPTS)
 
 
 def test_the_solution_is_what_the_seed_recommends_and_near_the_best_by_hand():
