@@ -179,33 +179,32 @@ def _not_judged(v: Judged) -> str:
     return NOT_JUDGED.format(why)
 
 
+def _fits(v: Judged) -> str | None:
+    if v.candidate is None:
+        return _not_judged(v)
+    if not v.candidate.fits:
+        return f"{describe(v.candidate.layout)}: {memory_advice(v.candidate, v.scenario.hardware)}"
+    return None
+
+
+def _fast(v: Judged) -> str | None:
+    if v.candidate is None:
+        return _not_judged(v)
+    if not v.candidate.fits:
+        return "not judged: it does not fit (see fits_in_memory), so it never runs"
+    reference = best(v.scenario)
+    if v.candidate.seconds <= (1 + TOLERANCE) * reference.seconds:
+        return None
+    return f"{describe(v.candidate.layout)}: {slow_advice(v.candidate, reference, v.scenario)}"
+
+
 @check(EXERCISE, points=3)
 def fits_in_memory(submission, ctx):
     """Each valid layout fits: memory_per_gpu (parameters, gradients, optimizer state, activations) <= the GPU."""
-    outcomes = []
-    for v in _judged(submission, ctx):
-        if v.candidate is None:
-            outcomes.append(_not_judged(v))
-        elif not v.candidate.fits:
-            outcomes.append(f"{describe(v.candidate.layout)}: {memory_advice(v.candidate, v.scenario.hardware)}")
-        else:
-            outcomes.append(None)
-    return _credit(list(zip(SCENARIOS, outcomes)))
+    return _credit([(v.scenario.key, _fits(v)) for v in _judged(submission, ctx)])
 
 
 @check(EXERCISE, points=3)
 def near_best_step_time(submission, ctx):
     """Each layout that fits steps within 10% of the planner's best (plan(...)[0]); the feedback says where not."""
-    outcomes = []
-    for v in _judged(submission, ctx):
-        if v.candidate is None:
-            outcomes.append(_not_judged(v))
-        elif not v.candidate.fits:
-            outcomes.append("not judged: it does not fit (see fits_in_memory), so it never runs")
-        else:
-            reference = best(v.scenario)
-            if v.candidate.seconds <= (1 + TOLERANCE) * reference.seconds:
-                outcomes.append(None)
-            else:
-                outcomes.append(f"{describe(v.candidate.layout)}: {slow_advice(v.candidate, reference, v.scenario)}")
-    return _credit(list(zip(SCENARIOS, outcomes)))
+    return _credit([(v.scenario.key, _fast(v)) for v in _judged(submission, ctx)])
