@@ -21,7 +21,7 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, step_collectives)
 from .step import TrainingStepTime, step_time
-from .planner import (Candidate, brute_force, check_layout, evaluate, layouts, lower_bound, plan, ranking_key,
+from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound, plan, ranking_key,
                       states_fit)
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
@@ -34,7 +34,7 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "step_collectives", "communication_bytes", "axis_network", "collective_seconds", "communication_time",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
            # the planner
-           "Candidate", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
+           "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key"]
 
 # Exercise 07 asks the learner to choose a layout: the planner's search is its answer, held back while

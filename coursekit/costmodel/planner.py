@@ -16,14 +16,15 @@ Valid, as the frameworks require (each refused by :func:`evaluate` with what to 
 * ``dp × micro_batches`` divides the global batch; with ``pp > 1``, ``micro_batches ≥ pp`` -- torchtitan
   accepts fewer and hangs, chapter 04's validator refuses it -- and a multiple of ``pp`` for the interleaved
   schedule (its rounds);
-* ZeRO 2 and 3 only without a pipeline (DeepSpeed refuses them with pipeline parallelism: its
-  ``PipelineEngine`` asserts ``zero_optimization_stage() < 2``), a ZeRO stage only with ``dp > 1``,
+* ZeRO 2 and 3 only without a pipeline (DeepSpeed's pipeline engine asserts ``zero_optimization_stage() <
+  ZeroStageEnum.gradients``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; ZeRO-2 would
+  reduce-scatter every micro-batch's gradients), a ZeRO stage only with ``dp > 1``,
   Megatron's ``sequence_parallel`` only with ``tp > 1``.
 
 The space :func:`layouts` walks: every factorisation of ``gpus`` into valid degrees; ZeRO 0-3; with a pipeline
 the four schedules of chapter 04 (interleaved with ``chunks=2``); every number of micro-batches that divides
 the data-parallel slice of the batch (at least ``pp``); the three recomputations; ``sequence_parallel`` on and
-off when ``tp > 1``.
+off when ``tp > 1``. :class:`Space` narrows it (``Space.megatron_2021()``: what Megatron-LM offered in 2021).
 
 How :func:`plan` prunes without changing the answer: a *group* is one choice of degrees and ZeRO stage. Its
 model states do not depend on the rest, so a group whose states alone exceed the GPU cannot fit whatever its
@@ -38,7 +39,8 @@ tests/test_costmodel_planner.py checks that ranking equals :func:`brute_force`'s
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Iterator
 
 from .compute import bubble_fraction, compute_time
@@ -49,7 +51,7 @@ from .comm import communication_time
 from .reasons import layout_reasons
 from .step import TrainingStepTime, step_time
 
-__all__ = ["Candidate", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
+__all__ = ["Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key"]
 
 INTERLEAVED_CHUNKS = 2
@@ -64,20 +66,30 @@ class Candidate:
     memory: GPUMemory            # memory_per_gpu(...)
     time: TrainingStepTime       # step_time(...)
     fits: bool                   # memory.total <= hardware.memory
-    reasons: tuple[str, ...]     # one line per decision, from the numbers
+    question: tuple = field(default=(), compare=False, repr=False)   # (config, hardware, global_batch, assumptions)
 
     @property
     def seconds(self) -> float:
         """The step time, ``time.total``."""
         return self.time.total
 
+    @cached_property
+    def reasons(self) -> tuple[str, ...]:
+        """One line per decision, from the numbers (:func:`~.reasons.layout_reasons`); computed when first read,
+        since a search evaluates far more layouts than anyone reads the reasons of."""
+        config, hardware, global_batch, assumptions = self.question
+        return layout_reasons(config, self.layout, hardware, global_batch, self.memory, self.time, self.fits,
+                              **dict(assumptions))
+
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: int | None = None) -> None:
-    """Raise ``ValueError`` saying what to change when ``layout`` cannot run ``config`` (the module docstring's list)."""
+def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: int | None = None,
+                 attention: str = "ring") -> None:
+    """Raise ``ValueError`` saying what to change when ``layout`` cannot run ``config`` (the module docstring's list;
+    with ``attention="ulysses"`` also: ``tp × sp`` divides the heads, as its all-to-all gives each rank whole heads)."""
     t, p, m = layout.tp, layout.pp, layout.micro_batches
     if gpus is not None and layout.gpus != gpus:
         raise ValueError(f"dp × tp × pp × sp = {layout.gpus} GPUs, not {gpus}: choose degrees whose product is {gpus}.")
@@ -89,6 +101,9 @@ def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: i
     if config.layers % (p * v):
         raise ValueError(f"pp = {p}{f' × {v} chunks' if v > 1 else ''} must divide the layers ({config.layers}): "
                          f"every stage needs the same number of layers; use a pp that divides {config.layers}.")
+    if attention == "ulysses" and config.heads % (t * layout.sp):
+        raise ValueError(f"Ulysses hands each of tp × sp = {t * layout.sp} ranks whole heads: it must divide the heads "
+                         f"({config.heads}); use a smaller sp, or ring attention.")
     if config.seq_len % layout.sp:
         raise ValueError(f"sp = {layout.sp} must divide the sequence ({config.seq_len} tokens): each rank takes an "
                          f"equal block; use an sp that divides {config.seq_len}.")
@@ -113,16 +128,34 @@ def evaluate(config: ModelConfig, layout: Layout, hardware: Hardware, global_bat
 
     Refuses an invalid layout (:func:`check_layout`): e.g. ``m < p``, or a tp that does not divide the heads.
     """
-    check_layout(config, layout, global_batch)
+    check_layout(config, layout, global_batch, attention=assumptions.get("attention", "ring"))
     micro_batch = global_batch // (layout.dp * layout.micro_batches)
     memory = memory_per_gpu(config, layout, micro_batch)
     time = step_time(config, layout, hardware, global_batch, **assumptions)
     fits = memory.total <= hardware.memory
-    reasons = layout_reasons(config, layout, hardware, global_batch, memory, time, fits, **assumptions)
-    return Candidate(layout, micro_batch, memory, time, fits, reasons)
+    return Candidate(layout, micro_batch, memory, time, fits,
+                     (config, hardware, global_batch, tuple(sorted(assumptions.items()))))
 
 
-def _degrees(config: ModelConfig, gpus: int) -> Iterator[tuple[int, int, int, int]]:
+@dataclass(frozen=True)
+class Space:
+    """Which choices the search may make (every valid one by default). ``megatron_2021()`` is what Megatron-LM
+    offered when Narayanan et al. 2021 ran GPT-3 175B: tp × pp × dp, 1F1B or interleaved, no ZeRO, no context
+    or sequence parallelism, full recomputation or none (selective came with Korthikanti et al. 2022)."""
+
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    schedules: tuple[str, ...] = SCHEDULES
+    recompute: tuple[str, ...] = RECOMPUTE
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    max_sp: int | None = None           # None: any sp that divides the sequence
+
+    @classmethod
+    def megatron_2021(cls) -> "Space":
+        return cls(zero=(0,), schedules=("1f1b", "interleaved"), recompute=("none", "full"),
+                   sequence_parallel=(False,), max_sp=1)
+
+
+def _degrees(config: ModelConfig, gpus: int, space: Space, attention: str) -> Iterator[tuple[int, int, int, int]]:
     for tp in _divisors(gpus):
         if config.heads % tp or config.vocab % tp:
             continue
@@ -130,28 +163,30 @@ def _degrees(config: ModelConfig, gpus: int) -> Iterator[tuple[int, int, int, in
             if config.layers % pp:
                 continue
             for sp in _divisors(gpus // (tp * pp)):
-                if config.seq_len % sp == 0:
+                if attention == "ulysses" and config.heads % (tp * sp):
+                    continue
+                if config.seq_len % sp == 0 and (space.max_sp is None or sp <= space.max_sp):
                     yield gpus // (tp * pp * sp), tp, pp, sp
 
 
-def _groups(config: ModelConfig, gpus: int, global_batch: int) -> Iterator[Layout]:
+def _groups(config: ModelConfig, gpus: int, global_batch: int, space: Space, attention: str) -> Iterator[Layout]:
     """One layout per group (degrees and ZeRO stage), the rest at its defaults."""
-    for dp, tp, pp, sp in _degrees(config, gpus):
+    for dp, tp, pp, sp in _degrees(config, gpus, space, attention):
         if global_batch % dp:
             continue
-        for zero in range(4 if dp > 1 else 1):
-            if pp > 1 and zero >= 2:
+        for zero in space.zero:
+            if (zero and dp == 1) or (pp > 1 and zero >= 2):
                 continue
             yield Layout(dp=dp, tp=tp, pp=pp, sp=sp, zero=zero)
 
 
-def _members(config: ModelConfig, group: Layout, global_batch: int) -> Iterator[Layout]:
+def _members(config: ModelConfig, group: Layout, global_batch: int, space: Space) -> Iterator[Layout]:
     """Every valid layout of a group: schedules, micro-batches, recomputation, sequence_parallel."""
     p = group.pp
-    schedules = SCHEDULES if p > 1 else ("1f1b",)
-    slice_ = global_batch // group.dp
-    for schedule, m, recompute, sp_on in itertools.product(schedules, _divisors(slice_), RECOMPUTE,
-                                                           (False, True) if group.tp > 1 else (False,)):
+    schedules = space.schedules if p > 1 else ("1f1b",)
+    sp_choices = space.sequence_parallel if group.tp > 1 else (False,)
+    for schedule, m, recompute, sp_on in itertools.product(schedules, _divisors(global_batch // group.dp),
+                                                           space.recompute, sp_choices):
         chunks = INTERLEAVED_CHUNKS if schedule == "interleaved" else 1
         if p > 1 and (m < p or (chunks > 1 and (m % p or config.layers % (p * chunks)))):
             continue
@@ -159,14 +194,16 @@ def _members(config: ModelConfig, group: Layout, global_batch: int) -> Iterator[
                       sequence_parallel=sp_on)
 
 
-def layouts(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int) -> Iterator[Layout]:
+def layouts(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int,
+            space: Space = Space(), attention: str = "ring") -> Iterator[Layout]:
     """The search space: every valid layout of ``gpus`` GPUs for ``global_batch`` sequences (module docstring).
 
     ``hardware`` does not change which layouts are valid; it is here so that every planner function is asked
-    the same question.
+    the same question. ``space`` narrows the choices (:class:`Space`); ``attention``, the sp axis's (step_time's
+    assumption), decides whether sp must leave whole heads (Ulysses).
     """
-    for group in _groups(config, gpus, global_batch):
-        yield from _members(config, group, global_batch)
+    for group in _groups(config, gpus, global_batch, space, attention):
+        yield from _members(config, group, global_batch, space)
 
 
 def ranking_key(candidate: Candidate) -> tuple:
@@ -178,11 +215,12 @@ def ranking_key(candidate: Candidate) -> tuple:
              layout.recompute, layout.sequence_parallel))
 
 
-def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int,
+def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, space: Space = Space(),
                 **assumptions) -> list[Candidate]:
     """Every layout of :func:`layouts` evaluated, sorted by :func:`ranking_key` (fitting and fastest first)."""
     return sorted((evaluate(config, layout, hardware, global_batch, **assumptions)
-                   for layout in layouts(config, hardware, gpus, global_batch)), key=ranking_key)
+                   for layout in layouts(config, hardware, gpus, global_batch, space,
+                                         assumptions.get("attention", "ring"))), key=ranking_key)
 
 
 def states_fit(config: ModelConfig, group: Layout, hardware: Hardware) -> bool:
@@ -194,40 +232,40 @@ def states_fit(config: ModelConfig, group: Layout, hardware: Hardware) -> bool:
     return True
 
 
-def lower_bound(config: ModelConfig, group: Layout, hardware: Hardware, global_batch: int, **assumptions) -> float:
+def lower_bound(config: ModelConfig, group: Layout, hardware: Hardware, global_batch: int, space: Space = Space(),
+                **assumptions) -> float:
     """Seconds no layout of ``group`` (its degrees and ZeRO stage) beats: the module docstring's bound."""
     compute = compute_time(config, replace(group, recompute="none"), hardware, global_batch,
                            assumptions.get("efficiency")).compute
-    bubble = 0.0
-    if group.pp > 1:
-        fractions = [bubble_fraction(layout) for layout in _members(config, group, global_batch)]
-        smallest = min(fractions) if fractions else 0.0
-        bubble = compute * smallest / (1 - smallest)
-    comm = {k: v for k, v in assumptions.items() if k not in ("efficiency",) and not k.endswith("_overlap")}
+    fractions = [bubble_fraction(layout) for layout in _members(config, group, global_batch, space)]
+    smallest = min(fractions, default=0.0)
+    comm = {k: v for k, v in assumptions.items() if k in ("attention", "gather_logits", "vocab_parallel_loss")}
     shares = {axis: assumptions.get(f"{axis}_overlap", 0.0) for axis in ("dp", "tp", "pp", "sp")}
-    exposed = min(sum(getattr(communication_time(config, replace(group, micro_batches=1, sequence_parallel=sp_on),
-                                                 hardware, global_batch // group.dp,
-                                                 assumptions.get("bytes_per_element", 2),
-                                                 **{k: v for k, v in comm.items() if k != "bytes_per_element"}),
-                              axis) * (1 - share) for axis, share in shares.items())
-                  for sp_on in ((False, True) if group.tp > 1 else (False,)))
-    return compute + bubble + exposed
+    sp_choices = space.sequence_parallel if group.tp > 1 else (False,)
+    exposed = min(sum(getattr(seconds, axis) * (1 - share) for axis, share in shares.items())
+                  for seconds in (communication_time(config, replace(group, micro_batches=1, sequence_parallel=on),
+                                                     hardware, global_batch // group.dp,
+                                                     assumptions.get("bytes_per_element", 2), **comm)
+                                  for on in sp_choices))
+    return compute / (1 - smallest) + exposed
 
 
 def plan(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, top: int = 10,
-         **assumptions) -> list[Candidate]:
+         space: Space = Space(), **assumptions) -> list[Candidate]:
     """The ``top`` fastest layouts that fit, fastest first: ``brute_force(...)``'s fitting head, found by branch
     and bound (the module docstring): groups whose model states do not fit are skipped, the rest visited
     cheapest :func:`lower_bound` first, stopping when the bound passes the ``top``-th best."""
     if top < 1:
         raise ValueError(f"top must be >= 1 (got {top}).")
-    groups = [g for g in _groups(config, gpus, global_batch) if states_fit(config, g, hardware)]
-    bounds = sorted(((lower_bound(config, g, hardware, global_batch, **assumptions), i) for i, g in enumerate(groups)))
+    groups = [g for g in _groups(config, gpus, global_batch, space, assumptions.get("attention", "ring"))
+              if states_fit(config, g, hardware)]
+    bounds = sorted((lower_bound(config, g, hardware, global_batch, space, **assumptions), i)
+                    for i, g in enumerate(groups))
     best: list[Candidate] = []
     for bound, i in bounds:
         if len(best) >= top and bound > best[-1].seconds * (1 + 1e-8):   # ranking_key's 9 digits
             break
-        for layout in _members(config, groups[i], global_batch):
+        for layout in _members(config, groups[i], global_batch, space):
             candidate = evaluate(config, layout, hardware, global_batch, **assumptions)
             if candidate.fits:
                 best.append(candidate)

@@ -6,8 +6,10 @@ recomputation saves and costs, and -- when the layout does not fit -- its larges
 
     >>> from coursekit.costmodel import Hardware, Layout, ModelConfig, evaluate
     >>> c = evaluate(ModelConfig.gpt2_small(), Layout(pp=4, micro_batches=8), Hardware(), global_batch=8)
-    >>> [r for r in c.reasons if r.startswith("pp")][0][:44]
-    'pp = 4: the bubble costs 27% at m = 8 -- rai'
+    >>> [r for r in c.reasons if r.startswith("pp")][0]
+    'pp = 4: the bubble costs 27% at m = 8 (1f1b, 4.23 ms) -- raise m; without a pipeline the model states would be 2.0 GB per GPU'
+    >>> round(3 / 11, 2)                   # (p − 1)/(m + p − 1)
+    0.27
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from dataclasses import replace
 from .comm import axis_network, communication_time
 from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
-from .memory import GPUMemory, memory_per_gpu
+from .memory import GPUMemory, memory_per_gpu, model_state_bytes
+from .params import params_per_rank
 from .step import TrainingStepTime
 
-__all__ = ["layout_reasons", "gb", "ms"]
+__all__ = ["layout_reasons", "gb", "ms", "duration"]
 
 LINKS = {"intra": "inside the node (NVLink)", "net": "across nodes (InfiniBand)",
          "intra+net": "across nodes (NVLink and InfiniBand)"}
@@ -36,6 +39,11 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
 
+def duration(seconds: float) -> str:
+    """Milliseconds below a second, else seconds; 3 significant digits: ``4.23 ms``, ``25.6 s``."""
+    return ms(seconds) if seconds < 1 else f"{seconds:.3g} s"
+
+
 def _share(part: float, whole: float) -> str:
     return f"{100 * part / whole:.0f}%" if whole else "0%"
 
@@ -49,35 +57,41 @@ def _tp_reason(config, layout, hardware, global_batch, time, **assumptions) -> s
     comm = {k: v for k, v in assumptions.items() if k in ("attention", "gather_logits", "vocab_parallel_loss")}
     if link == "intra":
         other = communication_time(config, layout, slow, micro, **comm).tp
-        return (f"tp = {t} {LINKS[link]}: its all-reduces per layer take {ms(seconds)} "
-                f"({_share(seconds, time.total)} of the step); across nodes they would take {ms(other)}")
+        return (f"tp = {t} {LINKS[link]}: its all-reduces per layer take {duration(seconds)} "
+                f"({_share(seconds, time.total)} of the step); across nodes they would take {duration(other)}")
     other = communication_time(config, layout, fast, micro, **comm).tp
-    return (f"tp = {t} {LINKS[link]}: its all-reduces per layer take {ms(seconds)} "
-            f"({_share(seconds, time.total)} of the step), against {ms(other)} if they stayed on NVLink")
+    return (f"tp = {t} {LINKS[link]}: its all-reduces per layer take {duration(seconds)} "
+            f"({_share(seconds, time.total)} of the step), against {duration(other)} if they stayed on NVLink")
 
 
-def _pp_reason(layout, time) -> str:
+def _pp_reason(config, layout, hardware, time) -> str:
+    """The bubble at this m, and what the same tp, dp and ZeRO would hold without the pipeline."""
     p, m = layout.pp, layout.micro_batches
     f = bubble_fraction(layout)
     advice = " -- raise m" if f > 0.1 else ""
-    return (f"pp = {p}: the bubble costs {100 * f:.0f}% at m = {m} ({layout.schedule}, {ms(time.bubble)})"
-            f"{advice}")
+    flat = model_state_bytes(params_per_rank(config, layout.tp).total, layout.dp, layout.zero).total
+    without = (f"without a pipeline the model states alone would need {gb(flat)} per GPU > {gb(hardware.memory)}"
+               if flat > hardware.memory else f"without a pipeline the model states would be {gb(flat)} per GPU")
+    return (f"pp = {p}: the bubble costs {100 * f:.0f}% at m = {m} ({layout.schedule}, {duration(time.bubble)}){advice}; "
+            f"{without}")
 
 
 def _dp_reason(layout, hardware, time) -> str:
     _, link = axis_network(layout, hardware, "dp")
-    what = "all-reduce of the gradients" if layout.zero == 0 else f"ZeRO-{layout.zero} collectives"
-    return (f"dp = {layout.dp} {LINKS[link]}: the {what} take {ms(time.communication.dp)} "
+    what = "all-reduce of the gradients takes" if layout.zero == 0 else f"ZeRO-{layout.zero} collectives take"
+    return (f"dp = {layout.dp} {LINKS[link]}: the {what} {duration(time.communication.dp)} "
             f"({_share(time.communication.dp, time.total)} of the step)")
 
 
-def _zero_reason(config, layout, memory, global_batch) -> str:
+def _zero_reason(config, layout, hardware, memory, global_batch) -> str:
     micro = global_batch // (layout.dp * layout.micro_batches)
     plain = memory_per_gpu(config, replace(layout, zero=0), micro)
     saved = plain.total - memory.total
+    verdict = (f"; without it {gb(plain.total)} > {gb(hardware.memory)}: it would not fit"
+               if plain.total > hardware.memory >= memory.total else "")
     return (f"ZeRO-{layout.zero} over dp = {layout.dp}: model states "
             f"{gb(memory.params + memory.grads + memory.optimizer + memory.buffers)} per GPU instead of "
-            f"{gb(plain.params + plain.grads + plain.optimizer)} ({gb(saved)} saved)")
+            f"{gb(plain.params + plain.grads + plain.optimizer)} ({gb(saved)} saved){verdict}")
 
 
 def _recompute_reason(config, layout, hardware, global_batch, memory) -> str:
@@ -86,7 +100,7 @@ def _recompute_reason(config, layout, hardware, global_batch, memory) -> str:
     extra = (compute_time(config, layout, hardware, global_batch).compute
              - compute_time(config, replace(layout, recompute="none"), hardware, global_batch).compute)
     return (f"recompute = {layout.recompute}: activations {gb(memory.activations)} instead of "
-            f"{gb(kept.activations)}, for {ms(extra)} more compute")
+            f"{gb(kept.activations)}, for {duration(extra)} more compute")
 
 
 def _fit_reason(memory: GPUMemory, hardware: Hardware, fits: bool) -> str:
@@ -104,20 +118,20 @@ def _fit_reason(memory: GPUMemory, hardware: Hardware, fits: bool) -> str:
 def layout_reasons(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int, memory: GPUMemory,
                    time: TrainingStepTime, fits: bool, **assumptions) -> tuple[str, ...]:
     """One line per decision of ``layout`` (its axes of degree > 1, ZeRO, recomputation) and one on memory."""
-    lines = [f"step {ms(time.total)}: compute {ms(time.compute)}, bubble {ms(time.bubble)}, exposed "
-             f"communication {ms(time.exposed_communication)}"]
+    lines = [f"step {duration(time.total)}: compute {duration(time.compute)}, bubble {duration(time.bubble)}, exposed "
+             f"communication {duration(time.exposed_communication)}"]
     if layout.tp > 1:
         lines.append(_tp_reason(config, layout, hardware, global_batch, time, **assumptions))
     if layout.pp > 1:
-        lines.append(_pp_reason(layout, time))
+        lines.append(_pp_reason(config, layout, hardware, time))
     if layout.dp > 1:
         lines.append(_dp_reason(layout, hardware, time))
     if layout.sp > 1:
         _, link = axis_network(layout, hardware, "sp")
-        lines.append(f"sp = {layout.sp} {LINKS[link]}: attention's blocks cost {ms(time.communication.sp)}, each "
+        lines.append(f"sp = {layout.sp} {LINKS[link]}: attention's blocks cost {duration(time.communication.sp)}, each "
                      f"rank keeps 1/{layout.sp} of the activations")
     if layout.zero:
-        lines.append(_zero_reason(config, layout, memory, global_batch))
+        lines.append(_zero_reason(config, layout, hardware, memory, global_batch))
     if layout.recompute != "none":
         lines.append(_recompute_reason(config, layout, hardware, global_batch, memory))
     lines.append(_fit_reason(memory, hardware, fits))
