@@ -15,7 +15,8 @@ and coursekit/costmodel/__init__.py's marking):
 * the GPU count check left out (check_layout's own sentence then) -> degrees_not_gpus "feedback lacks 'dp × tp ×
   pp × sp = 4 × 1 × 1 × 1 = 4 GPUs, but the scenario has 8'"; the m >= p check left out -> pipeline_m_below_p
   "feedback lacks '175b: pp = 8 with micro_batches = 4: m < p, the pipeline never fills'";
-* a stub in every scenario not turned into NotDone -> the stub's status "fail", not "not done";
+* a stub in every scenario not turned into NotDone -> the stub's status "fail", not "not done"; one scenario
+  unfinished taken as the whole exercise not done -> only_two_done "valid_layout earned 0.0, not 2";
 * the tp advice blind to the link -> tp_across_nodes "feedback lacks 'the tp = 16 group crosses nodes'";
 * the memory advice naming the first term, not the largest -> no_zero_13b "feedback lacks 'The largest term:
   optimizer state 154.3 GB per GPU: add ZeRO over dp'", no_micro_batches_125m the same for its activations;
