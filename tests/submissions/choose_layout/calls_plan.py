@@ -1,0 +1,17 @@
+"""The planner's answer returned as the learner's: coursekit.costmodel.plan ranks every layout, and its first
+is the best by definition. Nothing chosen."""
+
+from coursekit.costmodel import plan
+
+
+def choose_layout(scenario):
+    return plan(scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch)[0].layout
+
+
+SCORE = 0
+NOT_JUDGED = "not judged: choose_layout calls coursekit's own planner here (see valid_layout)"
+LOSES = {"valid_layout": (0, ("125m, 13b and 175b: coursekit.costmodel.planner.plan was called: it is coursekit's own answer to "
+                              "exercise 07_choose_a_layout", "evaluate(config, Layout(...), hardware, global_batch) "
+                              "prices one layout")),
+         "fits_in_memory": (0, "125m, 13b and 175b: " + NOT_JUDGED),
+         "near_best_step_time": (0, "125m, 13b and 175b: " + NOT_JUDGED)}

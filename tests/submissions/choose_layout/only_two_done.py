@@ -1,0 +1,17 @@
+"""Work in progress: 125 M and 13B chosen (the solution's layouts), 175B still the stub's NotImplementedError.
+The two done earn their points; the third is "not done yet", not a crash and not a zero for the whole exercise."""
+
+from _cl_solution import solution
+
+
+def choose_layout(scenario):
+    if scenario.key == "175b":
+        raise NotImplementedError("175B: next")
+    return solution(scenario)
+
+
+SCORE = 6   # 2 of 3 in each check
+NOT_DONE = "175b: not done yet: choose_layout raises NotImplementedError for it"
+LOSES = {"valid_layout": (2, NOT_DONE),
+         "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
+         "near_best_step_time": (2, "175b: not judged: not a valid layout (see valid_layout)")}

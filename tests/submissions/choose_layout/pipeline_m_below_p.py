@@ -1,0 +1,13 @@
+"""175B in Megatron-LM's degrees, but 4 micro-batches for 8 pipeline stages: m < p, the pipeline never
+fills (stages 4 to 7 would wait for a micro-batch that never comes; torchtitan hangs there). Not a layout."""
+
+from _cl_solution import but
+
+from coursekit.costmodel import Layout
+
+choose_layout = but(**{"175b": Layout(dp=16, tp=8, pp=8, zero=1, micro_batches=4)})
+
+SCORE = 6   # 2 of 3 in each check: 175b is invalid, so neither priced nor timed
+LOSES = {"valid_layout": (2, "175b: pp = 8 with micro_batches = 4: m < p, the pipeline never fills"),
+         "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
+         "near_best_step_time": (2, "175b: not judged: not a valid layout (see valid_layout)")}

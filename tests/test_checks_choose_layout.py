@@ -1,0 +1,100 @@
+"""Exercise 07's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
+
+The solution and the stub come from the notebook's one source (tools/notebook_src/07_choose_a_layout.py, both sides
+of its SOLUTION block, through tests/submissions/choose_layout/_cl_solution.py); every attempt in
+tests/submissions/choose_layout/ is graded with its score and feedback (README there). Nothing runs on ranks: the
+grader prices each layout with coursekit.costmodel.evaluate and holds it to plan(...)[0].
+
+Planted bugs, each seen failing (in coursekit/grading/choose_layout.py and choose_layout_feedback.py,
+and coursekit/costmodel/__init__.py's marking):
+* the learner's call outside ``held_back`` -> calls_plan and searches_layouts "valid_layout earned 3.0, not 0" (9/9);
+* plan, brute_force and layouts not marked ``@answer_to`` -> the same two, and the held-back test fails;
+* every layout taken to fit -> no_zero_13b and no_micro_batches_125m "fits_in_memory earned 3.0, not 2";
+* the step time judged on layouts that do not fit -> the same two "near_best_step_time earned 3.0, not 2";
+* the tolerance 10 (1000%) -> tp_across_nodes "near_best_step_time earned 3.0, not 2";
+* the GPU count check left out (check_layout's own sentence then) -> degrees_not_gpus "feedback lacks 'dp × tp ×
+  pp × sp = 4 × 1 × 1 × 1 = 4 GPUs, but the scenario has 8'"; the m >= p check left out -> pipeline_m_below_p
+  "feedback lacks '175b: pp = 8 with micro_batches = 4: m < p, the pipeline never fills'";
+* a stub in every scenario not turned into NotDone -> the stub's status "fail", not "not done"; one scenario
+  unfinished taken as the whole exercise not done -> only_two_done "valid_layout earned 0.0, not 2";
+* the tp advice blind to the link -> tp_across_nodes "feedback lacks 'the tp = 16 group crosses nodes'";
+* the memory advice naming the first term, not the largest -> no_zero_13b "feedback lacks 'The largest term:
+  optimizer state 154.3 GB per GPU: add ZeRO over dp'", no_micro_batches_125m the same for its activations;
+* the grader's best computed inside ``held_back`` -> the solution and every attempt's near_best_step_time 0;
+* the slow term always taken to be tp -> pipeline_few_micro_batches "feedback lacks 'the pipeline bubble takes
+  12.36 s: pp = 8 at m = 16 idles 30% of the time'", zero3_every_micro_batch its ZeRO-3 sentence; ZeRO-3's gathers
+  described as a plain all-reduce -> zero3_every_micro_batch "feedback lacks 'ZeRO-3 gathers the parameters ...'";
+* the scenarios' keys left out of the feedback (partial_credit's lines as they come) -> 7 attempts lack their phrase.
+"""
+
+from __future__ import annotations
+
+import pytest
+from grading_support import assert_graded, attempts, load
+
+from coursekit.answers import AnswerHeldBack, is_held_back
+from coursekit.costmodel import Layout, brute_force, evaluate, layouts, plan
+from coursekit.grading import check_choose_layout
+from coursekit.grading.choose_layout import EXERCISE, SCENARIOS, TOLERANCE, best
+
+ATTEMPTS = attempts("choose_layout")
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_attempt_gets_its_score_and_feedback(name):
+    module = load("choose_layout", name)
+    report = check_choose_layout(module.choose_layout, verbose=False)
+    assert report.max_score == 9
+    assert_graded(report, module)
+
+
+def test_stub_is_not_done():
+    report = check_choose_layout(load("choose_layout", "stub").choose_layout, verbose=False)
+    assert [r.status for r in report.results] == ["not done"] * 3, report.table()
+    assert check_choose_layout(verbose=False).score == 0     # no function at all: not done, no crash
+
+
+def test_every_typical_mistake_has_an_attempt():
+    assert {"solution", "stub", "tp_across_nodes", "no_zero_13b", "pipeline_m_below_p", "calls_plan",
+            "degrees_not_gpus", "searches_layouts", "no_micro_batches_125m", "pipeline_few_micro_batches",
+            "zero3_every_micro_batch"} <= set(ATTEMPTS)
+
+
+def test_the_solution_is_what_the_seed_recommends_and_near_the_best_by_hand():
+    """The solution's three layouts, checked by hand against the planner's numbers: P1 (fits one GPU -> dp), P8
+    (too large -> tp inside the node + dp, ZeRO), Megatron-LM's tp 8 x pp 8 x dp 16 for 175B."""
+    solution = load("choose_layout", "_cl_solution").solution
+    chosen = {key: solution(s) for key, s in SCENARIOS.items()}
+    assert (chosen["125m"].dp, chosen["13b"].tp, chosen["13b"].zero) == (8, 2, 1)
+    assert (chosen["175b"].tp, chosen["175b"].pp, chosen["175b"].dp) == (8, 8, 16)
+    for key, scenario in SCENARIOS.items():
+        c = evaluate(scenario.config, chosen[key], scenario.hardware, scenario.global_batch)
+        assert c.fits and c.seconds <= (1 + TOLERANCE) * best(scenario).seconds, (key, c.seconds, best(scenario))
+
+
+def test_the_best_is_the_planners_and_fits():
+    """The reference is plan(...)[0], not something the grader made up: it fits and brute force agrees on the 8-GPU
+    scenarios (the 1,024-GPU space is the planner's own test)."""
+    for key in ("125m", "13b"):
+        s = SCENARIOS[key]
+        everything = brute_force(s.config, s.hardware, s.gpus, s.global_batch)
+        assert best(s).fits and best(s).layout == everything[0].layout, key
+
+
+def test_the_planner_is_held_back_only_while_the_learner_chooses():
+    s = SCENARIOS["125m"]
+    check_choose_layout(load("choose_layout", "calls_plan").choose_layout, verbose=False)
+    assert not is_held_back(EXERCISE)
+    assert plan(s.config, s.hardware, s.gpus, s.global_batch, top=1)[0].fits     # released after grading
+    from coursekit.answers import held_back
+    with held_back(EXERCISE):
+        for answer in (plan, brute_force, layouts):
+            with pytest.raises(AnswerHeldBack, match="07_choose_a_layout"):
+                answer(s.config, s.hardware, s.gpus, s.global_batch)
+        assert evaluate(s.config, Layout(dp=8, micro_batches=8), s.hardware, s.global_batch).fits  # the calculator
+
+
+def test_the_same_attempt_gets_the_same_report():
+    module = load("choose_layout", "tp_across_nodes")
+    first, again = (check_choose_layout(module.choose_layout, verbose=False) for _ in range(2))
+    assert first.table() == again.table()
