@@ -21,8 +21,8 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, step_collectives)
 from .step import TrainingStepTime, step_time
-from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound, plan, ranking_key,
-                      states_fit)
+from .planner import (CHOOSE_YOURSELF, Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
+                      plan, ranking_key, states_fit)
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # memory
@@ -35,19 +35,4 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
            # the planner
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
-           "ranking_key"]
-
-# Exercise 07 asks the learner to choose a layout: the planner's search is its answer, held back while
-# coursekit.grading.choose_layout runs the learner's code (coursekit.answers). Marked here, where the package is
-# made, so that every way of importing them (coursekit.costmodel.plan, coursekit.costmodel.planner.plan) gets the
-# marked function; evaluate, memory_per_gpu and step_time stay the learner's calculator.
-from ..answers import answer_to  # noqa: E402
-from . import planner  # noqa: E402
-
-CHOOSE_YOURSELF = ("choose the degrees yourself from the numbers: evaluate(config, Layout(...), hardware, "
-                   "global_batch) prices one layout -- its memory, its step time and why")
-for answer in (planner.plan, planner.brute_force, planner.layouts):
-    marked = answer_to("07_choose_a_layout", CHOOSE_YOURSELF)(answer)
-    setattr(planner, answer.__name__, marked)
-    globals()[answer.__name__] = marked
-del answer, marked
+           "ranking_key", "CHOOSE_YOURSELF"]
