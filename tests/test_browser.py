@@ -103,10 +103,12 @@ def open_notebook(lab, browser, lab_page, request):
             lab.shutdown_kernels()
 
 
-def check_learner_view(notebook: NotebookPage) -> None:
-    """Run the cells the widgets need; nothing broken on the page; every slider and Play button redraws."""
+def check_learner_view(notebook: NotebookPage, every_cell: bool = False) -> None:
+    """Run the cells the widgets need (``every_cell``: all of them); nothing broken on the page; every slider
+    and Play button redraws."""
     on_disk = json.loads((ROOT / notebook.path).read_text())
-    notebook.keep_only(cells_widgets_need(on_disk))
+    if not every_cell:
+        notebook.keep_only(cells_widgets_need(on_disk))
     notebook.inject_parameters(on_disk["metadata"].get("coursekit", {}).get("ci_parameters", {}))
     start = time.monotonic()
     notebook.run_all()
@@ -138,7 +140,7 @@ def test_chapter_in_jupyterlab(path, open_notebook):
 @pytest.mark.skipif(EXERCISE is None, reason="no exercise notebook in exercises/ yet")
 def test_exercise_grading_feedback_appears(open_notebook):
     notebook = open_notebook(EXERCISE)
-    check_learner_view(notebook)
+    check_learner_view(notebook, every_cell=True)   # the learner's path: write, run all, read the score
     # Each grading cell shows the learner a score for their (here: unfinished) code.
     graded = [c for c in notebook.cells() if re.search(r"\bgrade\(", c["source"])]
     assert graded, f"{EXERCISE.name} has no cell calling grade(...)"
