@@ -471,3 +471,39 @@ def test_invalid_output_for_cluster_raises_before_starting_ranks():
         with pytest.raises(ValueError, match="'live'.*'ordered'"):
             cluster.run(lambda rank, world_size: rank, output="loud")
         assert cluster.run(lambda rank, world_size: rank) == [0, 1], "a bad output= must not break the cluster"
+
+
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds`` (a rank that computes, not one that sleeps: sleeping looks like waiting)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def test_when_every_rank_raises_the_lowest_rank_is_reported_whoever_raised_first():
+    # Every rank runs the same code, so a mistake often raises on all of them; which raises first is
+    # scheduling. Here the highest rank raises first and rank 0 last: the report must still be rank 0's
+    # (a grader's feedback quotes it, and must be the same for the same attempt every time).
+    def all_raise(rank, world_size):
+        _spin(0.4 * (world_size - 1 - rank))
+        raise ValueError(f"the mistake, as rank {rank} saw it")
+
+    with pytest.raises(RankError) as info:
+        launch(all_raise, 3, timeout=60)
+    assert info.value.rank == 0, f"rank {info.value.rank} reported: the first to raise, not the lowest"
+    assert "as rank 0 saw it" in str(info.value)
+    assert_no_children()
+
+
+def test_a_rank_that_died_is_blamed_before_the_peer_whose_recv_its_death_broke():
+    def one_dies(rank, world_size):
+        if rank == 1:
+            _spin(0.3)
+            os._exit(3)
+        t = torch.zeros(1)
+        dist.recv(t, src=1)  # gloo raises here once rank 1 is gone: an echo of its death, not the bug
+
+    with pytest.raises(RankError) as info:
+        launch(one_dies, 2, timeout=60)
+    assert info.value.rank == 1 and "code 3" in str(info.value)
+    assert_no_children()
