@@ -80,7 +80,7 @@ def test_the_loss_returned_is_checked_whatever_its_form():
     """A second stage that returns loss.item() (a float) returns the loss: full marks on the loss check; one that
     returns the output layer's logits does not, and the feedback says what came back. (Returning nothing, and a
     loss computed without the loss_fn given: tests/submissions/model_parallel/returns_nothing.py, own_cross_entropy.py.)
-    Planted bug: _returned without its branch for Python numbers -> loss.item() fails ("it returned a float")."""
+    Planted bug: returned_value without its branch for Python numbers -> loss.item() fails ("it returned a float")."""
     def second_with(returned):
         def second(stage, targets, loss_fn, shape):
             inputs = torch.empty(shape)

@@ -30,7 +30,7 @@ from ..verify import NamedPart, record_step
 from .watch import Watch
 
 __all__ = ["WORLD", "ROLE", "WHAT", "make_model", "make_optimizer", "boundary_width", "StageWatch",
-           "two_stage_rank"]
+           "two_stage_rank", "returned_value"]
 
 WORLD = 2  # two stages, two ranks: the seed's example
 ROLE = {0: "the first stage (rank 0)", 1: "the second stage (rank 1)"}
@@ -154,7 +154,7 @@ class _StageRun:
                 else:
                     answer = self.halves[1](self.stage, y, scaled_loss, (x.shape[0], self.width))
                     # (step, micro-batch, what it returned, the loss loss_fn computed or None if never called)
-                    self.answers.append((step, micro, _returned(answer), seen[-1][1] if seen else None))
+                    self.answers.append((step, micro, returned_value(answer), seen[-1][1] if seen else None))
         except (_ForwardDone, _Refused, AttributeError, TypeError, RuntimeError) as error:
             self._rescue(step, micro, x.shape[0], error, before_sent, before_received)
         self.sends.append((step, micro, x.shape[0], self.watch.payload_sent(before_sent)))
@@ -203,7 +203,7 @@ def two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_on
     return run.result(records=records)
 
 
-def _returned(answer):
+def returned_value(answer):
     """What second_stage returned: the loss as a float, or words saying what came back instead."""
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         return answer.item()

@@ -36,6 +36,8 @@ EXERCISES = {e.name: e for e in (
              ("ColumnParallelLinear", "RowParallelLinear")),
     Exercise("06_ring_attention", "ring_attention", "check_ring_attention", ("merge", "ring_attention_forward")),
     Exercise("07_choose_a_layout", "choose_layout", "check_choose_layout", ("choose_layout",)),
+    Exercise("08_find_the_bug", "find_the_bug", "check_find_the_bug",
+             ("diagnosis", "train_step", "ring_sum", "make_replica")),
 )}
 # Exercise -> the module defining its checks.
 EXERCISE_MODULES = {name: f"{__package__}.{e.module}" for name, e in EXERCISES.items()}
