@@ -1,0 +1,112 @@
+"""Exercise 08's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves;
+and the broken programs fail on real ranks the way the notebook says they do.
+
+The solution, the stub and the broken programs come from the notebook's one source
+(tools/notebook_src/08_find_the_bug.py, through tests/submissions/find_the_bug/_fb_solution.py); every attempt in
+tests/submissions/find_the_bug/ is graded with its score and feedback (README there).
+
+Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
+* the letters compared as given, not upper-cased and stripped -> reads_the_hints "names_each_bug's feedback lacks
+  'program_b: B is not it ...'";
+* program A's length error left to the generic words (``_stopped_a`` returning None) -> broken_unchanged and
+  loss_all_reduced_after_step_on_rank_0 "program_a_fixed's feedback lacks 'the loss all-reduce still runs on rank 0
+  only'";
+* the sum-not-mean test left out -> loss_divided_on_rank_0_only "feedback lacks 'the sum of the ranks' losses'";
+* RingWatch's vet switched off -> broken_unchanged and ring_receives_from_right deadlock in the simulator, "feedback
+  lacks 'rank r still sends to r-1'" / "'rank r receives from r+1'"; the library's labels not looked at ->
+  ring_calls_the_library "program_b_fixed earned 3.0, not 0";
+* the replicas' samples not compared -> replica_one_seed_for_all "feedback lacks 'rank 1 drew the same samples as
+  rank 0'"; nothing sent not checked -> replica_seeded_alike_then_apart "program_c_fixed earned 3.0, not 0";
+* make_replica judged on 2 ranks only -> replica_sent_to_rank_1_only "program_c_fixed earned 3.0, not 1.5".
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from grading_support import assert_graded, attempts, load
+
+import coursekit
+from coursekit.grading import check_find_the_bug
+from coursekit.grading.find_the_bug_options import ANSWERS, OPTIONS
+from coursekit.grading.find_the_bug_programs import (data_parallel_rank, replica_rank, replica_reference,
+                                                     replicas_compared, ring_rank)
+
+ATTEMPTS = attempts("find_the_bug")
+PARTS = ("diagnosis", "train_step", "ring_sum", "make_replica")
+
+
+def graded(module):
+    return check_find_the_bug(*(getattr(module, part) for part in PARTS), verbose=False)
+
+
+@pytest.mark.parametrize("name", ATTEMPTS)
+def test_attempt_gets_its_score_and_feedback(name):
+    module = load("find_the_bug", name)
+    report = graded(module)
+    assert report.max_score == 12
+    assert_graded(report, module)
+
+
+def test_stub_is_not_done():
+    report = graded(load("find_the_bug", "stub"))
+    assert [r.status for r in report.results] == ["not done"] * 4, report.table()
+    assert check_find_the_bug(verbose=False).score == 0     # nothing given at all: not done, no crash
+
+
+def test_every_typical_mistake_has_an_attempt():
+    assert {"solution", "stub", "broken_unchanged", "reads_the_hints", "loss_divided_on_rank_0_only",
+            "loss_not_all_reduced", "ring_receives_from_right", "ring_passes_its_own", "ring_calls_the_library",
+            "replica_one_seed_for_all", "replica_sent_to_rank_1_only", "replica_broadcast_parameters"} <= set(ATTEMPTS)
+
+
+def test_each_question_has_one_answer_and_every_other_option_says_why_not():
+    assert set(ANSWERS) == set(OPTIONS)
+    for program, options in OPTIONS.items():
+        assert set(options) == {"A", "B", "C", "D"}, program
+        for letter, option in options.items():
+            assert bool(option.why_not) == (letter != ANSWERS[program]), (program, letter)
+
+
+# ----------------------------------------------------------------------------- what the notebook says
+def solution():
+    return load("find_the_bug", "_fb_solution").solution
+
+
+def test_program_a_dies_on_a_length_error_that_blames_the_gradients():
+    with pytest.raises(coursekit.RankError) as caught:
+        coursekit.launch(data_parallel_rank, 2, solution()["broken_train_step"], timeout=20)
+    assert caught.value.rank == 0
+    assert caught.value.remote_traceback.strip().splitlines()[-1] == (
+        "ValueError: ring_all_reduce: rank 0 has 1 elements of torch.float32 but rank 1 has 1024 elements of "
+        "torch.float32. Every rank must pass a tensor of the same length and dtype (did one rank build its "
+        "gradients differently?).")
+
+
+def test_program_b_works_on_two_ranks_and_hangs_on_three_each_rank_waiting_on_its_left():
+    broken = solution()["broken_ring_sum"]
+    two = coursekit.launch(ring_rank, 2, broken, 5, False, timeout=20)
+    first, second = (torch.randint(-8, 9, (5,), generator=torch.Generator().manual_seed(7919 * r + 5)) for r in (0, 1))
+    assert all(torch.equal(r["total"], (first + second).float()) for r in two)
+    with pytest.raises(coursekit.LaunchTimeout) as caught:
+        coursekit.launch(ring_rank, 3, broken, 5, False, timeout=2)
+    assert caught.value.ranks == [0, 1, 2]
+    for rank in range(3):
+        assert caught.value.waiting[rank].startswith(f"waiting on recv from rank {(rank - 1) % 3}, 5 elements "
+                                                     f"(ring step 0)"), caught.value.waiting
+
+
+def test_program_c_runs_and_differs_from_one_process_first_in_rank_1s_starting_weights():
+    results = coursekit.launch(replica_rank, 2, solution()["broken_make_replica"], timeout=20)
+    reference = replica_reference(results[0]["initial"], [r["drawn"] for r in results])
+    report = coursekit.compare(reference, [r["records"] for r in results], check_output=False)
+    assert not report.ok and (report.first.step, report.first.kind, report.first.rank) == (0, "loss", 0)
+    assert abs(results[0]["records"][0]["loss"] - reference[0]["loss"]) > 0.05   # "the loss differs by 0.07"
+    start = replicas_compared(results).first
+    assert (start.kind, start.name, start.rank) == ("param", "0.weight", 1)
+    assert results[0]["drawn"] != results[1]["drawn"]     # each rank its own samples, as the options say
+
+
+def test_the_same_attempt_gets_the_same_report():
+    module = load("find_the_bug", "broken_unchanged")
+    assert graded(module).table() == graded(module).table()
