@@ -7,17 +7,21 @@ tests/submissions/find_the_bug/ is graded with its score and feedback (README th
 
 Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
 * the letters compared as given, not upper-cased and stripped -> reads_the_hints "names_each_bug's feedback lacks
-  'program_b: B is not it ...'";
-* program A's length error left to the generic words (``_stopped_a`` returning None) -> broken_unchanged and
-  loss_all_reduced_after_step_on_rank_0 "program_a_fixed's feedback lacks 'the loss all-reduce still runs on rank 0
-  only'";
-* the sum-not-mean test left out -> loss_divided_on_rank_0_only "feedback lacks 'the sum of the ranks' losses'";
+  'program_b: B is not it: every rank waits at ring step 0 ...'";
+* program A's length error left to the generic words -> broken_unchanged and loss_all_reduced_after_step_on_rank_0
+  "program_a_fixed's feedback lacks 'the loss all-reduce still runs on rank 0 only'";
+* the sum-not-mean test left out -> loss_divided_on_rank_0_only "feedback lacks \"the sum of the ranks' losses, not
+  their mean\""; the own-loss test left out -> loss_not_all_reduced "feedback lacks \"its own loss ...\"";
 * RingWatch's vet switched off -> broken_unchanged and ring_receives_from_right deadlock in the simulator, "feedback
-  lacks 'rank r still sends to r-1'" / "'rank r receives from r+1'"; the library's labels not looked at ->
-  ring_calls_the_library "program_b_fixed earned 3.0, not 0";
-* the replicas' samples not compared -> replica_one_seed_for_all "feedback lacks 'rank 1 drew the same samples as
-  rank 0'"; nothing sent not checked -> replica_seeded_alike_then_apart "program_c_fixed earned 3.0, not 0";
-* make_replica judged on 2 ranks only -> replica_sent_to_rank_1_only "program_c_fixed earned 3.0, not 1.5".
+  lacks 'world size 3: rank r still sends to r-1 ...'" / "'... rank r receives from r+1 ...'"; the library's labels
+  not looked at -> ring_calls_the_library "program_b_fixed earned 3.0, not 0"; the passed-own-tensor test left out
+  -> ring_passes_its_own "feedback lacks \"rank 0's sum holds its left neighbour's tensor 2 times\"";
+* the replicas' samples not compared -> replica_one_seed_for_all "feedback lacks 'world size 2: rank 1 drew the same
+  samples as rank 0'"; nothing sent not checked -> replica_seeded_alike_then_apart "program_c_fixed earned 3.0, not
+  0"; rank 0's stuck send not explained -> replica_received_on_rank_1_only "feedback lacks 'rank 2 never receives
+  what rank 0 sends it'";
+* make_replica judged on 2 ranks only -> replica_sent_to_rank_1_only "program_c_fixed earned 3.0, not 1.5";
+* the stub not recognised before ranks start -> test_stub_is_not_done (status "fail", not "not done").
 """
 
 from __future__ import annotations
