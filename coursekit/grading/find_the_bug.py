@@ -107,6 +107,8 @@ def _run(ctx, simulated, harness, size: int, fix, *args, said=None):
             return better(text, size) or text
     try:
         return ctx.launch(harness, size, fix, *args)
+    except NotDone:
+        raise
     except Deadlocked as stuck:
         raise Deadlocked(better(str(stuck), size) or str(stuck), waited=True) from None
     except CheckFailed as failed:
@@ -161,8 +163,8 @@ def _said_a(text: str, size: int) -> str | None:
     stuck = sorted({int(r) for r in _STUCK.findall(text)})
     if "still running after" in text and stuck and len(stuck) < size:
         ranks = ", ".join(map(str, stuck))
-        return (f"{text}\nThe other ranks had returned: the loss all-reduce still runs on rank {ranks} only. Every "
-                f"rank must call it; keep only the print inside `if rank == 0:`")
+        return (f"{text}\nThe other ranks had returned: a collective still runs on rank {ranks} only (the loss "
+                f"all-reduce?). Every rank must call every collective; keep only the print inside `if rank == 0:`")
     return None
 
 
