@@ -49,7 +49,11 @@ def glossary_entries() -> dict[str, str]:
 
 
 def anchors() -> set[str]:
-    return {slug(m.group(2)) for m in map(_HEADING.match, GLOSSARY.read_text().splitlines()) if m}
+    """Every heading's anchor. GitHub gives a repeated heading the anchor ``x-1``: refuse repeats."""
+    found = [slug(m.group(2)) for m in map(_HEADING.match, GLOSSARY.read_text().splitlines()) if m]
+    repeated = sorted({a for a in found if found.count(a) > 1})
+    assert not repeated, f"two glossary headings give the anchors {repeated}: GitHub would number the second"
+    return set(found)
 
 
 def markdown_of(notebook: Path) -> list[str]:
@@ -75,6 +79,7 @@ def chapter_links(entry: str) -> list[Path]:
 
 
 def test_every_heading_has_a_plain_anchor():
+    anchors()
     for line in GLOSSARY.read_text().splitlines():
         match = _HEADING.match(line)
         if match:

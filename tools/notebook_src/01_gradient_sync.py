@@ -435,7 +435,7 @@ plt.show()
 # * **ring**: its *bandwidth term* (dashed) is `2·(G−1)/G · N·b/B ≈ 2·N·b/B`: flat once the ring spans
 #   nodes (G ≥ 16); like the master's, it jumps after G = 8, where NVLink gives way to InfiniBand.
 #   Its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
-#   over a hundred times its bandwidth term for a 4 MiB bucket. For the 14 GB gradient the bandwidth
+#   over a hundred times its bandwidth term for a 4 MiB [bucket](../docs/glossary.md#bucket). For the 14 GB gradient the bandwidth
 #   term still dominates.
 # * **[hierarchical](../docs/glossary.md#hierarchical-all-reduce)** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
 #   of 8, and sends only `1/k` of the bytes per GPU over InfiniBand.
@@ -607,4 +607,4 @@ print(f"the ring is {speed(master.total, ring)} than the first master and {speed
 # rebuilding a reduce-scatter.
 #
 # **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by
-# `coursekit grade`. Then chapter 02 builds data parallelism and ZeRO on these very collectives.
+# `coursekit grade`. Then chapter 02 builds data parallelism and [ZeRO](../docs/glossary.md#zero) on these very collectives.

@@ -13,7 +13,7 @@
 # 2. naive averaging, then [bucketed](../docs/glossary.md#bucket) all-reduce that **[overlaps](../docs/glossary.md#overlap)** the backward pass — on a measured timeline;
 # 3. [gradient accumulation](../docs/glossary.md#gradient-accumulation) without communicating on every micro-batch;
 # 4. what it buys on this machine (throughput vs number of ranks), said honestly;
-# 5. the catch of P4 answered by **[ZeRO](../docs/glossary.md#zero)**: shard optimiser state, gradients, then parameters — with
+# 5. the catch of P4 answered by **[ZeRO](../docs/glossary.md#zero)**: [shard](../docs/glossary.md#shard) optimiser state, gradients, then parameters — with
 #    chapter 01's ring reduce-scatter and all-gather (**R5**, **R6**) — measured bytes against the formulas.
 #
 # Everything runs for real: every "GPU" is a process (gloo on the CPU).
@@ -538,7 +538,7 @@ for ours, theirs in PAIRS:
 # runs, and README reports the ratios). What the course's versions teach is the mechanism; what
 # PyTorch's add around it is engineering for real clusters: buckets rebuilt from the order gradients
 # actually arrive, communication hooks (compression), mixed precision, CPU offload, and for FSDP2,
-# DTensor parameters that compose with tensor parallelism (chapter 05).
+# [DTensor](../docs/glossary.md#dtensor) parameters that compose with tensor parallelism (chapter 05).
 #
 # ## What we have
 #

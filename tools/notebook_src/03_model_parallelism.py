@@ -361,7 +361,7 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
 # `layer1.to("cuda:0")`, `layer2.to("cuda:1")`, `h = layer1(x.to("cuda:0")); y = layer2(h.to("cuda:1"))` —
 # inside **one** process, and autograd follows `.to()` across devices. Across processes,
 # `torch.distributed.pipelining` runs exactly this chapter's chain: `PipelineStage` per rank, and a
-# schedule with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
+# [schedule](../docs/glossary.md#pipeline-schedule) with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
 # from the same training loop on the same stages (strategy `"torch_pipeline"`, schedule `"gpipe"`,
 # `micro_batches=1`): the course transformer on 2 ranks, against one process and against coursekit's
 # `"model"`:

@@ -470,7 +470,7 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
 # ## 8. How it composes: sequence × data on a mesh, for real
 #
 # Sequence parallelism is orthogonal to data parallelism and can be combined with it (P9). On
-# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` axis cuts the batch of 5 into slices of 3 and 2, and the
+# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` [axis](../docs/glossary.md#axis) cuts the batch of 5 into slices of 3 and 2, and the
 # 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward the
 # gradients are summed over `sp` (each rank saw its own tokens) and averaged over `dp` (each slice saw its
 # samples). Every message is counted and assigned to the axis it travelled along:
