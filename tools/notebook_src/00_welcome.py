@@ -18,6 +18,9 @@
 #    in `solutions/`. Grade your work with the grading cell, or from a terminal:
 #    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
+# 4. A linked term leads to the [glossary](../docs/glossary.md): every term of the course with a one-line
+#    definition, its Russian and Vietnamese names (the source texts' own words where they have one) and
+#    the chapter that teaches it.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in seconds; raise them freely.
