@@ -30,7 +30,7 @@ def assert_times_out(fn, world_size=2):
 
 def assert_fails(fn, world_size=2, **options):
     with pytest.raises(RankError) as info:
-        launch(fn, world_size, timeout=30, **options)
+        launch(fn, world_size, timeout=10, **options)
     return info.value
 
 
@@ -90,7 +90,8 @@ def test_detail_reaches_the_ranks_through_env_and_names_both_collectives():
 
 def test_env_is_set_in_every_rank_and_not_in_the_caller():
     assert "COURSEKIT_TEST_ENV" not in os.environ
-    seen = launch(lambda rank, world_size: os.environ.get("COURSEKIT_TEST_ENV"), 2, env={"COURSEKIT_TEST_ENV": "on"})
+    seen = launch(lambda rank, world_size: os.environ.get("COURSEKIT_TEST_ENV"), 2, env={"COURSEKIT_TEST_ENV": "on"},
+                  timeout=20)
     assert seen == ["on", "on"] and "COURSEKIT_TEST_ENV" not in os.environ
 
 
@@ -145,7 +146,7 @@ def test_a_pipeline_with_too_few_micro_batches_or_a_missing_receive_is_refused()
 
 # 7. Silent divergence: the replicas' first differing parameter.
 def test_replicas_from_their_own_seeds_differ_first_in_the_first_weight_by_the_seeds_difference():
-    reports = launch(lambda rank, world_size: check_replicas(tiny_mlp(seed=rank)), 2)
+    reports = launch(lambda rank, world_size: check_replicas(tiny_mlp(seed=rank)), 2, timeout=20)
     assert [str(r) for r in reports] == [str(reports[0])] * 2, "every rank must get the same report"
     expected = (tiny_mlp(seed=1).layers[0].weight - tiny_mlp(seed=0).layers[0].weight).abs().max().item()
     report = reports[0]
@@ -164,7 +165,7 @@ def one_ulp_off_on_rank_2(rank, world_size):
 
 
 def test_one_bit_of_difference_in_a_later_tensor_is_found_and_equal_replicas_agree():
-    (report, same), *_ = launch(one_ulp_off_on_rank_2, 3)
+    (report, same), *_ = launch(one_ulp_off_on_rank_2, 3, timeout=20)
     assert (report.name, report.ranks, report.index) == ("layers.1.bias", [2], (3,)), str(report)
     assert same.ok and str(same) == "replicas agree: 1 tensors bit-identical on 3 ranks"
 
@@ -187,7 +188,7 @@ def nan_on_rank_1_at_step_2(rank, world_size):
 
 
 def test_the_first_rank_and_step_with_a_nan_gradient_is_the_same_answer_on_every_rank():
-    assert launch(nan_on_rank_1_at_step_2, 2) == [(2, {1: "layers.0.weight"})] * 2
+    assert launch(nan_on_rank_1_at_step_2, 2, timeout=20) == [(2, {1: "layers.0.weight"})] * 2
 
 
 # 9. monitored_barrier names the rank that never arrives.
@@ -214,7 +215,7 @@ def flight_record(rank, world_size):
 
 
 def test_the_flight_recorder_on_gloo_counts_the_collectives_each_rank_enqueued():
-    traces = launch(flight_record, 2)
+    traces = launch(flight_record, 2, timeout=20)
     status = [trace["pg_status"]["0"] for trace in traces]
     assert [s["last_enqueued_collective"] for s in status] == [2, 1]
     assert [e["profiling_name"] for e in traces[0]["entries"]] == ["gloo:all_reduce"] * 2
