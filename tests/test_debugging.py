@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import coursekit
-from coursekit import LaunchTimeout, RankError, check_replicas, comm, launch, nonfinite_ranks, tiny_mlp
+from coursekit import Cluster, LaunchTimeout, RankError, check_replicas, comm, launch, nonfinite_ranks, tiny_mlp
 from coursekit.collectives import ring_all_reduce
 from coursekit.parallel.pipeline.schedules import Action
 
@@ -88,11 +88,16 @@ def test_detail_reaches_the_ranks_through_env_and_names_both_collectives():
     assert "Rank 1 is running collective: CollectiveFingerPrint(SequenceNumber=0, OpType=BROADCAST" in text
 
 
+def read_test_env(rank, world_size):
+    return os.environ.get("COURSEKIT_TEST_ENV")
+
+
 def test_env_is_set_in_every_rank_and_not_in_the_caller():
     assert "COURSEKIT_TEST_ENV" not in os.environ
-    seen = launch(lambda rank, world_size: os.environ.get("COURSEKIT_TEST_ENV"), 2, env={"COURSEKIT_TEST_ENV": "on"},
-                  timeout=20)
-    assert seen == ["on", "on"] and "COURSEKIT_TEST_ENV" not in os.environ
+    assert launch(read_test_env, 2, env={"COURSEKIT_TEST_ENV": "on"}, timeout=20) == ["on", "on"]
+    with Cluster(2, env={"COURSEKIT_TEST_ENV": "warm"}, timeout=20) as cluster:
+        assert cluster.run(read_test_env) == ["warm", "warm"]
+    assert "COURSEKIT_TEST_ENV" not in os.environ, "the caller's environment was changed"
 
 
 @pytest.mark.parametrize("env", [{"TORCH_DISTRIBUTED_DEBUG": 1}, ["TORCH_DISTRIBUTED_DEBUG=DETAIL"]])

@@ -480,7 +480,8 @@ def rank_1_never_arrives(rank, world_size):
 run(rank_1_never_arrives, timeout=10 * TIMEOUT_S)
 
 # %% [markdown]
-# Rank 0 raises "Rank 1 failed to pass monitoredBarrier in 1000 ms" after `GLOO_TIMEOUT_S`; the launcher then
+# Rank 0 raises "Rank 1 failed to pass monitoredBarrier in 1000 ms" after `GLOO_TIMEOUT_S` (the line on a red
+# background is gloo's log of the same, written by C++ straight to the rank's standard error); the launcher then
 # finds rank 1 idle (stuck), reports rank 0's error and stops both. A `monitored_barrier` at the top of every N-th
 # step is a cheap way to turn "the job hangs" into "rank 1 is late".
 #
@@ -522,12 +523,12 @@ for rank, dump in enumerate(dumps):
 # `python -m torch.distributed.flight_recorder.fr_trace`; on these gloo dumps, with this build:
 
 # %%
-folder = tempfile.mkdtemp()
-for rank, dump in enumerate(dumps):
-    with open(os.path.join(folder, f"trace_{rank}"), "wb") as file:
-        file.write(dump)
-analyser = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder, "-p", "trace_"],
-                          capture_output=True, text=True, timeout=120)
+with tempfile.TemporaryDirectory() as folder:
+    for rank, dump in enumerate(dumps):
+        with open(os.path.join(folder, f"trace_{rank}"), "wb") as file:
+            file.write(dump)
+    analyser = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder,
+                               "-p", "trace_"], capture_output=True, text=True, timeout=120)
 print("exit code", analyser.returncode, "| last line:", (analyser.stderr or analyser.stdout).strip().splitlines()[-1])
 
 # %% [markdown]
