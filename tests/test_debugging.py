@@ -69,6 +69,21 @@ def test_mismatched_lengths_are_refused_by_the_length_check_naming_both_lengths(
     assert "rank 0 has 4 elements of torch.float32 but rank 1 has 3 elements of torch.float32" in str(error)
 
 
+def receive_too_small(rank, world_size):
+    if rank == 0:
+        comm.send(torch.ones(4), dst=1)
+    else:
+        comm.recv(torch.empty(3), src=0)
+
+
+def test_a_receive_too_small_kills_the_receiver_on_gloo_and_is_a_sentence_in_the_simulator():
+    error = assert_fails(receive_too_small)
+    assert error.rank == 1 and "rank 1 was killed by signal SIGABRT" in str(error)
+    with pytest.raises(comm.SimulatorError, match="rank 1 posted a receive of 3 torch.float32 elements from rank 0, "
+                                                  "which sent 4 torch.float32 elements"):
+        comm.simulate(receive_too_small, 2)
+
+
 # 4. Collectives in a different order on different ranks, under TORCH_DISTRIBUTED_DEBUG=DETAIL.
 def reduce_then_broadcast_on_rank_0(rank, world_size):
     t = torch.ones(4)
@@ -95,6 +110,8 @@ def read_test_env(rank, world_size):
 def test_env_is_set_in_every_rank_and_not_in_the_caller():
     assert "COURSEKIT_TEST_ENV" not in os.environ
     assert launch(read_test_env, 2, env={"COURSEKIT_TEST_ENV": "on"}, timeout=20) == ["on", "on"]
+    assert launch(read_test_env, 2, env={"COURSEKIT_TEST_ENV": "spawned"}, start_method="spawn",
+                  timeout=60) == ["spawned", "spawned"]  # the spec is pickled: a path of its own
     with Cluster(2, env={"COURSEKIT_TEST_ENV": "warm"}, timeout=20) as cluster:
         assert cluster.run(read_test_env) == ["warm", "warm"]
     assert "COURSEKIT_TEST_ENV" not in os.environ, "the caller's environment was changed"

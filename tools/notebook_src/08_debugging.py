@@ -154,9 +154,8 @@ run_plain(rank_1_dies)
 
 # %% [markdown]
 # **Plain gloo**: the error is on **rank 0**, the innocent one: its read from rank 1 failed (`Read error ...
-# Connection reset by peer` in this run; gloo's other wording of the same event is `Connection closed by peer`,
-# when the socket is found closed rather than reset). In a log of 1,000 ranks, hundreds of such lines point at the ranks that
-# lost a peer, not at the one that died. (The launcher already blamed rank 1 here: `run_plain` runs under it.)
+# Connection reset by peer` in this run). In a job of 1,000 ranks, every rank that was talking to the dead one
+# prints such a line: they point at the ranks that lost a peer, not at the one that died. (The launcher already blamed rank 1 here: `run_plain` runs under it.)
 #
 # **coursekit** reports the rank that died, with its exit code, because a death without a word explains its
 # peers' errors, not the other way round:
@@ -185,8 +184,32 @@ run_plain(lengths_differ)
 
 # %% [markdown]
 # **Plain gloo** (this build, torch 2.13 on the CPU): no size error at all. Rank 1 *returned*, with a wrong sum
-# (the sum of two tensors of ones is all 2.0), and rank 0 waited until its timeout. So a size mismatch in gloo's all-reduce shows up as a hang on one rank and a silently wrong tensor on
-# the other. (On point-to-point messages gloo aborts the whole process instead: chapter 01's pitfalls.)
+# (the sum of two tensors of ones is all 2.0), and rank 0 waited until its timeout. So a size mismatch in gloo's
+# all-reduce shows up as a hang on one rank and a silently wrong tensor on the other.
+#
+# The same mismatch in a point-to-point message is louder: gloo *aborts* the receiving process. The message below
+# (on a red background) is written by gloo's C++ straight to the rank's standard error, and the rank dies of
+# `SIGABRT`:
+
+# %%
+def receive_too_small(rank, world_size):
+    if rank == 0:
+        comm.send(torch.ones(4), dst=1)
+    else:
+        comm.recv(torch.empty(3), src=0)   # the bug: room for 3 elements, 4 are sent
+    return rank
+
+
+run(receive_too_small, timeout=TIMEOUT_S)
+try:
+    comm.simulate(receive_too_small, 2)
+except comm.SimulatorError as error:
+    print("simulator:", exception_of(error.remote_traceback))
+
+# %% [markdown]
+# `Received data size doesn't match expected size`, with the two sizes in bytes (`16 vs 12`), is gloo's whole
+# explanation; the launcher adds which rank died and how. The simulator, running the same function, says it in a
+# sentence, before any process could die.
 #
 # **coursekit**'s collectives check lengths before any payload moves (`coursekit.collective_base.LengthCheck`:
 # each rank tells its peers its `(length, dtype)` first):
@@ -285,7 +308,7 @@ run(receive_from_the_wrong_side, 3, timeout=TIMEOUT_S)
 # ## 6. A pipeline that cannot work: refused before anything runs
 #
 # A pipeline schedule that waits for a message nobody sends hangs like any other deadlock, at the first step, on
-# every rank (torchtitan's users report such silent hangs). Chapter 04's schedules are data, so they are checked
+# every rank. Chapter 04's schedules are data, so they are checked
 # before anything runs: `coursekit.make_schedule` refuses an interleaved schedule with fewer micro-batches than
 # ranks, and `coursekit.validate` finds a missing receive.
 
@@ -486,8 +509,8 @@ run(rank_1_never_arrives, timeout=10 * TIMEOUT_S)
 # step is a cheap way to turn "the job hangs" into "rank 1 is late".
 #
 # **The Flight Recorder** keeps, in every rank, a ring buffer of the last collectives it enqueued (op, sizes,
-# sequence number, Python frames), to be dumped when a job hangs and compared across ranks. PyTorch documents it
-# for NCCL. What this chapter checked on the installed build (torch 2.13, CPU): the buffer exists for gloo too and
+# sequence number, Python frames), to be dumped when a job hangs and compared across ranks. PyTorch's tutorial
+# describes it for NCCL. What this chapter checked on the installed build (torch 2.13, CPU): the buffer exists for gloo too and
 # records without any setting (the variable below is unset); `torch._C._distributed_c10d._dump_fr_trace()` returns
 # it as pickled bytes. §1's bug, this time with one matched all-reduce before it, and a per-call timeout so that rank
 # 0 can dump its buffer after waiting:
@@ -543,8 +566,8 @@ print("exit code", analyser.returncode, "| last line:", (analyser.stderr or anal
 # | symptom | what coursekit says | the bug |
 # |---|---|---|
 # | hang; one rank inside a collective, others returned | `LaunchTimeout`: ranks still running, "ranks [...] had returned" | a collective not every rank calls (§1) |
-# | connection reset/closed on a healthy rank | `RankError` on the rank that died, with its exit code | a crash, an OOM kill (§2) |
-# | hang on one rank, a wrong result on another | the length check: both lengths, both ranks | tensors of different sizes (§3) |
+# | "Connection reset by peer" on a healthy rank | `RankError` on the rank that died, with its exit code | a crash, an OOM kill (§2) |
+# | hang on one rank, a wrong result on another; or a `SIGABRT` | the length check: both lengths, both ranks; the simulator's sentence | tensors of different sizes (§3) |
 # | hang; ranks inside different collectives | `LaunchTimeout`: each rank's call at its line; DETAIL: both fingerprints | collectives in a different order (§4) |
 # | hang in send/recv | the simulator's deadlock and the real ranks' notes: who waits in which call, on whom | a missing or misdirected message (§5) |
 # | a pipeline that would hang | `make_schedule`/`validate` refuse it before it runs | too few micro-batches, a missing receive (§6) |
