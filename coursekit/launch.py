@@ -160,7 +160,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
             notebook's own environment is left as it is.
 
     Raises:
-        RankError: a rank raised or died; ``.rank`` says which. The others are stopped at once.
+        RankError: a rank raised or died; ``.rank`` says which. When several fail (every rank runs the same
+            code, so a mistake often raises on all), it is the lowest rank that died without a word, else
+            the lowest that raised -- not whichever the scheduler let fail first; the others are stopped.
         LaunchTimeout: ranks still running after ``timeout`` seconds; all are stopped.
 
     Example:
