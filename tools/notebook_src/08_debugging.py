@@ -2,22 +2,23 @@
 # %% [markdown]
 # # 08 · Debugging distributed programs: every classic hang and desync, made on purpose
 #
-# Writing the ring was chapter 01. The hard part of distributed training in practice is the job that hangs at
+# Writing the ring was chapter 01. The hard part of distributed training in practice is the job that [hangs](../docs/glossary.md#hang) at
 # step 3,000 without a word, or dies with a connection error on a rank that did nothing wrong, or trains on and
 # on with a loss that is slightly off. This chapter makes each of those bugs on purpose, in a few lines, and
 # runs it for real. For each one you see
 #
 # 1. the buggy program, a plain function launched with `coursekit.launch`;
-# 2. what plain `torch.distributed` says about it: gloo's own message, or its silence until a timeout (set
+# 2. what plain `torch.distributed` says about it: gloo's own message, or its silence until a [timeout](../docs/glossary.md#timeout) (set
 #    short here, so the cell ends: a real job's default is 30 minutes);
 # 3. what coursekit reports;
 # 4. how to read that report back to the bug.
 #
-# The cases: a collective on only some ranks (§1), a rank that dies (§2), tensors of different sizes (§3),
-# collectives in a different order (§4), point-to-point deadlocks (§5), a pipeline that cannot work (§6),
-# replicas that drift apart without a sound (§7), a NaN that spreads to every rank (§8). The chapter ends with
-# PyTorch's own tools for the same bugs (§9): `TORCH_DISTRIBUTED_DEBUG=DETAIL`, `monitored_barrier` and the
-# Flight Recorder.
+# The cases: a [collective](../docs/glossary.md#collective) on only some ranks (§1), a rank that dies (§2), tensors of different
+# sizes (§3), collectives in a different order, a [desync](../docs/glossary.md#desync) (§4), [point-to-point](../docs/glossary.md#point-to-point)
+# [deadlocks](../docs/glossary.md#deadlock) (§5), a pipeline that cannot work (§6), replicas that drift apart without a sound, a
+# [silent divergence](../docs/glossary.md#silent-divergence) (§7), a NaN that spreads to every rank (§8). The chapter ends with
+# PyTorch's own tools for the same bugs (§9): `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the
+# [monitored barrier](../docs/glossary.md#monitored-barrier) and the [Flight Recorder](../docs/glossary.md#flight-recorder).
 #
 # **How to read coursekit's two reports.** A launch that cannot return results raises one of two errors:
 #
@@ -307,7 +308,7 @@ run(receive_from_the_wrong_side, 3, timeout=TIMEOUT_S)
 #
 # ## 6. A pipeline that cannot work: refused before anything runs
 #
-# A pipeline schedule that waits for a message nobody sends hangs like any other deadlock, at the first step, on
+# A [pipeline schedule](../docs/glossary.md#pipeline-schedule) that waits for a message nobody sends hangs like any other deadlock, at the first step, on
 # every rank. Chapter 04's schedules are data, so they are checked
 # before anything runs: `coursekit.make_schedule` refuses an interleaved schedule with fewer micro-batches than
 # ranks, and `coursekit.validate` finds a missing receive.
@@ -335,7 +336,7 @@ except coursekit.ScheduleError as error:
 # Data parallelism is the same training as one process only while every replica holds the same weights (claim
 # **R2**: before updating, the gradients are communicated "so that all devices agree"). Averaging the gradients is
 # not enough: the replicas must also *start* equal. Here each rank draws its own initial weights (a seed from the
-# rank, or a forgotten broadcast of rank 0's weights, which DDP does in its constructor). The helpers are plain data
+# rank, or a forgotten broadcast of rank 0's weights, which [DDP](../docs/glossary.md#ddp) does in its constructor). The helpers are plain data
 # parallelism, as in chapter 02.
 
 # %%
