@@ -119,7 +119,7 @@ except coursekit.RankError as error:
 
 # %% [markdown]
 # And a rank that waits forever (a `recv` that no one answers) is stopped at the timeout, with the
-# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08, coming next).
+# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08).
 
 # %%
 def forgot_to_send(rank, world_size):
@@ -203,6 +203,6 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
 # | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
-# | 08 | *coming next:* debugging distributed programs | — |
+# | 08 | debugging distributed programs: hangs, crashes, mismatched collectives and silent divergence, made on purpose and diagnosed | R2 |
 #
 # Next: `01_gradient_sync.ipynb`.
