@@ -13,6 +13,7 @@ from .mesh import Mesh, rank_size
 from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from .trace import Tracer
 from .verify import assert_equivalent, compare
+from .replicas import ReplicaReport, check_replicas, nonfinite_ranks
 from .train import train
 from .memory import PeakMemory
 from .hierarchical import hierarchical_all_reduce
@@ -30,4 +31,6 @@ __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "
            "split", "Schedule", "ScheduleError", "make_schedule", "plan", "validate", "execute",
            # chapter 05: Megatron-LM tensor parallelism
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
-           "parallelize_transformer", "gather_dense", "VocabParallelEmbedding", "vocab_parallel_cross_entropy"]
+           "parallelize_transformer", "gather_dense", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
+           # chapter 08: do the replicas agree, and where did a NaN come in
+           "check_replicas", "ReplicaReport", "nonfinite_ranks"]

@@ -87,6 +87,7 @@ import cloudpickle
 from ._launcher.echo import Echo, OrderedEcho, check_output_mode
 from ._launcher.errors import ClusterClosed, LaunchTimeout, RankError
 from ._launcher.gang import Gang
+from ._launcher.group import check_environment
 from ._launcher.inbox import collect, drain
 from ._launcher.interrupts import watched
 from ._launcher.live import LiveEcho
@@ -139,7 +140,8 @@ def _stop_then_show(gang: Gang, echo: Echo, ok: bool) -> None:
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto", timeout: float = 120.0,
-           start_method: str | None = None, output: str = "live", **kwargs) -> list:
+           start_method: str | None = None, output: str = "live", env: dict[str, str] | None = None,
+           **kwargs) -> list:
     """Run ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks; return results in rank order.
 
     ``fn`` may be defined in a notebook cell, be a closure or a lambda. Inside it,
@@ -153,9 +155,14 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
         start_method: ``"fork"`` (default with gloo) or ``"spawn"`` (default with NCCL).
         output: ``"live"`` (default): each line the ranks print appears as it arrives, ``[rank N]`` first;
             ``"ordered"``: all of it at the end, rank by rank, the same on every run.
+        env: environment variables every rank sets before ``init_process_group``, e.g.
+            ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` (torch's collective checks, chapter 08); the
+            notebook's own environment is left as it is.
 
     Raises:
-        RankError: a rank raised or died; ``.rank`` says which. The others are stopped at once.
+        RankError: a rank raised or died; ``.rank`` says which. When several fail (every rank runs the same
+            code, so a mistake often raises on all), it is the lowest rank that died without a word, else
+            the lowest that raised -- not whichever the scheduler let fail first; the others are stopped.
         LaunchTimeout: ranks still running after ``timeout`` seconds; all are stopped.
 
     Example:
@@ -168,8 +175,9 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
         raise ValueError(f"timeout must be a positive number of seconds (got {timeout!r}).")
     backend = resolve_backend(backend, world_size)  # also checks world_size
     echo = _new_echo(output, world_size)  # also checks output=, before any process starts
+    env = check_environment(env)
     with watched():  # a Ctrl-C anywhere in here reaches the caller (see coursekit/_launcher/interrupts.py)
-        gang = start_gang(world_size, backend, start_method, (fn, args, kwargs), init_timeout=timeout)
+        gang = start_gang(world_size, backend, start_method, (fn, args, kwargs), init_timeout=timeout, env=env)
         ok = False
         try:
             results = collect(gang, echo, timeout)
@@ -192,19 +200,22 @@ class Cluster:
     ``run`` has the error semantics of :func:`launch`. After an error or a
     timeout the ranks are torn down (a peer may be stuck mid-collective) and
     later ``run`` calls raise :class:`ClusterClosed`: create a new Cluster.
-    ``output`` is the default for every ``run`` (see :func:`launch`).
+    ``output`` is the default for every ``run``, ``env`` is set in every rank before it joins the
+    process group (see :func:`launch`).
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = 60.0,
-                 start_method: str | None = None, output: str = "live"):
+                 start_method: str | None = None, output: str = "live", env: dict[str, str] | None = None):
         self.world_size = world_size
         self.output = output
         self._closed_because: str | None = None
         self._gang: Gang | None = None  # set first, so close() and __del__ work even if starting fails
         backend = resolve_backend(backend, world_size)  # also checks world_size
         echo = _new_echo(output, world_size)  # also checks output=, before any process starts
+        env = check_environment(env)
         with watched():
-            self._gang = start_gang(world_size, backend, start_method, None, init_timeout=timeout)  # None: serve
+            self._gang = start_gang(world_size, backend, start_method, None, init_timeout=timeout,
+                                    env=env)  # payload None: serve
             self.backend = self._gang.backend
             try:
                 collect(self._gang, echo, timeout, expect="ready")

@@ -100,3 +100,18 @@ def test_a_failed_run_leaves_the_notebook_and_no_temporary_file(tmp_path, monkey
     with pytest.raises(RuntimeError, match="a cell failed"):
         tool.execute(path)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["lesson.ipynb"]
+
+
+def test_readme_figures_are_exported_again_only_after_their_notebook_ran(monkeypatch, tmp_path):
+    """Planted bug: no export after a run, and README's figure of notebook 04 shows the run before it."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import export_figures
+
+    exports = []
+    monkeypatch.setattr(export_figures, "export", lambda root: exports.append(root) or [])
+    tool.export_readme_figures([_notebook(tmp_path)])
+    assert exports == [], "a notebook no figure comes from must not export anything"
+    tool.export_readme_figures([ROOT / "notebooks" / "04_pipeline_parallelism.ipynb"])
+    assert exports == [ROOT], "after notebook 04 ran, README's figures must be exported again"

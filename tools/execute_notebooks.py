@@ -8,7 +8,9 @@ last git commit is only overwritten with --force (a course author who just
 edited it on purpose); so is one whose state git cannot tell (not in a git
 checkout, git missing). The run goes to a temporary file in the notebook's
 own folder first; the original is replaced only when execution succeeded, by
-an atomic rename on the same filesystem.
+an atomic rename on the same filesystem. README's figures are images out of
+executed notebooks (tools/export_figures.py): after a run that re-executed one of
+their notebooks, they are exported again, so README never shows an old run.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="overwrite notebooks with uncommitted edits")
     options = parser.parse_args(argv)
     paths = [p.resolve() for p in options.paths] or all_notebooks()
-    refused = 0
+    refused, executed = 0, []
     for path in paths:
         edited = edited_since_commit(path)
         if edited is not False and not options.force:
@@ -72,7 +74,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"executing {path} ...", flush=True)
         execute(path)
+        executed.append(path)
+    export_readme_figures(executed)
     return 1 if refused else 0
+
+
+def export_readme_figures(executed: list[Path]) -> None:
+    """Export README's figures again when a notebook they come from was just executed."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import export_figures
+
+    sources = {(ROOT / figure.notebook).resolve() for figure in export_figures.FIGURES}
+    if sources & {path.resolve() for path in executed}:
+        for written in export_figures.export(ROOT):
+            print(f"exported {written.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

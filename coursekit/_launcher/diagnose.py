@@ -33,9 +33,14 @@ def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
     time.sleep(STACK_DUMP_S)  # faulthandler writes from a signal handler; give it a moment
     described = {}
     for rank in ranks:
-        note = notes[rank]
-        frames = innermost_frames(read_stack(gang.stacks[rank]))
-        parts = [f"waiting on {note}" if note else "busy (not inside a coursekit communication call)"]
+        note, dump = notes[rank], read_stack(gang.stacks[rank])
+        frames, call = innermost_frames(dump), torch_distributed_call(dump)
+        if note:
+            parts = [f"waiting on {note}"]
+        elif call:  # blocked (or working) in torch's own call: coursekit wrote no note, the frames say where
+            parts = [f"inside torch.distributed.{call} (not a coursekit call: no note of what it waits on)"]
+        else:
+            parts = ["busy (not inside a communication call)"]
         if frames:
             parts.append("at " + " <- ".join(frames))
         described[rank] = "; ".join(parts)
@@ -67,6 +72,17 @@ def read_stack(reader) -> str:
     except (OSError, ValueError):
         pass
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def torch_distributed_call(dump: str) -> str:
+    """The ``torch.distributed`` function a rank is inside (``"all_reduce"``), from its faulthandler dump; ``""``: none.
+
+    The outermost frame of ``distributed_c10d.py`` is the call the learner wrote (an
+    ``all_reduce`` may call helpers of the same file further in).
+    """
+    names = [line.rsplit(" in ", 1)[-1].strip() for line in dump.splitlines()
+             if line.strip().startswith("File ") and "distributed_c10d.py" in line]
+    return names[-1] if names else ""
 
 
 def innermost_frames(dump: str, keep: int = 3) -> list[str]:

@@ -28,21 +28,26 @@ class LaunchTimeout(TimeoutError):
     """Some ranks were still running at the deadline.
 
     ``.ranks`` lists them; ``.waiting`` maps each to what it was doing (the
-    communication layer's note, and the innermost Python frames); ``.output``
-    maps every rank to the last lines it printed.
+    communication layer's note, and the innermost Python frames); ``.finished``
+    lists the ranks that had returned (a peer a stuck rank waits on may be one);
+    ``.output`` maps every rank to the last lines it printed.
     """
 
     __module__ = "coursekit.launch"
 
-    def __init__(self, timeout: float, waiting: dict[int, str], output: dict[int, str] | None = None):
+    def __init__(self, timeout: float, waiting: dict[int, str], output: dict[int, str] | None = None,
+                 finished: list[int] | None = None):
         self.timeout = timeout
         self.ranks = sorted(waiting)
         self.waiting = waiting
+        self.finished = sorted(finished or [])
         self.output = output or {}
         lines = [f"ranks {self.ranks} still running after {timeout:g} s "
                  f"(a recv with no matching send, or a collective not every rank called?)"]
         for rank in self.ranks:
             lines.append(f"  rank {rank}: {waiting[rank]}")
+        if self.finished:
+            lines.append(f"  ranks {self.finished} had returned their results")
         lines.append("All ranks were stopped. Fix the mismatch, or pass a larger timeout= if the work is just slow.")
         super().__init__("\n".join(lines))
 

@@ -44,6 +44,33 @@ def open_rendezvous(world_size: int) -> socket.socket:
 GRACE_S = 2.0  # how much later than the launch gloo itself gives up (seconds)
 
 
+def check_environment(env) -> dict[str, str]:
+    """``launch(..., env=...)``: a dict of names to strings (None: nothing to add), checked before any rank starts."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError(f"env must map variable names to strings, e.g. env={{'TORCH_DISTRIBUTED_DEBUG': 'DETAIL'}} "
+                         f"(got {env!r}).")
+    return dict(env)
+
+
+def set_environment(env: dict[str, str]) -> None:
+    """In a rank, before ``init_process_group``: add ``env`` to this rank's environment variables.
+
+    Setting a variable in the notebook is not enough for some of torch's: it reads
+    ``TORCH_DISTRIBUTED_DEBUG`` once, when ``torch.distributed`` is imported, and a
+    forked rank inherits the value read then (in the kernel, long ago). So after
+    setting the variables the rank asks torch to read the debug level again; the
+    process group created next is then wrapped for ``DETAIL``'s collective checks.
+    """
+    if not env:
+        return
+    os.environ.update(env)
+    import torch.distributed as dist
+
+    dist.set_debug_level_from_env()
+
+
 def join_process_group(rank: int, world_size: int, backend: str, rendezvous: socket.socket, timeout: float) -> None:
     """Initialise ``torch.distributed`` in this rank; with NCCL, this rank owns ``cuda:rank``.
 

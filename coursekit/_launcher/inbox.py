@@ -52,7 +52,8 @@ def collect(gang: Gang, echo: Echo, timeout: float, expect: str = "result") -> l
                 break
             waiting = describe_waiting(gang, sorted(pending))
             drain(gang, echo)  # what the ranks printed up to now belongs in the error
-            raise LaunchTimeout(timeout, waiting, {rank: echo.output_of(rank) for rank in range(gang.world_size)})
+            raise LaunchTimeout(timeout, waiting, {rank: echo.output_of(rank) for rank in range(gang.world_size)},
+                                finished=[rank for rank in range(gang.world_size) if rank not in pending])
         waitables = {gang.conns[rank]: rank for rank in pending}
         waitables.update({gang.procs[rank].sentinel: rank for rank in pending})  # ready when a rank dies
         ready = wait(list(waitables), timeout=0)
@@ -133,8 +134,12 @@ def _receive(gang: Gang, echo: Echo, rank: int) -> tuple | None:
         message = gang.conns[rank].recv()
     except (EOFError, OSError):
         gang.procs[rank].join(timeout=1.0)
-        raise RankError(rank, f"rank {rank} closed its pipe and exited (exit code {gang.procs[rank].exitcode}) "
-                              f"before returning a result.\n", echo.output_of(rank))
+        code = gang.procs[rank].exitcode
+        # The same words as when its death is noticed first (collect): which of the two the parent sees
+        # first is the scheduler's choice, and the same death must read the same.
+        why = how_it_died(rank, code) if code is not None else \
+            f"rank {rank} closed its pipe before returning a result (its process is still running).\n"
+        raise RankError(rank, why, echo.output_of(rank))
     if message[0] == "out":
         echo.add(rank, message[1], message[2])
         return None

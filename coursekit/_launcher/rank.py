@@ -15,7 +15,7 @@ from typing import Any
 import cloudpickle
 
 from ..waiting import set_waiting
-from .group import join_process_group
+from .group import join_process_group, set_environment
 from .rank_pipe import Channel, connect_to_parent
 from .rank_signals import die_with_parent, ignore_ctrl_c
 
@@ -35,6 +35,7 @@ class RankSpec:
     payload: Any
     init_timeout: float  # seconds init_process_group waits for the other ranks
     parent_pid: int      # the launching process: if it is gone already, the rank exits at once
+    env: dict            # extra environment variables, set before the process group exists (launch's env=)
 
 
 def rank_main(spec: RankSpec) -> None:
@@ -46,6 +47,7 @@ def rank_main(spec: RankSpec) -> None:
 
     torch.set_num_threads(spec.threads)  # before any matmul can touch a forked thread pool
     try:
+        set_environment(spec.env)
         join_process_group(spec.rank, spec.world_size, spec.backend, spec.rendezvous, spec.init_timeout)
         if spec.payload is None:
             channel.send("ready", None, None)  # a Cluster waits for this; a launch waits for the result

@@ -41,18 +41,21 @@ def _default_threads(start_method: str, world_size: int) -> int:
 
 
 def start_gang(world_size: int, backend: str, start_method: str | None, payload: Any,
-               init_timeout: float) -> Gang:
-    """Start ``world_size`` ranks running ``payload`` (None: serve a Cluster); if that fails, stop them all."""
+               init_timeout: float, env: dict[str, str] | None = None) -> Gang:
+    """Start ``world_size`` ranks running ``payload`` (None: serve a Cluster); if that fails, stop them all.
+
+    ``env``: environment variables each rank sets before it joins the process group.
+    """
     gang = Gang(world_size, backend, choose_start_method(backend, start_method))
     try:
-        in_starter(_start_ranks, gang, payload, init_timeout)
+        in_starter(_start_ranks, gang, payload, init_timeout, env or {})
     except BaseException:
         close(gang, graceful=False)
         raise
     return gang
 
 
-def _start_ranks(gang: Gang, payload: Any, init_timeout: float) -> None:
+def _start_ranks(gang: Gang, payload: Any, init_timeout: float, env: dict[str, str]) -> None:
     """Runs in the starter thread, the only one that forks: two launches never change the warning filters at once."""
     context = mp.get_context(gang.start_method)  # explicit: the platform default changes between versions
     if gang.start_method != "fork" and payload is not None and not isinstance(payload, bytes):
@@ -70,7 +73,7 @@ def _start_ranks(gang: Gang, payload: Any, init_timeout: float) -> None:
                 stack_reader, stack_writer = context.Pipe(duplex=False)  # raw bytes from faulthandler, not messages
                 status = notes[rank]
                 spec = RankSpec(rank, gang.world_size, gang.backend, rendezvous, child_conn, status, stack_writer,
-                                threads, payload, init_timeout, os.getpid())
+                                threads, payload, init_timeout, os.getpid(), env)
                 proc = context.Process(target=rank_main, args=(spec,), name=f"coursekit-rank-{rank}", daemon=True)
                 block_ctrl_c(gang.start_method)  # every rank starts with SIGINT blocked (see .rank_signals)
                 proc.start()

@@ -1,10 +1,10 @@
 """``python -m coursekit.bench NAME [options] [--check]``: the course's benchmarks, and whether they meet their targets.
 
 Each benchmark is a module ``coursekit.bench.NAME`` whose ``main(argv)`` prints a
-markdown table (medians of repeated runs, ready for README) and returns its
+markdown table (medians of repeated runs, ready for docs/benchmarks.md) and returns its
 targets as ``(target, measured, met)`` triples. This entry point prints them;
-with ``--check`` it exits 1 when any is missed, for people reproducing the
-README's tables. Benchmarks are not tests: timings on a shared machine are noisy.
+with ``--check`` it exits 1 when any is missed, for people reproducing
+the tables in docs/benchmarks.md (README summarises them). Benchmarks are not tests: timings on a shared machine are noisy.
 """
 
 from __future__ import annotations

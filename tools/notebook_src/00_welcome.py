@@ -5,7 +5,7 @@
 # source texts). This course is about using all of them, and about what that costs.
 #
 # Every "GPU" in this course is a **process** with `torch.distributed` initialised. On a laptop the
-# processes run on the CPU and talk through *gloo*. With at least as many GPUs as ranks, a launch picks
+# processes run on the CPU and talk through *[gloo](../docs/glossary.md#gloo-and-nccl)*. With at least as many GPUs as [ranks](../docs/glossary.md#rank), a launch picks
 # *NCCL* by default, one GPU per process (`cuda:rank`), and the same code runs there once its tensors are
 # on the rank's GPU; the examples in this chapter use CPU tensors, which need gloo (`backend="gloo"`).
 # Nothing here is a simulation unless it says so: every measurement comes from a real run (the figure
@@ -18,6 +18,9 @@
 #    in `solutions/`. Grade your work with the grading cell, or from a terminal:
 #    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
+# 4. A linked term leads to the [glossary](../docs/glossary.md): every term of the course with a one-line
+#    definition, its Russian and Vietnamese names (the source texts' own words where they have one) and
+#    the chapter that teaches it.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in seconds; raise them freely.
@@ -44,7 +47,7 @@ print("backend a launch of", WORLD_SIZE, "ranks will use:", coursekit.resolve_ba
 # `model.to("cuda")` means `cuda:0`, and the other GPUs sit idle. Let us measure it rather than say it:
 # a plain training step of a small network, watched by hooks that note, for every layer's forward and
 # every parameter's gradient, **which process** computed it and **on which device** each tensor lives
-# (parameters, gradients, activations).
+# (parameters, gradients, [activations](../docs/glossary.md#activations)).
 
 # %%
 device = "cuda" if torch.cuda.is_available() else "cpu"   # what plain code picks: the first GPU, or the CPU
@@ -73,16 +76,16 @@ print("devices holding parameters, gradients and activations:", len(devices))
 print("torch.distributed initialised (any other process to share the work with?):", dist.is_initialized())
 
 # %% [markdown]
-# One process, one device, no process group: every one of those computations ran here. On a machine
+# One process, one device, no [process group](../docs/glossary.md#process-group): every one of those computations ran here. On a machine
 # with 8 GPUs the first line would read `cuda:0` and `GPUs visible: 8` — and the other seven would do
 # nothing. The rest of the course is about the code that changes that.
 
 # %% [markdown]
 # ## Your first multi-rank program
 #
-# `coursekit.launch(fn, world_size)` runs `fn(rank, world_size)` on `world_size` ranks and returns what
+# `coursekit.launch(fn, world_size)` runs `fn(rank, world_size)` on `world_size` ranks (the [world size](../docs/glossary.md#world-size)) and returns what
 # each returned, in rank order. The function can live right here in the cell. Inside it,
-# `torch.distributed` is ready: `dist.all_reduce` sums a tensor over all ranks.
+# `torch.distributed` is ready: `dist.all_reduce` sums a tensor over all ranks (an [all-reduce](../docs/glossary.md#all-reduce)).
 
 # %% tags=["nbval-check-output"]
 def hello(rank, world_size):
@@ -116,7 +119,7 @@ except coursekit.RankError as error:
 
 # %% [markdown]
 # And a rank that waits forever (a `recv` that no one answers) is stopped at the timeout, with the
-# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08, coming next).
+# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08).
 
 # %%
 def forgot_to_send(rank, world_size):
@@ -150,12 +153,14 @@ with coursekit.Cluster(WORLD_SIZE) as cluster:
 # %% [markdown]
 # ## Four ways to share the work (R8, P1, P6)
 #
-# The source texts name four strategies (**R8**) in two families (**P1**): split the **data** (data
-# parallelism: every GPU has the whole model and a slice of the batch), or split the **model** when it
-# does not fit one GPU (model parallelism: whole layers per GPU; tensor parallelism: every weight matrix
-# cut into pieces). **Pipeline** parallelism mixes both: layers per GPU as in model parallelism, and
-# micro-batches as in data parallelism, so the GPUs idle less than in a chain (bubbles remain, **P7**).
-# Libraries such as DeepSpeed and Colossal-AI combine them into hybrids.
+# The source texts name four strategies (**R8**) in two families (**P1**): split the **data**
+# ([data parallelism](../docs/glossary.md#data-parallelism): every GPU has the whole model and a slice of the batch),
+# or split the **model** when it does not fit one GPU ([model parallelism](../docs/glossary.md#model-parallelism): whole
+# layers per GPU; [tensor parallelism](../docs/glossary.md#tensor-parallelism): every weight matrix cut into pieces).
+# [**Pipeline** parallelism](../docs/glossary.md#pipeline-parallelism) mixes both: layers per GPU as in model parallelism,
+# and [micro-batches](../docs/glossary.md#micro-batch) as in data parallelism, so the GPUs idle less than in a chain
+# ([bubbles](../docs/glossary.md#bubble) remain, **P7**). Libraries such as DeepSpeed and Colossal-AI combine them into
+# [hybrids](../docs/glossary.md#hybrid-parallelism).
 #
 # The figure below (a Figure 1.1 of our own, **P6**) is drawn by `coursekit.viz.strategies` from the
 # plan of who holds what. Colour = which GPU holds it. Here with 4 GPUs:
@@ -183,8 +188,8 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # - **pipeline** parallelism (ch. 04): the empty cells at the start and the end are *bubbles*, time in
 #   which a GPU waits.
 #
-# **P2:** none of this is specific to GPUs. The same ideas apply to TPUs and other accelerators: only
-# the communication library changes (NCCL for NVIDIA GPUs, gloo for CPUs as here, XLA collectives on
+# **P2:** none of this is specific to GPUs. The same ideas apply to TPUs and other [accelerators](../docs/glossary.md#accelerator): only
+# the communication library changes (NCCL for NVIDIA GPUs, gloo for CPUs as here, XLA [collectives](../docs/glossary.md#collective) on
 # TPUs); the algorithms in this course do not.
 #
 # ## The chapters
@@ -198,6 +203,6 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
 # | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
-# | 08 | *coming next:* debugging distributed programs | — |
+# | 08 | debugging distributed programs: hangs, crashes, mismatched collectives and silent divergence, made on purpose and diagnosed | R2 |
 #
 # Next: `01_gradient_sync.ipynb`.

@@ -5,7 +5,7 @@
 # > **The interview question (R1).** *"We must train an LLM on 1,000 GPUs. How do all the GPUs share what
 # > they learn?"*
 # >
-# > Answering *"a central parameter server collects everyone's gradients, averages them and sends the
+# > Answering *"a central [parameter server](../docs/glossary.md#parameter-server) collects everyone's gradients, averages them and sends the
 # > new weights back"* ends the interview.
 #
 # This chapter finds out why, with real ranks: three ways to sum gradients across GPUs, each one
@@ -16,7 +16,7 @@
 # CPU, or NCCL on GPUs); the counts at many world sizes come from the simulator, which runs the same
 # code in one process, and the cluster's times from a network model that replays that code's traces.
 # Naive and master live in `coursekit/collectives.py`, the ring in `coursekit/ring.py`, all built only
-# from point-to-point `send`/`recv` (`coursekit/comm.py`, which also counts every transfer): read them
+# from [point-to-point](../docs/glossary.md#point-to-point) `send`/`recv` (`coursekit/comm.py`, which also counts every transfer): read them
 # next to this notebook.
 
 # %% tags=["parameters"]
@@ -57,8 +57,8 @@ ALGORITHMS = {"naive": naive_all_reduce, "master": master_all_reduce, "ring": ri
 #
 # In data parallelism every GPU holds the **same model** but sees **different data**, so each computes
 # different gradients. If each applied its own, the copies would drift apart after one step. So before
-# the update, the GPUs *all-reduce* their gradients: every GPU ends with the sum (here: the mean) of all
-# of them. A major runtime bottleneck of multi-GPU training is exactly this synchronisation (R2).
+# the update, the GPUs *[all-reduce](../docs/glossary.md#all-reduce)* their gradients: every GPU ends with the sum (here: the mean) of all
+# of them. A major runtime [bottleneck](../docs/glossary.md#bottleneck) of multi-GPU training is exactly this [synchronisation](../docs/glossary.md#gradient-synchronisation) (R2).
 #
 # Two real ranks, one tiny linear model, four samples each:
 
@@ -102,9 +102,9 @@ print("after: equal to one GPU on all 8 samples:", torch.allclose(results[0][1],
 #
 # | algorithm | how | elements moved | busiest GPU sends + receives |
 # |---|---|---|---|
-# | **naive** (R3) | every GPU sends its whole tensor to every other GPU | `G·(G−1)·N` | `2·(G−1)·N` |
-# | **single master** (R4) | all send to one GPU, it sums and sends the result back | `2·(G−1)·N` | `2·(G−1)·N`, the master |
-# | **ring** (R5, R6) | segments travel round a ring: reduce-scatter, then all-gather | `2·(G−1)·N` | `≈ 4·(G−1)·N/G` |
+# | **[naive](../docs/glossary.md#naive-all-reduce)** (R3) | every GPU sends its whole tensor to every other GPU | `G·(G−1)·N` | `2·(G−1)·N` |
+# | **[single master](../docs/glossary.md#single-master)** (R4) | all send to one GPU, it sums and sends the result back | `2·(G−1)·N` | `2·(G−1)·N`, the master |
+# | **[ring](../docs/glossary.md#ring-all-reduce)** (R5, R6) | [segments](../docs/glossary.md#segment) travel round a ring: [reduce-scatter](../docs/glossary.md#reduce-scatter), then [all-gather](../docs/glossary.md#all-gather) | `2·(G−1)·N` | `≈ 4·(G−1)·N/G` |
 #
 # Each runs below on real ranks against `torch.distributed.all_reduce`, with every transfer recorded by
 # `comm.record()`. `N = 1001` on purpose: it does not divide by 4 (the ring's segments are 251, 250, 250, 250).
@@ -143,7 +143,7 @@ for name in ALGORITHMS:
 # %% [markdown]
 # All three give the right sum, bit for bit the same on every rank (each sum is formed in one fixed
 # order; adding "the others" in each rank's own order differs in the last bits between ranks, and
-# replicas would slowly drift). The counts match the formulas exactly. The naive scheme moves
+# replicas would slowly [drift](../docs/glossary.md#silent-divergence)). The counts match the formulas exactly. The naive scheme moves
 # G·(G−1)·N against the others' 2·(G−1)·N: **G/2 times** as much (2× at G = 4, and growing with
 # G). The master and the ring move **the same** total (R7); the difference is *who* carries it, below.
 #
@@ -309,7 +309,7 @@ plt.show()
 # %% [markdown]
 # ## Time against message size, and the α–β model
 #
-# A message of `n` bytes takes about `α + β·n`: a fixed latency `α` plus `n` over the bandwidth `1/β`.
+# A message of `n` bytes takes about `α + β·n`: a fixed [latency](../docs/glossary.md#latency-and-bandwidth) `α` plus `n` over the bandwidth `1/β`.
 # An algorithm with `s` sequential steps moving `b` bytes per rank takes about `s·α + β·b`:
 #
 # | algorithm | steps `s` | bytes per rank on the critical path |
@@ -355,7 +355,7 @@ plt.show()
 #
 # [nccl-tests](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) reports two numbers:
 #
-# * **algbw** = `bytes / time`: how fast the *user's* tensor got all-reduced.
+# * **[algbw](../docs/glossary.md#algbw-and-busbw)** = `bytes / time`: how fast the *user's* tensor got all-reduced.
 # * **busbw** = `algbw · 2(n−1)/n` for all-reduce: the bandwidth each link actually sustained in an
 #   optimal (ring) all-reduce, since each rank must send and receive `2(n−1)/n` of the tensor. The factor
 #   takes the rank count out, so ideally busbw stays the same whatever `n`, and it compares directly
@@ -373,7 +373,7 @@ assert abs(busbw(1e6, 1e-3, 4) - algbw(1e6, 1e-3) * 1.5) < 1e-6  # 2(n-1)/n = 1.
 # ## What a cluster would do: the network model (R4, R7)
 #
 # A laptop cannot show 1,024 GPUs, but the traces above can be *replayed* on a modeled network:
-# `coursekit.netsim` takes the transfers that the very same collective code records (per step, who
+# `coursekit.netsim` takes the transfers that the very same [collective](../docs/glossary.md#collective) code records (per step, who
 # sends how many bytes to whom) and times them. Its assumptions, stated once in its docstring: every
 # GPU has one full-duplex link of bandwidth `B` each way and latency `α` to a non-blocking switch; GPUs
 # of one node talk over a second, faster link; a link's send side (and its receive side) carries one
@@ -435,9 +435,9 @@ plt.show()
 # * **ring**: its *bandwidth term* (dashed) is `2·(G−1)/G · N·b/B ≈ 2·N·b/B`: flat once the ring spans
 #   nodes (G ≥ 16); like the master's, it jumps after G = 8, where NVLink gives way to InfiniBand.
 #   Its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
-#   over a hundred times its bandwidth term for a 4 MiB bucket. For the 14 GB gradient the bandwidth
+#   over a hundred times its bandwidth term for a 4 MiB [bucket](../docs/glossary.md#bucket). For the 14 GB gradient the bandwidth
 #   term still dominates.
-# * **hierarchical** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
+# * **[hierarchical](../docs/glossary.md#hierarchical-all-reduce)** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
 #   of 8, and sends only `1/k` of the bytes per GPU over InfiniBand.
 #
 # ### The same model with this machine's fitted α and B
@@ -470,8 +470,8 @@ plt.show()
 # ## Hierarchical all-reduce: rings inside nodes, rings of shards across them
 #
 # What large clusters do beyond one flat ring (`coursekit/hierarchical.py`, built from the ring above
-# on a mesh's two axes): **reduce-scatter inside each node** (local rank `l` ends with the node's sum
-# of shard `(l+1) mod k`), **all-reduce of the shards across nodes** (`k` rings at once, one per local
+# on a [mesh](../docs/glossary.md#mesh)'s two [axes](../docs/glossary.md#axis)): **reduce-scatter inside each node** (local rank `l` ends with the node's sum
+# of [shard](../docs/glossary.md#shard) `(l+1) mod k`), **all-reduce of the shards across nodes** (`k` rings at once, one per local
 # rank, each over its own network link), **all-gather inside each node**. Per GPU it sends
 # `2(k−1)/k·N` elements inside its node and only `2(n−1)/n·N/k` across nodes. Run for real on a
 # 2 × 2 mesh (`Mesh({"node": 2, "local": 2})`, 4 ranks), counted per level against those formulas:
@@ -607,4 +607,4 @@ print(f"the ring is {speed(master.total, ring)} than the first master and {speed
 # rebuilding a reduce-scatter.
 #
 # **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by
-# `coursekit grade`. Then chapter 02 builds data parallelism and ZeRO on these very collectives.
+# `coursekit grade`. Then chapter 02 builds data parallelism and [ZeRO](../docs/glossary.md#zero) on these very collectives.

@@ -2,7 +2,7 @@
 # %% [markdown]
 # # 02 · Data parallelism: from gradient averaging to ZeRO sharding
 #
-# **Data parallelism** (claim **P4** of the source texts): split each minibatch over the GPUs, let every
+# **[Data parallelism](../docs/glossary.md#data-parallelism)** (claim **P4** of the source texts): split each [minibatch](../docs/glossary.md#minibatch) over the GPUs, let every
 # GPU compute the loss and the gradients of *its* part on its own copy of the model, combine the
 # gradients, and update the weights for the next round. The GPUs work at the same time. The catch: every
 # GPU holds a **full copy** of the model, so it stops working when the model does not fit on one GPU.
@@ -10,10 +10,10 @@
 # This chapter builds it up and *proves* every step equal to training on one device:
 #
 # 1. why the gradients differ between GPUs, and why averaging them is exactly right (**R2**);
-# 2. naive averaging, then bucketed all-reduce that **overlaps** the backward pass — on a measured timeline;
-# 3. gradient accumulation without communicating on every micro-batch;
+# 2. naive averaging, then [bucketed](../docs/glossary.md#bucket) all-reduce that **[overlaps](../docs/glossary.md#overlap)** the backward pass — on a measured timeline;
+# 3. [gradient accumulation](../docs/glossary.md#gradient-accumulation) without communicating on every micro-batch;
 # 4. what it buys on this machine (throughput vs number of ranks), said honestly;
-# 5. the catch of P4 answered by **ZeRO**: shard optimiser state, gradients, then parameters — with
+# 5. the catch of P4 answered by **[ZeRO](../docs/glossary.md#zero)**: [shard](../docs/glossary.md#shard) optimiser state, gradients, then parameters — with
 #    chapter 01's ring reduce-scatter and all-gather (**R5**, **R6**) — measured bytes against the formulas.
 #
 # Everything runs for real: every "GPU" is a process (gloo on the CPU).
@@ -53,7 +53,7 @@ print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
 # ## The course model and its data
 #
 # Every strategy chapter trains the same small decoder-only transformer (`coursekit.tiny_transformer`:
-# 2 layers, d_model 64, 4 heads, output head **tied** to the token embedding) on a tiny synthetic
+# 2 layers, d_model 64, 4 heads, output head **[tied](../docs/glossary.md#tied-weights)** to the token embedding) on a tiny synthetic
 # language (`coursekit.LanguageData`): every token is one of two successors of the *two* tokens before
 # it, so the model has to learn to look back with attention. Everything is generated from a seed:
 # the same weights and batches on every rank, in every run, with no download.
@@ -186,7 +186,7 @@ for i, variant in enumerate(VARIANTS):
 #
 # Naive averaging starts communicating only when the whole backward pass is over: the rank sits idle
 # while the gradients travel. But the gradients of the *last* layers are ready first. The bucketed
-# version (`coursekit.parallel.data.DataParallel`, like PyTorch's DDP) groups the gradients, in
+# version (`coursekit.parallel.data.DataParallel`, like PyTorch's [DDP](../docs/glossary.md#ddp)) groups the gradients, in
 # backward order, into buckets (`bucket_cap_mb` megabytes as DDP names it, or `bucket_elements`; here
 # 25,000 elements); a hook on each parameter notices when its gradient is ready, and when a bucket is
 # full its all-reduce is **started** while autograd goes on with the earlier layers. A callback queued
@@ -333,14 +333,14 @@ plt.show()
 # ## The catch of P4: a full copy everywhere — and ZeRO
 #
 # Plain data parallelism keeps on *every* rank the parameters, the gradients and the optimiser state.
-# With Adam in fp32 (as here) that is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes per rank; with mixed precision (the
+# With Adam in fp32 (as here) that is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes per rank; with [mixed precision](../docs/glossary.md#mixed-precision) (the
 # ZeRO paper) 2Ψ + 2Ψ + 12Ψ = 16Ψ. ZeRO (Rajbhandari et al., 2020) removes the redundancy by sharding
 # over the N ranks:
 #
-# * **stage 1**: the optimiser state — each rank updates only its segment of the parameters;
-# * **stage 2**: also the gradients — a **reduce-scatter** (chapter 01's phase 1, R5) instead of an
+# * **[stage 1](../docs/glossary.md#zero-1)**: the optimiser state — each rank updates only its segment of the parameters;
+# * **[stage 2](../docs/glossary.md#zero-2)**: also the gradients — a **reduce-scatter** (chapter 01's phase 1, R5) instead of an
 #   all-reduce: each rank receives only the summed gradient of its own segment;
-# * **stage 3**: also the parameters — each rank keeps its segment and **all-gathers** (phase 2, R6)
+# * **[stage 3](../docs/glossary.md#zero-3)**: also the parameters — each rank keeps its segment and **all-gathers** (phase 2, R6)
 #   the full weights just before using them, then frees them.
 #
 # An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much
@@ -430,10 +430,10 @@ for stage, strategy in enumerate(labels):
 # (`coursekit.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
 # (`"zero3"`) treats the whole model as one unit, so during forward and backward it holds a full copy
 # of the parameters on top of its segments: its parameter peak is *above* plain DP's. Real
-# ZeRO-3 / FSDP gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.data.ShardedUnits`)
+# ZeRO-3 / [FSDP](../docs/glossary.md#fsdp) gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.data.ShardedUnits`)
 # makes every transformer block a unit with its own flat buffer and segments, gathers a block just
 # before its forward, frees it after, gathers it again before its backward, and reduce-scatters its
-# gradient as soon as it is complete; the next block's gather is issued ahead (prefetch). The *root*
+# gradient as soon as it is complete; the next block's gather is issued ahead ([prefetch](../docs/glossary.md#prefetch)). The *root*
 # (embeddings, final norm and the head, tied to the token embedding) stays gathered through forward
 # and through backward, because the tied weight is used first and last. So the peak of parameter bytes
 # during a step is: my segments + the root + two consecutive blocks (one computing, one prefetched).
@@ -483,7 +483,7 @@ print(f"whole model at once (\"zero3\"), by the formula (not measured here): pea
 #
 # ## Where plain data parallelism stops fitting
 #
-# The same formulas at real scale (model state only; activations come on top). With mixed-precision
+# The same formulas at real scale ([model state](../docs/glossary.md#model-states) only; activations come on top). With mixed-precision
 # Adam a model needs 16 bytes per parameter on every GPU under plain data parallelism, so an 80 GB GPU
 # tops out at **5 B parameters** — however many GPUs you add. The ZeRO paper's example, a 7.5 B model
 # on 64 GPUs, needs 120 GB per GPU with plain DP, 31.4 GB with stage 1, 16.6 GB with stage 2 and
@@ -502,8 +502,8 @@ memory_explorer(psi_billions=7.5, world_size=64, stage=0, precision="mixed", gpu
 # |---|---|---|
 # | `DataParallel(model, bucket_cap_mb=…, group=…)` | `DistributedDataParallel(model, bucket_cap_mb=…, process_group=…)` | bucketed all-reduce from backward hooks; averaged when `backward()` returns |
 # | `model.no_sync()` | `ddp.no_sync()` | accumulate without communicating (DDP's must wrap the forward too) |
-# | `broadcast_parameters(model)` | inside DDP's constructor | every rank starts from rank 0's weights |
-# | `ShardedOptimizer(params, torch.optim.AdamW, group=…)` | `ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=…)` | an optimiser that keeps only its shard's state (ZeRO-1), over the user's DDP |
+# | `broadcast_parameters(model)` | inside DDP's constructor | every rank starts from rank 0's weights (a [broadcast](../docs/glossary.md#broadcast)) |
+# | `ShardedOptimizer(params, torch.optim.AdamW, group=…)` | `ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=…)` | a [sharded optimiser](../docs/glossary.md#sharded-optimizer), keeping only its shard's state (ZeRO-1), over the user's DDP |
 # | `train(..., "zero1")` (the ZeRO wrapper) | DDP + `ZeroRedundancyOptimizer` | ZeRO-1 both; ours: flat segments, reduce-scatter + all-gather, 2(N−1)Ψ; theirs: whole parameters (greedy by size), DDP's all-reduce + each rank broadcasts its own, 3(N−1)Ψ |
 # | `ShardedUnits(model)`, `train(..., "zero3_units")` | FSDP2 `fully_shard(block)` per block, then the root | parameters sharded, one block gathered at a time (ZeRO-3) |
 # | `group=mesh["dp"]` | `process_group=` / `mesh=init_device_mesh(...)` | which ranks share the work |
@@ -538,7 +538,7 @@ for ours, theirs in PAIRS:
 # runs, and README reports the ratios). What the course's versions teach is the mechanism; what
 # PyTorch's add around it is engineering for real clusters: buckets rebuilt from the order gradients
 # actually arrive, communication hooks (compression), mixed precision, CPU offload, and for FSDP2,
-# DTensor parameters that compose with tensor parallelism (chapter 05).
+# [DTensor](../docs/glossary.md#dtensor) parameters that compose with tensor parallelism (chapter 05).
 #
 # ## What we have
 #

@@ -2,7 +2,7 @@
 # %% [markdown]
 # # 03 · Model parallelism: layers on different GPUs, and the chain they form
 #
-# **Model parallelism** ("inter-op", claim **P3** of the source texts): put *different layers* on
+# **[Model parallelism](../docs/glossary.md#model-parallelism)** ("inter-op", claim **P3** of the source texts): put *different layers* on
 # different GPUs, compute them in sequence, and pass the intermediate results from one device to the
 # next. The seed's example is a two-layer network with the **hidden layer on GPU 1** and the **output
 # layer on GPU 2**. It lets a model that does not fit one GPU train at all — but the GPUs wait for each
@@ -51,7 +51,7 @@ print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
 #
 # The course's MLP with two layers: a hidden layer (16 → 64, then GELU) and an output layer (64 → 4).
 # `coursekit.parallel.pipeline.layers` lists a model as the layers whose composition is its forward;
-# `split(model, 2)` cuts that list into two contiguous **stages**, which share the model's parameters.
+# `split(model, 2)` cuts that list into two contiguous **[stages](../docs/glossary.md#stage)**, which share the model's parameters.
 # Stage 0 goes to rank 0 ("GPU 1"), stage 1 to rank 1 ("GPU 2").
 
 # %% tags=["nbval-check-output"]
@@ -65,7 +65,7 @@ for rank, stage in enumerate(split(net, 2)):
 # %% [markdown]
 # One training step of the strategy `"model"` (`coursekit.parallel.pipeline.ModelParallel`):
 #
-# * **forward** — rank 0 computes the hidden activations (batch × 64) and **sends** them to rank 1;
+# * **forward** — rank 0 computes the hidden [activations](../docs/glossary.md#activations) (batch × 64) and **sends** them to rank 1;
 #   rank 1 receives them into a tensor of its own, marks it as a leaf that requires grad, computes the
 #   output and the loss;
 # * **backward** — rank 1's `loss.backward()` fills its weights' gradients *and* the gradient of the loss
@@ -361,7 +361,7 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
 # `layer1.to("cuda:0")`, `layer2.to("cuda:1")`, `h = layer1(x.to("cuda:0")); y = layer2(h.to("cuda:1"))` —
 # inside **one** process, and autograd follows `.to()` across devices. Across processes,
 # `torch.distributed.pipelining` runs exactly this chapter's chain: `PipelineStage` per rank, and a
-# schedule with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
+# [schedule](../docs/glossary.md#pipeline-schedule) with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
 # from the same training loop on the same stages (strategy `"torch_pipeline"`, schedule `"gpipe"`,
 # `micro_batches=1`): the course transformer on 2 ranks, against one process and against coursekit's
 # `"model"`:
@@ -389,8 +389,8 @@ for name in ("model", "torch_pipeline"):
 
 # %% [markdown]
 # Both equal one process at every step. (The times are a few steps on a shared 2-core machine: same
-# order of magnitude, no ranking.) With more micro-batches the same `PipelineStage`s run GPipe and 1F1B
-# schedules, and several stages per rank run interleaved ones: chapter 04.
+# order of magnitude, no ranking.) With more micro-batches the same `PipelineStage`s run [GPipe](../docs/glossary.md#gpipe) and [1F1B](../docs/glossary.md#1f1b)
+# schedules, and several stages per rank run [interleaved](../docs/glossary.md#interleaved-1f1b) ones: chapter 04.
 #
 # ## What we have
 #

@@ -3,20 +3,20 @@
 # # 04 · Pipeline parallelism: micro-batches fill the chain
 #
 # Chapter 03 cut the model into stages, one per GPU, and found a chain: while one GPU computes, the
-# others wait (**P3**). **Pipeline parallelism** (claim **P7**) keeps the stages but cuts the batch into
-# *micro-batches*: while micro-batch 2 goes forward on GPU 2, micro-batch 3 can go forward on GPU 1, and
-# gradients of earlier micro-batches flow backward at the same time. Bubbles (idle time) remain at the start
-# and the end of every step; how large they are depends on the **schedule** — the order in which each GPU
+# others wait (**P3**). **[Pipeline parallelism](../docs/glossary.md#pipeline-parallelism)** (claim **P7**) keeps the stages but cuts the batch into
+# *[micro-batches](../docs/glossary.md#micro-batch)*: while micro-batch 2 goes forward on GPU 2, micro-batch 3 can go forward on GPU 1, and
+# gradients of earlier micro-batches flow backward at the same time. [Bubbles](../docs/glossary.md#bubble) (idle time) remain at the start
+# and the end of every step; how large they are depends on the **[schedule](../docs/glossary.md#pipeline-schedule)** — the order in which each GPU
 # runs its forwards and backwards.
 #
 # In this chapter a schedule is **data**: for each rank, an ordered list of actions (forward of micro-batch
 # *i* on stage *s*, its backward, a send, a receive). Four generators build the classic ones:
 #
-# * **GPipe** (Huang et al. 2019): every forward, then every backward;
-# * **1F1B** (PipeDream-Flush, Narayanan et al. 2021): after a warm-up, one forward, one backward;
-# * **interleaved 1F1B** (Narayanan et al. 2021): *v* smaller stages per rank, the bubble's idle time shrinks *v*
+# * **[GPipe](../docs/glossary.md#gpipe)** (Huang et al. 2019): every forward, then every backward;
+# * **[1F1B](../docs/glossary.md#1f1b)** (PipeDream-Flush, Narayanan et al. 2021): after a warm-up, one forward, one backward;
+# * **[interleaved 1F1B](../docs/glossary.md#interleaved-1f1b)** (Narayanan et al. 2021): *v* smaller stages per rank, the bubble's idle time shrinks *v*
 #   times, its fraction from $(p-1)/(m+p-1)$ to $(p-1)/(v\,m+p-1)$;
-# * **ZB-H1** (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into the input
+# * **[ZB-H1](../docs/glossary.md#zero-bubble)** (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into the input
 #   gradient **B** and the weight gradient **W**, W deferred into the bubble.
 #
 # One validator rejects a bad schedule before anything runs (naming the rank, the action and the reason), one
@@ -62,7 +62,7 @@ for rank, actions in enumerate(schedule.actions):
     print(f"rank {rank}: " + " ".join(str(a) for a in actions))
 
 # %% [markdown]
-# A learner's schedule that would deadlock, or compute before its input has arrived, is rejected with a
+# A learner's schedule that would [deadlock](../docs/glossary.md#deadlock), or compute before its input has arrived, is rejected with a
 # sentence instead of a hung rank. Here rank 1's first two actions are swapped: it would run the forward of
 # micro-batch 0 before receiving its input.
 

@@ -3,19 +3,19 @@
 # # 05 · Tensor parallelism: one matrix multiplication on several GPUs
 #
 # Chapter 03 put whole layers on different GPUs and found a chain: GPU 2 waits while GPU 1 computes
-# (**P3**). **Tensor parallelism** (seed claim **P5**, "intra-op") cuts *inside* a layer instead: each
+# (**P3**). **[Tensor parallelism](../docs/glossary.md#tensor-parallelism)** (seed claim **P5**, "intra-op") cuts *inside* a layer instead: each
 # weight matrix is split by rows or by columns, every GPU multiplies its piece at the same time, and the
 # pieces are combined by communication. This chapter follows Megatron-LM (Shoeybi et al. 2019):
 #
 # 1. the linear-algebra identity, on two GPUs, drawn from the shards the ranks really hold;
-# 2. the MLP and the attention block: one all-reduce forward and one backward each (the operators **f**, **g**);
-# 3. the vocabulary-parallel loss: the logits never exist whole on one GPU;
+# 2. the MLP and the attention block: one all-reduce forward and one backward each (the [operators **f**, **g**](../docs/glossary.md#f-and-g-operators));
+# 3. the [vocabulary-parallel loss](../docs/glossary.md#vocabulary-parallel-cross-entropy): the logits never exist whole on one GPU;
 # 4. the proof: training at tensor degrees 1, 2, 4 and 3 (uneven) equals one process;
 # 5. communication counted against the formula and against data parallelism's;
 # 6. memory per rank and a measured timeline with the all-reduces inside each layer;
 # 7. why tensor parallelism beats model parallelism (**P10**) and why it stays inside a node;
-# 8. the data × tensor mesh (**P8**);
-# 9. the same thing in production: PyTorch's DTensor.
+# 8. the [data × tensor](../docs/glossary.md#hybrid-parallelism) [mesh](../docs/glossary.md#mesh) (**P8**);
+# 9. the same thing in production: PyTorch's [DTensor](../docs/glossary.md#dtensor).
 #
 # Every "GPU" is a process on this machine (gloo on 2 CPU cores); the library is
 # `coursekit.parallel.tensor`: `layers` (operators and layers), `vocab` (the vocabulary) and `model`
@@ -56,10 +56,10 @@ torch.set_num_threads(1)  # one thread per process, as every rank has
 #
 # * **split $A$ by columns** (output features): GPU $r$ holds $A_r$ and computes $Y_r = X A_r$, its own
 #   columns of $Y$. $Y = [\,Y_0 \mid Y_1\,]$: nothing to add, every GPU needs all of $X$.
-#   coursekit's `ColumnParallelLinear` (its `weight` holds rows of $W$);
+#   coursekit's [`ColumnParallelLinear`](../docs/glossary.md#column-parallel-linear) (its `weight` holds rows of $W$);
 # * **split $A$ by rows** (input features): GPU $r$ holds $A_r$ and the matching columns $X_r$ of the
 #   input, and computes a *partial* product $P_r = X_r A_r$ of the full shape. $Y = P_0 + P_1$: one
-#   all-reduce. coursekit's `RowParallelLinear`.
+#   all-reduce. coursekit's [`RowParallelLinear`](../docs/glossary.md#row-parallel-linear).
 #
 # Below, two ranks build both layers from the *same* dense `nn.Linear(6, 4)` and return what they hold and
 # compute; the figure draws those tensors.

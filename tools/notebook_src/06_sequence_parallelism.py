@@ -2,8 +2,8 @@
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #
-# Self-attention compares every token with every other: its score matrix is S×S, so its memory and time
-# grow **quadratically** with the sequence length S (claim **P9**). Sequence parallelism cuts the input
+# [Self-attention](../docs/glossary.md#self-attention) compares every token with every other: its score matrix is S×S, so its memory and time
+# grow **quadratically** with the sequence length S (claim **P9**). [Sequence parallelism](../docs/glossary.md#sequence-parallelism) cuts the input
 # sequence into chunks, one per GPU. Like data parallelism, every GPU holds a full copy of the model (except
 # in the Megatron-style variant below, which runs inside tensor parallelism and shards the weights); unlike
 # it, the GPUs work on the *same* sequences, each on its own tokens. Everything in a transformer except
@@ -11,12 +11,12 @@
 # must meet, and P9 warns that, depending on how that is done, "splitting a sequence into sub-sequences may
 # reduce accuracy". This chapter shows both sides:
 #
-# * **chunk-local attention**: each GPU attends only inside its chunk — cheap, and it *does* lose accuracy;
-# * **ring attention** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): key/value blocks
-#   travel around a ring of GPUs and are combined with the online softmax — exact;
-# * **all-to-all** (Jacobs et al. 2023, "DeepSpeed Ulysses"): re-shard from "my tokens, all heads" to
+# * **[chunk-local attention](../docs/glossary.md#chunk-local-attention)**: each GPU attends only inside its chunk — cheap, and it *does* lose accuracy;
+# * **[ring attention](../docs/glossary.md#ring-attention)** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): key/value blocks
+#   travel around a ring of GPUs and are combined with the [online softmax](../docs/glossary.md#online-softmax) — exact;
+# * **[all-to-all](../docs/glossary.md#all-to-all)** (Jacobs et al. 2023, "[DeepSpeed Ulysses](../docs/glossary.md#ulysses)"): re-shard from "my tokens, all heads" to
 #   "all tokens, my heads" for attention and back — exact;
-# * **Megatron-style sequence parallelism** (Korthikanti et al. 2022): inside tensor parallelism, the
+# * **[Megatron-style sequence parallelism](../docs/glossary.md#megatron-sp)** (Korthikanti et al. 2022): inside tensor parallelism, the
 #   LayerNorm regions split along the sequence — the same forward traffic, 1/t of the activations.
 
 # %% tags=["parameters"]
@@ -213,7 +213,7 @@ for world_size in range(2, RANKS + 1):
 #
 # With a causal mask a query never looks at later keys, so a block entirely in the future is skipped. Cut
 # contiguously, rank 0 holds the first tokens and skips almost everything, while the last rank skips
-# nothing: the ring waits for the slowest. Zig-zag cuts the sequence into 2G chunks and gives rank r chunks
+# nothing: the ring waits for the slowest. [Zig-zag](../docs/glossary.md#zig-zag) cuts the sequence into 2G chunks and gives rank r chunks
 # r and 2G−1−r: an early and a late one. Score elements each rank computes (S = 64, G = `RANKS`):
 
 # %% tags=["nbval-check-output"]
@@ -260,7 +260,7 @@ plt.show()
 
 # %% [markdown]
 # Full attention's saved bytes grow quadratically, the blockwise one's linearly: it keeps q, k, v, the
-# output and one log-sum-exp per query, and recomputes the score blocks in backward.
+# output and one log-sum-exp per query, and [recomputes](../docs/glossary.md#activation-recomputation) the score blocks in backward.
 #
 # ### Step through the rounds yourself
 #
@@ -470,7 +470,7 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
 # ## 8. How it composes: sequence × data on a mesh, for real
 #
 # Sequence parallelism is orthogonal to data parallelism and can be combined with it (P9). On
-# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` axis cuts the batch of 5 into slices of 3 and 2, and the
+# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` [axis](../docs/glossary.md#axis) cuts the batch of 5 into slices of 3 and 2, and the
 # 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward the
 # gradients are summed over `sp` (each rank saw its own tokens) and averaged over `dp` (each slice saw its
 # samples). Every message is counted and assigned to the axis it travelled along:

@@ -8,7 +8,7 @@
 # every combination and ranks the ones that fit. The seed's recommendations (**P1**, **P8**, **P10**) come out
 # of the numbers instead of being stated:
 #
-# 1. what a *layout* is: dp, tp, pp, sp and ZeRO, and the order of the axes on the mesh;
+# 1. what a *[layout](../docs/glossary.md#layout)* is: dp, tp, pp, sp and ZeRO, and the order of the [axes](../docs/glossary.md#axis) on the mesh;
 # 2. memory: parameters, model states with ZeRO 0-3, activations -- each formula beside this course's measurement;
 # 3. time: compute, the pipeline's bubble, communication through chapter 01's network model;
 # 4. the planner on three scenarios, with its reasons; where pipelining pays and where it does not (**P7**, **P10**);
@@ -53,7 +53,7 @@ torch.set_num_threads(1)
 # * **tp** tensor parallelism (chapter 05): every weight matrix split, collectives inside every layer;
 #   Megatron's **sequence parallelism** (`sequence_parallel=True`, chapter 06) splits what tp leaves whole;
 # * **pp** pipeline parallelism (chapter 04): the layers in stages, `m` micro-batches, a schedule;
-# * **sp** context parallelism (chapter 06's ring attention or Ulysses): each GPU takes a block of the sequence.
+# * **sp** [context parallelism](../docs/glossary.md#sequence-parallelism) (chapter 06's ring attention or Ulysses): each GPU takes a block of the sequence.
 #
 # torchtitan and the cost model put the ranks on the mesh in the order **pp, dp, sp, tp** (outermost first, tp
 # innermost): neighbouring ranks differ in tp. So "**dp 8, tp 2, cp 2, pp 2**" (torchtitan calls sp *cp*,
@@ -82,7 +82,7 @@ for axis, stride in (("tp", 1), ("sp", 2), ("dp", 4), ("pp", 32)):
 #
 # Per GPU, three terms (`coursekit.costmodel.memory`):
 #
-# * **model states** -- `model_state_bytes(num_params, dp, zero_stage, precision)`: with Adam, 16 bytes a
+# * **[model states](../docs/glossary.md#model-states)** -- `model_state_bytes(num_params, dp, zero_stage, precision)`: with Adam, 16 bytes a
 #   parameter in fp32 (4 + 4 + 8) and in mixed precision (2 + 2 + 12, the ZeRO paper's K = 12); ZeRO-1 divides
 #   the optimizer state by dp, ZeRO-2 also the gradients, ZeRO-3 also the parameters. The ZeRO paper's Figure 1
 #   (Rajbhandari et al. 2020: Ψ = 7.5 B, N_d = 64):
@@ -102,7 +102,7 @@ print(f"num_params(GPT-2 small) = {num_params(gpt2).total:,}; "
 #
 # * **activations** -- `activation_bytes_per_layer(s, b, h, a, tp, sequence_parallel, recompute)`: Korthikanti
 #   et al. 2022, Table 2, sbh(34 + 5as/h) bytes a layer in 16 bits with dropout; sbh(10 + 24/t + 5as/(ht)) with
-#   tp; sbh(34/t + 5as/(ht)) with tp + sp; selective recomputation drops the 5as/h term, full keeps 2sbh. For
+#   tp; sbh(34/t + 5as/(ht)) with tp + sp; selective [recomputation](../docs/glossary.md#activation-recomputation) drops the 5as/h term, full keeps 2sbh. For
 #   GPT-3 175B at s = 2,048, b = 1, tp = 8 (their Figure 1's row):
 
 # %% tags=["nbval-check-output"]

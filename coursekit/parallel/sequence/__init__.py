@@ -4,6 +4,8 @@ One module per concept:
 
 * ``ring`` -- ring attention (online softmax, zig-zag layout, blockwise backward): who holds which
   tokens (:func:`chunk_bounds`, :func:`shard_sequence`) and :func:`ring_attention`;
+* ``exchange`` -- one tensor to every other rank (what the collectives below are made of), and
+  :func:`agree_lengths`: every rank's token count, when ``seq_len=`` was not given;
 * ``comm`` -- the collectives of the split from ``coursekit.comm`` point-to-point calls: Ulysses'
   :func:`all_to_all`, :func:`gather_sequence`;
 * ``split`` -- chunk-local attention, DeepSpeed Ulysses, and the strategies ``"ring_attention"``,
@@ -19,7 +21,8 @@ ring_attention``).
 # In this order: the strategies register with the training loop in the order chapter 06 meets them.
 from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, block_mask, chunk_bounds, full_attention,
                    merge, positions, ring_attention, ring_traffic, shard_sequence, split_bounds)
-from .comm import all_to_all, exchange, gather_sequence
+from .exchange import agree_lengths, exchange
+from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
                     chunk_local_losses, chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
                     ulysses_traffic)
@@ -30,7 +33,7 @@ from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
            "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
-           "exchange", "all_to_all", "gather_sequence",
+           "exchange", "agree_lengths", "all_to_all", "gather_sequence",
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "chunk_local_losses", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",

@@ -13,33 +13,16 @@ from __future__ import annotations
 
 import torch
 
-from ... import comm
 from ...mesh import rank_size
+from .exchange import exchange
 from .ring import positions
 
-__all__ = ["exchange", "all_to_all", "gather_sequence"]
+__all__ = ["all_to_all", "gather_sequence"]
 
 
 # --------------------------------------------------------------------------
 # All-to-all and all-gather from point-to-point calls (counted; the same code in the simulator).
 # --------------------------------------------------------------------------
-def exchange(outgoing: list[torch.Tensor], incoming_shapes: list[list[int]], group, name: str) -> list[torch.Tensor]:
-    """Send ``outgoing[j]`` to rank j and receive a tensor of ``incoming_shapes[j]`` from it; keep our own.
-
-    The one exchange every collective of the sequence split is built from (here and in
-    :mod:`coursekit.parallel.sequence.tensor`): ``comm`` ``isend``/``irecv`` under the phase ``name``, so
-    it is counted and runs in the simulator. Returns the G tensors in rank order (ours is ``outgoing[rank]``).
-    """
-    rank, size = rank_size(group)
-    received = [outgoing[rank] if j == rank else outgoing[rank].new_empty(incoming_shapes[j]) for j in range(size)]
-    with comm.phase(name):
-        works = [comm.irecv(received[j], group=group, group_src=j) for j in range(size) if j != rank]
-        works += [comm.isend(outgoing[j].contiguous(), group=group, group_dst=j) for j in range(size) if j != rank]
-    for work in works:
-        work.wait()
-    return received
-
-
 def _all_to_all(tensor, scatter_dim: int, gather_dim: int, scatter_sizes, gather_sizes, group, name: str):
     pieces = list(tensor.split(list(scatter_sizes), dim=scatter_dim))
     shapes = []

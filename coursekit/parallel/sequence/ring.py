@@ -53,6 +53,7 @@ import torch
 from ... import comm
 from ...answers import answer_to
 from ...mesh import rank_size
+from .exchange import agree_lengths
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
            "AttentionWork", "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
@@ -198,10 +199,16 @@ class _Ring:
         self.group = group
         self.rank, self.size = rank_size(group)
         per_rank = 2 if layout == "zigzag" else 1
-        if seq_len is None:
-            seq_len = local_len * self.size
+        held = None
+        if seq_len is None:  # ask: a guess (local_len × G) is wrong when the chunks are uneven (see .exchange)
+            held = agree_lengths(local_len, group)
+            seq_len = sum(held)
         self.bounds = chunk_bounds(seq_len, self.size, layout)
         self.lengths = [sum(b - a for a, b in chunks) for chunks in self.bounds]
+        if held is not None and held != self.lengths:  # every rank sees the same lists: all raise, none waits
+            raise ValueError(f"the ranks hold {held} tokens, but a sequence of {seq_len} cut {layout} over "
+                             f"{self.size} ranks gives them {self.lengths}: shard with "
+                             f"shard_sequence(x, dim, rank, size, {layout!r}).")
         if self.lengths[self.rank] != local_len:
             raise ValueError(f"rank {self.rank} holds {local_len} tokens, but a sequence of {seq_len} cut {layout} "
                              f"over {self.size} ranks gives it {self.lengths[self.rank]} ({per_rank} chunk(s) "
@@ -335,7 +342,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     """Exact attention over the whole sequence when every rank of ``group`` holds one piece of it.
 
     ``q, k, v``: ``(..., L, d_head)``, this rank's tokens as :func:`shard_sequence` cuts them with
-    ``layout``. ``seq_len``: the whole length (needed only when chunks are uneven). ``work``: an
+    ``layout``. ``seq_len``: the whole length; without it the ranks first tell each other their lengths
+    (one counted exchange, :func:`~coursekit.parallel.sequence.exchange.agree_lengths`). ``work``: an
     :class:`AttentionWork` to count this rank's attention work into. Call it on every rank of ``group``.
     """
     return RingAttention.apply(q, k, v, causal, layout, seq_len, group, work)

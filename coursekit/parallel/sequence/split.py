@@ -53,6 +53,7 @@ from ...mesh import rank_size
 from ...strategy import Setup, Strategy, register
 from .ring import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
 from .comm import all_to_all, gather_sequence
+from .exchange import agree_lengths
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
            "sequence_forward", "SavedBytes", "saved_bytes", "chunk_local_losses", "SequenceParallel"]
@@ -67,7 +68,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 
     One all-to-all re-shards q, k, v (stacked) to ``(b, H/G, S, d_head)``: whole sequences of this
     rank's heads; attention is the ordinary one; a second all-to-all re-shards the output back.
-    Chunks are contiguous (``shard_sequence(x, dim, rank, size)``), uneven lengths allowed with ``seq_len``.
+    Chunks are contiguous (``shard_sequence(x, dim, rank, size)``), uneven ones too; without ``seq_len`` the
+    ranks first tell each other their lengths (one counted exchange, as :func:`ring_attention` does).
     """
     rank, size = rank_size(group)
     heads = q.shape[1]
@@ -75,8 +77,12 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         raise ValueError(f"Ulysses gives each rank whole heads: {heads} heads cannot be split over {size} ranks "
                          f"(heads must be divisible by the sequence-parallel degree); use ring attention or "
                          f"a degree that divides {heads}.")
-    seq_len = q.shape[2] * size if seq_len is None else seq_len
+    held = agree_lengths(q.shape[2], group) if seq_len is None else None  # a guess is wrong when uneven
+    seq_len = sum(held) if held is not None else seq_len
     lengths = [b - a for (a, b), in chunk_bounds(seq_len, size)]
+    if held is not None and held != lengths:  # the same lists on every rank: all raise, none waits
+        raise ValueError(f"the ranks hold {held} tokens, but {seq_len} tokens over {size} ranks give them "
+                         f"{lengths}: shard with shard_sequence(x, dim, rank, size).")
     if lengths[rank] != q.shape[2]:
         raise ValueError(f"rank {rank} holds {q.shape[2]} tokens, but {seq_len} tokens over {size} ranks give it "
                          f"{lengths[rank]}; pass seq_len= the whole length.")

@@ -45,7 +45,7 @@ from ... import collectives as _collectives
 from ...mesh import rank_size
 from ...strategy import Setup, register
 from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
-from .comm import exchange
+from .exchange import exchange
 from .ring import chunk_bounds, positions, split_bounds
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
