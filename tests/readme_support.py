@@ -1,22 +1,17 @@
 """Reading README.md and docs/benchmarks.md as a learner does: fenced blocks, code spans, commands, paths, anchors.
 
 Shared by tests/test_readme.py (what README names is real) and tests/test_readme_chapters.py (the chapter
-table and the benchmark summary are true). Paths still being written on other branches can be allowed to be
-missing, and only those:
-``COURSEKIT_README_PENDING="notebooks/08_debugging.ipynb exercises/08_find_the_bug.ipynb docs/glossary.md"``.
-Unset, nothing may be missing.
+table and the benchmark summary are true). Nothing README names may be missing.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = [README, ROOT / "docs" / "benchmarks.md"]   # the pages this file vouches for (not docs/glossary.md)
-PENDING = set(os.environ.get("COURSEKIT_README_PENDING", "").split())
 TOP = ("coursekit/", "tests/", "tools/", "notebooks/", "exercises/", "solutions/", "docs/", ".ci/")
 FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md")
 # Paths README names that are not files of the repository, each for a reason.
@@ -56,15 +51,11 @@ def commands(markdown: str) -> list[str]:
 
 
 def exists(relative: str) -> bool:
-    if relative in PENDING:
-        return True
     if any(c in relative for c in "*?["):
         return any(ROOT.glob(relative))
     return (ROOT / relative).exists()
 
 
-def pending_note() -> str:
-    return f" (allowed missing: {sorted(PENDING)})" if PENDING else " (COURSEKIT_README_PENDING can allow it)"
 
 
 

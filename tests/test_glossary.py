@@ -4,10 +4,6 @@ Anchors follow GitHub's heading slugs: a term's heading ``### All-reduce`` is re
 ``docs/glossary.md#all-reduce``. Headings are kept to letters, digits, spaces and hyphens, for which
 the slug is simply the lower-cased heading with spaces turned into hyphens (the test refuses any other
 heading, so the rule below is GitHub's rule, not an approximation of it).
-
-Chapter 08 is being written on another branch: a glossary link to ``notebooks/08_debugging.ipynb`` is
-accepted while that file does not exist, and so is an entry taught only there that no chapter links
-yet. As soon as the notebook exists both are checked like any other.
 """
 
 import json
@@ -21,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 GLOSSARY = ROOT / "docs" / "glossary.md"
 CHAPTERS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 NOTEBOOKS = CHAPTERS + sorted((ROOT / "exercises").glob("*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
-PENDING = {ROOT / "notebooks" / "08_debugging.ipynb"}  # written on another branch; checked once it exists
 
 _HEADING = re.compile(r"^(#{2,3}) (.+?)\s*$")
 _LINK = re.compile(r"\[(?:[^\[\]]|\[[^\]]*\])*\]\(([^)\s]+)\)")  # [text](target); text may hold [..]
@@ -102,7 +97,7 @@ def test_every_entry_has_both_languages_a_definition_and_a_chapter():
 def test_every_chapter_link_in_the_glossary_resolves_to_a_file():
     for anchor, text in glossary_entries().items():
         for path in chapter_links(text):
-            assert path.exists() or path in PENDING, (
+            assert path.exists(), (
                 f"glossary #{anchor} links {path.relative_to(ROOT)}, which does not exist")
 
 
@@ -121,12 +116,10 @@ def test_every_glossary_link_resolves_to_an_anchor(path):
 def test_every_entry_is_linked_from_a_chapter():
     linked = {anchor for chapter in CHAPTERS for _, anchor in glossary_links(chapter, markdown_of(chapter))}
     for anchor, text in glossary_entries().items():
-        if all(path in PENDING and not path.exists() for path in chapter_links(text)):
-            continue  # taught only in a chapter that is not written yet: its links come with it
         assert anchor in linked, f"glossary #{anchor} is linked from no chapter notebook (notebooks/NN_*.ipynb)"
 
 
-@pytest.mark.parametrize("chapter", [c for c in CHAPTERS if c.name[:2] <= "07"], ids=lambda p: p.stem)
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_every_chapter_links_the_glossary(chapter):
     assert glossary_links(chapter, markdown_of(chapter)), f"{chapter.name} links no term to the glossary"
 

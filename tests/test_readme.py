@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from readme_support import (DOCS, FILES, NOT_FILES, README, ROOT, TOP, anchor, code_spans, commands, exists,
-                            fenced_blocks, pending_note, text)
+                            fenced_blocks, text)
 
 sys.path.insert(0, str(ROOT / "tools"))
 import export_figures  # noqa: E402
@@ -88,7 +88,7 @@ def test_every_command_names_real_targets_modules_and_files(page):
     found = commands(text(page))
     assert any(c.startswith("make lab") for c in found) or page != README, "README shows no `make lab`"
     problems = [p for command in found for p in problems_with(command)]
-    assert not problems, f"{page.name}:\n" + "\n".join(problems) + pending_note()
+    assert not problems, f"{page.name}:\n" + "\n".join(problems)
 
 
 def test_the_runnable_blocks_run():
@@ -118,14 +118,14 @@ def named_paths(markdown: str) -> set[str]:
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
 def test_every_path_named_exists(page):
     missing = sorted(p for p in named_paths(text(page)) - set(NOT_FILES) if not exists(p.rstrip(":,.")))
-    assert not missing, f"{page.name} names paths that do not exist: {missing}" + pending_note()
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
 
 
 def test_every_exercise_named_exists():
     names = {span for span in code_spans(text(README)) if re.fullmatch(r"\d\d_[a-z_]+", span)}
     assert len(names) >= 8, f"README names only these exercises: {sorted(names)}"
     missing = sorted(n for n in names if not exists(f"exercises/{n}.ipynb"))
-    assert not missing, f"README names exercises that exercises/ lacks: {missing}" + pending_note()
+    assert not missing, f"README names exercises that exercises/ lacks: {missing}"
 
 
 def resolves(dotted: str) -> bool:

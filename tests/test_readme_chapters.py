@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
-from readme_support import PENDING, README, ROOT, anchor, pending_note, text
+from readme_support import README, ROOT, anchor, text
 
 WORDS_A_MINUTE = 150        # README's footnote ¹ states this rule; keep the two together
 ROUND_TO_MINUTES = 5
@@ -65,9 +65,7 @@ def test_the_footnote_states_the_rule_the_times_follow():
 def test_each_chapter_row_is_true_of_its_notebook(row):
     number, chapter, time, seed_claims, pytorch, exercise = row
     path = ROOT / re.search(r"\((notebooks/\d\d_\w+\.ipynb)\)", chapter).group(1)
-    if not path.exists():
-        assert str(path.relative_to(ROOT)) in PENDING, f"{path.name} does not exist" + pending_note()
-        return
+    assert path.exists(), f"{path.name} does not exist"
     source = notebook_text(path)
     discussed = set(re.findall(r"\b[PR]\d+\b", source))
     assert claims(seed_claims) <= discussed, (f"chapter {number} claims {sorted(claims(seed_claims) - discussed)} "
@@ -76,9 +74,7 @@ def test_each_chapter_row_is_true_of_its_notebook(row):
     assert (names and all(name in source for name in names)) or pytorch.startswith("none"), \
         f"chapter {number}'s PyTorch column names {sorted(n for n in names if n not in source)}, absent from {path.name}"
     exercise_path = ROOT / "exercises" / f"{exercise.strip('`')}.ipynb" if exercise != "—" else None
-    if exercise_path is not None and not exercise_path.exists():
-        assert str(exercise_path.relative_to(ROOT)) in PENDING, f"{exercise_path.name} does not exist" + pending_note()
-        exercise_path = None
+    assert exercise_path is None or exercise_path.exists(), f"{exercise_path.name} does not exist"
     minutes = minutes_to_work_through(path, exercise_path)
     assert time == f"{minutes} min", (f"chapter {number}: README says {time!r}; footnote ¹'s rule gives "
                                       f"'{minutes} min': write that in its row")

@@ -14,7 +14,7 @@
 # **How to use the course**
 # 1. Run the cells in order (Shift+Enter). Each chapter starts with a `parameters` cell: the defaults are
 #    small so that everything runs in seconds on a laptop; raise them to see real effects.
-# 2. Chapters 01–06 each have a graded exercise in `exercises/` (your copy to edit) and a worked solution
+# 2. Chapters 01–08 each have a graded exercise in `exercises/` (your copy to edit) and a worked solution
 #    in `solutions/`. Grade your work with the grading cell, or from a terminal:
 #    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
