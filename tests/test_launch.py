@@ -11,7 +11,6 @@ import textwrap
 import threading
 import time
 
-import psutil
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,15 +19,12 @@ from coursekit import Cluster, ClusterClosed, LaunchTimeout, RankError, launch
 from coursekit._launcher.diagnose import STACK_DUMP_S
 from coursekit._launcher.inbox import POLL_S
 from coursekit._launcher.teardown import TEARDOWN_MAX_S
+from launch_support import child_processes
 
 # Time bounds come from the launcher's own constants, never from this machine's speed: they are liveness
 # bounds, far above what a healthy run takes. After an error, a timeout or Ctrl-C, the parent notices
 # within one poll of its collect loop, then tears down.
 STOPPED_WITHIN_S = POLL_S + TEARDOWN_MAX_S
-
-
-def child_processes():
-    return psutil.Process().children(recursive=True)
 
 
 def assert_no_children():

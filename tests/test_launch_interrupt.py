@@ -16,14 +16,13 @@ import sys
 import threading
 import time
 
-import psutil
 import pytest
 
 from coursekit import Cluster, launch
 from coursekit._launcher import inbox, rank as rank_module
 from coursekit._launcher.inbox import POLL_S
 from coursekit._launcher.teardown import TEARDOWN_MAX_S
-from launch_support import wait_for_files
+from launch_support import child_processes, wait_for_files
 
 # Each test sends SIGINT: it must raise here even when pytest was started with SIGINT ignored (make test &).
 pytestmark = pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
@@ -69,7 +68,7 @@ def assert_interrupted(call, sent: list) -> None:
     took = caught - sent[0]
     assert took < PROMPT_S, (f"KeyboardInterrupt came {took:.1f} s after the SIGINT (promised: {PROMPT_S:g} s): "
                              f"it was swallowed and only turned up at the end")
-    left = psutil.Process().children(recursive=True)
+    left = child_processes()
     assert not left, f"ranks survived the Ctrl-C: {left}"
 
 
