@@ -39,7 +39,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -74,6 +74,7 @@ class Tracer:
         self.spans: list[Span] = []
         self._lock = threading.Lock()  # completion callbacks run on gloo's threads
         self._pending: dict[int, tuple[str, float]] = {}  # async collectives issued, not yet seen complete
+        self._callbacks: dict[int, Any] = {}  # their completion callbacks' futures, until waited() (see there)
 
     def start(self, group=None) -> "Tracer":
         """Barrier, then agree on time zero (the earliest rank's reading); forget earlier spans."""
@@ -84,7 +85,7 @@ class Tracer:
             self.origin_ns = int(stamp.item())
         else:
             self.origin_ns = time.perf_counter_ns()
-        self.spans, self._pending = [], {}
+        self.spans, self._pending, self._callbacks = [], {}, {}
         return self
 
     def now(self) -> float:
@@ -130,15 +131,28 @@ class Tracer:
         if not self.enabled or work is None:
             return work
         key, issued = id(work), self.now()
+        callback_done = work.get_future().then(lambda future: self._completed(key))  # the key: never keep work alive
         with self._lock:
             self._pending[key] = (name, issued)
-        work.get_future().then(lambda future: self._completed(key))  # the key only: never keep work alive
+            self._callbacks[key] = callback_done
         return work
 
     def waited(self, work) -> None:
-        """Say that ``work.wait()`` just returned: the collective is over by now, whenever its callback runs."""
+        """Say that ``work.wait()`` just returned: the collective is over by now, whenever its callback runs.
+
+        Then wait for that callback too. It is Python, run on gloo's thread, which must take the GIL
+        for it; a rank that went on to ``destroy_process_group()`` and exit before it got the GIL left a
+        gloo thread needing the GIL of an interpreter shutting down, and Python 3.11 ends such a thread
+        in a way gloo's C++ turns into ``terminate called without an active exception`` (SIGABRT; once in
+        a fresh clone's ``make test``, tests/test_parallel_data_exit.py). Waiting here (``Future.wait``
+        releases the GIL) leaves no Python of ours on gloo's threads once the wait is over.
+        """
         if self.enabled and work is not None:
             self._completed(id(work))
+            with self._lock:
+                callback_done = self._callbacks.pop(id(work), None)
+            if callback_done is not None:
+                callback_done.wait()
 
     def _completed(self, key: int) -> None:
         end = self.now()
