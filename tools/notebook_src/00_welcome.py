@@ -200,7 +200,7 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 02 | data parallelism, from gradient averaging to ZeRO | P4, R2 |
 # | 03 | model parallelism: layers on different GPUs | P3 |
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
-# | 05 | tensor parallelism, and data × tensor | P5, P6, P8 |
+# | 05 | tensor parallelism, and data × tensor | P5, P6, P8, P10 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
 # | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
 # | 08 | debugging distributed programs: hangs, crashes, mismatched collectives and silent divergence, made on purpose and diagnosed | R2 |
