@@ -13,9 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
-from coursekit.parallel.pipeline import gpipe, interleaved_1f1b, one_f_one_b, plan, zb_h1  # noqa: E402
+from coursekit.parallel.pipeline import gpipe, interleaved_1f1b, measured_bubble, one_f_one_b, plan, zb_h1  # noqa: E402
 from coursekit.trace import Span  # noqa: E402
-from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, measured_bubble  # noqa: E402
+from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured  # noqa: E402
 
 CASES = [gpipe(3, 4), one_f_one_b(4, 8), interleaved_1f1b(2, 4, 2), zb_h1(3, 5), one_f_one_b(1, 2)]
 
@@ -71,7 +71,7 @@ def test_plan_above_the_measured_run():
     spans = [Span(0, "forward", "F0@s0", 0.000, 0.001), Span(0, "backward", "B0@s0", 0.003, 0.004),
              Span(1, "forward", "F0@s1", 0.001, 0.002), Span(1, "backward", "B0@s1", 0.002, 0.004),
              Span(1, "idle", "RECV_F0@s1", 0.000, 0.001)]
-    assert measured_bubble(spans) == pytest.approx(1 - 5 / 8)
+    assert measured_bubble(spans).bubble == pytest.approx(1 - 5 / 8)
     fig = draw_plan_and_measured(plan(one_f_one_b(2, 1)), spans, title="1f1b on 2 ranks")
     top, bottom = fig.axes[:2]
     assert sorted(boxes(top)) == ["B0@s0", "B0@s1", "F0@s0", "F0@s1"]

@@ -9,7 +9,8 @@ and, on the same stages and micro-batches, ``"torch_pipeline"`` (``torch.distrib
 
 * **step time**: median over the measured steps (the first ``--warmup`` are not), slowest rank.
 * **measured bubble**: from the executor's spans of each measured step: 1 − (time in F, B and W, summed over
-  ranks) / (p × the step's length, first action to last on any rank); median over steps.
+  ranks) / (p × the window from the first compute action to the last on any rank), the plan's own window
+  (:func:`coursekit.parallel.pipeline.measured_bubble`); median over steps.
 * **plan**: the same schedule on the planner's clock (:func:`coursekit.parallel.pipeline.plan`) with the
   measured mean F, B and W times; **formula**: the papers' (GPipe and 1F1B (p−1)/(m+p−1), interleaved
   (p−1)/(v·m+p−1), ZB-H1's with T_F = T_B = T_W).
@@ -25,7 +26,6 @@ the scheduler as much as the schedule; the measured bubble is the rank's own vie
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import time
 
@@ -35,10 +35,9 @@ import torch.distributed as dist
 from .. import comm
 from ..launch import launch
 from ..models import TeacherData, tiny_mlp
-from ..parallel.pipeline import bubble_formula, make_schedule, plan
+from ..parallel.pipeline import ACTION_NAME, bubble_formula, compute_op, make_schedule, measured_bubble, plan
 from ..train import train
 
-ACTION = re.compile(r"^(F|B|W|SEND_F|SEND_B|RECV_F|RECV_B)\d+@s\d+$")
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1))
 TORCH = ("gpipe", "1f1b", "interleaved")
 
@@ -96,7 +95,7 @@ def _steps(spans, schedule, warmup: int):
     """The measured steps' action spans, per step, per rank (each rank runs its action list once a step)."""
     per_rank = {}
     for r, actions in enumerate(schedule.actions):
-        mine = sorted((s for s in spans if s.rank == r and ACTION.match(s.name) and
+        mine = sorted((s for s in spans if s.rank == r and ACTION_NAME.match(s.name) and
                        (s.kind in ("forward", "backward", "idle") or s.name.startswith("SEND"))),
                       key=lambda s: s.start)
         n = len(actions)
@@ -108,12 +107,9 @@ def analyse(spans, schedule, warmup: int) -> dict:
     """Measured bubble, mean F/B/W times, the plan's bubble with those times, executor overhead per action."""
     bubbles, overheads, sends, times = [], [], [], {"F": [], "B": [], "W": []}
     for step in _steps(spans, schedule, warmup):
-        start = min(s.start for rank in step for s in rank)
-        end = max(s.end for rank in step for s in rank)
-        compute = [s for rank in step for s in rank if s.kind in ("forward", "backward")]
-        bubbles.append(1 - sum(s.duration for s in compute) / (len(step) * (end - start)))
-        for s in compute:
-            times[ACTION.match(s.name).group(1)].append(s.duration)
+        bubbles.append(measured_bubble([s for rank in step for s in rank]).bubble)
+        for s in (s for rank in step for s in rank if compute_op(s)):
+            times[compute_op(s)].append(s.duration)
         sends += [s.duration for rank in step for s in rank if s.name.startswith("SEND")]
         for rank in step:
             inside = sum(s.duration for s in rank)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch, Rectangle
 
-from ..parallel.pipeline import Plan, bubble_formula
+from ..parallel.pipeline import Plan, bubble_formula, measured_bubble
 from .timeline import COLOURS, draw_timeline
 
 OP_COLOURS = {"F": COLOURS["forward"], "B": COLOURS["backward"], "W": "#C44E52"}
@@ -75,23 +75,21 @@ def draw_plan(plan: Plan, ax=None, title: str | None = None, legend: bool = True
 def draw_plan_and_measured(plan: Plan, spans: list, title: str | None = None):
     """The planned schedule (unit time) above the measured Gantt chart of the same run (seconds, as ms).
 
-    ``spans`` are :class:`coursekit.trace.Span` from the executor. Each axis has
-    its own clock: the plan in units, the run in ms; where the measured boxes
-    keep the plan's shape, the executor follows its schedule.
+    ``spans`` are :class:`coursekit.trace.Span` from the executor, one step. Each axis has its own clock:
+    the plan in units, the run in ms; where the measured boxes keep the plan's shape, the executor follows
+    its schedule. The measured title gives the bubble over the plan's window (first compute action to last,
+    :func:`coursekit.parallel.pipeline.measured_bubble`) and, apart, the step's tail after it -- the
+    dashed line marks where the schedule's actions end and the tail begins.
     """
     n = plan.schedule.n_ranks
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 2.0 + 1.3 * n))
     draw_plan(plan, ax=top, legend=False)
-    draw_timeline(spans, ax=bottom, title=f"{title or 'measured'}  —  bubble {measured_bubble(spans):.1%}")
+    measured = measured_bubble(spans)
+    text = (f"{title or 'measured'}  —  bubble {measured.bubble:.1%} (the schedule's actions); "
+            f"tail {measured.tail_share:.1%} of the step (optimizer, end-of-step sync)")
+    draw_timeline(spans, ax=bottom, title=text, hidden_share=False)
+    if measured.window > 0:  # the timeline's clock: ms since its first span
+        bottom.axvline((measured.end - min(s.start for s in spans)) * 1e3, color="0.3", linestyle="--",
+                       linewidth=0.8)
     fig.tight_layout()
     return fig
-
-
-def measured_bubble(spans: list) -> float:
-    """Idle compute time of a measured step: 1 − (forward + backward time) / (ranks × step length)."""
-    compute = [x for x in spans if x.kind in ("forward", "backward")]
-    if not compute:
-        return float("nan")
-    ranks = {x.rank for x in spans}
-    length = max(x.end for x in spans) - min(x.start for x in spans)
-    return 1 - sum(x.end - x.start for x in compute) / (len(ranks) * length)

@@ -41,11 +41,11 @@ import matplotlib.pyplot as plt
 import torch
 
 import coursekit
-from coursekit.parallel.pipeline import (SCHEDULES, bubble_formula, make_schedule, peak_activations_formula,
-                                         plan, validate, ScheduleError)
+from coursekit.parallel.pipeline import (SCHEDULES, bubble_formula, make_schedule, measured_bubble,
+                                         peak_activations_formula, plan, validate, ScheduleError)
 from coursekit.train import train
 from coursekit.verify import compare
-from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, measured_bubble
+from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured
 
 torch.set_num_threads(1)  # one thread per process, as every rank has: the single-process baseline is comparable
 
@@ -168,6 +168,13 @@ print("\n".join(refused))
 # %% [markdown]
 # Now the timelines: the planned schedule (unit time) above the measured Gantt chart of the same run, at
 # m = 4 on RUN_RANKS ranks. Each action's real start and end are recorded on every rank on a shared clock.
+#
+# The measured bubble has the plan's definition: the share of RUN_RANKS × the window from the first
+# forward's start to the last backward's end (on any rank) in which a rank does not compute
+# (`coursekit.parallel.pipeline.measured_bubble`). After the schedule's last action (the dashed line) the step
+# goes on: every rank waits for its sends, the tied embedding's gradient is summed between the first and the
+# last stage, the loss is broadcast, the optimizer steps. That **tail** is not the pipeline's bubble — it does
+# not shrink with m and no schedule removes it — so the titles give it apart, as a share of the whole step.
 
 # %%
 TIMELINE_M = 4
@@ -236,18 +243,20 @@ display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 # those holding a block; and every action carries a fixed cost — Python, autograd bookkeeping, a gloo
 # receive that has to wake a process sharing this machine's two cores — which for a model this small can be
 # as large as the work itself. So the measured bubble can be far above the planned one and need not keep
-# its ranking: the last line below compares them. ZB-H1's W runs autograd from the stage output again (see
+# its ranking: the last line below compares them. The table's last column is the tail after the actions:
+# work every schedule does once per step, whatever m, so it is not counted in the bubble. ZB-H1's W runs autograd from the stage output again (see
 # the `coursekit.parallel.pipeline.executor` docstring), so its measured boxes include compute the plan and the
 # other schedules do not have.
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'schedule':<12} {'planned':>8} {'measured':>9}")
+print(f"{'schedule':<12} {'planned':>8} {'measured':>9}   tail after the actions (share of the step)")
 planned, bubble = {}, {}
 for name, spans in measured.items():
     v = dict(configs)[name]
     planned[name] = float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction)
-    bubble[name] = measured_bubble(spans)
-    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%}")
+    step = measured_bubble(spans)
+    bubble[name] = step.bubble
+    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%}   {step.tail * 1e3:.1f} ms ({step.tail_share:.0%})")
 
 
 def extreme(values, pick):

@@ -410,7 +410,7 @@ def traced(rank, world_size, strategy):
 
 
 tensor_spans = coursekit.launch(traced, 2, "tensor")[0]
-draw_timelines({"tensor parallelism, degree 2: one step": tensor_spans})
+draw_timelines({"tensor parallelism, degree 2: one step": tensor_spans}, hidden_share=False)  # that share is chapter 02's metric
 plt.show()
 
 # %% tags=["nbval-check-output"]
@@ -431,7 +431,8 @@ for rank in range(2):
 
 # %%
 model_spans = coursekit.launch(traced, 2, "model")[0]
-draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, degree 2": tensor_spans})
+draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, degree 2": tensor_spans},
+               hidden_share=False)
 plt.show()
 
 

@@ -9,6 +9,7 @@ One module per concept, PyTorch's counterpart last:
 * ``schedules`` -- pipeline schedules as data (GPipe, 1F1B, interleaved, ZB-H1; :class:`Schedule`);
   ``validator`` -- :func:`validate`, everything that would go wrong found before anything runs;
   ``planning`` -- :func:`plan` on a unit-time clock and the papers' formulas;
+  ``measured`` -- :func:`measured_bubble`, a real step's bubble on the plan's window, its tail apart;
 * ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
 
@@ -21,6 +22,7 @@ from .schedules import (COMMUNICATION, COMPUTE, SCHEDULES, Action, Schedule, Sch
                         interleaved_1f1b, make_schedule, message, needs, one_f_one_b, zb_h1)
 from .validator import run_on_clock, validate
 from .planning import Plan, bubble_formula, peak_activations_formula, plan
+from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
 
@@ -29,4 +31,5 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "COMPUTE", "COMMUNICATION", "Action", "Schedule", "ScheduleError", "gpipe", "one_f_one_b",
            "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs",
            "validate", "run_on_clock", "Plan", "plan", "bubble_formula", "peak_activations_formula",
+           "ACTION_NAME", "MeasuredBubble", "compute_op", "measured_bubble",
            "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]
