@@ -10,6 +10,7 @@ One module per concept:
   :func:`all_to_all`, :func:`gather_sequence`;
 * ``split`` -- chunk-local attention, DeepSpeed Ulysses, and the strategies ``"ring_attention"``,
   ``"ulysses"`` and ``"chunk_local"``;
+* ``accuracy`` -- what chunk-local attention costs (P9), on a copy task built so the cost cannot hide;
 * ``tensor`` -- Megatron-style sequence parallelism beside tensor parallelism (``"sequence_tensor"``);
 * ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``).
 
@@ -24,8 +25,10 @@ from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, block
 from .exchange import agree_lengths, exchange
 from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
-                    chunk_local_losses, chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
+                    chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
                     ulysses_traffic)
+from .accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
+                       per_position_loss, train_one_process)
 from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, SequenceTensorParallelTransformer,
                      all_gather_sequence, gather_linear, megatron_sp_saved_bytes, megatron_sp_traffic,
                      reduce_scatter_sequence)
@@ -35,8 +38,10 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_boun
            "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
            "exchange", "agree_lengths", "all_to_all", "gather_sequence",
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
-           "saved_bytes", "chunk_local_losses", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
+           "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",
+           "CopyData", "needs_other_chunk", "train_one_process", "per_position_loss", "copy_task_losses",
+           "chunk_local_losses", "EVAL_STEP",
            "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
            "megatron_sp_saved_bytes",

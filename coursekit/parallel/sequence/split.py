@@ -8,7 +8,7 @@ the local tokens unchanged. Attention is the one place where tokens meet:
 
 * **chunk-local** (:func:`chunked_attention`): each rank attends only within its own chunk. No
   communication, and *not* the same model: a token near the start of a chunk loses its context —
-  what P9 means by "splitting a sequence may reduce accuracy" (:func:`chunk_local_losses` measures it).
+  what P9 means by "splitting a sequence may reduce accuracy" (:mod:`.accuracy` measures it).
 * **ring attention** (:mod:`coursekit.parallel.sequence.ring`; Liu et al. 2023): key/value blocks
   travel around the ring, merged by the online softmax. Exact.
 * **all-to-all, DeepSpeed Ulysses** (:func:`ulysses_attention`; Jacobs et al. 2023): re-shard q, k, v
@@ -56,7 +56,7 @@ from .comm import all_to_all, gather_sequence
 from .exchange import agree_lengths
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
-           "sequence_forward", "SavedBytes", "saved_bytes", "chunk_local_losses", "SequenceParallel"]
+           "sequence_forward", "SavedBytes", "saved_bytes", "SequenceParallel"]
 
 
 # --------------------------------------------------------------------------
@@ -159,31 +159,6 @@ def saved_bytes(exclude=()) -> Iterator[SavedBytes]:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         yield meter
-
-
-def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, lr: float = 5e-3,
-                       seq_len: int = 32, seed: int = 0) -> dict[int, float]:
-    """Final training loss (mean of the last 10 steps) with chunk-local attention, per number of chunks.
-
-    One process, the same model, data and optimiser for each; ``chunks=1`` is full attention.
-    Each sequence is cut into chunks exactly as over that many ranks: the block-diagonal mask.
-    """
-    from ...models import LanguageData, loss_fn, tiny_transformer
-
-    data, out = LanguageData(seq_len=seq_len, seed=seed), {}
-    for n in chunks:
-        model = tiny_transformer(seed=seed)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        losses = []
-        for step in range(steps):
-            x, y = data.batch(step, batch)
-            loss = loss_fn(sequence_forward(model, x, torch.arange(x.shape[1]), chunked_attention(n)), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        out[n] = sum(losses[-10:]) / len(losses[-10:])
-    return out
 
 
 # --------------------------------------------------------------------------
