@@ -116,6 +116,31 @@ def test_deadlock_times_out_names_ranks_and_leaves_no_orphans():
     assert launch(all_reduce_rank_plus_one, 2) == [3.0, 3.0], "the caller must stay usable"
 
 
+def test_a_timeout_shows_the_stuck_ranks_other_threads():
+    """A rank whose main thread waits on a thread of its own (as a training step waits on FSDP's comm thread):
+    the main thread alone says "busy ... at main_waits"; the report also shows where the other thread is. (A
+    fresh clone's CI once stopped a rank "busy at forward (linear.py)" with nothing more to go on.) Planted bug,
+    seen failing: faulthandler registered for the current thread only (no "its other threads at")."""
+    def main_waits(rank, world_size):
+        import threading
+
+        done = threading.Event()
+
+        def helper_that_never_finishes():
+            while True:
+                time.sleep(0.05)
+
+        threading.Thread(target=helper_that_never_finishes, daemon=True).start()
+        done.wait()
+
+    with pytest.raises(LaunchTimeout) as info:
+        launch(main_waits, 1, timeout=2)
+    message = str(info.value)
+    assert "busy (not inside a communication call); at wait (threading.py" in message and "main_waits" in message
+    assert "its other threads at helper_that_never_finishes (test_launch.py:" in message, message
+    assert_no_children()
+
+
 def test_printed_output_is_prefixed_and_in_rank_order(capsys):
     def chatty(rank, world_size):
         time.sleep(0.05 * (world_size - rank))  # later ranks finish first

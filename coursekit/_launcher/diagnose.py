@@ -33,7 +33,7 @@ def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
     time.sleep(STACK_DUMP_S)  # faulthandler writes from a signal handler; give it a moment
     described = {}
     for rank in ranks:
-        note, dump = notes[rank], read_stack(gang.stacks[rank])
+        note, (dump, others) = notes[rank], split_threads(read_stack(gang.stacks[rank]))
         frames, call = innermost_frames(dump), torch_distributed_call(dump)
         if note:
             parts = [f"waiting on {note}"]
@@ -43,6 +43,9 @@ def describe_waiting(gang: Gang, ranks: list[int]) -> dict[int, str]:
             parts = ["busy (not inside a communication call)"]
         if frames:
             parts.append("at " + " <- ".join(frames))
+        threads = [" <- ".join(f) for f in (innermost_frames(other, keep=2) for other in others) if f]
+        if threads:  # a main thread "busy" in a matmul may be waiting on one of these (the GIL, a lock, a queue)
+            parts.append("its other threads at " + " | ".join(threads))
         described[rank] = "; ".join(parts)
     return described
 
@@ -72,6 +75,25 @@ def read_stack(reader) -> str:
     except (OSError, ValueError):
         pass
     return b"".join(chunks).decode("utf-8", "replace")
+
+
+def split_threads(dump: str) -> tuple[str, list[str]]:
+    """A faulthandler dump of every thread, cut into the thread that took the signal and the others.
+
+    The signal is sent to the rank's process, which Linux delivers to its main thread (the one that runs
+    the learner's function); faulthandler calls that one "Current thread". A dump of one thread only
+    ("Stack (most recent call first)") is all current.
+    """
+    blocks: list[list[str]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")) or not blocks:
+            blocks.append([])
+        blocks[-1].append(line)
+    texts = ["\n".join(block) for block in blocks]
+    current = next((i for i, text in enumerate(texts) if text.startswith("Current thread")), len(texts) - 1)
+    if current < 0:
+        return "", []
+    return texts[current], texts[:current] + texts[current + 1:]
 
 
 def torch_distributed_call(dump: str) -> str:

@@ -67,5 +67,5 @@ def connect_to_parent(conn: Connection, status: Any, stack: Connection) -> Chann
     sys.stdout = PipeWriter(channel, "stdout")
     sys.stderr = PipeWriter(channel, "stderr")
     attach(status)  # coursekit.waiting notes now land where the parent can read them
-    faulthandler.register(signal.SIGUSR1, file=stack.fileno(), all_threads=False)
+    faulthandler.register(signal.SIGUSR1, file=stack.fileno(), all_threads=True)  # see diagnose.split_threads
     return channel
