@@ -107,6 +107,7 @@ class Mesh:
                 group = dist.new_group(ranks)
                 if me in ranks:
                     self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
+        self._flat: dict[tuple[str, ...], MeshAxis] = {}
         batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see coursekit.gloo_threads)
 
     def __getitem__(self, name: str) -> MeshAxis:
@@ -121,6 +122,41 @@ class Mesh:
     def size(self, name: str) -> int:
         """How many ranks lie along axis ``name``."""
         return self[name].size
+
+    def flatten(self, names) -> MeshAxis:
+        """Several axes as one: the ranks that share every *other* coordinate, e.g. ``mesh.flatten(("dp", "sp"))``.
+
+        What torchtitan writes ``mesh["dp", "sp"]._flatten()``: one group for a collective that spans both
+        axes (the gradients of sequence × data parallelism, all-reduced once over all D·G ranks that hold a
+        part of the global batch). The axis is named ``"dp×sp"``; a rank's index in it is its coordinates
+        along the named axes read as one number, the first outermost (``dp·G + sp``), as in :attr:`grid`.
+        ``names`` in the mesh's order. Building the groups is collective: every rank calls ``flatten`` with
+        the same names, in the same order (the first call builds them, later ones return the same axis).
+
+            >>> def flat(rank, world_size):
+            ...     return Mesh({"dp": 2, "sp": 2, "tp": 1}).flatten(("dp", "sp")).ranks
+            >>> coursekit.launch(flat, 4)[0]                          # doctest: +SKIP
+            [0, 1, 2, 3]
+        """
+        names = (names,) if isinstance(names, str) else tuple(names)
+        unknown = [n for n in names if n not in self.axes]
+        if unknown or not names:
+            raise KeyError(f"this mesh has axes {list(self.axes)}; flatten takes some of them, not {list(names)}.")
+        order = [self.axes.index(n) for n in names]
+        if order != sorted(set(order)):
+            raise ValueError(f"flatten takes distinct axes in the mesh's order {list(self.axes)}, got {list(names)}.")
+        if names not in self._flat:
+            others = [i for i in range(len(self.axes)) if i not in order]
+            size = 1
+            for i in order:
+                size *= self.shape[i]
+            me = dist.get_rank()
+            for ranks in self.grid.permute(others + order).reshape(-1, size).tolist():  # every rank, one order
+                group = dist.new_group(ranks)
+                if me in ranks:
+                    self._flat[names] = MeshAxis("×".join(names), size, ranks.index(me), ranks, group)
+            batch_gloo_loop_threads()
+        return self._flat[names]
 
     def coordinates(self) -> dict[str, int]:
         """This rank's coordinate on each axis, by name: its rank in each axis's group (``{"dp": 0, "tp": 1}``)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from .mesh import Mesh, MeshAxis, as_group, rank_size
@@ -66,9 +67,9 @@ class Strategy:
 
     The loop calls, every step, for each micro-batch inside
     ``micro_batch_context(last)``: ``forward`` and ``loss``, then backward inside
-    ``backward_context(last)``; then ``synchronize()``,
-    ``recorded_output()`` and ``gradients()`` (for the record, before the step), ``step()``,
-    ``parameters()`` and ``held_tensors()`` (after it), ``zero_grad()``.
+    ``backward_context(last)``; then ``synchronize()``, ``step()``, ``global_loss()``,
+    ``recorded_output()``, ``gradients()`` and ``parameters()`` (for the record; optimisers do not
+    change ``.grad``), ``held_tensors()``, ``zero_grad()``.
     Subclasses override what differs.
     """
 
@@ -146,6 +147,19 @@ class Strategy:
         outside the step (not counted, not traced).
         """
         return torch.cat(outputs) if outputs else None  # None: this rank computes no output
+
+    def global_loss(self, local_loss: float) -> float:
+        """The global batch's loss, the same on every rank, from this rank's ``local_loss`` (after the step).
+
+        ``local_loss`` is the sum of this rank's scaled micro-batch losses (see :func:`shard_batch`'s weight).
+        Default: averaged over the data-parallel ranks (:attr:`group`) with torch's all-reduce of one number,
+        not part of the counted traffic. A strategy whose ranks each hold part of every sample reduces its own
+        way (the sequence strategies: the summed loss and the token count, over the ranks holding the batch).
+        """
+        total = torch.tensor([local_loss / self.data_size], dtype=torch.float64)
+        if self.data_size > 1:
+            dist.all_reduce(total, group=self.group)
+        return total.item()
 
     def micro_batch_context(self, last: bool) -> ContextManager:
         """Wrapped around each micro-batch's forward *and* backward (torch DDP's ``no_sync`` must see both)."""

@@ -25,7 +25,6 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from . import comm
@@ -159,7 +158,7 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
             runner.synchronize()
             peak.note(runner.held_tensors())
             runner.step()
-            loss = _global_loss(local_loss, runner)
+            loss = runner.global_loss(local_loss)  # the same on every rank
             out["losses"].append(loss)
             if record:  # gradients after the step: optimisers do not change .grad
                 output = runner.recorded_output(outputs)
@@ -208,14 +207,6 @@ def _forward_backward(runner: Strategy, inputs: torch.Tensor, targets: torch.Ten
         outputs.append(out.detach())
         local_loss += loss.item()
     return outputs, local_loss
-
-
-def _global_loss(local_loss: float, runner: Strategy) -> float:
-    """The global batch's loss, the same on every rank (torch's all-reduce: not part of the counted traffic)."""
-    total = torch.tensor([local_loss / runner.data_size], dtype=torch.float64)
-    if runner.data_size > 1:
-        dist.all_reduce(total, group=runner.group)
-    return total.item()
 
 
 def _progress_bar(steps: int, name: str):

@@ -4,11 +4,13 @@ Two kinds of evidence: the chapters' own traffic formulas, which their tests pro
 traffic (``coursekit.memory.comm_elements`` in tests/test_parallel_data.py, ``expected_counts`` in
 tests/test_parallel_tensor.py, ``megatron_sp_traffic``, ``ulysses_traffic``, ``sequence_data_traffic`` in
 tests/test_parallel_sequence.py), checked at 2-4 ranks on the course transformer; and one launch of 2 ranks
-that runs ZeRO-1, ZeRO-3, tensor, pipeline, ring-attention and Ulysses training steps and counts what was sent.
+that runs ZeRO-1, ZeRO-3, tensor, pipeline, ring-attention and Ulysses training steps and counts what was sent
+(the sequence strategies gather no logits: each rank's loss is on its own tokens).
 
 Planted and seen failing: the all-reduce's 2(G−1)/G as (G−1)/G (every dp, tp and sp check, e.g. "dp at
 G = 2, ZeRO-0: predicted 209664 bytes per GPU, chapter 02 counts 419328"); the interleaved pipeline's
-boundaries not multiplied by v; Ulysses' four all-to-alls as three.
+boundaries not multiplied by v; Ulysses' four all-to-alls as three; ring attention's backward (4G−2)·n as
+(4G−3)·n in sequence_data_traffic ("AssertionError: (1, 2)").
 """
 
 import pytest
@@ -80,24 +82,32 @@ def test_megatron_sequence_parallel_block_equals_chapter_06s():
 
 @pytest.mark.parametrize("dp,sp", [(1, 2), (2, 2), (1, 4)])
 def test_ring_attention_with_data_parallelism_equals_chapter_06s_formula(dp, sp):
-    """sequence_data_traffic (over all ranks, per axis) = dp·sp GPUs × what one sends; 2 samples per dp slice."""
+    """sequence_data_traffic (over all ranks) = dp·sp GPUs × what one sends; 2 samples per dp slice; no logits
+    gathered (the course's strategies take each rank's loss on its own tokens). Ring attention's rows along sp
+    agree at every shape. The gradients: the course all-reduces them once over the dp·sp ranks of the flattened
+    group, a ring sending 2(dp·sp − 1)·Ψ in all (some of it on links that cross both axes), while the cost model
+    still counts a sum over sp then an average over dp, 2(sp − 1)/sp·Ψ + 2(dp − 1)/dp·Ψ per GPU: equal when
+    dp = 1, checked whole there; with dp > 1 only the attention rows are compared."""
     b = 2
     layout = Layout(dp=dp, sp=sp)
-    predicted = communication_bytes(COURSE, layout, b, 1, seq_len=32, gather_logits=True)
-    counted = sequence_data_traffic(b * dp, 32, H, V, L, PSI, dp, sp)
-    assert (predicted.sp * dp * sp, predicted.dp * dp * sp) == (counted["sp"], counted["dp"]), (dp, sp)
+    rows = step_collectives(COURSE, layout, b, seq_len=32)
+    attention = sum(r.sent for r in rows if r.axis == "sp" and r.op == "send")
+    counted = sequence_data_traffic(b * dp, 32, H, L, PSI, dp, sp)
+    gradients = 2 * (dp * sp - 1) * PSI
+    assert counted["sp"] + counted["dp"] + counted["dp×sp"] - gradients == attention * dp * sp, (dp, sp)
+    if dp == 1:
+        predicted = communication_bytes(COURSE, layout, b, 1, seq_len=32)
+        assert (predicted.sp * sp, predicted.dp, counted["dp"], counted["dp×sp"]) == (counted["sp"], 0, 0, 0), sp
 
 
 @pytest.mark.parametrize("sp", [2, 4])
 def test_ulysses_equals_chapter_06s_formula(sp):
-    """Per layer ulysses_traffic's 4 all-to-alls each way, then the logits gathered and the gradients summed."""
+    """Per layer ulysses_traffic's 4 all-to-alls each way, then the gradients summed (no logits gathered)."""
     b = 3
     per_layer = ulysses_traffic(b, 32, H, sp)
-    logits = (sp - 1) * b * 32 * V
     gradients = 2 * (sp - 1) * PSI
-    counted = L * (per_layer["forward"] + per_layer["backward"]) + logits + gradients
-    predicted = communication_bytes(COURSE, Layout(sp=sp), b, 1, seq_len=32, attention="ulysses",
-                                    gather_logits=True).sp
+    counted = L * (per_layer["forward"] + per_layer["backward"]) + gradients
+    predicted = communication_bytes(COURSE, Layout(sp=sp), b, 1, seq_len=32, attention="ulysses").sp
     assert predicted * sp == counted, f"Ulysses at G = {sp}: {predicted * sp} predicted over all ranks, {counted}"
 
 
@@ -165,7 +175,7 @@ def test_counted_while_training_equals_the_prediction(counted):
     pipeline = counted["pipeline"][0].sent
     assert max(pipeline.values()) == predict(Layout(pp=2, micro_batches=2), BATCH // 2).pp, pipeline
     for name, attention in (("ring_attention", "ring"), ("ulysses", "ulysses")):
-        sp = predict(Layout(sp=2), BATCH, attention=attention, gather_logits=True).sp
+        sp = predict(Layout(sp=2), BATCH, attention=attention).sp  # each rank's loss on its own tokens
         assert counted[name][0].total == 2 * sp, f"{name}: counted {counted[name][0].total}, predicted {2 * sp}"
 
 

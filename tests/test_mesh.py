@@ -154,3 +154,41 @@ def test_coordinates_of_any_rank_need_no_ranks():
         expected = dict(zip(shape, map(int, (grid == rank).nonzero()[0])))
         assert coordinates_of(rank, shape) == expected, f"rank {rank}"
     assert coordinates_of(5, shape) == {"dp": 1, "pp": 0, "tp": 2}
+
+
+def _flattened(rank, world_size):
+    import torch.distributed as dist
+
+    mesh = Mesh({"dp": 2, "sp": 2, "tp": 2})
+    flat = mesh.flatten(("dp", "sp"))
+    total = torch.tensor([float(rank)])
+    dist.all_reduce(total, group=flat.group)  # the group really holds those ranks
+    errors = []
+    for names in (("sp", "dp"), ("dp", "cp"), ()):
+        try:
+            mesh.flatten(names)
+            errors.append("no error")
+        except (KeyError, ValueError) as error:
+            errors.append(f"{type(error).__name__}: {error}")
+    merged = Mesh({"dpsp": 4, "tp": 2})["dpsp"]  # the same ranks, built as one axis
+    return (flat.name, flat.ranks, flat.rank, flat.size, total.item(), mesh.flatten(("dp", "sp")) is flat,
+            merged.ranks, merged.rank, mesh.flatten("tp").ranks == mesh["tp"].ranks, errors)
+
+
+def test_flatten_gives_the_group_spanning_several_axes():
+    """On Mesh({"dp": 2, "sp": 2, "tp": 2}) (8 ranks, grid ``arange(8).view(2, 2, 2)``), ``flatten(("dp", "sp"))``
+    is the ranks sharing this rank's tp coordinate: ``[t, t + 2, t + 4, t + 6]``, this rank's index in it
+    ``2·dp + sp``, the same group a mesh built with one axis of 4 there gives; an all-reduce over it sums
+    exactly those ranks; the axis is named "dp×sp" and built once. Axes out of order or unknown are refused.
+    Planted bugs, seen failing: the named axes moved first instead of last ("rank 0: dp×sp [0, 1, 2, 3], expected
+    [0, 2, 4, 6]"); the index in the group taken as the dp coordinate ("rank 2: index 0, expected 1")."""
+    results = coursekit.launch(_flattened, 8, timeout=TIMEOUT)
+    for rank, (name, ranks, index, size, total, cached, merged, merged_index, one_axis, errors) in enumerate(results):
+        tp, dp, sp = rank % 2, rank // 4, (rank // 2) % 2
+        expected = [tp + 2 * k for k in range(4)]
+        assert (name, size, ranks) == ("dp×sp", 4, expected), f"rank {rank}: {name} {ranks}, expected {expected}"
+        assert index == 2 * dp + sp == ranks.index(rank), f"rank {rank}: index {index}, expected {2 * dp + sp}"
+        assert (ranks, index) == (merged, merged_index) and cached and one_axis, rank
+        assert total == sum(expected), f"rank {rank}: the all-reduce summed {total}, expected {sum(expected)}"
+        assert errors[0].startswith("ValueError: flatten takes distinct axes in the mesh's order"), errors[0]
+        assert errors[1].startswith("KeyError") and "'cp'" in errors[1] and errors[2].startswith("KeyError"), errors

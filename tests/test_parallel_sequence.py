@@ -359,17 +359,20 @@ def _train_sequence_data(rank, world_size):
     return result["records"], result["traffic"], result["numel"]
 
 
-def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_each_message_on_its_axis():
+def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_gradients_reduced_once():
     """Mesh({"dp": 2, "sp": 2}) on 4 real ranks: the batch of 5 cut 3 + 2 along dp, each sequence of 31 tokens cut
-    zig-zag along sp with ring attention. Outputs (one rank per data slice), loss, gradients and weights after 3
-    SGD steps equal strategy="single". Every message travels along one axis, and per step, over all ranks, with
-    b_i the slices, n = S·h per sample, Ψ the parameters (counted here by hand): sp carries ring attention's
-    2(G−1)n forward + (4G−2)n backward per layer per sample, the logits' gather (G−1)·S·V per sample, and one
-    ring all-reduce 2(G−1)Ψ per sp group; dp carries only the ring all-reduce of the gradients, 2(D−1)Ψ per dp
-    group.
-    Planted bugs, each seen failing: the dp all-reduce not divided by D ("step=0, kind='grad',
-    name='tok_emb.weight' ... expected=-0.00565, got=-0.01131"); the dp all-reduce run over the sp group instead
-    ("expected=-0.00565, got=0.00849")."""
+    zig-zag along sp with ring attention, each rank's loss on its own tokens. Outputs (one rank per data slice),
+    loss, gradients and weights after 3 SGD steps equal strategy="single". Per step, over all ranks, with b_i the
+    slices, n = S·h per sample, Ψ the parameters (counted here by hand): sp carries ring attention's 2(G−1)n
+    forward + (4G−2)n backward per layer per sample, and no logits; the gradients go once around a ring of the
+    D·G = 4 ranks (Ψ divisible by 4: each rank sends 2·3/4·Ψ to the next), whose links 0→1 and 2→3 stay inside a
+    slice (sp) and 1→2, 3→0 change both coordinates (dp×sp); nothing travels along dp alone.
+    Planted bugs, each seen failing: the combined all-reduce not divided by D ("step=0, kind='grad',
+    name='tok_emb.weight' ... expected=-0.00565, got=-0.01131"); divided by D·G ("got=-0.00283"); the old two
+    all-reduces, sum over sp then mean over dp (same gradients; traffic "{'dp': 1257984, 'sp': 1734144,
+    'dp×sp': 0}" against "{'dp': 0, 'sp': 1419648, 'dp×sp': 943488}"); the logits gathered again for the loss
+    ("{'sp': 1427088} != {'sp': 1419648}": 3 steps × 5 samples × (G−1)·S·V = 7440 more); the record's gather of
+    the logits counted as traffic (the same 7440 more)."""
     from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
     from coursekit.traffic import Traffic
 
@@ -380,11 +383,47 @@ def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_each_message_
         assert report.ok, report.first
     traffic = Traffic.merge([r[1] for r in results])
     psi, samples, steps = results[0][2], 5, 3
-    D, G, S, h, V, layers = 2, 2, 31, 64, 16, 2
-    sp = steps * (samples * (layers * (2 * (G - 1) + 4 * G - 2) * S * h + (G - 1) * S * V) + D * 2 * (G - 1) * psi)
-    dp = steps * G * 2 * (D - 1) * psi
-    assert traffic_per_axis(traffic, {"dp": D, "sp": G}) == {"dp": dp, "sp": sp, "both": 0}
-    assert sequence_data_traffic(samples, S, h, V, layers, psi, D, G) == {"dp": dp // steps, "sp": sp // steps,
-                                                                          "both": 0}
-    dp_phases = {t.phase for t in traffic.payload if t.src % G == t.dst % G}
-    assert dp_phases == {"reduce-scatter", "all-gather"}, dp_phases  # chapter 01's ring, nothing else
+    D, G, S, h, layers = 2, 2, 31, 64, 2
+    assert psi % (D * G) == 0
+    per_link = 2 * (D * G - 1) * psi // (D * G)   # one rank's sends in the ring all-reduce of Ψ over D·G ranks
+    sp = steps * (samples * layers * (2 * (G - 1) + 4 * G - 2) * S * h + 2 * per_link)
+    both = steps * 2 * per_link
+    counted = traffic_per_axis(traffic, {"dp": D, "sp": G})
+    assert counted == {"dp": 0, "sp": sp, "dp×sp": both}, counted
+    assert sequence_data_traffic(samples, S, h, layers, psi, D, G) == {"dp": 0, "sp": sp // steps,
+                                                                        "dp×sp": both // steps}
+    crossing = {t.phase for t in traffic.payload if t.src // G != t.dst // G}
+    assert crossing == {"reduce-scatter", "all-gather"}, crossing  # chapter 01's ring, nothing else
+    assert sorted({(t.src, t.dst) for t in traffic.payload if t.src // G != t.dst // G}) == [(1, 2), (3, 0)]
+
+
+def test_sequence_data_traffic_formula_at_other_shapes():
+    """The formula's gradient terms by hand where the ring's links differ: D = 3, G = 1 (every link along dp),
+    D = 1, G = 3 (every link along sp) and D = 2, G = 3 (links 2→3 and 5→0 cross both axes), Ψ = 10 not divisible
+    by 6 (rank r sends 2Ψ − len((r+1) % 6) − len((r+2) % 6), segments 2, 2, 2, 2, 1, 1)."""
+    from coursekit.parallel.sequence import sequence_data_traffic
+
+    assert sequence_data_traffic(3, 4, 2, 1, 12, 3, 1) == {"sp": 0, "dp": 2 * 2 * 12, "dp×sp": 0}
+    ring = 3 * 1 * (2 * 2 + 10) * 4 * 2
+    assert sequence_data_traffic(3, 4, 2, 1, 12, 1, 3) == {"sp": ring + 2 * 2 * 12, "dp": 0, "dp×sp": 0}
+    sent = [20 - a - b for a, b in ((2, 2), (2, 2), (2, 1), (1, 1), (1, 2), (2, 2))]
+    assert sequence_data_traffic(3, 4, 2, 1, 10, 2, 3) == {"sp": ring + sum(sent) - sent[2] - sent[5], "dp": 0,
+                                                           "dp×sp": sent[2] + sent[5]}
+
+
+def test_traffic_per_axis_names_every_axis_a_message_crossed():
+    """Hand-built messages on Mesh({"dp": 2, "sp": 2}) (rank = 2·dp + sp): 0→1 along sp, 0→2 along dp, 1→2 and
+    3→0 change both coordinates ("dp×sp"); control traffic is not counted. On {"dp": 2, "sp": 2, "tp": 2} a message
+    0→3 changes sp and tp ("sp×tp"), 0→7 all three. Planted bug, seen failing: a message across both axes counted
+    under the first axis that differs ("{'dp': 1007, ..., 'dp×sp': 0} == {'dp': 7, ..., 'dp×sp': 1000}")."""
+    from coursekit.parallel.sequence import traffic_per_axis
+    from coursekit.traffic import Traffic, Transfer
+
+    def sent(*links, kind="payload"):
+        return [Transfer("x", 0, src, dst, numel, 4, kind) for src, dst, numel in links]
+
+    traffic = Traffic(sent((0, 1, 3), (0, 2, 7), (1, 2, 100), (3, 0, 900)) + sent((0, 2, 50), kind="control"))
+    assert traffic_per_axis(traffic, {"dp": 2, "sp": 2}) == {"dp": 7, "sp": 3, "dp×sp": 1000}
+    assert traffic_per_axis(Traffic(sent((0, 3, 5), (0, 7, 11), (0, 1, 2))), {"dp": 2, "sp": 2, "tp": 2}) == \
+        {"dp": 0, "sp": 0, "tp": 2, "dp×sp×tp": 11, "sp×tp": 5}
+    assert traffic_per_axis(Traffic(), {"dp": 2, "sp": 2}) == {"dp": 0, "sp": 0, "dp×sp": 0}

@@ -47,8 +47,10 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   (Jacobs et al. 2023): 4 all-to-alls forward (q, k, v in, the output back) and 4 backward, ``4(G−1)/G ·
   b·s·h/G`` each way per GPU -- the paper's ``4Nh/P`` (its "per link" is per GPU, as ``(G−1)/G → 1``).
   Then the gradients summed over the ``sp`` group (every rank saw its own tokens), and with
-  ``gather_logits`` the course's gather of the logits along the sequence
-  (:func:`coursekit.parallel.sequence.sequence_data_traffic`, chapter 06).
+  ``gather_logits`` a gather of the logits along the sequence (what the course's strategies did before
+  they took each rank's loss on its own tokens, chapter 06; off by default). Not modelled: with dp > 1 the
+  course's ``"sequence_data"`` all-reduces the gradients once over the flattened dp×sp group
+  (:func:`coursekit.parallel.sequence.sequence_data_traffic`), where these rows count two all-reduces.
 
     >>> course = ModelConfig.course()                      # 104,832 parameters, fp32 as the course runs
     >>> communication_bytes(course, Layout(dp=4), micro_batch=8, bytes_per_element=4).dp
@@ -190,8 +192,8 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
 
     ``micro_batch``: samples per micro-batch on one data-parallel rank (``layout.micro_batches`` of them a
     step); ``seq_len``: tokens per sample (default ``config.seq_len``, the model's positions); ``attention``:
-    ``"ring"`` or ``"ulysses"`` along ``sp``; ``gather_logits``: the ``sp`` ranks gather the logits as the
-    course's strategies do; ``vocab_parallel_loss``: Megatron's loss on the vocabulary shards (else the
+    ``"ring"`` or ``"ulysses"`` along ``sp``; ``gather_logits``: the ``sp`` ranks gather the logits (the course's
+    strategies no longer do: each rank's loss is on its own tokens); ``vocab_parallel_loss``: Megatron's loss on the vocabulary shards (else the
     logits are all-gathered over ``tp``). An axis of degree 1 has no rows.
     """
     if attention not in ATTENTIONS:

@@ -2,7 +2,8 @@
 
 * :func:`all_to_all`: Ulysses' re-shard (sequence-split ↔ head-split); backward is the reverse all-to-all.
 * :func:`gather_sequence`: every rank's tokens back in sequence order (zig-zag included); backward keeps
-  this rank's tokens' gradient.
+  this rank's tokens' gradient. The training strategies do not gather their logits (each rank's loss is on
+  its own tokens); they call it only to show the record the whole output, after the step.
 
 ``torch.distributed.all_to_all_single`` and ``all_gather`` do the same on gloo (checked with torch 2.13.0) and
 NCCL; these are written from ``isend``/``irecv`` so that :func:`coursekit.comm.record` counts every element
@@ -83,6 +84,8 @@ def gather_sequence(local: torch.Tensor, dim: int, seq_len: int, layout: str = "
                     group=None) -> torch.Tensor:
     """The whole sequence on every rank, tokens back in order; backward keeps this rank's tokens' gradient.
 
-    (Right when every rank then computes the *same* function of the whole tensor, e.g. the loss.)
+    (Right when every rank then computes the *same* function of the whole tensor; for the loss it costs every
+    rank the whole ``(b, S, V)`` logits, which is why :class:`~coursekit.parallel.sequence.SequenceParallel`
+    takes each rank's loss on its own tokens instead.)
     """
     return _GatherSequence.apply(local, dim % local.dim(), seq_len, layout, group)

@@ -29,7 +29,8 @@ all-to-all     4(G−1)/G·n           4(G−1)/G·n             constant
 =============  ===================  =====================  ============================
 
 Strategies for :func:`coursekit.train.train` (every rank takes the *whole* batch and its part of each
-sequence; gradients are summed over the ranks, each having seen its own tokens): ``"ring_attention"``
+sequence, and the loss on its own tokens, no logits gathered; gradients are summed over the ranks, each
+having seen its own tokens): ``"ring_attention"``
 (option ``layout="zigzag"`` or ``"contiguous"``), ``"ulysses"``, and ``"chunk_local"`` (the naive one).
 Combined: ``"sequence_data"`` (ring attention along a mesh's ``sp`` axis, the batch split along ``dp``:
 :mod:`coursekit.parallel.sequence.data`) and ``"sequence_tensor"`` (Megatron-style, beside tensor parallelism).
@@ -49,11 +50,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
+from ... import comm
 from ...mesh import rank_size
 from ...strategy import Setup, Strategy, register
 from .ring import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
 from .comm import all_to_all, gather_sequence
-from .exchange import agree_lengths
+from .exchange import agree_lengths, exchange
 
 __all__ = ["all_to_all", "gather_sequence", "ulysses_attention", "ulysses_traffic", "chunked_attention",
            "sequence_forward", "SavedBytes", "saved_bytes", "SequenceParallel"]
@@ -167,9 +169,13 @@ def saved_bytes(exclude=()) -> Iterator[SavedBytes]:
 class SequenceParallel(Strategy):
     """Every rank takes the whole batch and its part of every sequence; gradients summed over the ``sp`` axis.
 
-    ``forward`` runs the model on this rank's tokens and all-gathers the logits along the sequence,
-    so the loop's loss sees whole sequences; each rank's gradients then hold its own tokens' share
-    of the loss, summed over the ranks by one all-reduce (option ``collectives``, default the ring).
+    Trained as in production (Megatron-LM's context parallelism, torch's ``context_parallel``): ``forward``
+    returns this rank's logits only, ``(b, S/G, V)``, and :meth:`loss` takes the targets of the same tokens
+    (:func:`shard_sequence`, the strategy's layout) — no rank ever holds the whole sequence's logits, so
+    "each rank holds 1/G of the activations" holds for the loss too. Each rank's loss is its tokens' share
+    of the micro-batch's mean (their summed cross-entropy over *all* ``b·S`` tokens): summed over the ranks
+    it is the mean, so the gradients are summed by one all-reduce (option ``collectives``, default the ring).
+    The reported loss (:meth:`global_loss`) reduces two numbers per rank: its summed loss and its token count.
     """
 
     options = {"collectives": "ring"}
@@ -181,6 +187,9 @@ class SequenceParallel(Strategy):
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
         self.work = AttentionWork()
         self.sp_group = self.group  # the ranks that split each sequence (a subclass may set a mesh axis's)
+        self.loss_group = self.sp_group  # the ranks that hold a part of the batch (sequence_data: all of dp × sp)
+        self.seq_len = 0            # the whole length of the last micro-batch (for the record's gather)
+        self._summed, self._tokens = [], 0  # this step's summed cross-entropy, per micro-batch, and its tokens
 
     @property
     def data_rank(self) -> int:
@@ -196,12 +205,50 @@ class SequenceParallel(Strategy):
                                   f"'chunk_local', or define attention(seq_len) in your subclass.")
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        """This rank's logits, ``(b, S_r, V)`` for its ``S_r`` tokens (its chunks in the strategy's layout)."""
         rank, size = rank_size(self.sp_group)
-        seq_len = inputs.shape[1]
+        self.seq_len = inputs.shape[1]
         local = shard_sequence(inputs, 1, rank, size, self.layout)
-        logits = sequence_forward(self.model, local, positions(seq_len, rank, size, self.layout),
-                                  self.attention(seq_len))
-        return gather_sequence(logits, 1, seq_len, self.layout, self.sp_group)
+        return sequence_forward(self.model, local, positions(self.seq_len, rank, size, self.layout),
+                                self.attention(self.seq_len))
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the micro-batch's mean loss: its tokens' summed cross-entropy / ``b·S``.
+
+        ``targets`` are the whole micro-batch's, ``(b, S)``; this rank's are cut as its inputs were. The
+        divisor is every token of the micro-batch (known here: each rank sees the whole batch's shape), so the
+        shares add up to the mean over the ranks with no communication before backward.
+        """
+        rank, size = rank_size(self.sp_group)
+        mine = shard_sequence(targets, 1, rank, size, self.layout)
+        if mine.shape != output.shape[:-1]:
+            raise ValueError(f"rank {rank} has logits for {tuple(output.shape[:-1])} tokens but its targets are "
+                             f"{tuple(mine.shape)}: pass the whole micro-batch's targets, (b, S).")
+        summed = F.cross_entropy(output.reshape(-1, output.shape[-1]), mine.reshape(-1), reduction="sum")
+        self._summed.append(summed.detach())
+        self._tokens += mine.numel()
+        return summed / targets.numel()
+
+    def global_loss(self, local_loss: float) -> float:
+        """Σ summed loss / Σ tokens over the ranks that hold the batch: two numbers per rank, exchanged.
+
+        ``local_loss`` (this rank's share) is not used: the exact sums are. The exchange goes through
+        ``coursekit.comm`` as control traffic (bookkeeping, not payload: the step's formula is unchanged), so
+        it also runs in the simulator; every rank adds the same numbers in rank order, so all agree exactly.
+        """
+        summed = torch.stack(self._summed).sum().double() if self._summed else torch.zeros((), dtype=torch.float64)
+        pair = torch.stack([summed, torch.tensor(float(self._tokens), dtype=torch.float64, device=summed.device)])
+        self._summed, self._tokens = [], 0
+        size = rank_size(self.loss_group)[1]
+        with comm.control():
+            parts = exchange([pair] * size, [[2]] * size, self.loss_group, "loss and token count")
+        total = torch.stack(parts).sum(dim=0)
+        return (total[0] / total[1]).item()
+
+    def recorded_output(self, outputs: list[torch.Tensor]) -> torch.Tensor | None:
+        """The whole logits, for the record only: gathered after the step, not counted, not trained on."""
+        with torch.no_grad(), comm.using(recorders=()):
+            return torch.cat([gather_sequence(out, 1, self.seq_len, self.layout, self.sp_group) for out in outputs])
 
     def synchronize(self) -> None:
         params = [p for p in self.model.parameters() if p.grad is not None]
