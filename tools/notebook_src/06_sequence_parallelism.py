@@ -1,4 +1,4 @@
-# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512]}
+# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32]}
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #
@@ -11,7 +11,8 @@
 # must meet, and P9 warns that, depending on how that is done, "splitting a sequence into sub-sequences may
 # reduce accuracy". This chapter shows both sides:
 #
-# * **[chunk-local attention](../docs/glossary.md#chunk-local-attention)**: each GPU attends only inside its chunk — cheap, and it *does* lose accuracy;
+# * **[chunk-local attention](../docs/glossary.md#chunk-local-attention)**: each GPU attends only inside its chunk — cheap, and it loses accuracy
+#   wherever a prediction needs a token in another chunk (a copy task shows how much);
 # * **[ring attention](../docs/glossary.md#ring-attention)** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): key/value blocks
 #   travel around a ring of GPUs and are combined with the [online softmax](../docs/glossary.md#online-softmax) — exact;
 # * **[all-to-all](../docs/glossary.md#all-to-all)** (Jacobs et al. 2023, "[DeepSpeed Ulysses](../docs/glossary.md#ulysses)"): re-shard from "my tokens, all heads" to
@@ -22,8 +23,13 @@
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in under a minute; raise them freely.
 SEQ_LENGTHS = [256, 512, 1024]   # for the quadratic cost of attention
-CHUNKS = [1, 2, 4, 8]            # chunk-local attention: chunks per sequence (1 = full attention)
-ACCURACY_STEPS = 150             # training steps per row of the accuracy table
+COPY_CHUNKS = [1, 2, 4]          # the copy task: chunks per sequence (1 = full attention)
+COPY_SEEDS = [0, 1, 2]           # one model per seed and chunk count (a seed draws weights and data)
+COPY_STEPS = 150                 # training steps per model (the copy is learned in about 100)
+SWEEP_LENGTHS = [8, 16, 32, 64]  # sequence lengths for chunks of a fixed length
+CHUNK_TOKENS = 8                 # ... that length
+CHUNKS = [1, 2, 4, 8]            # the course's language: chunks per sequence (1 = full attention)
+ACCURACY_STEPS = 150             # training steps per row of that table
 RANKS = 4                        # simulated ranks for ring attention and Ulysses
 
 # %%
@@ -37,10 +43,11 @@ import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
-from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, chunk_local_losses,
-                                         full_attention, megatron_sp_saved_bytes, megatron_sp_traffic, merge,
-                                         ring_attention, ring_traffic, saved_bytes, shard_sequence, ulysses_attention,
-                                         ulysses_traffic)
+from coursekit.parallel.sequence import (AttentionWork, CopyData, SequenceTensorParallelBlock, chunk_bounds,
+                                         chunk_local_losses, copy_task_losses, full_attention, needs_other_chunk,
+                                         megatron_sp_saved_bytes, megatron_sp_traffic, merge, per_position_loss,
+                                         ring_attention, ring_traffic, saved_bytes, shard_sequence, train_one_process,
+                                         ulysses_attention, ulysses_traffic)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -82,14 +89,106 @@ for s in SEQ_LENGTHS:
     previous = s, ms
 
 # %% [markdown]
-# ## 2. The naive split loses accuracy
+# ## 2. The naive split loses accuracy — where a prediction needs another chunk
 #
 # Cut every sequence into chunks and let each GPU attend only within its own chunk: no communication at all.
-# But it is no longer the same model: the first tokens of each chunk cannot see the tokens before them. The
-# course's language needs the two tokens before each one, so every chunk boundary costs predictions. We
-# train the same model on the same batches (Adam, `ACCURACY_STEPS` steps) with 1 (full attention), 2, 4, …
-# chunks per sequence of 31 tokens, and report the final loss (mean of the last 10 steps; the best possible
-# loss, `LanguageData.loss_floor`, is printed under the table).
+# But it is no longer the same model: a token cannot see anything before its chunk. Whether that costs
+# accuracy depends on what the predictions need, so we first build a task where it must: a **copy task**
+# (`CopyData`). Each sequence is 16 random tokens followed by the same 16 again. Nothing can predict the
+# random first half better than a uniform guess, ln V = ln 16 = 2.77 nats; every token of the second half is
+# a copy of the token 16 positions earlier. Full attention can learn to look back 16 positions. A chunk-local
+# model over 2 chunks cannot, from the first position of the second chunk on: the source lies in the other
+# chunk, and a uniformly random token one cannot see is worth ln V to anyone.
+#
+# We train the course transformer (Adam, `COPY_STEPS` steps, one process, the block-diagonal mask of
+# `chunked_attention(n)`) with full attention and with 2 and 4 chunks, once per seed (a seed draws the weights
+# and the data), and measure the loss at **every position** on 256 sequences no step has trained on.
+
+# %%
+copy_data = CopyData(seq_len=32)
+copy_losses = copy_task_losses(COPY_CHUNKS, COPY_SEEDS, steps=COPY_STEPS, seq_len=32)  # about 5 s a model
+chance, first_half = copy_data.chance, copy_data.sources() < 0
+
+
+def group_loss(values, mask):
+    """Mean loss over the masked positions: the mean over the seeds [lowest, highest]; '—' for no position."""
+    if not mask.any():
+        return f"{'—':^22}"
+    per_seed = values[:, mask].mean(1)
+    return f"{per_seed.mean():6.3f} [{per_seed.min():.3f}, {per_seed.max():.3f}]"
+
+
+print(f"loss by position group, {len(COPY_SEEDS)} seed(s): mean over the seeds [lowest, highest]; ln V = {chance:.3f}")
+print("chunks  source in another chunk    copy, source in its chunk   random first half")
+for n, values in copy_losses.items():
+    crosses = needs_other_chunk(copy_data, n)
+    within = (copy_data.sources() >= 0) & ~crosses
+    print(f"{n:>6}  {group_loss(values, crosses)}     {group_loss(values, within)}      "
+          f"{group_loss(values, first_half)}")
+
+fig, ax = plt.subplots(figsize=(9, 3.6))
+colours = {1: "black", 2: "tab:blue", 4: "tab:orange", 8: "tab:green"}
+where = torch.arange(copy_data.seq_len - 1)
+for n, values in copy_losses.items():
+    label = "full attention" if n == 1 else f"chunk-local, {n} chunks (dotted: its boundaries)"
+    ax.plot(where, values.median(0).values, color=colours.get(n), lw=2, label=label)
+    if len(COPY_SEEDS) > 1:  # the band: lowest to highest over the seeds
+        ax.fill_between(where, values.min(0).values, values.max(0).values, color=colours.get(n), alpha=0.25, lw=0)
+    for (start, _), in chunk_bounds(copy_data.seq_len - 1, n)[1:]:
+        ax.axvline(start - 0.5, color=colours.get(n), ls=":", lw=1.2)
+ax.axhline(chance, color="grey", ls="--", lw=1, label=f"ln V = {chance:.2f}: a guess")
+ax.axvspan(-0.5, copy_data.half - 1.5, color="grey", alpha=0.08)
+ax.text(copy_data.half / 2 - 1, 0.4, "targets: random tokens", ha="center", color="dimgrey")
+ax.text(1.5 * copy_data.half - 1, 0.4, "targets: copies of the first half", ha="center", color="dimgrey")
+ax.set(xlabel="position (input token)", ylabel="loss (nats)", ylim=(-0.1, chance + 0.6),
+       title=f"Copy task, {COPY_STEPS} steps, {len(COPY_SEEDS)} seed(s) (median; band: lowest to highest)")
+ax.legend(loc="center left", fontsize=8)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# Read the curves left to right. On the random first half every model sits at ln V: no attention helps there.
+# At the first copy (position 15, whose source is position 0) full attention's curve falls to almost zero and
+# stays there: it learned to look 16 positions back. The chunk-local curves stay at ln V from each chunk
+# boundary on (the dotted lines; with 2 and 4 chunks the two curves lie on top of each other): there the
+# source is in an earlier chunk. With 2 chunks
+# one copy has its source in its own chunk (position 15, in chunk 0 with position 0); the middle column says how
+# far the model got on that single position. This is P9's "splitting a sequence into sub-sequences may reduce
+# accuracy", with nothing to hide it: the gap on the positions whose source lies in another chunk is close to
+# the whole ln V, far beyond the spread between seeds (the band). The tests assert at least ½·ln V on the
+# model trained at CI size (`tests/test_parallel_sequence_copy.py`), and that ring attention, its zig-zag layout
+# and Ulysses train on this task exactly as full attention does.
+#
+# **Longer sequences, chunks of a fixed length.** The memory per GPU fixes the chunk length; a longer
+# sequence then needs more chunks. Here chunks of `CHUNK_TOKENS` tokens, sequences of `SWEEP_LENGTHS` tokens,
+# one seed, the loss averaged over all positions; *out of reach* is the share of predictions whose source is
+# in another chunk (`needs_other_chunk`), and *share × ln V* what those alone would cost a model that guesses
+# them and gets the rest right.
+
+# %%
+print(f"chunks of {CHUNK_TOKENS} tokens; mean loss over every position after {COPY_STEPS} steps (seed 0)")
+print("   S  chunks  out of reach  full attention  chunk-local     gap  share × ln V")
+for length in SWEEP_LENGTHS:
+    task, n = CopyData(seq_len=length), max(1, length // CHUNK_TOKENS)
+    share = needs_other_chunk(task, n).float().mean().item()
+    full = per_position_loss(train_one_process(task, 1, steps=COPY_STEPS)[0], task, 1).mean().item()
+    local = per_position_loss(train_one_process(task, n, steps=COPY_STEPS)[0], task, n).mean().item()
+    print(f"{length:>4}  {n:>6}  {share:>12.0%}  {full:>14.3f}  {local:>11.3f}  {local - full:+.3f}  "
+          f"{share * task.chance:>12.3f}")
+
+# %% [markdown]
+# A sequence that fits in one chunk loses nothing (its row's gap is zero). As soon as it needs two, about half
+# of its predictions are out of reach and the gap follows share × ln V. On this task it does not grow further
+# with S: the copy distance is half the sequence, so it grows with S too, and a copy is out of reach as soon as
+# it is longer than a chunk. That is as far as this run shows P9's "especially on long sequences": the longer
+# the sequence at a fixed chunk length, the more chunks, and a chunk-local token still sees at most
+# `CHUNK_TOKENS` − 1 tokens back while full attention sees all S − 1. Whether that costs more on longer
+# sequences depends on how far the data's dependencies reach: on text, whose dependencies reach further the more
+# context there is, it does; on this task, once they reach beyond a chunk, it stays at about half.
+#
+# **The course's own language.** The same experiment on `LanguageData` (the data of every other chapter),
+# with 1 (full attention), 2, 4, … chunks per sequence of 31 tokens, `ACCURACY_STEPS` steps, one seed, the
+# final loss the mean of the last 10 steps (the best possible, `LanguageData.loss_floor`, under the table):
 
 # %%
 losses = chunk_local_losses(CHUNKS, steps=ACCURACY_STEPS)
@@ -102,11 +201,12 @@ print(f"\nfull attention itself ends {losses[CHUNKS[0]] - floor:.3f} nats above 
       f"{ACCURACY_STEPS} steps; chunk counts above full attention: {', '.join(map(str, above)) or 'none'}")
 
 # %% [markdown]
-# The last column is what the boundaries cost after `ACCURACY_STEPS` steps, to be read beside how far full
-# attention itself still is from the floor (printed under the table): no run-to-run noise is measured here.
-# n chunks have n − 1 boundaries, and a chunk-local model never learns what lies across them: the more GPUs a
-# sequence is split over, the more boundaries it has. That is P9's "may reduce accuracy". The table varies
-# only the chunk count, at a fixed length of 31 tokens: it does not test P9's "especially on long sequences".
+# This table shows little, and that is the lesson of the task above: each token of this language needs only
+# the two tokens before it, so only the first two predictions of each chunk lose context, 2(n − 1) of 31.
+# Their cost is a fraction of a nat spread over the sequence, while full attention itself is still far from
+# the floor after `ACCURACY_STEPS` steps (the line under the table) and one seed measures no spread: the
+# effect is mixed with how far training got and how each run happened to go. A real cost can hide on data
+# whose dependencies are short; it shows on data built so that predictions need what lies in another chunk.
 
 # %% [markdown]
 # ## 3. Ring attention: exact, with the online softmax
@@ -372,8 +472,12 @@ for name, layout, attend in (
 # ## 6. Training equals one process
 #
 # In the training loop, a sequence-parallel strategy takes the **whole** batch on every rank (no data split)
-# and its part of every sequence; each rank's gradients hold its own tokens' share of the loss, so they are
-# summed over the ranks. Three SGD steps on 2 real ranks against one process:
+# and its part of every sequence. Each rank computes the logits and the loss of **its own tokens only**: its
+# summed cross-entropy divided by the batch's b·S tokens (a count every rank knows), so its gradients hold its
+# tokens' share of the loss and are summed over the ranks. No logits travel; to report the loss, each rank
+# sends two numbers (its summed loss and its token count). So the 1/G of the activations of section 5 holds
+# for what is trained, the logits included (`tests/test_parallel_sequence_loss.py` measures it in a training
+# step). Three SGD steps on 2 real ranks against one process:
 
 # %% tags=["nbval-check-output"]
 CONFIG = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
@@ -471,9 +575,11 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
 #
 # Sequence parallelism is orthogonal to data parallelism and can be combined with it (P9). On
 # `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` [axis](../docs/glossary.md#axis) cuts the batch of 5 into slices of 3 and 2, and the
-# 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward the
-# gradients are summed over `sp` (each rank saw its own tokens) and averaged over `dp` (each slice saw its
-# samples). Every message is counted and assigned to the axis it travelled along:
+# 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward, each
+# rank's gradient holds its own tokens' share of its slice's loss: summed over `sp` it is the slice's gradient,
+# averaged over `dp` the batch's. Both happen in **one** ring all-reduce over all four ranks, the `dp×sp` group
+# that `Mesh.flatten(("dp", "sp"))` builds (as torchtitan flattens its data and context axes), divided by the
+# 2 slices. Every message is counted and assigned to the axes it crossed:
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
@@ -491,22 +597,25 @@ print("sequence x data, 2 x 2: same outputs, loss, gradients and parameters as o
       compare(reference, [records[0], records[2]]).ok and compare(reference, records, check_output=False).ok)
 traffic = Traffic.merge([r[1] for r in runs])
 per_axis = traffic_per_axis(traffic, {"dp": 2, "sp": 2})
-formula = sequence_data_traffic(5, 31, 64, 16, 2, runs[0][2], 2, 2)
+formula = sequence_data_traffic(5, 31, 64, 2, runs[0][2], 2, 2)
 
 
 def axis_of(x):  # rank = 2·dp + sp: same dp coordinate -> along sp; same sp coordinate -> along dp
-    return "sp" if x.src // 2 == x.dst // 2 else "dp" if x.src % 2 == x.dst % 2 else "both"
+    return "sp" if x.src // 2 == x.dst // 2 else "dp" if x.src % 2 == x.dst % 2 else "dp×sp"
 
 
 print(f"{'axis':<6}{'elements sent, 3 steps':>24}{'formula':>12}   what travelled")
-for axis in ("sp", "dp", "both"):
+for axis in ("sp", "dp", "dp×sp"):
     phases = sorted({x.phase for x in traffic.payload if axis_of(x) == axis})
     print(f"{axis:<6}{per_axis[axis]:>24,}{CONFIG['steps'] * formula[axis]:>12,}   {', '.join(phases) or '-'}")
 
 # %% [markdown]
-# Along `sp` travel ring attention's key/value blocks and their gradients, the gathered logits and the
-# gradients' ring all-reduce (reduce-scatter, all-gather); along `dp` only the gradients' ring all-reduce;
-# nothing crosses both axes. Tensor parallelism would add a third axis the same way (`Mesh({"dp": 2, "sp": 2,
+# Along `sp` travel ring attention's key/value blocks and their gradients, and the links of the gradients'
+# ring (reduce-scatter, all-gather) that join the two ranks of a slice; the ring's other two links (rank 1 → 2
+# and 3 → 0) join one slice to the other and so cross both axes; nothing travels along `dp` alone, and no
+# logits travel at all. One ring over the D·G ranks sends 2(DG − 1)·Ψ elements per step; reducing twice (a sum
+# over each `sp` group, then a mean over each `dp` group) would send D·2(G − 1)·Ψ + G·2(D − 1)·Ψ, here 8Ψ
+# against 6Ψ. Tensor parallelism would add a third axis the same way (`Mesh({"dp": 2, "sp": 2,
 # "tp": 2})`, tensor parallelism usually inside a node where links are fastest; not implemented here). Ring
 # attention overlaps its 2(G−1)·n forward elements with the blocks' compute; Ulysses sends a volume per rank
 # that stays bounded (nearly constant) when S and G grow together, but needs the heads divisible by the degree;
