@@ -424,9 +424,11 @@ for world_size in range(2, RANKS + 1):
 #
 # Ulysses re-shards instead of circulating: one all-to-all turns each rank's (its tokens, all H heads) into
 # (all tokens, H/G heads), ordinary attention runs on whole sequences, and a second all-to-all turns the
-# output back. Each all-to-all keeps 1/G of the data and sends the rest: per rank (G−1)/G of its b·(S/G)·h
-# elements, so with S/G fixed the volume per rank stays bounded (nearly constant) when S and G grow together
-# — but the heads must divide among the ranks.
+# output back. Each all-to-all keeps 1/G of the data and sends the rest. The first carries q, k and v stacked,
+# the second the output: four tensors of b·(S/G)·h elements per rank, so forward each rank sends
+# 4·(G−1)/G·b·(S/G)·h elements, and backward as much again (`ulysses_traffic`; DeepSpeed-Ulysses' 4Nh/P per
+# link, N the sequence length, P the GPUs). With S/G fixed, the volume per rank stays bounded (nearly
+# constant) when S and G grow together — but the heads must divide among the ranks.
 
 # %% tags=["nbval-check-output"]
 for world_size in (2, 4):
