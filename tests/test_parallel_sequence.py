@@ -80,7 +80,8 @@ def test_merge_is_softmax_over_both_blocks_even_when_their_maxima_differ():
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 def test_ring_attention_equals_full_attention_with_neighbour_traffic_as_the_formula(layout):
     """Outputs and gradients of q, k, v equal full attention at G = 1..4, S = 16 and 19 (uneven), causal and not;
-    every message goes to the right-hand neighbour, one key/value block per rank per step; elements per phase
+    every message goes to the right-hand neighbour, one key/value block per rank per step (keys and values one
+    message each: not stacked into a copy); elements per phase
     2(G-1)n forward, 2(G-1)n + 2Gn backward (n = b·h·S·d). Planted bugs, each seen failing: the block of the next
     step used for the causal mask (off by one block: "output on rank 0 of 2 (S=16, causal=True, contiguous): max
     |diff| 3.46"); a token masked from itself (>=: "max |diff| nan" at G = 1); the dk/dv pass left out of backward
@@ -102,7 +103,8 @@ def test_ring_attention_equals_full_attention_with_neighbour_traffic_as_the_form
                 steps = {}
                 for t in traffic.payload:
                     steps.setdefault((t.phase, t.step, t.src), []).append(t)
-                assert all(len(v) == 1 for v in steps.values()), "a rank sent twice in one step"
+                assert all(len(v) == 2 and v[0].numel == v[1].numel for v in steps.values()), (
+                    "each step a rank sends one block: its keys and its values (or their gradients), one message each")
 
 
 def test_zigzag_balances_the_causal_work_that_the_contiguous_split_does_not():

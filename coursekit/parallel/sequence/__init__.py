@@ -2,8 +2,9 @@
 
 One module per concept:
 
-* ``ring`` -- ring attention (online softmax, zig-zag layout, blockwise backward): who holds which
-  tokens (:func:`chunk_bounds`, :func:`shard_sequence`) and :func:`ring_attention`;
+* ``layout`` -- who holds which tokens, contiguous or zig-zag (:func:`chunk_bounds`, :func:`shard_sequence`);
+* ``ring`` -- ring attention (online softmax, zig-zag layout, blockwise backward): :func:`ring_attention`;
+* ``kernels`` -- one block of ring attention, the textbook score matrix or torch's fused CPU flash kernel;
 * ``exchange`` -- one tensor to every other rank (what the collectives below are made of), and
   :func:`agree_lengths`: every rank's token count, when ``seq_len=`` was not given;
 * ``comm`` -- the collectives of the split from ``coursekit.comm`` point-to-point calls: Ulysses'
@@ -22,6 +23,7 @@ ring_attention``).
 # In this order: the strategies register with the training loop in the order chapter 06 meets them.
 from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, block_mask, chunk_bounds, full_attention,
                    merge, positions, ring_attention, ring_traffic, shard_sequence, split_bounds)
+from .kernels import KERNELS, block_gradients, fused_block
 from .exchange import agree_lengths, exchange
 from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
@@ -36,7 +38,7 @@ from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
            "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
-           "exchange", "agree_lengths", "all_to_all", "gather_sequence",
+           "KERNELS", "fused_block", "block_gradients", "exchange", "agree_lengths", "all_to_all", "gather_sequence",
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",

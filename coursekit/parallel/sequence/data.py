@@ -54,7 +54,7 @@ class SequenceDataParallel(RingAttentionStrategy):
     divided by D; the reported loss reduces each rank's summed loss and token count over the same group.
     """
 
-    options = {"collectives": "ring", "layout": "zigzag", "sp": 2}
+    options = {"collectives": "ring", "layout": "zigzag", "kernel": "textbook", "sp": 2}
     axes = ("dp", "sp")  # no mesh given: Mesh({"dp": world // sp, "sp": sp}), from the option sp
 
     def __init__(self, setup: Setup):

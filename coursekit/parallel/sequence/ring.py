@@ -26,7 +26,8 @@ waits for the slowest. **Zig-zag** (``layout="zigzag"``): cut the sequence in
 2G+1 of the (2G)² chunk pairs — balanced (:func:`chunk_bounds`, :class:`AttentionWork`).
 
 **Backward, blockwise too** (:class:`RingAttention`): nothing of size S×S is
-saved. Backward recomputes each block's probabilities from the saved ``lse``,
+saved. Each block is computed with its (S/G)² score matrix by default, or by torch's fused kernel
+(``kernel="fused"``, :mod:`~coursekit.parallel.sequence.kernels`), which never holds one whole. Backward recomputes each block's probabilities from the saved ``lse``,
 passes the key/value blocks around the ring again, and with them their
 gradient accumulators ``dk``, ``dv``, which arrive back at their owner after
 the last step. Elements sent per attention call, over all ranks, with
@@ -54,64 +55,12 @@ from ... import comm
 from ...answers import answer_to
 from ...mesh import rank_size
 from .exchange import agree_lengths
+from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_bounds
+from .kernels import block_gradients, check_kernel, fused_block
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
            "AttentionWork", "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
-LAYOUTS = ("contiguous", "zigzag")
-
-
-# --------------------------------------------------------------------------
-# Who holds which tokens.
-# --------------------------------------------------------------------------
-def split_bounds(total: int, parts: int) -> list[tuple[int, int]]:
-    """``torch.tensor_split``'s cut of ``range(total)`` into ``parts`` (the first get one more).
-
-    How the sequence is cut into chunks here, and heads and hidden features in
-    :mod:`coursekit.parallel.sequence.tensor`.
-
-        >>> split_bounds(7, 3)
-        [(0, 3), (3, 5), (5, 7)]
-    """
-    small, extra = divmod(total, parts)
-    bounds, start = [], 0
-    for i in range(parts):
-        stop = start + small + (i < extra)
-        bounds.append((start, stop))
-        start = stop
-    return bounds
-
-
-def chunk_bounds(seq_len: int, size: int, layout: str = "contiguous") -> list[list[tuple[int, int]]]:
-    """For every rank, the ``(start, stop)`` token ranges it holds, in the order it holds them.
-
-    ``contiguous``: G chunks, rank r the r-th. ``zigzag``: 2G chunks, rank r chunks r and 2G−1−r.
-    Lengths the chunk count does not divide are cut like ``torch.tensor_split``.
-
-        >>> chunk_bounds(8, 2, "zigzag")
-        [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: use one of {LAYOUTS}.")
-    chunks = size * (2 if layout == "zigzag" else 1)
-    if seq_len < chunks:
-        raise ValueError(f"a sequence of {seq_len} tokens cannot be cut {layout} over {size} ranks: that needs "
-                         f"{chunks} chunks of at least one token; use a longer sequence or fewer ranks.")
-    cut = split_bounds(seq_len, chunks)
-    if layout == "contiguous":
-        return [[cut[r]] for r in range(size)]
-    return [[cut[r], cut[chunks - 1 - r]] for r in range(size)]
-
-
-def positions(seq_len: int, rank: int, size: int, layout: str = "contiguous") -> torch.Tensor:
-    """The global positions of the tokens ``rank`` holds (what its position embedding and causal mask use)."""
-    return torch.cat([torch.arange(a, b) for a, b in chunk_bounds(seq_len, size, layout)[rank]])
-
-
-def shard_sequence(x: torch.Tensor, dim: int, rank: int, size: int, layout: str = "contiguous") -> torch.Tensor:
-    """This rank's tokens of a whole sequence ``x`` along ``dim`` (its chunks, concatenated)."""
-    bounds = chunk_bounds(x.shape[dim], size, layout)[rank]
-    return torch.cat([x.narrow(dim, a, b - a) for a, b in bounds], dim=dim)
 
 
 # --------------------------------------------------------------------------
@@ -139,10 +88,11 @@ def block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool):
     mask of future keys (``True`` where a key comes after its query)."""
     if not causal:
         return None
-    future = k_pos.unsqueeze(0) > q_pos.unsqueeze(1)  # decided on the CPU: no device sync per block
-    if bool(future.all()):
+    if int(k_pos.min()) > int(q_pos.max()):  # every key after every query (positions live on the CPU: no sync)
         return "skip"
-    return future if bool(future.any()) else None
+    if int(k_pos.max()) <= int(q_pos.min()):  # every key at or before every query
+        return None
+    return k_pos.unsqueeze(0) > q_pos.unsqueeze(1)
 
 
 def block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, scale: float | None = None):
@@ -229,15 +179,20 @@ class _Ring:
             start += b - a
         return out
 
-    def exchange(self, tensor: torch.Tensor, incoming_len: int, name: str, step: int):
-        """Post the send of ``tensor`` to the right and the receive of the left's (``incoming_len`` tokens)."""
-        shape = list(tensor.shape)
-        shape[-2] = incoming_len
-        into = tensor.new_empty(shape)
+    def exchange(self, tensors: tuple, incoming_len: int, name: str, step: int):
+        """Post the sends of ``tensors`` (a block's keys and values, or their gradients: one message each, so
+        they need not be stacked into a copy) to the right, and the receives of the left's (``incoming_len``
+        tokens)."""
+        intos, works = [], []
         with comm.phase(name, step=step):
-            works = [comm.isend(tensor.contiguous(), group=self.group, group_dst=self.right),
-                     comm.irecv(into, group=self.group, group_src=self.left)]
-        return into, works
+            for tensor in tensors:
+                shape = list(tensor.shape)
+                shape[-2] = incoming_len
+                into = tensor.new_empty(shape)
+                works += [comm.isend(tensor.contiguous(), group=self.group, group_dst=self.right),
+                          comm.irecv(into, group=self.group, group_src=self.left)]
+                intos.append(into)
+        return tuple(intos), works
 
 
 def _wait(works) -> None:
@@ -245,74 +200,133 @@ def _wait(works) -> None:
         work.wait()
 
 
-def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWork | None):
+def _along(t: torch.Tensor, slices: list[slice], dim: int = -2) -> torch.Tensor:
+    """The tokens of ``slices`` of ``t``, end to end: a view when they are adjacent (a rank's own chunks), else a copy."""
+    runs: list[list[int]] = []
+    for s in slices:
+        if runs and runs[-1][1] == s.start:
+            runs[-1][1] = s.stop
+        else:
+            runs.append([s.start, s.stop])
+    parts = [t.narrow(dim, a, b - a) for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+def _blocks(ring: _Ring, src: int, causal: bool, kernel: str, tally: dict | None = None):
+    """Yield what this rank computes against ``src``'s keys: ``(query slices, key slices, mask)`` blocks.
+
+    ``tally`` (if given) collects the ``(L_q, L_k)`` of every chunk pair computed (``"pairs"``) and the
+    number skipped (``"skipped"``), for :class:`AttentionWork`. Textbook: one block per chunk pair, yielded
+    right after its mask is decided (the order chapter 06's widget draws). Fused: the pairs grouped into as
+    few kernel calls as the mask allows -- all of this rank's own tokens in one causal call (they are in
+    increasing order), and the chunks that see the same whole key chunks in one call -- the same
+    arithmetic, fewer calls and merges.
+    """
+    tally = {"pairs": [], "skipped": 0} if tally is None else tally
+    mine, visible = ring.pieces(ring.rank), []
+    for qs, q_pos in mine:
+        sees = []
+        for ks, k_pos in ring.pieces(src):
+            mask = block_mask(q_pos, k_pos, causal)
+            if isinstance(mask, str):
+                tally["skipped"] += 1
+                continue
+            tally["pairs"].append((qs.stop - qs.start, ks.stop - ks.start))
+            sees.append(ks)
+            if kernel == "textbook":
+                yield [qs], [ks], mask
+        visible.append((qs, sees))
+    if kernel == "textbook":
+        return
+    if src == ring.rank:  # one causal call over my tokens (causal=False: one call over all of them)
+        every = [qs for qs, _ in mine]
+        yield every, every, "causal" if causal else None
+        return
+    groups: dict[tuple, list[slice]] = {}  # another rank's chunks are wholly past or future: no partial mask
+    for qs, sees in visible:
+        if sees:
+            groups.setdefault(tuple((ks.start, ks.stop) for ks in sees), []).append(qs)
+    for key, qss in groups.items():
+        yield qss, [slice(a, b) for a, b in key], None
+
+
+def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWork | None, kernel: str):
     batch_heads = math.prod(q.shape[:-2])
     o = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
-    seen = [False] * len(ring.pieces(ring.rank))
-    kv = torch.stack([k, v])
+    seen: set[int] = set()  # the query chunks (by first local token) that have met a block already
+    kv = (k, v)
     for step in range(ring.size):
         src = ring.owner(step)
         if step < ring.size - 1:  # the next block travels while this one is computed
             incoming, works = ring.exchange(kv, ring.lengths[ring.owner(step + 1)], "ring kv", step)
-        done = 0
-        for i, (qs, q_pos) in enumerate(ring.pieces(ring.rank)):
-            for ks, k_pos in ring.pieces(src):
-                mask = block_mask(q_pos, k_pos, causal)
-                if isinstance(mask, str):
-                    if work is not None:
-                        work.skipped += 1
-                    continue
-                o_blk, lse_blk = block_attention(q[..., qs, :], kv[0][..., ks, :], kv[1][..., ks, :], mask, scale)
-                if seen[i]:
-                    o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], o_blk, lse_blk)
+        tally = {"pairs": [], "skipped": 0}
+        for qss, kss, mask in _blocks(ring, src, causal, kernel, tally):
+            attend = block_attention if kernel == "textbook" else fused_block  # see .kernels
+            o_blk, lse_blk = attend(_along(q, qss), _along(kv[0], kss), _along(kv[1], kss), mask, scale)
+            at = 0
+            for qs in qss:  # each query chunk's share of the block's result
+                n = qs.stop - qs.start
+                o_i, lse_i = o_blk[..., at:at + n, :], lse_blk[..., at:at + n]
+                at += n
+                if qs.start in seen:
+                    o[..., qs, :], lse[..., qs] = merge(o[..., qs, :], lse[..., qs], o_i, lse_i)
                 else:  # the first block of these queries: nothing to merge with yet
-                    o[..., qs, :], lse[..., qs], seen[i] = o_blk, lse_blk, True
-                done += (qs.stop - qs.start) * (ks.stop - ks.start)
-                if work is not None:
-                    work.add(qs.stop - qs.start, ks.stop - ks.start, batch_heads)
+                    o[..., qs, :], lse[..., qs] = o_i, lse_i
+                    seen.add(qs.start)
+            del o_blk, lse_blk, o_i, lse_i  # before the next block's result is made
         if work is not None:
-            work.per_step.append(done)
+            work.skipped += tally["skipped"]
+            for q_len, k_len in tally["pairs"]:
+                work.add(q_len, k_len, batch_heads)
+            work.per_step.append(sum(a * b for a, b in tally["pairs"]))
         if step < ring.size - 1:
             _wait(works)
             kv = incoming
     return o, lse
 
 
-def _backward(ring: _Ring, q, k, v, o, lse, grad, causal: bool, scale: float):
-    """FlashAttention's backward, block by block: P = exp(q kᵀ·scale − lse), dS = P ∘ (dO vᵀ − rowsum(dO ∘ o))."""
+def _backward(ring: _Ring, q, k, v, o, lse, grad, causal: bool, scale: float, kernel: str):
+    """FlashAttention's backward, block by block: P = exp(q kᵀ·scale − lse), dS = P ∘ (dO vᵀ − rowsum(dO ∘ o)).
+
+    The key/value blocks go around the ring again, and beside them their gradient accumulators ``dkv``: at
+    each step a rank adds its share to the accumulator of the block it holds and passes it on; after the last
+    step every accumulator reaches its owner. A step's gradients are computed while the previous step's
+    accumulator is still on its way, and only then added to it: the transfer hides behind the compute.
+    """
     delta = (grad * o).sum(dim=-1)
     dq = torch.zeros_like(q)
-    kv = torch.stack([k, v])
-    dkv = torch.zeros_like(kv)
+    kv = (k, v)
+    dkv, dworks = (torch.zeros_like(k), torch.zeros_like(v)), None
+    arriving = dkv
     for step in range(ring.size):
         src = ring.owner(step)
         more = step < ring.size - 1
         if more:
             incoming, works = ring.exchange(kv, ring.lengths[ring.owner(step + 1)], "ring kv (backward)", step)
-        for qs, q_pos in ring.pieces(ring.rank):
-            for ks, k_pos in ring.pieces(src):
-                mask = block_mask(q_pos, k_pos, causal)
-                if isinstance(mask, str):
-                    continue
-                qi, gi = q[..., qs, :], grad[..., qs, :]
-                kj, vj = kv[0][..., ks, :], kv[1][..., ks, :]
-                scores = qi @ kj.transpose(-1, -2) * scale
-                if mask is not None:
-                    scores = scores.masked_fill(mask.to(scores.device), float("-inf"))
-                p = torch.exp(scores - lse[..., qs].unsqueeze(-1))
-                dkv[1][..., ks, :] += p.transpose(-1, -2) @ gi
-                ds = p * (gi @ vj.transpose(-1, -2) - delta[..., qs].unsqueeze(-1))
-                dq[..., qs, :] += ds @ kj * scale
-                dkv[0][..., ks, :] += ds.transpose(-1, -2) @ qi * scale
-        if ring.size > 1:  # the block's gradient goes on with it; after the last step it reaches its owner
-            if more:
-                _wait(works)
-            arriving, dworks = ring.exchange(dkv, ring.lengths[ring.owner(step + 1)], "ring dkv", step)
+        blocks = [(qss, kss, block_gradients(kernel, _along(grad, qss), _along(q, qss), _along(kv[0], kss),
+                                             _along(kv[1], kss), _along(o, qss), _along(lse, qss, -1),
+                                             _along(delta, qss, -1), mask, scale))
+                  for qss, kss, mask in _blocks(ring, src, causal, kernel)]
+        if dworks is not None:  # the accumulator of the block this rank now holds has arrived
             _wait(dworks)
             dkv = arriving
+        for qss, kss, grads in blocks:
+            for where, slices, g in ((dq, qss, grads[0]), (dkv[0], kss, grads[1]), (dkv[1], kss, grads[2])):
+                at = 0
+                for sl in slices:  # scatter the block's gradient back to its chunks
+                    n = sl.stop - sl.start
+                    where[..., sl, :] += g[..., at:at + n, :]
+                    at += n
+        del blocks
+        if ring.size > 1:  # the accumulator goes on with its block; after the last step it reaches its owner
             if more:
+                _wait(works)
                 kv = incoming
+            arriving, dworks = ring.exchange(dkv, ring.lengths[ring.owner(step + 1)], "ring dkv", step)
+    if dworks is not None:
+        _wait(dworks)
+        dkv = arriving
     return dq, dkv[0], dkv[1]
 
 
@@ -320,33 +334,36 @@ class RingAttention(torch.autograd.Function):
     """Ring attention forward and backward; saves only q, k, v, the output and its log-sum-exp (O(S/G))."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, seq_len, group, work):
+    def forward(ctx, q, k, v, causal, layout, seq_len, group, work, kernel="textbook"):
+        check_kernel(kernel, q.device)
         ring = _Ring(q.shape[-2], seq_len, layout, group)
         scale = q.shape[-1] ** -0.5
-        o, lse = _forward(ring, q.detach(), k.detach(), v.detach(), causal, scale, work)
-        ctx.ring, ctx.causal, ctx.scale = ring, causal, scale
+        o, lse = _forward(ring, q.detach(), k.detach(), v.detach(), causal, scale, work, kernel)
+        ctx.ring, ctx.causal, ctx.scale, ctx.kernel = ring, causal, scale, kernel
         ctx.save_for_backward(q, k, v, o, lse)
         return o
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.ring, q, k, v, o, lse, grad.contiguous(), ctx.causal, ctx.scale)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = _backward(ctx.ring, q, k, v, o, lse, grad.contiguous(), ctx.causal, ctx.scale, ctx.kernel)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 @answer_to("06_ring_attention", "write the ring loop yourself: block_attention, merge and PassRight, G steps")
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                    layout: str = "contiguous", seq_len: int | None = None, group=None,
-                   work: AttentionWork | None = None) -> torch.Tensor:
+                   work: AttentionWork | None = None, kernel: str = "textbook") -> torch.Tensor:
     """Exact attention over the whole sequence when every rank of ``group`` holds one piece of it.
 
     ``q, k, v``: ``(..., L, d_head)``, this rank's tokens as :func:`shard_sequence` cuts them with
     ``layout``. ``seq_len``: the whole length; without it the ranks first tell each other their lengths
     (one counted exchange, :func:`~coursekit.parallel.sequence.exchange.agree_lengths`). ``work``: an
-    :class:`AttentionWork` to count this rank's attention work into. Call it on every rank of ``group``.
+    :class:`AttentionWork` to count this rank's attention work into. ``kernel``: how each block is
+    computed, ``"textbook"`` (its score matrix in memory) or ``"fused"`` (torch's CPU flash kernel, no
+    score matrix; :mod:`~coursekit.parallel.sequence.kernels`). Call it on every rank of ``group``.
     """
-    return RingAttention.apply(q, k, v, causal, layout, seq_len, group, work)
+    return RingAttention.apply(q, k, v, causal, layout, seq_len, group, work, kernel)
 
 
 def ring_traffic(numel: int, size: int) -> dict[str, int]:

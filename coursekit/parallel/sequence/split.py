@@ -266,16 +266,18 @@ class SequenceParallel(Strategy):
 
 @register("ring_attention")
 class RingAttentionStrategy(SequenceParallel):
-    """Ring attention (option ``layout``: ``"zigzag"``, balanced for the causal mask, or ``"contiguous"``)."""
+    """Ring attention (option ``layout``: ``"zigzag"``, balanced for the causal mask, or ``"contiguous"``;
+    option ``kernel``: ``"textbook"`` or ``"fused"``, how each block is computed, see :mod:`.kernels`)."""
 
-    options = {"collectives": "ring", "layout": "zigzag"}
+    options = {"collectives": "ring", "layout": "zigzag", "kernel": "textbook"}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
         self.layout = self.option("layout")
 
     def attention(self, seq_len: int) -> Callable:
-        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.sp_group, self.work)
+        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.sp_group, self.work,
+                                              self.option("kernel"))
 
 
 @register("ulysses")
