@@ -9,7 +9,11 @@ Measures, on the same global batch (the same work per step):
 * ``"dp_tp"``: data × tensor parallelism on a 2 × 2 mesh (each tensor group takes half of the batch);
 * one block's MLP and attention, forward and backward at degree 2: coursekit's layers
   (:mod:`coursekit.parallel.tensor`) against DTensor's ``parallelize_module`` (``ColwiseParallel``,
-  ``RowwiseParallel``). Target: coursekit ≤ 1.2× DTensor's time.
+  ``RowwiseParallel``). Target: coursekit ≤ 1.2× DTensor's time;
+* P10 where it is true (:mod:`coursekit.parallel.tensor.versus`): 4 residual MLP blocks 1024 → 4096 → 1024
+  on 256 tokens, one process against tensor parallelism and model parallelism (2 + 2 blocks) on 2 ranks,
+  the three back to back in each iteration (paired). Targets: tensor parallelism ≥ 1.6× one process, and
+  faster than model parallelism (median paired ratios).
 
 "comm share" is the time ranks spend inside the blocking all-reduces and all-gathers of the layers
 (timed in the operators; waiting for a slower rank included) and, for the hybrid, in the gradient
@@ -85,6 +89,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--iters", type=int, default=40, help="block iterations per variant (DTensor comparison)")
+    parser.add_argument("--wide-iters", type=int, default=11, help="iterations of the wide-model comparison (P10)")
     options = parser.parse_args(argv)
     config = {"steps": max(WARMUP + 2, options.steps), "global_batch": options.global_batch}
     print(f"transformer (tiny_transformer(): d_model 64, 4 heads, 2 layers, vocabulary 16), "
@@ -119,4 +124,31 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
           f"scheduler as much as tensor parallelism (degree 4 is {rows[2]['step'] / rows[1]['step']:.2f}× "
           f"degree 2's step). On GPUs of one node the matrices are thousands wide and the all-reduces cross "
           f"NVLink; that is where tensor parallelism pays, and why it stays inside a node.")
-    return [("coursekit's tensor-parallel block ≤ 1.2× DTensor's", f"{ratio:.2f}×", ratio <= 1.2)]
+    targets = [("coursekit's tensor-parallel block ≤ 1.2× DTensor's", f"{ratio:.2f}×", ratio <= 1.2)]
+    return targets + wide_model(options.wide_iters)
+
+
+def wide_model(iterations: int) -> list[tuple[str, str, bool]]:
+    """P10 on the wide MLP: step times of the three variants, paired ratios, and the two targets."""
+    from ..parallel.tensor import VARIANTS, step_times
+
+    results = launch(step_times, 2, iterations, timeout=600)
+    slowest = {v: [max(r[v][i] for r in results) for i in range(iterations)] for v in VARIANTS}
+
+    def paired(a: str, b: str) -> tuple[float, float, float]:
+        ratios = sorted(x / y for x, y in zip(slowest[a], slowest[b]))
+        return statistics.median(ratios), ratios[0], ratios[-1]
+
+    print(f"\nP10 where compute dominates: 4 residual MLP blocks 1024 → 4096 → 1024, 256 tokens, forward + "
+          f"backward, 2 ranks of one thread; median of {iterations} iterations (slowest rank), the three variants "
+          f"back to back in each:\n")
+    print("| variant | step time | one process / variant (paired: median [lowest, highest]) |\n|---|---|---|")
+    for v in VARIANTS:
+        median, low, high = paired("one process", v)
+        print(f"| {v} | {statistics.median(slowest[v]) * 1e3:.0f} ms | {median:.2f}× [{low:.2f}, {high:.2f}] |")
+    speedup, low, high = paired("one process", "tensor parallel")
+    versus, vlow, vhigh = paired("model parallel", "tensor parallel")
+    return [("tensor parallelism ≥ 1.6× one process on the wide MLP (2 ranks)",
+             f"{speedup:.2f}× [{low:.2f}, {high:.2f}]", speedup >= 1.6),
+            ("tensor parallelism faster than model parallelism on the wide MLP",
+             f"model / tensor {versus:.2f}× [{vlow:.2f}, {vhigh:.2f}]", versus > 1.0)]
