@@ -146,3 +146,15 @@ def test_running_max_and_sum_equal_full_attention(causal, layout):
     assert list(gids["sum l = Σ e^(score − m)"].get_ydata()) == pytest.approx(l)
     assert "equal to full attention" in explorer.describe(rounds, world_size - 1, query)
     matplotlib.pyplot.close(fig)
+
+
+def test_the_legend_draws_full_attention_as_the_dashed_line_it_is():
+    """Issue 26 §6: the legend's "full attention" entry was a grey patch for a dashed line. Planted bug, seen
+    failing: the Patch handle back ("Rectangle, not a dashed line")."""
+    rounds = explorer.record_rounds(2, 8, True, "zigzag")
+    fig = draw_rounds(rounds, 0, 3)
+    entries = [(text.get_text(), handle) for ax in fig.axes if ax.get_legend() is not None
+               for text, handle in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)]
+    handle = dict(entries)["full attention"]
+    assert isinstance(handle, matplotlib.lines.Line2D) and handle.get_linestyle() == "--", (
+        f"{type(handle).__name__}, not a dashed line")

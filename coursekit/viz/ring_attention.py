@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Patch, Rectangle
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 LAYOUT_NAMES = {"zigzag": "zig-zag", "contiguous": "contiguous"}
 
@@ -146,4 +147,5 @@ def _running(top, bottom, rounds, round_: int, query: int) -> None:
         ax.set_xticks(range(g))
         ax.set_title(f"query {query} (rank {rounds.owner(query)}): {name}", fontsize=9)
     bottom.set_xlabel("round")
-    top.legend(handles=[Patch(color="#999999", label="full attention")], fontsize=7, loc="lower right")
+    top.legend(handles=[Line2D([], [], color="#999999", linestyle="--", linewidth=1, label="full attention")],
+               fontsize=7, loc="lower right")  # the same dashed line as drawn
