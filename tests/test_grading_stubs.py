@@ -63,3 +63,20 @@ def test_a_stub_is_not_done_without_starting_ranks(monkeypatch):
     assert not started, f"ranks were started for a stub: {started}"
     assert report.score == 0 and {r.status for r in report.results} == {"not done"}, report.results
     assert {r.feedback for r in report.results} == {NOT_IMPLEMENTED}
+
+
+def test_a_timeout_inside_torch_distributed_is_described_as_a_wait_there():
+    """The launcher's report of a rank blocked in a torch.distributed call (no coursekit note) becomes "waits
+    inside torch.distributed.all_reduce at ...", not "busy outside coursekit.comm"; a busy rank stays busy, and
+    the report's other threads stay out of the feedback. Planted bug, seen failing: every rank without a note
+    called busy (the old wording)."""
+    from coursekit.grading.feedback import describe_timeout
+    from coursekit.launch import LaunchTimeout
+
+    error = LaunchTimeout(5.0, {
+        0: "inside torch.distributed.all_reduce (not a coursekit call: no note of what it waits on); "
+           "at sync (attempt.py:7) <- step (attempt.py:12); its other threads at _work (units.py:86)",
+        1: "busy (not inside a communication call); at forward (linear.py:134)"})
+    assert describe_timeout(error) == ("rank 0 waits inside torch.distributed.all_reduce at sync (attempt.py:7) <- "
+                                       "step (attempt.py:12); rank 1 is busy outside coursekit.comm at forward "
+                                       "(linear.py:134)")

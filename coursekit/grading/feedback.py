@@ -112,7 +112,12 @@ def describe_timeout(error: LaunchTimeout) -> str:
     waiting = {rank: note for rank, note in notes.items() if note}
     parts = [describe_waits(waiting)] if waiting else []
     for rank, note in sorted(notes.items()):
-        if note is None:
-            frames = error.waiting[rank].split("; at ", 1)
-            parts.append(f"rank {rank} is busy outside coursekit.comm{' at ' + frames[1] if len(frames) > 1 else ''}")
+        if note is None:  # the launcher's words: "busy (...)" or "inside torch.distributed.X (...)", then "; at ..."
+            state, _, where = error.waiting[rank].partition("; at ")
+            where = where.split("; its other threads at ", 1)[0]  # the feedback names the learner's thread only
+            at = f" at {where}" if where else ""
+            if state.startswith("inside torch.distributed."):
+                parts.append(f"rank {rank} waits {state.split(' (', 1)[0]}{at}")
+            else:
+                parts.append(f"rank {rank} is busy outside coursekit.comm{at}")
     return "; ".join(parts)
