@@ -32,6 +32,15 @@
 # work and traffic: one L×L score block per step (never all keys at once), at most two key/value blocks held at
 # once, every message to the right-hand neighbour, each rank sending its key and value block once per step.
 # From a terminal: `coursekit grade exercises/06_ring_attention.ipynb`.
+#
+# **What this version gives up.** Written this way, with autograd doing the backward, it saves for backward
+# every key/value block a rank receives and every block's L×L probabilities (what `q kᵀ` and the softmax in
+# `block_attention` need for their gradients): by the last step a rank holds every block it attended to and
+# each one's score block, so its memory grows with the whole sequence again — the memory property the chapter
+# just taught is lost, although the forward never holds more than two blocks at a time. The library's `ring_attention` is a
+# `torch.autograd.Function` with its own blockwise backward: it saves only q, k, v, the output and its
+# log-sum-exp, and in backward passes the blocks around the ring again, recomputing each block's
+# probabilities from the saved log-sum-exp (and with `kernel="fused"` never holds a whole score block).
 
 # %% tags=["parameters"]
 # Parameters: none needed; the checks run in this process in a few seconds.
