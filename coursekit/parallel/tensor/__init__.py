@@ -9,6 +9,8 @@ One module per concept, PyTorch's counterpart last:
 * ``vocab`` -- the vocabulary-parallel embedding and cross-entropy;
 * ``model`` -- the course transformer parallelized (:func:`parallelize_transformer`) and gathered back
   (:func:`gather_dense`); the strategies ``"tensor"`` and ``"dp_tp"`` (data x tensor on a mesh);
+* ``activations`` -- what one block keeps for backward per rank (:func:`tensor_parallel_saved_bytes`), beside
+  Korthikanti et al.'s Table 2 (:func:`korthikanti_table2_bytes`);
 * ``torch`` -- the same blocks under DTensor's ``parallelize_module``, to run side by side.
 
 Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
@@ -21,6 +23,7 @@ from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, R
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer, expected_counts,
                     gather_dense, parallelize_transformer)
+from .activations import korthikanti_table2_bytes, tensor_parallel_saved_bytes
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
                     torch_parallel_mlp, torch_parallelize_transformer)
 
@@ -31,6 +34,6 @@ __all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_a
            "ParallelSelfAttention",
            "VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy",
            "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "expected_counts",
-           "TensorParallel", "DataTensorParallel",
+           "TensorParallel", "DataTensorParallel", "tensor_parallel_saved_bytes", "korthikanti_table2_bytes",
            "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
            "dense_qkv", "torch_parallelize_transformer", "comm_counts"]
