@@ -19,8 +19,9 @@ Two counts, kept apart:
 
 The two agree on the structure -- 16 elements of ``b·s·h`` per layer when ``d_ff = 4h``, of which 4 (the
 norms' inputs, the qkv and fc inputs) are the ones plain tensor parallelism replicates -- and differ in
-what the kernels add around it: the course keeps 4 more floats a token (the norms' mean and 1/std, which
-the paper leaves out) and ``a`` log-sum-exps instead of ``5·a·s`` bytes of scores and masks.
+the element size (4 bytes here, 2 there) and in what the kernels add around it: per token the course keeps
+4 more values (the norms' mean and 1/std, which the paper leaves out) and ``a`` log-sum-exps, where the
+paper adds ``5·a·s`` bytes of scores and their dropout and ``2h`` bytes of the other two dropout masks.
 
     >>> tensor_parallel_saved_bytes(2, 32, 64, 4, 256, 2) // (2 * 32 * 4)   # elements per token, t = 2
     646
