@@ -141,3 +141,13 @@ def test_uneven_shares_are_refused():
         tensor_parallel_saved_bytes(B, S, H, A, 250, 4)
     with pytest.raises(ValueError, match="divide the heads"):
         korthikanti_table2_bytes(B, S, H, 6, 4)
+
+
+def test_doctests():
+    """The examples in coursekit/parallel/tensor/activations.py run as written.
+    Planted bug, seen failing: the module example's 646 changed to 516 ("1 failed of 3")."""
+    import doctest
+
+    from coursekit.parallel.tensor import activations
+    failures, tried = doctest.testmod(activations)
+    assert tried == 3 and failures == 0, f"{failures} failed of {tried}"
