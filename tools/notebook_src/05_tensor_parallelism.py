@@ -394,6 +394,48 @@ for degree in even:
 # The replicated part does not shrink with $t$: 4,992 numbers, 5% of this tiny model (mostly its 64 × 64
 # position embedding); in a large model, the norms and biases, a fraction of a percent.
 #
+# Beside the parameters, the **activations**: what one forward of the loss keeps for its backward on each rank
+# (parameters excluded; counted with chapter 06's `saved_bytes`), on a batch of the proof's size. The blocks'
+# part is `tensor_parallel_saved_bytes`, counted by hand per token: the two LayerNorms' inputs with their mean
+# and 1/std and the inputs of qkv and fc ($4h + 4$ numbers) whole on every rank; q, k, v, attention's output
+# and one log-sum-exp per head, the GELU's input and output ($4h + 2 d_{ff} + a$) divided by $t$. The loss
+# keeps this rank's $b \cdot s \cdot V/t$ probabilities (and two small tensors for the targets):
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.sequence import saved_bytes  # chapter 06's meter: what autograd keeps for backward
+from coursekit.parallel.tensor import tensor_parallel_saved_bytes
+
+xb, yb = LanguageData().batch(0, GLOBAL_BATCH)
+
+
+def memory_per_rank(rank, world_size):
+    model = parallelize_transformer(tiny_transformer(seed=0))
+    with saved_bytes(model.parameters()) as forward:     # parameters excluded: they are held anyway
+        logits = model(xb)                               # this rank's vocabulary shard, (b, s, V/t)
+    with saved_bytes() as loss:
+        vocab_parallel_cross_entropy(logits, yb, model.tok_emb.vocab_start).mean()
+    return sum(4 * p.numel() for p in model.parameters()), forward.bytes, loss.bytes
+
+
+print(f"bytes per rank, b = {GLOBAL_BATCH} sequences of s = {s} tokens (fp32):")
+print(f"{'':>6}{'parameters':>12}{'activations':>13}{'= blocks':>11}{'+ final norm,':>15}{'+ the loss':>12}")
+print(f"{'':>6}{'':>12}{'':>13}{'(formula)':>11}{'head, ids':>15}{'':>12}".rstrip())
+for degree in even:
+    runs = coursekit.launch(memory_per_rank, degree)
+    params, forward, loss = runs[0]
+    blocks = L * tensor_parallel_saved_bytes(GLOBAL_BATCH, s, h, 4, 4 * h, degree)
+    print(f"t = {degree}:{params:>12,}{forward + loss:>13,}{blocks:>11,}{forward - blocks:>15,}{loss:>12,}"
+          f"{'' if all(r == runs[0] for r in runs) else '  (ranks differ)'}")
+
+# %% [markdown]
+# At $t = 4$ the parameters are 0.29 of one process's, the activations 0.47: in every block the LayerNorm
+# regions and the column-parallel layers' inputs stay whole on every rank, and so does the rest of the forward
+# (the final norm's and the head's inputs, the token ids: 131,440 bytes at every $t$). Already at this batch
+# of 8 × 31 tokens the activations are five to nine times the parameters. The logits do divide by $t$, but
+# with this toy vocabulary of 16 the loss keeps under 1% of the activations; with GPT-2's
+# (V = 50,257, h = 768) a token's logits are 65 times its hidden state. Chapter 06 splits the whole regions
+# too, along the sequence (Megatron's sequence parallelism).
+#
 # The timeline: one training step at degree 2 (2 ranks, one thread each), traced (`train(..., trace=True)`);
 # every all-reduce of the layers is a span on the communication lane, inside the forward and the backward.
 

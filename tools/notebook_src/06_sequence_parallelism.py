@@ -558,6 +558,48 @@ for t in (1, 2, 4):
           f"formula {megatron_sp_saved_bytes(2, 32, 64, 4, 256, t):,}")
 
 # %% [markdown]
+# Against **plain tensor parallelism at the same t**: chapter 05's block (`ParallelBlock`, on real ranks: its
+# all-reduces are `torch.distributed`'s) keeps the LayerNorms' inputs with their mean and 1/std and the inputs
+# of qkv and fc whole on every rank, 4h + 4 numbers a token, and divides only the rest, (4h + 2·d_ff + a)/t
+# (`tensor_parallel_saved_bytes`). Beside both, Korthikanti et al.'s Table 2 for *their* layer, evaluated at
+# this block's s, b, h, a (`korthikanti_table2_bytes`): sbh(34 + 5as/h) dense, sbh(10 + 24/t + 5as/(ht)) tensor
+# parallel, sbh(34/t + 5as/(ht)) with sequence parallelism, in bytes of 16-bit activations with dropout masks
+# and the a·s² softmax scores of each sequence:
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.tensor import ParallelBlock, korthikanti_table2_bytes, tensor_parallel_saved_bytes
+
+
+def plain_tp_held(rank, size):  # chapter 05's block: norms replicated; its all-reduces need real ranks
+    block = ParallelBlock(tiny_transformer(seed=0).blocks[0])
+    with saved_bytes(block.parameters()) as m:
+        block(x32.clone().requires_grad_())
+    return m.bytes
+
+
+sizes, d_ff, tokens = (2, 32, 64, 4), 256, 2 * 32  # b, S, h, a of the block above
+table2 = {t: korthikanti_table2_bytes(*sizes, t) for t in (1, 2, 4)}
+rows = [("dense", [meter.bytes],  # meter: the dense block, measured above
+         tensor_parallel_saved_bytes(*sizes, d_ff, 1), table2[1]["dense"])]
+rows += [(f"TP, t={t}", coursekit.launch(plain_tp_held, t), tensor_parallel_saved_bytes(*sizes, d_ff, t),
+          table2[t]["tensor"]) for t in (2, 4)]
+rows += [(f"TP + SP, t={t}", comm.simulate(held, t).results, megatron_sp_saved_bytes(*sizes, d_ff, t),
+          table2[t]["sequence_tensor"]) for t in (2, 4)]
+print(f"{'one block,':<14}{'measured':>10}{'elements':>10}{'course':>10}{'share':>10}{'Table 2':>10}{'share':>10}")
+print(f"{'per rank':<14}{'bytes':>10}{'a token':>10}{'formula':>10}{'of dense':>10}{'(paper)':>10}{'of dense':>10}")
+for name, measured, course, paper in rows:  # measured: every rank's bytes
+    print(f"{name:<14}{measured[0]:>10,}{measured[0] // (4 * tokens):>10}{course:>10,}{course / rows[0][2]:>10.3f}"
+          f"{paper:>10,}{paper / rows[0][3]:>10.3f}{'' if len(set(measured)) == 1 else '  (ranks differ)'}")
+
+# %% [markdown]
+# Plain tensor parallelism keeps 646 and 453 numbers a token, not 1032/t: the 260 of the LayerNorm regions
+# and the column-parallel inputs stay whole on every rank (alone a quarter of the dense block's), so its share
+# falls only to 0.626 and 0.439, while with sequence parallelism every rank keeps exactly 1/t. Table 2 has the
+# same shape, 0.614 and 0.420 for plain tensor parallelism and exactly 1/t with sequence parallelism, but other
+# bytes: it counts 2-byte values, 1-byte dropout masks and the softmax's a·s² scores, where the course runs
+# fp32 without dropout and its fused attention keeps one log-sum-exp per head and token instead (and the
+# LayerNorms' mean and 1/std, which the paper leaves out).
+#
 # The whole transformer this way is the strategy `"sequence_tensor"`: the embedding's partial lookups
 # reduce-scattered along the sequence, every block on S/t tokens, the tied head all-gathering them; the
 # LayerNorm weights, position embedding and row-parallel biases see only their rank's tokens, so their

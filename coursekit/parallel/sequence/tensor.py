@@ -280,7 +280,8 @@ def megatron_sp_saved_bytes(batch: int, seq_len: int, d_model: int, n_heads: int
     head (``a``); the GELU's input and output (``2·d_ff``). Sequence-split regions hold ``S/t`` tokens,
     head-split ones ``h/t`` of the width: all ``1/t`` of the dense block's
     ``(8h + 2·d_ff + a + 4)·b·S``. (Korthikanti et al.'s ``sbh(34/t + 5as/(ht))`` counts 16-bit values,
-    dropout masks and the S×S scores; the fused attention kernel here keeps only the log-sum-exp.)
+    dropout masks and the S×S scores; the fused attention kernel here keeps only the log-sum-exp. Both,
+    and plain tensor parallelism's count at the same t: :mod:`coursekit.parallel.tensor.activations`.)
     """
     for what, n in (("sequence", seq_len), ("heads", n_heads), ("MLP width", d_ff)):
         if n % size:

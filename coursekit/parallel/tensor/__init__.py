@@ -9,6 +9,8 @@ One module per concept, PyTorch's counterpart last:
 * ``vocab`` -- the vocabulary-parallel embedding and cross-entropy;
 * ``model`` -- the course transformer parallelized (:func:`parallelize_transformer`) and gathered back
   (:func:`gather_dense`); the strategies ``"tensor"`` and ``"dp_tp"`` (data x tensor on a mesh);
+* ``activations`` -- what one block keeps for backward per rank (:func:`tensor_parallel_saved_bytes`), beside
+  Korthikanti et al.'s Table 2 (:func:`korthikanti_table2_bytes`);
 * ``versus`` -- P10 measured: tensor against model parallelism on the same wide MLP, 2 ranks;
 * ``torch`` -- the same blocks under DTensor's ``parallelize_module``, to run side by side.
 
@@ -22,6 +24,7 @@ from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, R
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer, expected_counts,
                     gather_dense, parallelize_transformer)
+from .activations import korthikanti_table2_bytes, tensor_parallel_saved_bytes
 from .versus import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
                     torch_parallel_mlp, torch_parallelize_transformer)
@@ -33,7 +36,7 @@ __all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_a
            "ParallelSelfAttention",
            "VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy",
            "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "expected_counts",
-           "TensorParallel", "DataTensorParallel",
+           "TensorParallel", "DataTensorParallel", "tensor_parallel_saved_bytes", "korthikanti_table2_bytes",
            "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
            "dense_qkv", "torch_parallelize_transformer", "comm_counts",
            "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times", "VARIANTS"]
