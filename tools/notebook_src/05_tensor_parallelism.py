@@ -1,4 +1,4 @@
-# ci_parameters: {"STEPS": 2, "TIME_ITERS": 5}
+# ci_parameters: {"STEPS": 2, "TIME_ITERS": 5, "WIDE_ITERS": 3}
 # %% [markdown]
 # # 05 · Tensor parallelism: one matrix multiplication on several GPUs
 #
@@ -18,8 +18,10 @@
 # 9. the same thing in production: PyTorch's [DTensor](../docs/glossary.md#dtensor).
 #
 # Every "GPU" is a process on this machine (gloo on 2 CPU cores); the library is
-# `coursekit.parallel.tensor`: `layers` (operators and layers), `vocab` (the vocabulary) and `model`
-# (the whole transformer and the strategies `"tensor"` and `"dp_tp"` of `coursekit.train.train`).
+# `coursekit.parallel.tensor`: `layers` (operators and layers), `vocab` (the vocabulary), `model`
+# (the whole transformer and the strategies `"tensor"` and `"dp_tp"` of `coursekit.train.train`),
+# `activations` (what a block keeps for backward per rank) and `versus` (tensor against model parallelism on
+# a wide model, section 7).
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in about a minute; raise them freely.
@@ -28,9 +30,11 @@ PROOF_DEGREES = [1, 2, 4, 3]   # tensor-parallel degrees proven equal to one pro
 STEPS = 3                      # optimiser steps of each proof
 GLOBAL_BATCH = 8               # sequences of 31 tokens per step
 TIME_ITERS = 20                # iterations of each timing (the median is shown)
+WIDE_ITERS = 7                 # iterations of the wide-model comparison (P10; about 1 s each)
 
 # %%
 # %matplotlib inline
+import dataclasses
 import statistics
 import warnings
 
@@ -89,17 +93,20 @@ def show(ax, tensor, title, colour):
 
 
 colours = ["tab:blue", "tab:orange"]
-fig, axes = plt.subplots(2, 5, figsize=(13, 4.6))
+fig, axes = plt.subplots(2, 7, figsize=(17, 4.6))  # per GPU: its input, its weight shard, its output
 for r in range(2):
     h = held[r]
-    show(axes[0, 2 * r], h["col_w"].T, f"GPU {r}: A[:, {h['col_index'].tolist()}]  {tuple(h['col_w'].T.shape)}",
+    show(axes[0, 3 * r], h["x"], f"GPU {r}: X, all of it  {tuple(h['x'].shape)}", colours[r])
+    show(axes[0, 3 * r + 1], h["col_w"].T, f"GPU {r}: A_{r} = A[:, {h['col_index'].tolist()}]  "
+         f"{tuple(h['col_w'].T.shape)}", colours[r])
+    show(axes[0, 3 * r + 2], h["col_y"], f"GPU {r}: Y_{r} = X A_{r}  {tuple(h['col_y'].shape)}", colours[r])
+    show(axes[1, 3 * r], h["row_x"], f"GPU {r}: X_{r} = X[:, {h['row_index'].tolist()}]  {tuple(h['row_x'].shape)}",
          colours[r])
-    show(axes[0, 2 * r + 1], h["col_y"], f"GPU {r}: Y_{r} = X A_{r}  {tuple(h['col_y'].shape)}", colours[r])
-    show(axes[1, 2 * r], h["row_x"], f"GPU {r}: X[:, {h['row_index'].tolist()}]  {tuple(h['row_x'].shape)}",
-         colours[r])
-    show(axes[1, 2 * r + 1], h["partial"], f"GPU {r}: P_{r} = X_{r} A_{r}  {tuple(h['partial'].shape)}", colours[r])
-show(axes[0, 4], torch.cat([held[0]["col_y"], held[1]["col_y"]], dim=1), "[Y_0 | Y_1] = Y  (concatenate)", "black")
-show(axes[1, 4], held[0]["partial"] + held[1]["partial"], "P_0 + P_1 = Y  (all-reduce)", "black")
+    show(axes[1, 3 * r + 1], h["row_w"].T, f"GPU {r}: A_{r} = A[{h['row_index'].tolist()}, :]  "
+         f"{tuple(h['row_w'].T.shape)}", colours[r])
+    show(axes[1, 3 * r + 2], h["partial"], f"GPU {r}: P_{r} = X_{r} A_{r}  {tuple(h['partial'].shape)}", colours[r])
+show(axes[0, 6], torch.cat([held[0]["col_y"], held[1]["col_y"]], dim=1), "[Y_0 | Y_1] = Y  (concatenate)", "black")
+show(axes[1, 6], held[0]["partial"] + held[1]["partial"], "P_0 + P_1 = Y  (all-reduce)", "black")
 axes[0, 0].set_ylabel("split A by columns", fontsize=9)
 axes[1, 0].set_ylabel("split A by rows", fontsize=9)
 fig.suptitle("Y = X A with A (6 × 4) on two GPUs, drawn from the ranks' shards", fontsize=10)
@@ -338,6 +345,17 @@ for b in BATCHES:
 # layers, on the critical path — every layer waits for them, twice forward and twice backward. That is what
 # the next sections measure.
 #
+# **Where the seed is wrong.** The seed says that with tensor parallelism "the model's parameters are often
+# synchronised between devices". The counts above say otherwise: every all-reduce of tensor parallelism
+# carries *activations* (forward, g: b·s·h numbers), their gradients (backward, f), or the vocabulary-parallel
+# loss's per-token numbers (b·s), and no parameter or parameter gradient crosses between the ranks of a tensor
+# group — each rank owns its shard of every weight and updates it alone, and the replicated ones (the norms,
+# the position embedding) get the same gradient on every rank from the same inputs (section 4 proved the
+# result equal to one process without any weight exchange). Parameters,
+# or rather their gradients, are synchronised by *data* parallelism (chapter 02), which a real run combines
+# with tensor parallelism (section 8). What makes tensor parallelism costly is that its activation traffic
+# grows with the batch and sits on the critical path, as just measured.
+#
 # ## 6. Figure 1.1, memory per rank and the timeline
 #
 # The seed's "Figure 1.1" (**P6**) compares the strategies side by side; regenerated here for `GPUS` GPUs
@@ -438,6 +456,9 @@ for degree in even:
 #
 # The timeline: one training step at degree 2 (2 ranks, one thread each), traced (`train(..., trace=True)`);
 # every all-reduce of the layers is a span on the communication lane, inside the forward and the backward.
+# The window starts when *both* ranks have begun the step (the later of their two starts): before that, the
+# rank that started first only waits at its first all-reduce for the other, which says nothing about tensor
+# parallelism and would otherwise take up a good part of the drawing.
 
 # %%
 from coursekit.viz.timeline import draw_timelines
@@ -448,7 +469,9 @@ def traced(rank, world_size, strategy):
                    trace=True, record=False)
     last = {r: max(s.start for s in result["spans"] if s.kind == "forward" and s.rank == r)  # the second step
             for r in range(world_size)}
-    return [s for s in result["spans"] if s.start >= last[s.rank]]
+    common = max(last.values())  # both ranks are in the step from here on
+    return [dataclasses.replace(s, start=max(s.start, common)) for s in result["spans"]
+            if s.start >= last[s.rank] and s.end > common]
 
 
 tensor_spans = coursekit.launch(traced, 2, "tensor")[0]
@@ -524,6 +547,50 @@ else:
 # loopback. The last line printed above compares the second shares of this run, and says so when it cannot
 # show P10's simultaneous arithmetic. Either way the step times measure waits, scheduling and fixed costs
 # more than the arithmetic that was split, and which of the two is faster here changes from run to run.
+#
+# That is the honest counter-case of P10 (and of P7 in chapter 04): a small model on costly links, where
+# the all-reduce of every layer outweighs the arithmetic it splits.
+#
+# ### P10 where compute dominates: the same comparison on a wide model
+#
+# Now a model whose layers are wide enough that a rank's share of the arithmetic dwarfs the all-reduce
+# after it: 4 residual MLP blocks x + W₂·gelu(W₁·x), 1024 → 4096 → 1024 (Megatron's MLP shape, 8.4 million
+# weights a block), on 256 tokens (`coursekit.parallel.tensor.versus`). A block's forward is
+# 2 × 2 × 256 × 1024 × 4096 ≈ 4.3 GFLOP, split over 2 ranks, against one all-reduce of 256 × 1024 floats
+# (1 MiB). On 2 ranks of one thread each (one core each): one process running the whole model (the other rank
+# idle), tensor parallelism (every block a `ParallelMLP`), and model parallelism (blocks 1–2 on rank 0, 3–4
+# on rank 1). Each iteration runs the three back to back, so their ratios are paired: whatever else the
+# machine does at that moment slows all three. The three compute the same loss
+# (`tests/test_parallel_tensor_versus.py`).
+
+# %% tags=["nbval-ignore-output"]
+from coursekit.parallel.tensor import VARIANTS, step_times
+
+wide = coursekit.launch(step_times, 2, WIDE_ITERS)
+slowest = {v: [max(r[v][i] for r in wide) for i in range(WIDE_ITERS)] for v in VARIANTS}
+speedup = {v: sorted(a / b for a, b in zip(slowest["one process"], slowest[v])) for v in VARIANTS}
+print(f"wide MLP, 2 ranks, {WIDE_ITERS} iterations (slowest rank each):")
+print("variant           step (median)   speed-up over one process: median [lowest, highest] of the paired ratios")
+for v in VARIANTS:
+    print(f"{v:<16} {statistics.median(slowest[v]) * 1e3:>9.0f} ms     "
+          f"{statistics.median(speedup[v]):.2f}× [{speedup[v][0]:.2f}, {speedup[v][-1]:.2f}]")
+tp, mp = statistics.median(speedup["tensor parallel"]), statistics.median(speedup["model parallel"])
+if tp > mp:
+    print(f"this run: tensor parallelism is {tp:.2f}× one process and model parallelism {mp:.2f}×: "
+          f"on this model tensor parallelism is the faster, as P10 says")
+else:
+    print(f"this run: tensor parallelism {tp:.2f}×, model parallelism {mp:.2f}×: this run does not show P10")
+
+# %% [markdown]
+# Here P10 shows plainly (the last line printed says what this run measured). Tensor parallelism splits every
+# block's arithmetic in two and both halves run at once, one per core; what it adds is one 1 MiB all-reduce
+# per block each way, small beside the split matrix products, so the step comes close to half of one
+# process's (the ideal 2× is not reached: the all-reduces, the GELU and the residual adds on the whole
+# activations). Model parallelism also halves each rank's memory for weights, but not the time: rank 1
+# waits for rank 0's forward, rank 0 for rank 1's backward, so the ranks compute in turn, and the step is no
+# faster than one process's (the activation and its gradient also cross once each way). `python -m
+# coursekit.bench tensor --check` measures the same with 11 iterations (targets: tensor parallelism ≥ 1.6×
+# one process and faster than model parallelism; docs/benchmarks.md).
 #
 # On a real GPU the proportions are the reverse of this machine's, **as long as the all-reduces stay on
 # NVLink**. The chapter 01 network model (`coursekit.netsim`: the ring all-reduce's transfers, recorded at a

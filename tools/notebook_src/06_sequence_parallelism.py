@@ -89,6 +89,21 @@ for s in SEQ_LENGTHS:
     previous = s, ms
 
 # %% [markdown]
+# P9 adds that **linear-cost alternatives exist but are less used**. Linear attention, sparse and sliding-window
+# attention, and state-space or recurrent layers cost O(S) (or O(S·w) for a window w) instead of O(S²), but
+# they are different models: each replaces the exact softmax over every earlier token by an approximation or
+# another way of mixing tokens, so a model trained with one is not the model trained with full attention, and
+# what they give up shows on tasks that need an exact lookup far back (the copy task of the next section is
+# one). Most large language models keep exact attention, and make it fit with a fused kernel on one device
+# (torch's `scaled_dot_product_attention`, FlashAttention) and sequence parallelism across devices — this
+# chapter's subject.
+#
+# P9 also calls sequence parallelism **less studied**. It came after data, pipeline and tensor parallelism:
+# the methods of this chapter were published from 2021 to 2023 (Li et al. 2021, "Sequence Parallelism: Long
+# Sequence Training from System Perspective"; Korthikanti et al. 2022;
+# Jacobs et al. 2023; Liu et al. 2023), and PyTorch 2.13, installed here, still keeps its own under
+# `torch.distributed.tensor.experimental` (the last section imports it from there).
+#
 # ## 2. The naive split loses accuracy — where a prediction needs another chunk
 #
 # Cut every sequence into chunks and let each GPU attend only within its own chunk: no communication at all.
@@ -442,6 +457,69 @@ except comm.SimulatorError as error:
     print(str(error).strip().splitlines()[-1])
 
 # %% [markdown]
+# **Ring or all-to-all: the volume per rank as G grows.** One letter per quantity from here: b sequences,
+# S tokens, h the hidden width (all heads together, h = a·d for a heads of d), G ranks, L = S/G tokens per
+# rank. Per attention call, forward + backward, each rank sends
+#
+# * ring attention: (6G − 4)/G · b·S·h = (6G − 4)·b·L·h — its key/value block makes G − 1 hops forward, and
+#   G − 1 again in backward beside its gradients, plus one hop home;
+# * Ulysses: 8·(G − 1)/G · b·L·h — four tensors of b·L·h (q, k, v, then the output) each way, of which it
+#   keeps 1/G.
+#
+# Below, both against G with L fixed (the sequence grows with the ranks: S = G·L, L = 512 tokens, h = 64), from
+# `ring_traffic` and `ulysses_traffic`, and, at G = 2, 3 and 4, counted on simulated ranks (S = 12·G: 3 or 6
+# tokens per chunk; the counts are per token, so they scale).
+
+# %%
+L_tokens, h_width, a_heads = 512, 64, 4
+gs = [2, 3, 4, 8, 16, 32, 64]
+
+
+def per_rank(method, g, seq, batch=1, width=h_width):
+    if method == "ring":
+        t = ring_traffic(batch * seq * width, g)
+    else:
+        t = ulysses_traffic(batch, seq, width, g)
+    return (t["forward"] + t["backward"]) / g
+
+
+fig, ax = plt.subplots(figsize=(6.4, 3.4))
+for method, marker in (("ring", "o"), ("ulysses", "s")):
+    ax.plot(gs, [per_rank(method, g, g * L_tokens) / 1e6 for g in gs], marker=marker, ms=4,
+            label="ring attention" if method == "ring" else "all-to-all (Ulysses)")
+counted = {}
+for g in (2, 3, 4):
+    seq = 12 * g
+    for method, fn in (("ring", lambda q, k, v, seq=seq: ring_attention(q, k, v, True, "zigzag", seq)),
+                       ("ulysses", lambda q, k, v, seq=seq: ulysses_attention(q, k, v, True, seq))):
+        if method == "ulysses" and a_heads % g:
+            continue
+        _, traffic = against_full(fn, g, seq, True, "zigzag" if method == "ring" else "contiguous")
+        counted[method, g] = traffic.total / g
+        ax.plot([g], [traffic.total / g / (2 * seq * 32) * L_tokens * g * h_width / 1e6], "kx", ms=7)
+ax.plot([], [], "kx", label="counted on simulated ranks, scaled")
+ax.set_xscale("log", base=2)
+ax.minorticks_off()
+ax.set_xticks(gs, [str(g) for g in gs])
+ax.set(xlabel="ranks G (S = G × 512 tokens)", ylabel="elements sent per rank (millions)",
+       title="per attention call, forward + backward, b = 1, h = 64")
+ax.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+for (method, g), value in counted.items():
+    print(f"{method:<8} G={g}: counted {value:,.0f} elements per rank, formula "
+          f"{per_rank(method, g, 12 * g, batch=2, width=32):,.0f}")
+
+# %% [markdown]
+# The ring's volume per rank grows with G (every block visits every rank), Ulysses' stays below 8·b·L·h
+# however many ranks: on bandwidth alone Ulysses wins as soon as G ≥ 2. The ring's case is elsewhere: its
+# transfers go to a neighbour while the block in hand is computed (hidden when a block's compute outlasts
+# its transfer), it works for any number of heads and any G, and it never needs the whole sequence of a head
+# on one rank. Ulysses needs the heads divisible by G (here a = 4 heads allows G = 2 and 4, not 3: the refusal
+# above), so G ≤ a, and each all-to-all crosses every rank of the group at once. Hence the usual choice:
+# Ulysses inside a node (fast all-to-all, G up to the heads), the ring across nodes, or both at once
+# (section 8's last paragraph).
+#
 # ## 5. Memory per rank: 1/G of the activations
 #
 # The whole course transformer on 32 tokens, every rank running its tokens (`sequence_forward`): bytes
@@ -467,15 +545,24 @@ for name, layout, attend in (
     print(f"{name:<14} " + "   ".join(f"G={g}: {b:>7} bytes" for g, b in zip((1, 2, 4), row)))
 
 # %% [markdown]
-# Exactly half at G = 2 and a quarter at G = 4. (The benchmark `python -m coursekit.bench sequence` measures
-# the whole peak per rank, temporaries included, on real ranks, and extrapolates from those peaks, by a fit
-# a + b·S + c·S² through the measured lengths, the longest sequence each method would fit under a memory cap.)
+# Exactly half at G = 2 and a quarter at G = 4. What backward keeps is not all of the memory: while a block is
+# computed, the ring as drawn in section 3 holds its score matrix, (S/G)² per head (or (S/2G)² with zig-zag),
+# quadratic still. The library's ring can compute each block with torch's fused flash kernel instead
+# (`ring_attention(..., kernel="fused")`, or the strategy option `kernel="fused"`), which returns the block's
+# log-sum-exp for the merge and never holds a whole score block; exact all the same
+# (`tests/test_parallel_sequence_fused.py`). The benchmark `python -m coursekit.bench sequence --check`
+# measures the whole peak per rank, temporaries included, on real ranks, for every method and both kernels,
+# and extrapolates from those peaks, by a fit a + b·S + c·S² through the measured lengths, the longest
+# sequence each method would fit under a memory cap (docs/benchmarks.md: with the fused kernel the zig-zag
+# ring's peak per rank is within 1.5× of Ulysses').
 #
 # ## 6. Training equals one process
 #
 # In the training loop, a sequence-parallel strategy takes the **whole** batch on every rank (no data split)
-# and its part of every sequence. Each rank computes the logits and the loss of **its own tokens only**: its
-# summed cross-entropy divided by the batch's b·S tokens (a count every rank knows), so its gradients hold its
+# and keeps a whole copy of the model on each (P9's "like data parallelism each GPU holds a full model copy":
+# the last line below measures it), and its part of every sequence. Each rank computes the logits and the
+# loss of **its own tokens only**: its summed cross-entropy divided by the batch's b·S tokens (a count every
+# rank knows), so its gradients hold its
 # tokens' share of the loss and are summed over the ranks. No logits travel; to report the loss, each rank
 # sends two numbers (its summed loss and its token count). So the 1/G of the activations of section 5 holds
 # for what is trained, the logits included (`tests/test_parallel_sequence_loss.py` measures it in a training
@@ -486,18 +573,26 @@ CONFIG = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=
 
 
 def train_all(rank, world_size):
-    return {name: train(rank, world_size, strategy, **CONFIG, **options)["records"]
-            for name, strategy, options in (("ring attention (zig-zag)", "ring_attention", {"layout": "zigzag"}),
-                                            ("all-to-all (Ulysses)", "ulysses", {}),
-                                            ("chunk-local", "chunk_local", {}))}
+    out = {}
+    for name, strategy, options in (("ring attention (zig-zag)", "ring_attention", {"layout": "zigzag"}),
+                                    ("all-to-all (Ulysses)", "ulysses", {}), ("chunk-local", "chunk_local", {})):
+        result = train(rank, world_size, strategy, **CONFIG, **options)
+        out[name] = result["records"], result["memory"]["params"]  # bytes of parameters this rank holds
+    return out
 
 
-reference = train(0, 1, "single", **CONFIG)["records"]
+single = train(0, 1, "single", **CONFIG)
+reference = single["records"]
 runs = coursekit.launch(train_all, 2)
 for name in runs[0]:
-    same = compare(reference, [runs[0][name]]).ok
+    same = compare(reference, [runs[0][name][0]]).ok
     note = " (as expected: chunk-local attention is a different model)" if name == "chunk-local" and not same else ""
     print(f"{name:<26} same outputs, loss, gradients and parameters as one process: {same}{note}")
+held = {runs[r][name][1] for r in range(2) for name in runs[r]}
+print(f"parameter bytes held per rank, every strategy, both ranks: {', '.join(f'{b:,}' for b in sorted(held))} "
+      f"(one process: {single['memory']['params']:,}): "
+      + ("every rank holds the whole model, as in data parallelism" if held == {single["memory"]["params"]}
+         else "not the whole model on every rank"))
 
 # %% [markdown]
 # ## 7. Megatron-style sequence parallelism, beside tensor parallelism
