@@ -469,7 +469,9 @@ def traced(rank, world_size, strategy):
                    trace=True, record=False)
     last = {r: max(s.start for s in result["spans"] if s.kind == "forward" and s.rank == r)  # the second step
             for r in range(world_size)}
-    common = max(last.values())  # both ranks are in the step from here on
+    # tensor parallelism: from when both ranks are in the step (before, the first only waits for the other);
+    # model parallelism is a chain: its window starts with rank 0's forward, while rank 1 waits for it
+    common = max(last.values()) if strategy == "tensor" else min(last.values())
     return [dataclasses.replace(s, start=max(s.start, common)) for s in result["spans"]
             if s.start >= last[s.rank] and s.end > common]
 
