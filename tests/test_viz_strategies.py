@@ -71,3 +71,25 @@ def test_figure_changes_with_the_number_of_gpus():
         draw_strategies(n).savefig(buffer, format="png")
         images.append(buffer.getvalue())
     assert images[0] != images[1]
+
+
+def test_tensor_panel_splits_by_columns_then_by_rows():
+    """Chapter 05's lesson, drawn (issue 26 §6): W1 and W3 cut into vertical stripes (output features, column
+    parallel), W2 and W4 into horizontal ones (input features, row parallel), one stripe per GPU. Planted bug,
+    seen failing: the old panel, every weight by columns ("W2 is split by columns")."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    assert layout("tensor", 4)["split"] == ["columns", "rows", "columns", "rows"]
+    fig = draw_strategies(n_gpus=4)
+    stripes = {}
+    for r in fig.axes[2].patches:
+        if isinstance(r, Rectangle) and r.get_gid():
+            stripes.setdefault(r.get_gid().split()[0], []).append(r)
+    plt.close(fig)
+    for name, expected in zip(("W1", "W2", "W3", "W4"), ("columns", "rows", "columns", "rows")):
+        parts = stripes.get(name, [])
+        assert len(parts) == 4, f"{name}: {len(parts)} stripes for 4 GPUs"
+        vertical = all(p.get_height() > p.get_width() for p in parts)
+        got = "columns" if vertical and len({p.get_y() for p in parts}) == 1 else "rows"
+        assert got == expected, f"{name} is split by {got}"

@@ -34,7 +34,9 @@ def layout(strategy: str, n_gpus: int, n_layers: int = 4, batch: int = 8, micro_
     Returns a dict with
       ``layers``: owner GPU of each layer (``None`` = every GPU has a copy),
       ``batch``: owner GPU of each sample (``None`` = every GPU sees it),
-      ``columns``: for tensor parallelism, the owner of each column block of every weight,
+      ``columns``: for tensor parallelism, the owner of each block of every weight,
+      ``split``: for tensor parallelism, how each weight is cut: ``"columns"``, then ``"rows"``, alternating
+      (Megatron-LM's pairs: a column-parallel layer feeds a row-parallel one, one all-reduce per pair),
       ``schedule``: for pipeline parallelism, (stage, time step, micro-batch) of each forward.
     """
     if strategy not in STRATEGIES:
@@ -42,7 +44,7 @@ def layout(strategy: str, n_gpus: int, n_layers: int = 4, batch: int = 8, micro_
     if n_gpus < 1:
         raise ValueError("n_gpus must be at least 1")
     plan = {"strategy": strategy, "n_gpus": n_gpus, "layers": [None] * n_layers, "batch": [None] * batch,
-            "columns": None, "schedule": []}
+            "columns": None, "split": None, "schedule": []}
     if strategy in ("model", "pipeline"):
         if n_gpus > n_layers:
             raise ValueError(f"{strategy} parallelism puts whole layers on GPUs: {n_layers} layers cannot use "
@@ -52,6 +54,7 @@ def layout(strategy: str, n_gpus: int, n_layers: int = 4, batch: int = 8, micro_
         plan["batch"] = _contiguous_blocks(batch, n_gpus)
     if strategy == "tensor":
         plan["columns"] = list(range(n_gpus))
+        plan["split"] = ["columns" if i % 2 == 0 else "rows" for i in range(n_layers)]
     if strategy == "pipeline":
         stages = n_gpus
         plan["schedule"] = [(stage, stage + m, m) for m in range(micro_batches) for stage in range(stages)]
@@ -117,14 +120,19 @@ def _data_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
 
 
 def _tensor_panel(ax, n_gpus: int, n_layers: int) -> None:
-    """Tensor parallelism (P5): every weight matrix cut into column blocks."""
-    width = 0.85 / n_gpus
-    for i in range(n_layers):
+    """Tensor parallelism (P5): weights cut by columns, then by rows, in pairs (chapter 05's column then row)."""
+    plan = layout("tensor", n_gpus, n_layers)
+    for i, split in enumerate(plan["split"]):
         for gpu in range(n_gpus):
-            ax.add_patch(Rectangle((i + gpu * width, 0), width, 1.6, facecolor=_colour(gpu), edgecolor="black",
-                                   lw=0.6))
+            if split == "columns":  # GPU g holds a block of output features: a vertical stripe of A = Wᵀ
+                box = (i + gpu * 0.85 / n_gpus, 0), 0.85 / n_gpus, 1.6
+            else:  # a block of input features: a horizontal stripe, top to bottom
+                box = (i, 1.6 - (gpu + 1) * 1.6 / n_gpus), 0.85, 1.6 / n_gpus
+            ax.add_patch(Rectangle(*box, facecolor=_colour(gpu), edgecolor="black", lw=0.6,
+                                   gid=f"W{i + 1} {split} GPU{gpu + 1}"))
         ax.text(i + 0.425, 1.7, f"W{i + 1}", ha="center", fontsize=8)
-    ax.set_title("tensor parallelism\neach weight split by columns", fontsize=9)
+        ax.text(i + 0.425, -0.2, "by columns" if split == "columns" else "by rows", ha="center", fontsize=6)
+    ax.set_title("tensor parallelism\nweights split by columns, then by rows", fontsize=9)
     ax.set_xlim(-0.2, n_layers + 0.1)
     ax.set_ylim(-0.3, 2.0)
 
