@@ -44,7 +44,8 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["Span", "Tracer", "KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time"]
+__all__ = ["Span", "Tracer", "KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
+           "computing_together"]
 
 KINDS = ("forward", "backward", "comm", "optimizer", "idle")
 
@@ -240,3 +241,32 @@ def hidden_fraction(spans: list[Span], rank: int | None = None, behind: tuple[st
         if total > 0:
             fractions.append(overlap_length(comm, compute) / total)
     return sum(fractions) / len(fractions) if fractions else float("nan")
+
+
+def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out = []
+    for s1, e1 in _merge(a):
+        for s2, e2 in _merge(b):
+            if min(e1, e2) > max(s1, s2):
+                out.append((max(s1, s2), min(e1, e2)))
+    return _merge(out)
+
+
+def computing_together(spans: list[Span], kinds: tuple[str, ...] = ("forward", "backward")) -> float:
+    """Share of the passes during which *every* rank computes at once (P10's "GPUs work simultaneously").
+
+    The window runs from the first ``kinds`` span's start to the last one's end, over all ranks. A rank
+    computes while it is inside a ``kinds`` span and not inside an ``idle`` one: a wait counts as a wait
+    whether it was booked inside a forward (a tensor-parallel all-reduce) or between spans (a model-parallel
+    receive), so two strategies that book their waits differently compare fairly. NaN without such spans.
+    """
+    work = [s for s in spans if s.kind in kinds]
+    if not work:
+        return float("nan")
+    start, end = min(s.start for s in work), max(s.end for s in work)
+    together = None
+    for r in sorted({s.rank for s in spans}):
+        mine = _subtract([(s.start, s.end) for s in work if s.rank == r],
+                         [(s.start, s.end) for s in spans if s.rank == r and s.kind == "idle"])
+        together = mine if together is None else _intersect(together, mine)
+    return union_length(together) / (end - start) if end > start else float("nan")

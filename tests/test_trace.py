@@ -1,5 +1,7 @@
 """Spans on a shared clock, async completions, and the overlap arithmetic."""
 
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -100,3 +102,21 @@ def test_a_late_completion_callback_cannot_end_comm_after_the_wait():
     comm, idle = sorted(tracer.spans, key=lambda s: s.kind)
     assert (comm.kind, idle.kind) == ("comm", "idle") and len(tracer.spans) == 2, "one comm span, not two"
     assert comm.end <= idle.end, f"comm ends at {comm.end:.4f} s, after the wait for it ended at {idle.end:.4f} s"
+
+
+def test_computing_together_counts_a_wait_as_a_wait_however_it_is_booked():
+    """Two ranks, a window of 10: rank 0 computes 0-10, rank 1 computes 0-4 and 6-10 and waits 4-6. Booked as an
+    idle span inside one forward span, or as a gap between two forward spans, the share both compute at once is
+    0.8 either way (issue 26 §2: chapter 05's comparison must not depend on where a strategy books its waits).
+    Planted bug, seen failing: idle spans inside a forward counted as computing (1.0 for the first booking)."""
+    from coursekit.trace import computing_together
+
+    rank0 = [Span(0, "forward", "", 0.0, 10.0)]
+    inside = rank0 + [Span(1, "forward", "", 0.0, 10.0), Span(1, "idle", "all-reduce", 4.0, 6.0)]
+    between = rank0 + [Span(1, "forward", "", 0.0, 4.0), Span(1, "idle", "recv", 4.0, 6.0),
+                       Span(1, "forward", "", 6.0, 10.0)]
+    assert computing_together(inside) == pytest.approx(0.8)
+    assert computing_together(between) == pytest.approx(0.8)
+    chain = [Span(0, "forward", "", 0.0, 5.0), Span(1, "forward", "", 5.0, 10.0)]  # model parallelism's
+    assert computing_together(chain) == 0.0
+    assert math.isnan(computing_together([Span(0, "optimizer", "", 0.0, 1.0)]))

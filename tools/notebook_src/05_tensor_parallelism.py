@@ -493,8 +493,10 @@ for rank in range(2):
 # simultaneously". The timelines below are one step of model parallelism (chapter 03: layers on 2 ranks) and
 # of tensor parallelism (degree 2), measured on the same model and batch. From each, the share of the
 # forward and backward passes (from the first forward's start to the last backward's end) during which *both*
-# ranks are inside a forward or backward, and during which both compute at once (not waiting on a receive or
-# an all-reduce):
+# ranks compute at once (`coursekit.trace.computing_together`). A wait counts as a wait however it is booked:
+# tensor parallelism's all-reduces are idle spans *inside* a forward or backward, model parallelism's receives
+# fall *between* them, and counting time "inside a forward" would credit the first with its waits
+# (`tests/test_trace.py` books one wait both ways and gets the same share):
 
 # %%
 model_spans = coursekit.launch(traced, 2, "model")[0]
@@ -503,32 +505,17 @@ draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, 
 plt.show()
 
 
-def together(spans, waits_count: bool, points=4000):
-    """Share of the forward and backward passes (first forward start to last backward end, all ranks) in which
-    every rank is inside a forward or backward span (``waits_count=False``: and not waiting inside it on a
-    receive or an all-reduce)."""
-    work = [s for s in spans if s.kind in ("forward", "backward")]
-    lo, hi = min(s.start for s in work), max(s.end for s in work)
-    ranks = sorted({s.rank for s in spans})
-
-    def busy(r, t):
-        inside = any(s.rank == r and s.start <= t < s.end for s in work)
-        waiting = any(s.rank == r and s.kind == "idle" and s.start <= t < s.end for s in spans)
-        return inside and (waits_count or not waiting)
-
-    return sum(all(busy(r, lo + (hi - lo) * (i + 0.5) / points) for r in ranks) for i in range(points)) / points
-
+from coursekit.trace import computing_together
 
 runs = {"model": model_spans, "tensor": tensor_spans}
-inside = {name: together(spans, waits_count=True) for name, spans in runs.items()}
-computing = {name: together(spans, waits_count=False) for name, spans in runs.items()}
+computing = {name: computing_together(spans) for name, spans in runs.items()}
 step = {name: max(s.end for s in spans) - min(s.start for s in spans) for name, spans in runs.items()}
 
 # %% tags=["nbval-ignore-output"]
 for name in runs:
-    print(f"{name:<6} parallelism: both ranks inside a forward or backward during {inside[name]:.0%} of the "
-          f"passes, both computing (not waiting) during {computing[name]:.0%}; step {step[name] * 1e3:.1f} ms")
-print("(2 ranks on this machine's 2 cores, shared with other processes: times and the second share vary run to run)")
+    print(f"{name:<6} parallelism: both ranks computing (not waiting) during {computing[name]:.0%} of the "
+          f"passes; step {step[name] * 1e3:.1f} ms")
+print("(2 ranks on this machine's 2 cores, shared with other processes: times and the share vary run to run)")
 if computing["tensor"] > computing["model"]:
     print(f"this run: tensor parallelism's ranks computed at the same moment during more of the passes than model "
           f"parallelism's ({computing['tensor']:.0%} against {computing['model']:.0%})")
@@ -539,16 +526,15 @@ else:
 
 # %% [markdown]
 # Model parallelism is a chain: rank 1 cannot start its forward before rank 0's activations arrive, and
-# rank 0 cannot start its backward before the gradients come back, so the two can hardly be in a forward
-# or backward at the same time (first share, model). Under tensor parallelism both ranks work through the
-# same layer's forward, then the same layer's backward, each doing half of it, and meet at each all-reduce
-# (first share, tensor). Whether their halves of the arithmetic also run at the same moment (second share) is
-# up to this machine: the stretches of arithmetic between two all-reduces are short (the matrices are 64
-# wide), and when other threads and processes also want its 2 cores the operating system may run the two
-# ranks' stretches in turns rather than together; the all-reduces themselves are gloo messages through the
-# loopback. The last line printed above compares the second shares of this run, and says so when it cannot
-# show P10's simultaneous arithmetic. Either way the step times measure waits, scheduling and fixed costs
-# more than the arithmetic that was split, and which of the two is faster here changes from run to run.
+# rank 0 cannot start its backward before the gradients come back, so the two hardly ever compute at the same
+# time. Under tensor parallelism both ranks work through the same layer's forward, then the same layer's
+# backward, each doing half of it, and meet at each all-reduce; between two all-reduces both compute. How
+# much of the passes that is depends on this machine: the stretches of arithmetic between two all-reduces
+# are short (the matrices are 64 wide), the all-reduces are gloo messages through the loopback, and when
+# other threads and processes also want its 2 cores the operating system may run the two ranks' stretches in
+# turns rather than together. The last line printed above compares the shares of this run, and says so when
+# it cannot show P10's simultaneous arithmetic. Either way the step times measure waits, scheduling and fixed
+# costs more than the arithmetic that was split, and which of the two is faster here changes from run to run.
 #
 # That is the honest counter-case of P10 (and of P7 in chapter 04): a small model on costly links, where
 # the all-reduce of every layer outweighs the arithmetic it splits.
