@@ -1,4 +1,4 @@
-# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32]}
+# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32], "OVERLAP_SEQ": [512, 2048]}
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #
@@ -31,6 +31,7 @@ CHUNK_TOKENS = 8                 # ... that length
 CHUNKS = [1, 2, 4, 8]            # the course's language: chunks per sequence (1 = full attention)
 ACCURACY_STEPS = 150             # training steps per row of that table
 RANKS = 4                        # simulated ranks for ring attention and Ulysses
+OVERLAP_SEQ = [512, 2048, 8192]  # sequence lengths for the ring's transfers hidden behind its compute (2 ranks)
 
 # %%
 # %matplotlib inline
@@ -555,6 +556,50 @@ for name, layout, attend in (
 # and extrapolates from those peaks, by a fit a + b·S + c·S² through the measured lengths, the longest
 # sequence each method would fit under a memory cap (docs/benchmarks.md: with the fused kernel the zig-zag
 # ring's peak per rank is within 1.5× of Ulysses').
+#
+# **When the ring's transfers hide** (Liu et al. 2023). At each ring step a rank computes its L = S/G queries
+# against the block it holds while the next block travels. Forward, per step: compute 4·L²·h floating-point
+# operations (q kᵀ and p v, h the hidden width), transfer 2·L·h numbers (the keys and the values). The
+# transfer hides when it takes no longer than the compute, 4L²h/F ≥ 2Lh·s/B, that is
+#
+# $$L \;\ge\; \frac{s\,F}{2\,B}$$
+#
+# (F FLOP/s of a device, B bytes per second of the link, s bytes per number): compute grows as L², the
+# transfer as L, so long enough chunks always hide it. Measured on 2 real ranks, one causal forward with
+# the fused kernel, zig-zag, 4 heads of 16 (`hidden_share`): the transfers of the forward alone (the same
+# blocks to the same neighbours, nothing computed), the whole forward, and how long the forward still waited
+# for a block after computing the one it held; the mean over the 2 ranks of their medians.
+
+# %% tags=["nbval-ignore-output"]
+from coursekit.parallel.sequence import hidden_share
+
+print("    S   chunk L   forward    transfers alone   waited after computing   hidden")
+shares = {}
+for seq in OVERLAP_SEQ:
+    ranks = coursekit.launch(hidden_share, 2, seq, 4, 16, 9)
+    mean = {key: sum(r[key] for r in ranks) / len(ranks) for key in ranks[0]}
+    shares[seq // 2] = mean["hidden"]
+    print(f"{seq:>5}   {seq // 2:>7}   {mean['forward'] * 1e3:6.2f} ms   {mean['transfer'] * 1e3:9.2f} ms   "
+          f"{mean['waited'] * 1e3:16.2f} ms   {mean['hidden']:6.0%}")
+shortest, longest = min(shares), max(shares)
+print(f"this run: chunks of {longest} tokens hid {shares[longest]:.0%} of their transfers, chunks of {shortest} "
+      f"{shares[shortest]:.0%}")
+flops, nvlink, infiniband = 989e12, 450e9, 50e9  # assumed: H100 dense bf16 peak; NVLink and InfiniBand, each way
+print(f"\nH100 (assumed {flops / 1e12:.0f} TFLOP/s bf16), s = 2 bytes: L ≥ {2 * flops / (2 * nvlink):,.0f} tokens a "
+      f"rank over NVLink ({nvlink / 1e9:.0f} GB/s), L ≥ {2 * flops / (2 * infiniband):,.0f} over InfiniBand "
+      f"({infiniband / 1e9:.0f} GB/s)")
+
+# %% [markdown]
+# Compute grows as L² and the transfers as L, so the long chunks are where the transfers hide (the line under
+# the table says how much in this run; chunks of 4,096 tokens hid 95–96% in every run while this chapter was
+# written). One CPU core computes slowly and loopback moves bytes fast, so here the crossing comes early. At
+# the short chunks a step's compute is a fraction of a millisecond, and what the forward waits is then mostly
+# the other rank's timing on 2 shared cores — wherever the wait is longer than the transfers alone, it
+# cannot be the transfers — so that share varies from run to run. On GPUs the balance is the other way
+# round: a device computes thousands of times faster while links grow far less, so the chunk must be long —
+# about 2,200 tokens a rank over NVLink and 20,000 across nodes at peak FLOP/s (real attention kernels reach
+# less than peak, which lowers these). That is why ring attention is a method for long sequences, and why,
+# across nodes, it needs them long enough per GPU to hide its transfers.
 #
 # ## 6. Training equals one process
 #

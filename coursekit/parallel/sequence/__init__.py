@@ -11,6 +11,7 @@ One module per concept:
   :func:`all_to_all`, :func:`gather_sequence`;
 * ``split`` -- chunk-local attention, DeepSpeed Ulysses, and the strategies ``"ring_attention"``,
   ``"ulysses"`` and ``"chunk_local"``;
+* ``overlap`` -- when the ring's transfers hide behind its compute (L ≥ s·F/2B), measured;
 * ``accuracy`` -- what chunk-local attention costs (P9), on a copy task built so the cost cannot hide;
 * ``tensor`` -- Megatron-style sequence parallelism beside tensor parallelism (``"sequence_tensor"``);
 * ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``).
@@ -29,6 +30,7 @@ from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
                     chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
                     ulysses_traffic)
+from .overlap import hidden_share, transfers_alone
 from .accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
                        per_position_loss, train_one_process)
 from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, SequenceTensorParallelTransformer,
@@ -43,7 +45,7 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_boun
            "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",
            "CopyData", "needs_other_chunk", "train_one_process", "per_position_loss", "copy_task_losses",
-           "chunk_local_losses", "EVAL_STEP",
+           "chunk_local_losses", "EVAL_STEP", "hidden_share", "transfers_alone",
            "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
            "megatron_sp_saved_bytes",

@@ -47,6 +47,7 @@ backward ``(4G−2)·n`` (:func:`ring_traffic`).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -125,6 +126,8 @@ class AttentionWork:
     ``score_elements`` adds ``L_q·L_k`` for each computed (query chunk, key chunk) pair, per batch
     and head: the size of the score blocks, what the time of attention is proportional to.
     ``largest_block`` is the largest score block (elements, all batches and heads) ever alive.
+    ``waited``: seconds the forward waited for the next key/value block after computing the current one --
+    the part of the transfers the compute did not hide (:mod:`coursekit.parallel.sequence.overlap`).
     """
 
     computed: int = 0
@@ -132,6 +135,7 @@ class AttentionWork:
     score_elements: int = 0
     largest_block: int = 0
     per_step: list = field(default_factory=list)  # score elements computed at each ring step (forward)
+    waited: float = 0.0
 
     def add(self, q_len: int, k_len: int, batch_heads: int) -> None:
         self.computed += 1
@@ -281,7 +285,10 @@ def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWo
                 work.add(q_len, k_len, batch_heads)
             work.per_step.append(sum(a * b for a, b in tally["pairs"]))
         if step < ring.size - 1:
+            begin = time.perf_counter()
             _wait(works)
+            if work is not None:
+                work.waited += time.perf_counter() - begin
             kv = incoming
     return o, lse
 
