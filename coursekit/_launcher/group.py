@@ -71,6 +71,20 @@ def set_environment(env: dict[str, str]) -> None:
     dist.set_debug_level_from_env()
 
 
+def all_joined(store, world_size: int, timeout: timedelta) -> None:
+    """Wait until every rank has finished ``init_process_group``: a barrier on the store, not on the group.
+
+    gloo connects every pair of ranks while the group is made, and a rank whose own connections are done may
+    return before its peers' are. If it then died at once (a learner's length mismatch that gloo aborts), a
+    peer still connecting printed "Gloo connectFullMesh failed ... Connection closed by peer" from C++, and
+    said nothing useful. After this barrier no rank runs anything before every rank is connected. The store,
+    not ``dist.barrier()``: it needs no device (torch's own ``TORCH_DIST_INIT_BARRIER`` does the same).
+    """
+    if store.add("coursekit/joined", 1) == world_size:
+        store.set("coursekit/all-joined", "1")
+    store.wait(["coursekit/all-joined"], timeout)
+
+
 def join_process_group(rank: int, world_size: int, backend: str, rendezvous: socket.socket, timeout: float) -> None:
     """Initialise ``torch.distributed`` in this rank; with NCCL, this rank owns ``cuda:rank``.
 
@@ -99,4 +113,5 @@ def join_process_group(rank: int, world_size: int, backend: str, rendezvous: soc
             store = dist.TCPStore(HOST, port, world_size, is_master=False, timeout=wait, wait_for_workers=False)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=wait, device_id=device_id)
+        all_joined(store, world_size, wait)
     batch_gloo_loop_threads()  # see coursekit.gloo_threads: gloo about twice as fast on a busy CPU
