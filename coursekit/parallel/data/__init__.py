@@ -5,11 +5,14 @@ One module per step, PyTorch's counterpart last:
 * ``averaging`` -- the same start (:func:`broadcast_parameters`), each rank its slice of the batch
   (:func:`shard_batch`), gradients averaged after backward (:func:`average_gradients`, ``"naive"``) or
   bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``);
-* ``zero`` -- :class:`ZeRO` stages 1-3 (``"zero1"``, ``"zero2"``, ``"zero3"``): optimiser state,
-  gradients, then parameters sharded;
+* ``zero`` -- :class:`ZeRO` stages 1-3: optimiser state, gradients, then parameters sharded;
+  ``zero_strategy`` -- it in the training loop (``"zero1"``, ``"zero2"``, ``"zero3"``);
 * ``units`` and ``fsdp`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`, ``"zero3_units"``): the
   units and the thread that gathers the next one; the wrapper that runs them;
 * ``buckets`` -- how big a bucket is: one rule for all of them, DDP's ``bucket_cap_mb``;
+* ``flat`` -- ZeRO's flat buffer: the parameters laid end to end, cut into buckets and segments;
+* ``precision`` -- mixed precision (:class:`MixedPrecision`, FSDP2's policy names): compute in bf16/fp16,
+  fp32 master weights, gradients reduced in a chosen dtype;
 * ``sharded_optimizer`` -- ZeRO-1 as a ``torch.optim.Optimizer`` (:class:`ShardedOptimizer`,
   ``"sharded_optimizer"``);
 * ``torch`` -- PyTorch's own on the same loop: DDP, ``ZeroRedundancyOptimizer``, FSDP2 (``"torch_ddp"``,
@@ -20,14 +23,18 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 
 # In this order: the strategies register with the training loop in the order chapter 02 meets them.
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
+from .precision import MixedPrecision, as_policy, cast_inputs
+from .flat import Bucket, lay_flat, make_buckets
 from .averaging import Bucketed, DataParallel, Naive, average_gradients, broadcast_parameters, shard_batch
 from .torch import FSDP2ParameterBytes, TorchDDP, TorchFSDP, TorchZeRO1, optimizer_class_and_defaults
-from .zero import ZeRO, ZeroStrategy
+from .zero import ZeRO
+from .zero_strategy import ZeroStrategy
 from .units import CommThread, Job, Unit, default_units, gather_whole, plan_units
 from .fsdp import ShardedUnits, Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 
-__all__ = ["DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
+__all__ = ["DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs",
+           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",

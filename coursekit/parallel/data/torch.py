@@ -29,6 +29,7 @@ import torch.nn as nn
 from ...memory import held_bytes
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .buckets import DDP_BUCKET_CAP_MB
+from .precision import as_policy
 
 __all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
 
@@ -124,18 +125,27 @@ class TorchFSDP(Strategy):
     """FSDP2: ``fully_shard`` on each block of the model, then on the root; parameters become DTensors.
 
     Its counters give ``peak_param_bytes`` per step, measured by :class:`FSDP2ParameterBytes`, as
-    ``"zero3_units"`` gives its own."""
+    ``"zero3_units"`` gives its own. Option ``precision``: a :class:`~coursekit.parallel.data.MixedPrecision`
+    (or ``"bf16"``), handed to ``fully_shard`` as FSDP2's own ``MixedPrecisionPolicy`` with the same fields."""
+
+    options = {"precision": None}
 
     def __init__(self, setup: Setup):
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
         self.group = setup.group("dp")
         mesh = DeviceMesh.from_group(self.group or dist.group.WORLD, "cpu")
+        policy = as_policy(self.option("precision"))
+        inner = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
+                                     cast_forward_inputs=policy.cast_forward_inputs)
         for block in getattr(self.model, "blocks", None) or getattr(self.model, "layers", []):
-            fully_shard(block, mesh=mesh)  # one unit per block (per layer of the MLP)
-        fully_shard(self.model, mesh=mesh)
+            fully_shard(block, mesh=mesh, mp_policy=inner)  # one unit per block (per layer of the MLP)
+        # output_dtype on the root only: FSDP2 casts each unit's output, and the next block wants param_dtype
+        fully_shard(self.model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
+            param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype, output_dtype=policy.output_dtype,
+            cast_forward_inputs=policy.cast_forward_inputs))
         self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
         self.meter, self.peaks = FSDP2ParameterBytes(self.model), []
 

@@ -5,7 +5,7 @@ P4 says every GPU holds a full copy of the model. ZeRO (Rajbhandari et al.
 the optimiser state, stage 2 the gradients too (a reduce-scatter instead of an
 all-reduce), stage 3 the parameters too (all-gathered before use, freed
 after). Built on chapter 01's ring reduce-scatter and all-gather; registered
-for :func:`coursekit.train.train` as ``"zero1"``, ``"zero2"``, ``"zero3"``.
+for :func:`coursekit.train.train` as ``"zero1"``, ``"zero2"``, ``"zero3"`` (:mod:`.zero_strategy`).
 """
 
 from __future__ import annotations
@@ -16,27 +16,18 @@ from typing import Callable
 import torch
 import torch.nn as nn
 
-from ...collectives import RING, Collectives, get_collectives, owned_segment, segment_bounds
+from ...collectives import RING, Collectives, get_collectives
 from ...mesh import as_group, rank_size
-from ...strategy import Setup, Strategy, optimizer_tensors, register
+from ...strategy import optimizer_tensors
 from ...trace import Tracer
 from ...verify import FlatShard
 from ...memory import PeakMemory
 from .averaging import broadcast_parameters
-from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
+from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
+from .flat import lay_flat, make_buckets
+from .precision import MixedPrecision, as_policy, cast_inputs
 
-__all__ = ["ZeRO", "ZeroStrategy"]
-
-
-class _Bucket:
-    """A contiguous range ``[lo, hi)`` of the flat buffer, and my segment of it (``piece``, absolute)."""
-
-    def __init__(self, lo: int, hi: int, members: list[int], rank: int, world_size: int):
-        self.lo, self.hi, self.members = lo, hi, members  # members: indices into ZeRO.params
-        start, stop = segment_bounds(hi - lo, world_size)[owned_segment(rank, world_size)]
-        self.start, self.stop = lo + start, lo + stop
-        self.grad: torch.Tensor | None = None  # the full gradient of this range while backward fills it
-        self.ready = 0                         # how many members' gradients are complete
+__all__ = ["ZeRO"]
 
 
 class ZeRO(nn.Module):
@@ -78,6 +69,11 @@ class ZeRO(nn.Module):
         >>> model.step()                      # optimiser step on my segments, all-gather
         >>> model.zero_grad()
 
+    Mixed precision (``mp_policy``, a :class:`~coursekit.parallel.data.MixedPrecision` or ``"bf16"``): the
+    flat buffer -- what the module computes with and what is all-gathered -- is in ``param_dtype``; my
+    segments are an fp32 *master* copy the optimiser steps, cast into the buffer after each step;
+    gradients are cast to ``reduce_dtype`` before each reduce-scatter and kept in fp32 on my segments.
+
     Buckets are reduce-scattered in bucket order on every rank (a bucket waits
     for the earlier ones), and the end of backward sends the buckets no hook
     completed (unused parameters: zeros), so every rank issues the same
@@ -94,7 +90,8 @@ class ZeRO(nn.Module):
 
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
                  stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None,
-                 bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None):
+                 bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None,
+                 mp_policy: MixedPrecision | str | None = None):
         super().__init__()
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1 (optimiser state), 2 (+ gradients) or 3 (+ parameters); "
@@ -107,12 +104,15 @@ class ZeRO(nn.Module):
         self.comm = get_collectives(collectives)
         self.rank, self.world_size = rank_size(group)
         self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
-        self._flatten([(name, p) for name, p in module.named_parameters() if p.requires_grad])  # tied: once
-        self._make_buckets(bucket_capacity(bucket_cap_mb, self.params[0], bucket_elements=bucket_elements))
-        # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy);
-        # stage 3: their own storage, because the full buffer is freed between uses.
-        self.pieces = [nn.Parameter(self.flat_param[b.start:b.stop].clone() if self.shard_params
-                                    else self.flat_param[b.start:b.stop]) for b in self.buckets]
+        self.policy = as_policy(mp_policy)
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: once
+        master = self._flatten(named, bucket_cap_mb, bucket_elements)
+        self.reduce_dtype = self.policy.reduce(master.dtype)
+        # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy); stage 3: their own
+        # storage, because the full buffer is freed between uses; mixed precision: fp32 master copies.
+        own = self.shard_params or self.policy.mixed
+        self.pieces = [nn.Parameter(master[b.start:b.stop].clone() if own else self.flat_param[b.start:b.stop])
+                       for b in self.buckets]
         self.optimizer = optimizer_fn([piece for piece in self.pieces if piece.numel()])
         self.flat_grad: torch.Tensor | None = None  # stage 1's full gradient buffer
         self.elements_reduce_scattered = 0
@@ -120,6 +120,7 @@ class ZeRO(nn.Module):
         self._next = 0          # stage 2-3: the next bucket to reduce-scatter in this backward
         self._steps = 0         # optimiser steps taken (the first one checks the ring's lengths)
         self._in_backward = False
+        self._reducing: torch.Tensor | None = None  # a bucket cast to reduce_dtype, while it is reduced
         if self.shard_grads:
             for i, p in enumerate(self.params):
                 p.register_hook(lambda grad, i=i: self._gradient_arrives(i))
@@ -127,44 +128,21 @@ class ZeRO(nn.Module):
         if self.shard_params:
             self._free_params()
 
-    def _flatten(self, named: list[tuple[str, nn.Parameter]]) -> None:
-        """Lay the parameters end to end in one flat buffer (each becomes a view into it)."""
-        if not named:
-            raise ValueError("the module has no trainable parameter: nothing to shard.")
-        dtypes = {p.dtype for _, p in named}
-        if len(dtypes) > 1:
-            raise ValueError(f"ZeRO here keeps one flat buffer, so all trainable parameters need one dtype "
-                             f"(found {sorted(map(str, dtypes))}).")
-        self.params = [p for _, p in named]
-        self.layout = [(name, tuple(p.shape)) for name, p in named]
-        self.numel = sum(p.numel() for p in self.params)
-        self.flat_param = torch.empty(self.numel, dtype=self.params[0].dtype)
-        offset = 0
-        self._views = []
-        for p in self.params:
-            n = p.numel()
-            self.flat_param[offset:offset + n].copy_(p.data.reshape(-1))
-            p.data = self.flat_param[offset:offset + n].view_as(p)
-            self._views.append((offset, n))
-            offset += n
+    def _flatten(self, named: list[tuple[str, nn.Parameter]], bucket_cap_mb, bucket_elements) -> torch.Tensor:
+        """The flat buffer in the compute dtype (the parameters become views of it) and its buckets.
 
-    def _make_buckets(self, capacity: int | None) -> None:
-        """Contiguous ranges of whole parameters, from the last parameter back (backward order)."""
-        self.buckets: list[_Bucket] = []
-        members: list[int] = []
-        for i in reversed(range(len(self.params))):
-            size = sum(self._views[j][1] for j in members)
-            if members and capacity is not None and size + self._views[i][1] > capacity:
-                self._close_bucket(members)
-                members = []
-            members.append(i)
-        self._close_bucket(members)
+        Returns the master copy: the parameters' own values in their own dtype, taken before any cast. With
+        mixed precision my segments of it are what the optimiser steps (fp32), never the rounded bf16 ones.
+        A bucket's megabytes count elements of the compute dtype, as DDP counts its gradients' bytes.
+        """
+        master = torch.cat([p.detach().reshape(-1) for _, p in named]) if named else None
+        dtype = self.policy.compute_dtype(named[0][1].dtype) if named else None
+        self.params, self.layout, self.flat_param, self._views = lay_flat(named, dtype)  # refuses no parameter
+        self.numel = self.flat_param.numel()
+        capacity = bucket_capacity(bucket_cap_mb, self.flat_param, bucket_elements=bucket_elements)
+        self.buckets = make_buckets(self._views, capacity, self.rank, self.world_size)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.members}
-
-    def _close_bucket(self, members: list[int]) -> None:
-        lo = self._views[members[-1]][0]
-        hi = self._views[members[0]][0] + self._views[members[0]][1]
-        self.buckets.append(_Bucket(lo, hi, members, self.rank, self.world_size))
+        return master
 
     @property
     def bucket_sizes(self) -> list[int]:
@@ -199,6 +177,8 @@ class ZeRO(nn.Module):
 
     # ---------------------------------------------------------------- forward / backward
     def forward(self, *args, **kwargs):
+        if self.policy.mixed and self.policy.cast_forward_inputs:
+            args, kwargs = cast_inputs(args, kwargs, self.flat_param.dtype)
         if self.shard_params:
             self._gather_params()
         if not self.shard_grads:  # stage 1: gradients accumulate into one full flat buffer (views per parameter)
@@ -207,6 +187,8 @@ class ZeRO(nn.Module):
             for p, (offset, n) in zip(self.params, self._views):
                 _attach(p, self.flat_grad[offset:offset + n])
         output = self.module(*args, **kwargs)
+        if self.policy.output_dtype is not None and isinstance(output, torch.Tensor):
+            output = output.to(self.policy.output_dtype)
         if self.shard_params:
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(self._before_backward)
@@ -254,10 +236,12 @@ class ZeRO(nn.Module):
         if bucket.grad is None:
             bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype)
         with self._span("comm", f"reduce-scatter bucket {b}"):
-            mine = self.comm.reduce_scatter(bucket.grad, group=self.group, **self._checks())
+            mine = self.comm.reduce_scatter(self._to_reduce(bucket.grad), group=self.group, **self._checks())
         self.elements_reduce_scattered += bucket.hi - bucket.lo
+        mine = mine.to(piece.dtype)  # mixed precision: the master's dtype (no copy when they agree)
         piece.grad = mine.clone() if piece.grad is None else piece.grad.add_(mine)
         self.peak.note(self.held_tensors())  # the full bucket and my segment exist together: the moment to measure
+        self._reducing = None
         for j in bucket.members:
             self.params[j].grad = None
         bucket.grad = None
@@ -280,9 +264,13 @@ class ZeRO(nn.Module):
             with self._span("comm", "reduce-scatter grads"):
                 for bucket, piece in zip(self.buckets, self.pieces):
                     # a view into the full gradient buffer, which stage 1 keeps
-                    piece.grad = self.comm.reduce_scatter(self.flat_grad[bucket.lo:bucket.hi], group=self.group,
-                                                          **self._checks())
+                    reduced = self.comm.reduce_scatter(self._to_reduce(self.flat_grad[bucket.lo:bucket.hi]),
+                                                       group=self.group, **self._checks())
+                    # fp32: a view into the full buffer, which stage 1 keeps; mixed: a copy, so the cast buffer goes
+                    piece.grad = reduced.to(piece.dtype, copy=self.policy.mixed)
                     piece.grad.div_(self.world_size)
+                    self.peak.note(self.held_tensors())  # a cast buffer and the result exist together
+                    self._reducing = None
             self.elements_reduce_scattered += self.numel
         with self._span("optimizer", "step"):
             self.optimizer.step()
@@ -292,6 +280,17 @@ class ZeRO(nn.Module):
         else:
             self._all_gather(self.flat_param)
         self._steps += 1
+
+    def _to_reduce(self, grad: torch.Tensor) -> torch.Tensor:
+        """``grad`` in the dtype gradients are summed in (``reduce_dtype``): a cast copy, or itself.
+
+        The copy is a whole bucket in ``reduce_dtype`` (fp32: twice a bf16 bucket), alive while it is reduced:
+        :meth:`held_tensors` counts it (``_reducing``) so the peak includes it.
+        """
+        if grad.dtype == self.reduce_dtype:
+            return grad
+        self._reducing = grad.to(self.reduce_dtype)
+        return self._reducing
 
     def _checks(self) -> dict:
         """Keyword arguments for chapter 01's ring: its length check only until the first step is done.
@@ -328,6 +327,10 @@ class ZeRO(nn.Module):
         grads = [self.flat_grad] if self.flat_grad is not None else []
         grads += [b.grad for b in self.buckets if b.grad is not None]
         grads += [piece.grad for piece in self.pieces if piece.grad is not None]
+        grads += [self._reducing] if self._reducing is not None else []
+        if self.policy.mixed:  # my segments are the fp32 master copy: optimiser state, as the ZeRO paper's K counts it
+            return {"params": [self.flat_param] + frozen, "grads": grads,
+                    "optimizer": list(self.pieces) + optimizer_tensors(self.optimizer)}
         return {"params": [self.flat_param, *self.pieces] + frozen,
                 "grads": grads,
                 "optimizer": optimizer_tensors(self.optimizer)}
@@ -339,56 +342,3 @@ def _attach(p: nn.Parameter, view: torch.Tensor) -> None:
     if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
         view.copy_(p.grad)
     p.grad = view
-
-
-class ZeroStrategy(Strategy):
-    """:class:`ZeRO` in the training loop: its optimiser steps my segments; ``step`` also communicates.
-
-    Buckets by the course's one rule (:mod:`coursekit.parallel.data.buckets`): ``bucket_cap_mb``
-    megabytes, or ``bucket_elements``. Defaults, chosen because every bucket costs one blocking ring
-    call (two for ZeRO-3's gathers) and each call has a fixed cost of its own:
-
-    * stage 1: DDP's 25 MB, one bucket for the course's models. Its gradients are all complete at the
-      end of backward anyway, so smaller buckets buy nothing -- 1 reduce-scatter and 1 all-gather per step.
-    * stages 2-3: ``megabytes(55_000)``, buckets of 55,000 float32 elements, two for the course
-      transformer (49,984 and 54,848): a rank still frees half the gradients before backward ends, with
-      2 ring calls per pass instead of the 6 that 25,000-element buckets cost. The course MLP is one bucket.
-    """
-
-    stage = 1
-    options = {"collectives": "ring", "bucket_cap_mb": DDP_BUCKET_CAP_MB, "bucket_elements": None}
-
-    def __init__(self, setup: Setup):
-        self.setup, self.tracer = setup, setup.tracer
-        self.group = setup.group("dp")
-        self.zero = ZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
-                         collectives=self.option("collectives"), tracer=setup.tracer,
-                         bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=self.option("bucket_elements"))
-        self.model, self.optimizer = self.zero, self.zero.optimizer
-        self.peak = self.zero.peak  # noted inside backward too (the loop adds its own moments)
-
-    def step(self) -> None:
-        self.zero.step()  # (stage 1: reduce-scatter), step my segments, all-gather (or free, stage 3)
-
-    def zero_grad(self) -> None:
-        self.zero.zero_grad()
-
-    def gradients(self) -> list[FlatShard]:
-        return self.zero.grad_shard()
-
-    def parameters(self) -> list[FlatShard]:
-        return self.zero.param_shard()
-
-    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
-        return self.zero.held_tensors()
-
-    def counters(self) -> dict:
-        return {"bucket_sizes": self.zero.bucket_sizes,
-                "elements_reduce_scattered": self.zero.elements_reduce_scattered,
-                "elements_all_gathered": self.zero.elements_all_gathered}
-
-
-for _stage in (1, 2, 3):
-    _options = dict(ZeroStrategy.options, bucket_cap_mb=DDP_BUCKET_CAP_MB if _stage == 1 else megabytes(55_000))
-    register(f"zero{_stage}")(type(f"Zero{_stage}", (ZeroStrategy,), {"stage": _stage, "options": _options,
-                                                                     "__doc__": f"ZeRO stage {_stage}."}))

@@ -1,0 +1,110 @@
+"""Mixed precision: compute in 16 bits, keep the master weights and the optimiser in 32 (issue 23).
+
+Every production trainer computes in bfloat16 (or float16) and keeps an fp32 copy of the weights: a 16-bit
+weight cannot take an update much smaller than itself (bf16 has 8 bits of mantissa: ``1 + 2**-9`` rounds
+to 1), so the optimiser steps the fp32 *master* copy and the 16-bit compute copy is cast from it after
+every step. That is where the ZeRO paper's bytes per parameter come from (Rajbhandari et al. 2020, §3.1):
+
+=================  ===========================  ===========================================
+what               bytes per parameter           ZeRO shards it from stage
+=================  ===========================  ===========================================
+16-bit parameters  2                            3
+16-bit gradients   2                            2
+optimiser state    K = 12: fp32 master (4),     1
+                   Adam's m and v (4 + 4)
+=================  ===========================  ===========================================
+
+:class:`MixedPrecision` names the choices as PyTorch's FSDP2 does (``torch.distributed.fsdp.
+MixedPrecisionPolicy``), so the same policy reads the same in both:
+
+* ``param_dtype``: the dtype the forward and backward compute in (the parameters are cast to it);
+  None keeps the parameters' own.
+* ``reduce_dtype``: the dtype gradients are summed over the ranks in. Summing G bf16 gradients in bf16
+  rounds at every step of the ring; ``torch.float32`` casts them up first (twice the bytes on the wire).
+  None: ``param_dtype``.
+* ``output_dtype``: the dtype the model's output is cast to (None: leave it), e.g. fp32 logits for the loss.
+* ``cast_forward_inputs``: cast floating-point inputs to ``param_dtype`` (token ids are left alone).
+
+    >>> policy = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32)
+    >>> policy.compute_dtype(torch.float32), policy.reduce(torch.float32)
+    (torch.bfloat16, torch.float32)
+    >>> as_policy("bf16") == policy
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["MixedPrecision", "as_policy", "cast_inputs"]
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Which dtype the model computes in, the gradients are reduced in, and the output is returned in.
+
+    The field names and their meaning are FSDP2's ``MixedPrecisionPolicy``'s; None everywhere is full
+    precision (the parameters' own dtype throughout).
+    """
+
+    param_dtype: torch.dtype | None = None
+    reduce_dtype: torch.dtype | None = None
+    output_dtype: torch.dtype | None = None
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self):
+        for name in ("param_dtype", "reduce_dtype", "output_dtype"):
+            dtype = getattr(self, name)
+            if dtype is not None and dtype not in FLOAT_DTYPES:
+                raise ValueError(f"MixedPrecision({name}={dtype!r}): use a floating-point dtype, one of "
+                                 f"{[str(d) for d in FLOAT_DTYPES]}, or None for the parameters' own.")
+
+    def compute_dtype(self, master: torch.dtype) -> torch.dtype:
+        """The dtype the forward and backward run in, for master weights of dtype ``master``."""
+        return self.param_dtype or master
+
+    def reduce(self, master: torch.dtype) -> torch.dtype:
+        """The dtype gradients are reduced in: ``reduce_dtype``, else the compute dtype."""
+        return self.reduce_dtype or self.compute_dtype(master)
+
+    @property
+    def mixed(self) -> bool:
+        """True when the model computes in another dtype than its master weights are kept in."""
+        return self.param_dtype is not None
+
+
+# The loss is taken on fp32 outputs in each (torchtitan casts the logits to float for its loss the same way).
+SHORTHANDS = {
+    "fp32": MixedPrecision(),
+    "bf16": MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32),
+    "bf16-reduce-bf16": MixedPrecision(param_dtype=torch.bfloat16, output_dtype=torch.float32),
+    "fp16": MixedPrecision(param_dtype=torch.float16, reduce_dtype=torch.float32, output_dtype=torch.float32),
+}
+
+
+def as_policy(precision: MixedPrecision | str | None) -> MixedPrecision:
+    """A :class:`MixedPrecision` from what ``train(..., precision=)`` accepts: a policy, a shorthand, or None.
+
+    Shorthands: ``"fp32"`` (None: full precision), ``"bf16"`` (bf16 compute, fp32 reduce: the usual choice),
+    ``"bf16-reduce-bf16"``, ``"fp16"`` (fp16 compute, fp32 reduce); each returns fp32 outputs for the loss.
+    (fp16 without loss scaling: small gradients underflow to 0 below 2**-24.)
+    """
+    if precision is None:
+        return SHORTHANDS["fp32"]
+    if isinstance(precision, MixedPrecision):
+        return precision
+    if isinstance(precision, str) and precision in SHORTHANDS:
+        return SHORTHANDS[precision]
+    raise ValueError(f"precision={precision!r}: pass a coursekit.parallel.data.MixedPrecision(param_dtype=..., "
+                     f"reduce_dtype=...) or one of {sorted(SHORTHANDS)}.")
+
+
+def cast_inputs(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with every floating-point tensor cast to ``dtype`` (token ids stay integers)."""
+    def cast(x):
+        return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+    return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
