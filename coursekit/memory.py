@@ -29,7 +29,7 @@ import torch
 from .collectives import owned_segment, segment_bounds
 
 __all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "expected_held_bytes", "shard_elements",
-           "peak_held_bytes", "comm_elements", "max_parameters"]
+           "peak_held_bytes", "mixed_peak_held_bytes", "comm_elements", "max_parameters"]
 
 # bytes per parameter: (parameters, gradients, optimiser state)
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
@@ -174,6 +174,38 @@ def peak_held_bytes(numel: int, n_tensors: int, world_size: int, rank: int, stag
     grads = 4 * numel if stage < 2 else 4 * max(size + sum(segments[:b + 1]) for b, size in enumerate(sizes))
     return {"params": 4 * (numel + sum(segments)) if stage == 3 else 4 * numel, "grads": grads,
             "optimizer": after["optimizer"]}
+
+
+def mixed_peak_held_bytes(numel: int, world_size: int, rank: int, stage: int, bucket_sizes: list[int] | None = None,
+                          reduce_bytes: int = 4) -> dict[str, int]:
+    """Each kind's peak during a step of ZeRO ``stage`` (1-3) with bf16 compute and fp32 Adam on my segments.
+
+    What ``train(..., "zeroN", precision="bf16")`` holds (:mod:`coursekit.parallel.data.precision`):
+
+    * parameters: the bf16 copy the model computes with, 2Ψ (ZeRO-3 gathers all of it while it computes);
+    * optimiser state, the ZeRO paper's K = 12 on my segments: the fp32 master, Adam's m and v, 12·Σseg,
+      plus a 4-byte step counter per segment;
+    * gradients: each bucket of bf16 gradients is cast to the reduce dtype (``reduce_bytes``: 4 for fp32, 2
+      for bf16 -- then no copy) just before it is reduced, and my fp32 segment made from the result. ZeRO-1
+      keeps its whole bf16 buffer and reduces bucket by bucket in the step: 2Ψ + max_b(c·size_b + 4·Σ_{k≤b}
+      seg_k); ZeRO-2/3 hold one bucket at a time during backward: max_b((2 + c)·size_b + 4·Σ_{k≤b} seg_k),
+      ``c`` = ``reduce_bytes`` when the cast copies, else 0.
+
+    Against fp32's 4Ψ + 4Ψ + 8Ψ, mixed precision moves bytes from the replicated kinds (parameters and
+    gradients: halved) to the sharded one (the master copy), so the larger N, the more it saves.
+    """
+    if stage not in (1, 2, 3):
+        raise ValueError(f"mixed_peak_held_bytes is for ZeRO stages 1-3 (got stage={stage!r}).")
+    sizes = [numel] if bucket_sizes is None else list(bucket_sizes)
+    segments = shard_elements(numel, world_size, rank, sizes)
+    cast = reduce_bytes if reduce_bytes != 2 else 0
+    so_far = [4 * sum(segments[:b + 1]) for b in range(len(sizes))]
+    if stage == 1:
+        grads = 2 * numel + max(cast * size + mine for size, mine in zip(sizes, so_far))
+    else:
+        grads = max((2 + cast) * size + mine for size, mine in zip(sizes, so_far))
+    return {"params": 2 * numel, "grads": grads,
+            "optimizer": 12 * sum(segments) + 4 * sum(1 for n in segments if n)}
 
 
 def comm_elements(psi: int, world_size: int, stage: int = 0) -> int:

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import coursekit
+from coursekit.memory import mixed_peak_held_bytes
 from coursekit.models import loss_fn
 from coursekit.parallel.data import MixedPrecision, as_policy, shard_batch
 from coursekit.train import make_model, train
@@ -188,3 +189,5 @@ def test_peak_bytes_per_stage_are_the_mixed_precision_formulas(precision):
                 f"rank {r}, ZeRO-{stage}: fp32 master + Adam's m, v on my segments, {peak['optimizer']}"
             assert peak["grads"] == expected[stage], \
                 f"rank {r}, ZeRO-{stage} {precision}: gradient peak {peak['grads']} != {expected[stage]}"
+            library = mixed_peak_held_bytes(psi, world_size, r, stage, sizes, reduce_bytes=4 if cast else 2)
+            assert {k: peak[k] for k in library} == library, f"rank {r}, ZeRO-{stage}: coursekit.memory's formula"

@@ -107,7 +107,6 @@ class ZeRO(nn.Module):
         self.policy = as_policy(mp_policy)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: once
         master = self._flatten(named, bucket_cap_mb, bucket_elements)
-        self.reduce_dtype = self.policy.reduce(master.dtype)
         # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy); stage 3: their own
         # storage, because the full buffer is freed between uses; mixed precision: fp32 master copies.
         own = self.shard_params or self.policy.mixed
@@ -133,13 +132,16 @@ class ZeRO(nn.Module):
 
         Returns the master copy: the parameters' own values in their own dtype, taken before any cast. With
         mixed precision my segments of it are what the optimiser steps (fp32), never the rounded bf16 ones.
-        A bucket's megabytes count elements of the compute dtype, as DDP counts its gradients' bytes.
+        A bucket's megabytes count the buffer that is reduced (``reduce_dtype``), as DDP's count the buffer it
+        all-reduces: with an fp32 reduce a bucket holds as many elements as in an fp32 run.
         """
         master = torch.cat([p.detach().reshape(-1) for _, p in named]) if named else None
         dtype = self.policy.compute_dtype(named[0][1].dtype) if named else None
         self.params, self.layout, self.flat_param, self._views = lay_flat(named, dtype)  # refuses no parameter
         self.numel = self.flat_param.numel()
-        capacity = bucket_capacity(bucket_cap_mb, self.flat_param, bucket_elements=bucket_elements)
+        self.reduce_dtype = self.policy.reduce(master.dtype)
+        capacity = bucket_capacity(bucket_cap_mb, torch.empty(0, dtype=self.reduce_dtype),
+                                   bucket_elements=bucket_elements)
         self.buckets = make_buckets(self._views, capacity, self.rank, self.world_size)
         self._bucket_of = {i: b for b, bucket in enumerate(self.buckets) for i in bucket.members}
         return master
