@@ -23,7 +23,7 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 
 # In this order: the strategies register with the training loop in the order chapter 02 meets them.
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
-from .precision import MixedPrecision, as_policy, cast_inputs
+from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs
 from .flat import Bucket, lay_flat, make_buckets
 from .averaging import Bucketed, DataParallel, Naive, average_gradients, broadcast_parameters, shard_batch
 from .torch import FSDP2ParameterBytes, TorchDDP, TorchFSDP, TorchZeRO1, optimizer_class_and_defaults
@@ -33,7 +33,7 @@ from .units import CommThread, Job, Unit, default_units, gather_whole, plan_unit
 from .fsdp import ShardedUnits, Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 
-__all__ = ["DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs",
+__all__ = ["DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler",
            "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",

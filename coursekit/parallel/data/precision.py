@@ -34,11 +34,11 @@ MixedPrecisionPolicy``), so the same policy reads the same in both:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MixedPrecision", "as_policy", "cast_inputs"]
+__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -90,8 +90,8 @@ def as_policy(precision: MixedPrecision | str | None) -> MixedPrecision:
     """A :class:`MixedPrecision` from what ``train(..., precision=)`` accepts: a policy, a shorthand, or None.
 
     Shorthands: ``"fp32"`` (None: full precision), ``"bf16"`` (bf16 compute, fp32 reduce: the usual choice),
-    ``"bf16-reduce-bf16"``, ``"fp16"`` (fp16 compute, fp32 reduce); each returns fp32 outputs for the loss.
-    (fp16 without loss scaling: small gradients underflow to 0 below 2**-24.)
+    ``"bf16-reduce-bf16"``, ``"fp16"`` (fp16 compute, fp32 reduce; ZeRO adds a dynamic :class:`LossScaler`);
+    each returns fp32 outputs for the loss.
     """
     if precision is None:
         return SHORTHANDS["fp32"]
@@ -108,3 +108,45 @@ def cast_inputs(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, d
     def cast(x):
         return x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
     return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+
+@dataclass
+class LossScaler:
+    """Dynamic loss scaling for fp16, as ``torch.amp.GradScaler`` does it (the same names and defaults).
+
+    fp16 has 5 exponent bits: gradients below 2**-24 flush to zero and the largest number is 65,504. So the
+    backward runs on the loss times ``scale`` (gradients scaled into fp16's range), and the optimiser gets
+    them divided back. When a gradient overflowed (inf or NaN anywhere, on any rank) the step is *skipped*
+    and the scale cut by ``backoff_factor``; after ``growth_interval`` good steps in a row it grows by
+    ``growth_factor``. bf16 has fp32's 8 exponent bits and needs none of this.
+
+        >>> scaler = LossScaler(init_scale=8.0, growth_interval=2)
+        >>> [scaler.update(found_inf) or scaler.scale for found_inf in (True, False, False, False)]
+        [4.0, 4.0, 8.0, 8.0]
+    """
+
+    init_scale: float = 2.0 ** 16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    scale: float = field(init=False)
+    skipped: int = field(init=False, default=0)   # steps skipped so far (an overflow somewhere)
+    _good: int = field(init=False, default=0)     # good steps since the last change of scale
+
+    def __post_init__(self):
+        self.scale = float(self.init_scale)
+
+    def scale_gradient(self, grad: torch.Tensor) -> torch.Tensor:
+        """A hook on the model's output: the gradient entering backward, times the scale (= a scaled loss)."""
+        return grad * self.scale
+
+    def update(self, found_inf: bool) -> None:
+        """After a step: back off on an overflow (the step was skipped), grow after enough good steps."""
+        if found_inf:
+            self.scale *= self.backoff_factor
+            self._good, self.skipped = 0, self.skipped + 1
+            return
+        self._good += 1
+        if self._good == self.growth_interval:
+            self.scale *= self.growth_factor
+            self._good = 0

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 
 from ...collectives import RING, Collectives, get_collectives
@@ -25,7 +26,7 @@ from ...memory import PeakMemory
 from .averaging import broadcast_parameters
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 from .flat import lay_flat, make_buckets
-from .precision import MixedPrecision, as_policy, cast_inputs
+from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs
 
 __all__ = ["ZeRO"]
 
@@ -73,6 +74,8 @@ class ZeRO(nn.Module):
     flat buffer -- what the module computes with and what is all-gathered -- is in ``param_dtype``; my
     segments are an fp32 *master* copy the optimiser steps, cast into the buffer after each step;
     gradients are cast to ``reduce_dtype`` before each reduce-scatter and kept in fp32 on my segments.
+    With fp16 a :class:`~coursekit.parallel.data.LossScaler` (dynamic, by default) scales the backward and
+    skips a step whose gradients overflowed on any rank.
 
     Buckets are reduce-scattered in bucket order on every rank (a bucket waits
     for the earlier ones), and the end of backward sends the buckets no hook
@@ -91,7 +94,7 @@ class ZeRO(nn.Module):
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
                  stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None,
                  bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None,
-                 mp_policy: MixedPrecision | str | None = None):
+                 mp_policy: MixedPrecision | str | None = None, loss_scaler: LossScaler | None = None):
         super().__init__()
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1 (optimiser state), 2 (+ gradients) or 3 (+ parameters); "
@@ -105,6 +108,9 @@ class ZeRO(nn.Module):
         self.rank, self.world_size = rank_size(group)
         self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
         self.policy = as_policy(mp_policy)
+        fp16 = self.policy.param_dtype == torch.float16
+        self.scaler = loss_scaler if loss_scaler is not None else (LossScaler() if fp16 else None)
+        self.inf_checks = 0     # all-reduces of the overflow flag (one per step with a loss scaler)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: once
         master = self._flatten(named, bucket_cap_mb, bucket_elements)
         # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy); stage 3: their own
@@ -191,6 +197,8 @@ class ZeRO(nn.Module):
         output = self.module(*args, **kwargs)
         if self.policy.output_dtype is not None and isinstance(output, torch.Tensor):
             output = output.to(self.policy.output_dtype)
+        if self.scaler is not None and isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(self.scaler.scale_gradient)  # backward of (loss × scale)
         if self.shard_params:
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(self._before_backward)
@@ -275,13 +283,34 @@ class ZeRO(nn.Module):
                     self._reducing = None
             self.elements_reduce_scattered += self.numel
         with self._span("optimizer", "step"):
-            self.optimizer.step()
+            if self._unscale_and_check():
+                self.optimizer.step()
         self.peak.note(self.held_tensors())  # the optimiser state exists from the first step on
         if self.shard_params:
             self._free_params()  # gathered again at the next forward
         else:
             self._all_gather(self.flat_param)
         self._steps += 1
+
+    def _unscale_and_check(self) -> bool:
+        """With a loss scaler: divide my segments' gradients by the scale and tell whether to step.
+
+        Each rank sees only its segments, so whether *any* gradient overflowed is one all-reduce of a flag
+        (``inf_checks`` counts them): every rank skips the same steps and the scale stays the same everywhere.
+        """
+        if self.scaler is None:
+            return True
+        bad = torch.zeros(1)
+        for piece in self.pieces:
+            if piece.grad is not None:
+                piece.grad.mul_(1.0 / self.scaler.scale)
+                bad += (~torch.isfinite(piece.grad)).any().float()
+        if self.world_size > 1:
+            dist.all_reduce(bad, group=self.group)
+        self.inf_checks += 1
+        found_inf = bool(bad.item())
+        self.scaler.update(found_inf)
+        return not found_inf
 
     def _to_reduce(self, grad: torch.Tensor) -> torch.Tensor:
         """``grad`` in the dtype gradients are summed in (``reduce_dtype``): a cast copy, or itself.

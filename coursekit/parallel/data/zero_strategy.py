@@ -31,7 +31,8 @@ class ZeroStrategy(Strategy):
     """
 
     stage = 1
-    options = {"collectives": "ring", "bucket_cap_mb": DDP_BUCKET_CAP_MB, "bucket_elements": None, "precision": None}
+    options = {"collectives": "ring", "bucket_cap_mb": DDP_BUCKET_CAP_MB, "bucket_elements": None, "precision": None,
+               "loss_scaler": None}
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer = setup, setup.tracer
@@ -39,7 +40,7 @@ class ZeroStrategy(Strategy):
         self.zero = ZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
                          collectives=self.option("collectives"), tracer=setup.tracer,
                          bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=self.option("bucket_elements"),
-                         mp_policy=self.option("precision"))
+                         mp_policy=self.option("precision"), loss_scaler=self.option("loss_scaler"))
         self.model, self.optimizer = self.zero, self.zero.optimizer
         self.peak = self.zero.peak  # noted inside backward too (the loop adds its own moments)
 
@@ -61,7 +62,10 @@ class ZeroStrategy(Strategy):
     def counters(self) -> dict:
         return {"bucket_sizes": self.zero.bucket_sizes,
                 "elements_reduce_scattered": self.zero.elements_reduce_scattered,
-                "elements_all_gathered": self.zero.elements_all_gathered}
+                "elements_all_gathered": self.zero.elements_all_gathered,
+                "inf_checks": self.zero.inf_checks,
+                "loss_scale": None if self.zero.scaler is None else self.zero.scaler.scale,
+                "skipped_steps": 0 if self.zero.scaler is None else self.zero.scaler.skipped}
 
 
 for _stage in (1, 2, 3):
