@@ -481,6 +481,132 @@ print(f"whole model at once (\"zero3\"), by the formula (not measured here): pea
 # Prefetch costs one block of memory and buys overlap: the next gather travels while this block
 # computes. The traffic is still exactly 3(N−1)Ψ per step, counted in `tests/test_parallel_fsdp.py`.
 #
+# ## Mixed precision: 2 + 2 + 12 bytes per parameter, measured
+#
+# Real runs compute in **bfloat16** and keep an **fp32 master copy** of the weights for the optimiser: a
+# bf16 number has 8 significant bits, so a weight of 1 cannot take an update smaller than 2⁻⁸ (the cell
+# below shows `1 + 2**-9` rounding back to 1 in bf16), and Adam's updates are often that small. So the
+# optimiser steps the fp32 master and the bf16 copy the model computes with is cast from it after every
+# step. The ZeRO paper counts 2Ψ (bf16 parameters) + 2Ψ (bf16 gradients) + 12Ψ (the fp32 master and
+# Adam's m and v: K = 12) — the same 16Ψ as fp32's 4 + 4 + 8, but *where* the bytes sit changes: the master
+# copy is optimiser state, which ZeRO shards from stage 1 on.
+#
+# `train(..., "zero2", precision="bf16")` runs exactly that (`coursekit.parallel.data.MixedPrecision`, whose
+# fields are FSDP2's `MixedPrecisionPolicy`'s: `param_dtype=bf16`, `reduce_dtype=fp32`). The gradients are
+# cast to fp32 bucket by bucket just before they are reduced — summing G bf16 numbers in bf16 rounds at
+# every step of the ring — and that cast copy of one bucket is part of the peak. Below: the same ZeRO
+# stages as above, fp32 against bf16 with an fp32 and with a bf16 reduce, on the same ranks; bars at the peak, black ticks from the formulas
+# (`coursekit.memory.peak_held_bytes` and `mixed_peak_held_bytes`). The tests also check ZeRO-3 in bf16
+# against FSDP2 with the same policy, step by step (`tests/test_parallel_data_precision.py`).
+
+# %% tags=["nbval-check-output"]
+from coursekit.memory import mixed_peak_held_bytes
+
+print("1 + 2**-9 in bf16:", (torch.tensor(1.0, dtype=torch.bfloat16) + 2**-9).item(),
+      "  in fp32:", (torch.tensor(1.0) + 2**-9).item())
+
+# %%
+PRECISIONS = {"fp32": "fp32", "bf16": "bf16, fp32 reduce", "bf16-reduce-bf16": "bf16, bf16 reduce"}
+
+
+def mixed_peaks(rank, world_size):
+    out = {}
+    for precision in PRECISIONS:
+        for stage in (1, 2, 3):
+            result = train(rank, world_size, f"zero{stage}", model="transformer", steps=1, global_batch=8,
+                           record=False, count_traffic=True, precision=precision)
+            out[precision, stage] = (result["peak_memory"], result["bucket_sizes"], result["traffic"])
+    return out
+
+
+mp_runs = coursekit.launch(mixed_peaks, MEMORY_RANKS, timeout=300)
+kinds = ("params", "grads", "optimizer")
+bars, ticks, sent, exact = {}, {}, {}, True
+for stage in (1, 2, 3):
+    for precision, name in PRECISIONS.items():
+        label = f"ZeRO-{stage}\n{name.replace(', ', chr(10))}"
+        bars[label] = {k: mp_runs[0][precision, stage][0][k] for k in kinds}
+        sent[label] = sum(mp_runs[r][precision, stage][2].total_bytes for r in range(MEMORY_RANKS))
+        for r in range(MEMORY_RANKS):
+            peak, sizes, _ = mp_runs[r][precision, stage]
+            f = (peak_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, sizes) if precision == "fp32" else
+                 mixed_peak_held_bytes(psi, MEMORY_RANKS, r, stage, sizes, reduce_bytes=4 if precision == "bf16" else 2))
+            exact &= all(peak[k] == f[k] for k in kinds)
+            if r == 0:
+                ticks[label] = sum(f[k] for k in kinds)
+fig, ax = plt.subplots(figsize=(12, 4.2))
+draw_memory(bars, formula=ticks, ax=ax, title=f"at the peak during the step: rank 0 of {MEMORY_RANKS}, Ψ = {psi:,}; "
+            f"bf16 runs keep an fp32 master (optimizer) and reduce in fp32 or bf16")
+ax.tick_params(axis="x", labelsize=7)
+plt.show()
+
+# %% tags=["nbval-check-output"]
+print(f"every rank, every kind, equal to its formula: {exact}")
+print(f"\n{'':<29} {'params':>8} {'grads':>8} {'optimizer':>10} {'total':>9}   bytes sent per step, all ranks")
+for label, held in bars.items():
+    print(f"{label.replace(chr(10), ' '):<29} {held['params']:>8} {held['grads']:>8} {held['optimizer']:>10} "
+          f"{sum(held.values()):>9}   {sent[label]:>9,} = {sent[label] / ((MEMORY_RANKS - 1) * psi):g}(N−1)Ψ")
+
+# %% [markdown]
+# Read the rows in threes. The bf16 parameters are half of fp32's (ZeRO-3's, less than half: its peak is the
+# gathered bf16 copy, and its fp32 segments now count as the optimiser's master). The optimiser state *grows* by the
+# fp32 master: 12 bytes per element of my segments instead of Adam's 8 (the paper's K = 12). The gradients
+# show what `reduce_dtype` costs: with an fp32 reduce each bucket is cast to fp32 just before it is reduced,
+# and that copy (4 bytes per element) sits beside its bf16 original (2), so the gradient peak is *above*
+# fp32's — ZeRO-1 casts its single bucket whole; ZeRO-2/3 one bucket at a time. Reducing in bf16 needs no
+# copy and puts the gradient peak below fp32's, at the price of summing in bf16 (measured below). On the
+# wire: fp32 sends 8(N−1)Ψ bytes a step (ZeRO-3 12), bf16 with an fp32 reduce 6 (8), all bf16 4 (6) — the
+# reduce-scatter in `reduce_dtype`, the all-gathers in bf16. At N = 4 the totals show both sides: with an
+# fp32 reduce ZeRO-1 holds about a fifth *more* than in fp32 and ZeRO-2 about the same, while every
+# bf16-reduce row holds less (12–21%). The
+# sharded kinds shrink as 1/N and the replicated bf16 copy (with ZeRO-1, its bf16 gradients too) is what
+# remains, so the larger N, the more mixed precision saves: with a bf16 reduce ZeRO-1 holds the paper's
+# 2Ψ + 2Ψ + 12Ψ/N, plus the fp32 gradients of my segments (4Ψ/N).
+#
+# What does a bf16 reduce cost in accuracy? Each of the ring's G − 1 additions rounds its partial sum to
+# bf16's 8 significant bits. Below, every rank holds a random bf16 "gradient" of 100,000 elements; chapter
+# 01's ring sums them in bf16 and, beside it, in fp32; the exact sum of the same values (in float64) is the
+# reference.
+
+# %% tags=["nbval-check-output"]
+from coursekit.collectives import get_collectives
+import torch.distributed as dist
+
+
+def bf16_reduce_error(rank, world_size, numel=100_000):
+    torch.manual_seed(rank)
+    grad = torch.randn(numel).to(torch.bfloat16)   # this rank's gradient, already in bf16
+    exact = grad.double()
+    if world_size > 1:
+        dist.all_reduce(exact)                     # the exact sum of the same values
+    errors = []
+    for dtype in (torch.bfloat16, torch.float32):
+        summed = grad.to(dtype, copy=True)  # a copy: the ring adds in place
+        get_collectives("ring").all_reduce(summed)  # chapter 01's ring, adding in dtype
+        relative = (summed.double() - exact).abs() / exact.abs().clamp_min(1e-12)
+        errors += [relative.median().item(), relative.quantile(0.99).item()]
+    return errors
+
+
+print(f"{'G':>2}  relative error of the sum: bf16 median, 99th percentile   fp32 median, 99th percentile")
+for g in range(1, MEMORY_RANKS + 1):
+    bf16_median, bf16_p99, fp32_median, fp32_p99 = coursekit.launch(bf16_reduce_error, g, timeout=120)[0]
+    print(f"{g:>2}  {bf16_median:>30.2e} {bf16_p99:>10.2e}   {fp32_median:>13.2e} {fp32_p99:>10.2e}")
+
+# %% [markdown]
+# The bf16 error grows with G: every extra rank adds one more rounding of a larger sum. The fp32 sums are
+# exact here: a sum of a few bf16 numbers fits in fp32's 24 significant bits. That is why
+# `reduce_dtype=torch.float32` is the usual choice (FSDP2's and the `"bf16"` shorthand's) and why it costs
+# what the table above showed: a cast bucket, and 4 bytes per element on the wire instead of 2.
+#
+# fp16 has fp32's mantissa problem *and* a narrow range (5 exponent bits: nothing above 65,504, gradients
+# below 2⁻²⁴ become 0), so it also needs **loss scaling**: backward runs on the loss times a scale, the
+# gradients are divided back before the step, and a step whose gradients overflowed anywhere is skipped
+# with the scale halved (`coursekit.parallel.data.LossScaler`, `torch.amp.GradScaler`'s rule; with sharded
+# gradients "anywhere" is one all-reduce of a flag). `train(..., "zero2", precision="fp16")` does it; the
+# tests check it skips exactly the steps `GradScaler` skips. (Mixed precision for plain data parallelism and
+# for `"zero3_units"` is not built yet.)
+#
 # ## Where plain data parallelism stops fitting
 #
 # The same formulas at real scale ([model state](../docs/glossary.md#model-states) only; activations come on top). With mixed-precision
