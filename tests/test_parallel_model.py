@@ -95,6 +95,21 @@ def test_the_chain_one_rank_busy_at_a_time(runs):
     assert idle == {0, 1}, f"ranks that waited: {idle}"
 
 
+def test_every_wait_is_drawn_the_end_of_step_sync_too(runs):
+    """Rank 1 (the last) broadcasts the loss, which rank 0 joins only after its backward: rank 1's longest wait,
+    drawn as an idle span after its last backward of each step, and so on rank 0. Planted bug seen failing: the
+    end-of-step sync not traced (chapter 03's timeline left it blank): 'rank 0: 0 end-of-step waits in 3 steps';
+    the sends not traced (a send that blocks in gloo was blank): 'rank 0: 0 sends drawn in 3 steps'."""
+    spans: list[Span] = runs[2][1][0][0]["spans"]
+    for rank in (0, 1):
+        syncs = [s for s in spans if s.rank == rank and s.kind == "idle" and s.name == "end-of-step sync"]
+        backwards = sorted(s.end for s in spans if s.rank == rank and s.kind == "backward")
+        assert len(syncs) == MLP["steps"], f"rank {rank}: {len(syncs)} end-of-step waits in {MLP['steps']} steps"
+        assert all(any(b <= sync.start for b in backwards) for sync in syncs)  # each after a backward of the step
+        sends = [s for s in spans if s.rank == rank and s.kind == "idle" and s.name.startswith("send ")]
+        assert len(sends) == MLP["steps"], f"rank {rank}: {len(sends)} sends drawn in {MLP['steps']} steps"
+
+
 def test_elements_sent_per_step_match_the_formula(runs):
     """Forward, B·S·d activations over each of the p−1 boundaries; backward, their gradients; plus the tied
     embedding's V·d gradient both ways between the first and the last rank. Shape headers are control traffic,

@@ -10,24 +10,40 @@
 # Backward, rank 1 computes the gradient of the loss with respect to the activations it received and sends
 # it **back**; rank 0 continues the backward pass from there. Now you write both halves.
 #
-# **`first_stage(stage, inputs)`** runs on rank 0 (returns nothing):
+# **The task.** Write the two halves of one training step of this two-stage network, one function per rank:
+#
+# * **`first_stage(stage, inputs)`** on rank 0 (returns nothing): run the hidden layer on the inputs, and by
+#   the end its parameters must hold their gradients — as if the whole network had run backward here;
+# * **`second_stage(stage, targets, loss_fn, shape) -> loss`** on rank 1: run the output layer and the loss
+#   (with the `loss_fn` you are given: it is scaled for micro-batches), fill the output layer's gradients,
+#   and return the loss.
+#
+# **What crosses between the ranks** — two messages per call, nothing else: the hidden activations,
+# `(batch, hidden)` = `shape`, from rank 0 to rank 1; and the gradient of the loss with respect to those
+# activations, the same shape, from rank 1 back to rank 0. Autograd cannot follow a tensor into another
+# process, so only numbers cross: each rank must turn what it receives into something its own autograd
+# can use, and a receiver must have a buffer of the right shape before the data arrives.
+#
+# <details>
+# <summary><b>Hint: the steps, one by one</b> (open it only if you are stuck)</summary>
+#
+# Rank 0 (`first_stage`):
 #
 # 1. `activations = stage(inputs)`;
-# 2. send them to rank 1: `comm.send(activations.detach(), dst=1)`. Only the numbers cross to the other
-#    process — autograd cannot follow a tensor there — so send them *detached*, and keep `activations`
-#    (still part of rank 0's graph) for step 4;
-# 3. receive the gradient of the loss with respect to the activations: a buffer of the same shape,
-#    `grad = torch.empty_like(activations)`, then `comm.recv(grad, src=1)`, from the rank that computed it;
-# 4. continue backward from it: `activations.backward(grad)` fills the gradients of rank 0's layers.
+# 2. send them to rank 1 *detached* (`comm.send(activations.detach(), dst=1)`), and keep `activations`,
+#    still part of rank 0's graph, for step 4;
+# 3. receive their gradient into a buffer of the same shape: `grad = torch.empty_like(activations)`, then
+#    `comm.recv(grad, src=1)`;
+# 4. continue backward from it: `activations.backward(grad)` fills the gradients of rank 0's layer.
 #
-# **`second_stage(stage, targets, loss_fn, shape) -> loss`** runs on rank 1:
+# Rank 1 (`second_stage`):
 #
-# 1. receive the activations into `inputs = torch.empty(shape)` (a receiver must allocate its buffer before
-#    the data arrives, so it must know the shape: here `(batch, hidden)`, given to you);
+# 1. receive the activations into `inputs = torch.empty(shape)`;
 # 2. make them a leaf that requires grad, `inputs.requires_grad_()`, so that autograd computes `inputs.grad`;
-# 3. `loss = loss_fn(stage(inputs), targets)` (use the `loss_fn` you are given: it is scaled for micro-batches),
-#    then `loss.backward()`;
-# 4. send `inputs.grad` back to the rank the activations came from, and return `loss`.
+# 3. `loss = loss_fn(stage(inputs), targets)`, then `loss.backward()`;
+# 4. send `inputs.grad` back to rank 0, and return `loss`.
+#
+# </details>
 #
 # **The tools**: `from coursekit import comm`: `comm.send(tensor, dst=...)`, `comm.recv(tensor, src=...)`
 # (blocking; `comm.isend`/`comm.irecv` return a work object to `.wait()` on). While grading,

@@ -12,8 +12,8 @@
 #
 # 1. the two-layer network on two ranks, proven equal to one process (loss, every gradient, every weight);
 # 2. a measured timeline: each rank idle while it waits for the other (**P3**), as a fraction of the step;
-# 3. what it buys — parameter bytes per rank for the course transformer on 2–4 ranks — and how to cut the
-#    layers: balanced by parameter count or by measured time;
+# 3. what it buys — bytes per rank (parameters, gradients, optimiser state, activations) for the course
+#    transformer on 2–4 ranks — and how to cut the layers: balanced by parameter count or by measured time;
 # 4. what it costs: every element sent, counted against its formula;
 # 5. why that is a chain and a bottleneck, and what chapters 04 and 05 do about it.
 #
@@ -34,11 +34,12 @@ import os
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn as nn
 
 import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, TeacherData, count_parameters, tiny_mlp, tiny_transformer
-from coursekit.parallel.pipeline import layer_costs, layers, partition, split  # registers "model", "torch_pipeline"
+from coursekit.parallel.pipeline import layer_costs, layers, partition, split, stage_costs  # registers "model"
 from coursekit.trace import busy_time, overlap_length, union_length
 from coursekit.train import train
 from coursekit.verify import compare
@@ -110,9 +111,17 @@ print("losses:", "same on both ranks" if proof_runs[0]["losses"] == proof_runs[1
 # ## The timeline: one rank works, the other waits (P3)
 #
 # To see the chain, the two layers must take measurable time: the same two-layer network, wider
-# (`WIDTH` → `WIDTH` → `WIDTH`, so that both layers cost the same), a batch of `TIMELINE_BATCH`, traced.
-# Each rank gets one row: forward, backward and the optimiser step on top, the receives it waits in
-# (grey, *idle*) — the communication lane underneath shows the same waits, from the call to the arrival.
+# (`WIDTH` → `WIDTH` → `WIDTH`: two weight matrices of the same size), a batch of `TIMELINE_BATCH`, traced.
+# The same size is *not* the same work, and the run below shows it: stage 0's input is the data, which
+# needs no gradient, so its backward skips the input-gradient matrix multiply (one of its three); stage 1
+# computes the loss over `WIDTH` classes (a softmax and its gradient) and both gradient multiplies of its
+# layer. So rank 1 computes longer per step than rank 0 (the per-step line further down gives both).
+#
+# Each rank gets one row: forward, backward and the optimiser step on top, and every wait (grey, *idle*):
+# the receives, the sends (a non-blocking send still spends its call handing the tensor to gloo, which
+# can take milliseconds), and the end of the step, where each rank waits for its sends and for the loss broadcast —
+# which the rank that is done first must wait in until the other has finished its backward. The
+# communication lane underneath shows the same waits, from the call to the arrival.
 
 # %%
 wide = lambda: tiny_mlp(n_layers=2, d_in=WIDTH, d_hidden=WIDTH, d_out=WIDTH, seed=0)  # noqa: E731
@@ -137,11 +146,11 @@ plt.show()
 # %% [markdown]
 # Measured over every step but the first: for each rank, the share of the wall-clock time it spent
 # computing (forward + backward) and in its optimiser step; the rest it was **idle** — not computing. Of
-# that idle time, the part spent blocked in a receive is traced (grey above); the remainder is the sends
-# themselves, the loss broadcast at the end of the step (where a rank that is done waits for the other),
-# the work around forward and backward that one process does too (building the batch, `zero_grad`, the
-# memory bookkeeping) and Python between the calls. And the share of the time during which **both**
-# ranks computed at once.
+# that idle time, the part spent blocked is traced (grey above): in a send or a receive, and in the end-of-step sync
+# (its sends, the loss broadcast, in which the rank that is done waits for the other). The remainder is the
+# work around forward and backward that one process does too (building the batch, `zero_grad`, the memory
+# bookkeeping) and Python between the calls. And the share of the time during which **both** ranks
+# computed at once.
 
 # %%
 window = end - begin
@@ -151,8 +160,11 @@ idle = {}
 for r in (0, 1):
     computing, stepping = union_length(compute[r]) / window, busy_time(steady, "optimizer", r) / window
     idle[r] = 1 - computing - stepping
+    sync = sum(s.duration for s in steady if s.rank == r and s.kind == "idle" and s.name == "end-of-step sync")
+    blocked = busy_time(steady, "idle", r)
     print(f"rank {r} (GPU {r + 1}): computing {computing:5.1%}, optimiser step {stepping:5.1%}, idle {idle[r]:5.1%} "
-          f"of the step; blocked in a receive {busy_time(steady, 'idle', r) / window:5.1%} of the step")
+          f"of the step; blocked in a send or receive {(blocked - sync) / window:5.1%}, in the end-of-step sync "
+          f"{sync / window:5.1%}")
 both = overlap_length(compute[0], compute[1]) / window
 print(f"both ranks computing at the same time: {both:.1%} of the step")
 print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of each step; the two computed "
@@ -178,6 +190,8 @@ n_steps = len(forwards[0]) - 1
 per_step = {r: union_length(compute[r]) / n_steps * 1e3 for r in (0, 1)}
 print(f"per step: rank 0 computed {per_step[0]:.1f} ms, rank 1 {per_step[1]:.1f} ms (both at once {both:.1%} of the "
       f"time); summed: {per_step[0] + per_step[1]:.1f} ms of computing in a step of {window / n_steps * 1e3:.1f} ms")
+print(f"two weight matrices of the same size, not the same work: rank 1 computed {per_step[1] / per_step[0]:.2f}x "
+      f"rank 0's time (stage 1 computes the loss and its input's gradient; stage 0 does not need its input's)")
 
 # %% [markdown]
 # The two stages' work is the work of one process (the same layers on the same batch), and since the
@@ -222,7 +236,7 @@ print(f"Ψ = {psi:,} distinct parameters (the tied 16×64 matrix counts in both 
 # Now the course transformer trained for real on 2, 3 and 4 ranks, cut both ways. Each rank holds only
 # its own stage's parameters (the others' are released), and `train` measures what it holds
 # (`memory`, and `peak_memory` for the most during the step). Bytes of parameters per rank, measured,
-# against the formula 4 bytes × the parameters of the stage's layers:
+# against the formula 4 bytes × the parameters of the stage's layers; then everything a rank holds.
 
 # %%
 STAGED_STEPS = 3
@@ -260,12 +274,61 @@ for g in MEMORY_RANKS:
           f"{max(held) / (4 * psi / g):.2f}")
 
 # %% [markdown]
+# Parameters are not all a rank holds. Training also keeps each parameter's gradient (4 bytes) and Adam's
+# two moments (8 bytes, plus a step counter per tensor), measured at their peak during the step
+# (`peak_memory`), and the **activations**
+# its layers save for backward — measured here with `torch.autograd.graph.saved_tensors_hooks`: the bytes
+# autograd keeps between each stage's forward and its backward, for one batch of `GLOBAL_BATCH` sequences
+# (weights excluded: they are counted as parameters). Each stage keeps only its own layers' activations,
+# plus the tensor it received.
+
+# %%
+def activation_bytes(stages, x):
+    """Bytes autograd saves for backward in each stage's forward (each storage once, weights excluded)."""
+    out = []
+    for stage in stages:
+        weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+        saved = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = x.detach().requires_grad_(x.is_floating_point())
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            x = stage(x)
+        out.append(sum(saved.values()))
+    return out
+
+
+tokens = LanguageData().batch(0, GLOBAL_BATCH)[0]
+whole = activation_bytes([nn.Sequential(*(layer for _, layer in layers(tiny_transformer(seed=0))))], tokens)[0]
+kinds = ("params", "grads", "optimizer")
+print(f"one process: {4 * psi:,} B parameters, {4 * psi:,} B gradients, {8 * psi:,} B Adam state, "
+      f"{whole:,} B activations\n")
+print(f"{'ranks':>5}  {'rank':>4}  {'layers':<18} {'params':>8} {'grads':>8} {'Adam':>8} {'activations':>12} "
+      f"{'total':>9}  of one process")
+for g in MEMORY_RANKS:
+    sizes = cuts[(g, "params")]
+    acts = activation_bytes(split(tiny_transformer(seed=0), g, layers_per_stage=sizes), tokens)
+    start = 0
+    for r, run in enumerate(runs[(g, "params")]):
+        held = [run[1][k] for k in kinds] + [acts[r]]
+        print(f"{g:>5}  {r:>4}  {', '.join(names[start:start + sizes[r]]):<18} "
+              + " ".join(f"{b:>8,}" for b in held[:3]) + f" {held[3]:>12,} {sum(held):>9,}  "
+              f"{sum(held) / (16 * psi + whole):.0%}")
+        start += sizes[r]
+
+# %% [markdown]
 # Each rank holds a contiguous share of the *layers* (1/G of them only when G divides the layer count),
 # not 1/G of the *bytes*: a rank can hold no less than its largest
 # layer (a block here: 49,792 parameters, about half the model), so on 4 ranks the two block ranks hold
-# about twice 4Ψ/4 while the embedding and head ranks hold little (last column: the largest rank over
-# the ideal share). The tied matrix is held twice, by the first and the last stage. Finer cuts need
-# smaller layers — or cutting inside the layers: tensor parallelism (chapter 05).
+# about twice 4Ψ/4 while the embedding and head ranks hold little (the first table's last column: the
+# largest rank over the ideal share). Gradients and Adam's state follow the parameters (4 and 8 bytes
+# each); activations follow the layers too, and here a block's dominate its rank. The tied matrix is held
+# twice, by the first and the last stage, with its gradient and moments. Finer cuts need smaller layers —
+# or cutting inside the layers: tensor parallelism (chapter 05).
 #
 # The two ways of cutting, side by side: layers per stage, the largest rank's parameter bytes, and the
 # slowest stage's measured forward + backward per step (wall-clock time of the traced spans). On 3 and 4
@@ -284,6 +347,14 @@ same = [g for g in MEMORY_RANKS if cuts[(g, "params")] == cuts[(g, "time")]]
 differ = [g for g in MEMORY_RANKS if g not in same]
 print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ on {differ}" if differ else "")
       + (" (a cut both agree on was run once: its two rows are the same run)" if same else ""))
+for g in differ:
+    slowest = {by: max(stage_costs(by_time, cuts[(g, by)])) * 1e3 for by in ("params", "time")}
+    ran = {by: max(run[3] for run in runs[(g, by)]) * 1e3 for by in ("params", "time")}
+    better = min(ran, key=ran.get)
+    print(f"{g} ranks: slowest stage by the layers' measured costs: cut by params {slowest['params']:.2f} ms, by time "
+          f"{slowest['time']:.2f} ms ({slowest['params'] / slowest['time']:.2f}x); in the runs above "
+          f"{ran['params']:.2f} ms and {ran['time']:.2f} ms: the cut by {better} was faster, "
+          f"{max(ran.values()) / min(ran.values()):.2f}x")
 
 # %% [markdown]
 # Here the blocks dominate both the parameters and the time, so both costs call for the same thing:
@@ -292,9 +363,14 @@ print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ
 # (1,152 parameters, but a matrix multiply per token) weigh very differently by parameters and far less
 # so by time (both a small fraction of a block's), so the cut by time rests on small differences between
 # measured times — even between the two blocks, which are the same layer and differ only by measurement
-# noise (the last line says what was decided in this run). Then a cut by time is not reliably better than
-# one by parameters, whichever of the two has the smaller slowest stage in one run on shared cores like
-# the one above: a measured cost is only as good as the measurement.
+# noise (the lines above say what was decided in this run: on 3 ranks the cut by time is embedding + block
+# | block | head whenever the embedding and the first block measure less than the second block and the
+# head, and the parameters' cut otherwise). Where the two cuts differ, a last
+# line compares them twice: by the layers' own measured costs (which the cut by time minimises, so it
+# cannot lose there) and by the stages' times in the runs. Time is the right thing to balance — in a
+# pipeline the slowest stage sets the pace — but between these cuts the margin is a small layer's time,
+# a few percent of a stage, about what a rerun on shared cores changes: a measured cost is only as good
+# as the measurement.
 # `train(..., "model", partition_by="time")` measures the layers on rank 0 and gives every rank the same
 # cut; `layers_per_stage=[...]` sets it by hand.
 #
@@ -398,8 +474,9 @@ for name in ("model", "torch_pipeline"):
 #   gradients back through two counted messages, and training equal to one process.
 # * P3's "the GPUs wait for each other", measured: each rank idle for a large share of every step, the two
 #   hardly ever computing at once: the chain does one process's computation in turn, plus the transfers.
-# * What it buys: each rank holds only its layers' parameters — its share of the layers, measured exactly;
-#   bytes split only as finely as the largest layer.
+# * What it buys: each rank holds only its layers' parameters — its share of the layers, measured exactly —
+#   and with them their gradients, optimiser state and activations; bytes split only as finely as the
+#   largest layer.
 # * What it costs: 2(G − 1)·b·s·d elements per step (+ the tied gradient), counted exactly.
 #
 # **Exercise** `exercises/03_model_parallel.ipynb`: write both halves of the two-stage step — send the

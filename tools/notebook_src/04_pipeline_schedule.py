@@ -58,9 +58,12 @@ print("bubble", planned.bubble_fraction, "= (p-1)/(m+p-1) =", bubble_formula("gp
 draw_plan(planned);
 
 # %% [markdown]
-# GPipe's bubble is already as small as a flushed pipeline gets, but every rank holds **all m**
-# micro-batches' activations until the backwards start. 1F1B keeps the same bubble and starts each
-# backward as early as it can:
+# GPipe idles (p − 1)/(m + p − 1) of the time, and every rank holds **all m** micro-batches'
+# activations until the backwards start. 1F1B does not shrink that bubble — it is the same
+# (p − 1)/(m + p − 1) — but it cuts the memory: it starts each backward as early as it can. (Smaller
+# bubbles take other schedules: interleaved 1F1B gives each rank v smaller stages, (p − 1)/(v·m + p − 1);
+# ZB-H1 splits the backward and fills the bubble with weight gradients — chapter 04 plans and measures
+# both.) 1F1B, step by step:
 #
 # 1. **warm-up**: rank `r` runs `min(p − 1 − r, m)` forwards (micro-batches 0, 1, …);
 # 2. **steady state**: then it alternates one forward (the next micro-batch) and one backward (the

@@ -262,13 +262,19 @@ class ModelParallel(StagedStrategy):
                 with self.span("backward", f"B{i}@s{self.rank}"):
                     loss.backward()
             else:
-                self.channel.isend(out.detach(), self.rank + 1, key)             # activations forward
+                with self.span("comm", f"send activation {i}"):               # a wait if gloo blocks in it
+                    self.channel.isend(out.detach(), self.rank + 1, key)         # activations forward
                 grad = self.channel.recv(self.rank + 1, key, like=out, name=f"recv gradient {i}")
                 with self.span("backward", f"B{i}@s{self.rank}"):
                     out.backward(grad)
             if not first:
-                self.channel.isend(x.grad, self.rank - 1)                        # gradients back
-        self.channel.wait()
-        sum_tied_gradients(self.tied, owner=lambda s: s, group=self.group)
-        loss = broadcast_loss(total, src=self.size - 1, group=self.group)
+                with self.span("comm", f"send gradient {i}"):
+                    self.channel.isend(x.grad, self.rank - 1)                    # gradients back
+        # The end of the step waits too: for the sends, the tied gradient and the loss, which the last rank
+        # broadcasts and the first joins only after its backward -- the last rank's longest wait. Traced as
+        # a blocking span, so the timeline draws it (and every other wait) instead of leaving it blank.
+        with self.span("comm", "end-of-step sync"):
+            self.channel.wait()
+            sum_tied_gradients(self.tied, owner=lambda s: s, group=self.group)
+            loss = broadcast_loss(total, src=self.size - 1, group=self.group)
         return (torch.cat(outputs) if outputs else None), loss

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Sequence
 
 from .schedules import SCHEDULES, Action, Schedule
 from .validator import run_on_clock, validate
@@ -56,14 +57,30 @@ class Plan:
         return 1 - sum(self.busy(r) for r in range(p)) / (p * total) if total else Fraction(0)
 
 
-def plan(schedule: Schedule, times: dict[str, float] | None = None) -> Plan:
-    """Validate, then run ``schedule`` with F, B, W taking ``times`` (default 1 each; an unsplit B costs B + W)."""
+def plan(schedule: Schedule, times: dict[str, float] | None = None,
+         stage_costs: Sequence[float] | None = None) -> Plan:
+    """Validate, then run ``schedule`` with F, B, W taking ``times`` (default 1 each; an unsplit B costs B + W).
+
+    ``stage_costs``: one relative cost per stage (global index), multiplying every action's time on it --
+    unequal stages, e.g. ``[1.5, 1]`` for a first stage 1.5x heavier than the second. The slowest stage
+    then sets the pace and the others wait for it: a bubble the formulas (equal stages) do not have.
+
+        >>> from coursekit.parallel.pipeline.schedules import one_f_one_b
+        >>> float(plan(one_f_one_b(2, 4), stage_costs=[1.5, 1]).makespan)   # 4·(1.5 + 3) + (1 + 2) − 1.5
+        19.5
+    """
     validate(schedule)
     t = {"F": 1, "B": 1, "W": 1, **(times or {})}
     t = {op: Fraction(value) for op, value in t.items()}
     if not schedule.split_backward:
         t["B"] += t["W"]
-    spans = run_on_clock(schedule, t)
+    costs = None
+    if stage_costs is not None:
+        costs = [Fraction(c) for c in stage_costs]
+        if len(costs) != schedule.n_stages or min(costs) <= 0:
+            raise ValueError(f"stage_costs needs one positive cost per stage ({schedule.n_stages}), got "
+                             f"{list(stage_costs)}")
+    spans = run_on_clock(schedule, t, costs)
     last = "W" if schedule.split_backward else "B"
     return Plan(schedule, spans, [_peak(acts, "B") for acts in schedule.actions],
                 [_peak(acts, last) for acts in schedule.actions])

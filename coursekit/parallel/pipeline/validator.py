@@ -126,9 +126,10 @@ def _check_pairs(schedule: Schedule) -> None:
                                 "or remove this receive")
 
 
-def run_on_clock(schedule: Schedule,
-                 times: dict[str, Fraction] | None = None) -> list[list[tuple[Action, Fraction, Fraction]]]:
-    """Execute the schedule on a clock: compute takes ``times[op]``, messages arrive at once.
+def run_on_clock(schedule: Schedule, times: dict[str, Fraction] | None = None,
+                 stage_costs=None) -> list[list[tuple[Action, Fraction, Fraction]]]:
+    """Execute the schedule on a clock: compute takes ``times[op]`` (× ``stage_costs[stage]``), messages
+    arrive at once.
 
     A rank blocks on a RECV until its sender has issued the matching SEND.
     Raises :class:`ScheduleError` naming every stuck rank if they all block.
@@ -154,8 +155,9 @@ def run_on_clock(schedule: Schedule,
                 elif a.op.startswith("SEND"):
                     issued[message(schedule, a)] = clock[rank]
                 else:
-                    spans[rank].append((a, clock[rank], clock[rank] + times[a.op]))
-                    clock[rank] += times[a.op]
+                    took = times[a.op] * (1 if stage_costs is None else stage_costs[a.stage])
+                    spans[rank].append((a, clock[rank], clock[rank] + took))
+                    clock[rank] += took
                 position[rank] += 1
                 progress = True
     stuck = [r for r in range(p) if position[r] < len(schedule.actions[r])]
