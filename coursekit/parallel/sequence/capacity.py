@@ -7,9 +7,13 @@ shapes are each rank's and nothing is sent). Exact and deterministic: the same b
 :func:`block_memory` -- one pre-norm block of the course transformer, forward then backward, per rank:
 the **plateau** at the end of the forward (what autograd keeps, the course's own count:
 :func:`~coursekit.parallel.tensor.tensor_parallel_saved_bytes`, :func:`megatron_sp_saved_bytes`) and the
-**peak**, the plateau plus the transients alive at the worst moment: in backward the gradient entering
-the MLP's hidden layer (``b·s·d_ff/t``) is born while everything the forward kept is still alive; with
-sequence parallelism the gradients all-gathered along the sequence (``b·S·h``, whole) join it.
+**peak**, the most alive at once. For the dense block and plain TP it is the plateau plus one transient:
+the first gradient of backward, entering the MLP's hidden layer (``b·S·d_ff/t``), born while everything
+the forward kept is still alive (or, when ``d_ff/t ≤ h``, the forward's last row-parallel output beside its
+all-reduced copy, ``b·S·h``). With sequence parallelism the output's gradient, all-gathered whole
+(``b·S·h``), joins it; at t = 4 a later moment is worse: fc's backward, its input gathered again and the
+gradient before its reduce-scatter (``b·S·h`` each) with the pieces sent and received beside them
+(tests/test_live_memory.py derives each).
 
 :func:`longest_sequence` -- for one attention method on G ranks, the longest S (a multiple of ``step``)
 whose peak per rank, one causal attention call forward + backward, stays within a budget: doubling, then
@@ -36,15 +40,16 @@ __all__ = ["CAPACITY_METHODS", "block_memory", "attention_peak", "longest_sequen
 CAPACITY_METHODS = ("full", "ulysses", "ring, fused", "ring, textbook")
 
 
-def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), seed: int = 0,
-                 **model) -> dict[tuple[str, int], list[ActivationMemory]]:
+def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), kinds=("tensor", "sequence_tensor"),
+                 seed: int = 0, **model) -> dict[tuple[str, int], list[ActivationMemory]]:
     """``{("dense", 1): [rank 0], ("tensor", t): [rank 0, ...], ("sequence_tensor", t): [...]}`` for t in ``sizes``.
 
     One block of ``tiny_transformer(seed, **model)`` (chapter 06's sizes by default: h = 64, a = 4, d_ff =
     256), ``batch`` samples of ``seq_len`` tokens, fp32: the dense block; chapter 05's
     :class:`~coursekit.parallel.tensor.ParallelBlock` (plain tensor parallelism, the norms replicated); chapter
     06's :class:`SequenceTensorParallelBlock` (each rank its ``S/t`` contiguous tokens outside attention and
-    the MLP). The input and the output's gradient are drawn once and given to each rank (sharded for SP).
+    the MLP; ``t`` must divide ``seq_len``). ``kinds``: which of the two to run. The input and the output's
+    gradient are drawn once and given to each rank (sharded for SP).
     """
     g = torch.Generator().manual_seed(seed)
     width = tiny_transformer(seed=seed, **model).blocks[0].ln1.normalized_shape[0]
@@ -52,7 +57,7 @@ def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), seed: int = 0,
     out = {("dense", 1): [forward_backward_memory(tiny_transformer(seed=seed, **model).blocks[0],
                                                   x.clone().requires_grad_(), grad_output=dy)]}
     for t in sizes:
-        for name in ("tensor", "sequence_tensor"):
+        for name in kinds:
             out[name, t] = []
             for rank in range(t):
                 with as_rank(rank, t):
