@@ -56,7 +56,9 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   Megatron-LM's data-and-context-parallel group: ``2(DG−1)/(DG)·Ψ`` per GPU, booked under ``dp`` (it is the
   data-parallel gradient reduce; ``sp`` then books attention only). Its ``D·G`` ranks, ``tp`` apart, are
   timed on the network they span (:func:`group_network`): NVLink while ``tp·D·G`` GPUs fit in a node,
-  both levels beyond. Assumption: with ZeRO the states stay sharded over ``dp``
+  both levels beyond -- where each of its ``2(DG−1)`` steps waits on a hop between nodes, so it can take
+  longer than sp's ring inside a node and then dp's across (GPT-3 on 1,024 GPUs, dp 4 × sp 4 over tp 2:
+  30 slow steps of Ψ/16 against 6 of Ψ/4). Assumption: with ZeRO the states stay sharded over ``dp``
   only (as :func:`coursekit.costmodel.memory_per_gpu` counts them), so there the ``sp`` sum stays its own
   all-reduce before ZeRO's collectives over ``dp``.
 
