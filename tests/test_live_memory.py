@@ -142,6 +142,20 @@ def test_the_fused_ring_holds_at_most_1_5_times_ulysses_and_the_textbook_ring_mo
     assert attention_peak("ring, fused", 1024) == fused, "the same bytes every run"
 
 
+def test_as_rank_is_one_rank_of_many_and_refuses_inside_another_group():
+    """Inside as_rank(r, G) torch.distributed reports rank r of G, and a second as_rank refuses with a clear
+    message (a process group is already there) instead of torch's. Planted bug, seen failing: the check removed
+    ("ValueError: trying to initialize the default process group twice!")."""
+    import torch.distributed as dist
+
+    with live_memory.as_rank(2, 4):
+        assert (dist.get_rank(), dist.get_world_size()) == (2, 4)
+        with pytest.raises(RuntimeError, match="as_rank needs a process without a process group"):
+            with live_memory.as_rank(0, 2):
+                pass
+    assert not dist.is_initialized()
+
+
 def test_doctests():
     """The examples in coursekit/live_memory.py run as written (a Linear's 24 and 56 bytes; as_rank)."""
     for module in (live_memory, capacity):
