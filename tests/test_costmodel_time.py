@@ -146,6 +146,21 @@ def test_data_and_sequence_gradients_are_timed_as_one_ring():
     assert communication_time(config, Layout(tp=4, dp=2, sp=2), a100, 1).dp == pytest.approx(mixed, rel=1e-12)
 
 
+def test_the_dp_reason_names_the_flattened_group_and_its_link():
+    """GPT-2 small, dp 2 × sp 2 on one node: the reason says one all-reduce over dp×sp = 4 ranks, on NVLink,
+    with the dp time; with ZeRO-1 the dp line is ZeRO's own (the sp sum stays apart).
+    Planted bug, seen failing: the reason written for dp's own group ("dp = 2 inside the node (NVLink): the
+    all-reduce of the gradients takes 1.27 ms (9% of the step)")."""
+    from coursekit.costmodel import evaluate
+
+    config = ModelConfig.gpt2_small()
+    best = evaluate(config, Layout(dp=2, sp=2), Hardware(), 8)
+    line = [r for r in best.reasons if r.startswith("dp = 2")][0]
+    assert "inside the node (NVLink): the one all-reduce of the gradients over dp×sp = 4 ranks takes" in line, line
+    zero = evaluate(config, Layout(dp=2, sp=2, zero=1), Hardware(), 8)
+    assert "ZeRO-1 collectives take" in [r for r in zero.reasons if r.startswith("dp = 2")][0]
+
+
 def test_tensor_parallel_time_is_its_all_reduces_on_nvlink():
     """GPT-2 small, tp = 4, 2 samples: (4L + 2) all-reduces of b·s·h and 3 of b·s, each 2(t−1) ring steps of
     α_intra + ⌈N/t⌉·2 bytes / B_intra (chapter 01's closed form, written out)."""
