@@ -29,11 +29,11 @@ allocates *inside* itself and frees before returning (a workspace) is not an out
 
 **One rank of many, in this process.** A rank's memory depends on the shapes it computes with, not on
 the values its peers send. :func:`as_rank` makes this process rank ``r`` of ``G`` with a *fake* process
-group (``torch.distributed``'s ``"fake"`` backend: every collective returns at once and moves nothing),
-as torchtitan's memory estimator runs a whole model's ranks; the results are garbage, the live bytes are
-each rank's exactly, and on one thread: no communication thread decides when a buffer is freed (on gloo
-its worker thread drops the last reference to a sent tensor a little after the program did, by a
-margin that varies run to run).
+group (the ``"fake"`` backend that ``torch.testing._internal.distributed.fake_pg`` registers: every
+collective returns at once and moves nothing), as torchtitan's memory estimator runs one rank of a large
+job; the results are garbage, the live bytes are that rank's exactly, and on one thread: no communication
+thread decides when a buffer is freed (on gloo a worker thread can drop the last reference to a tensor
+it moved after the program has, by a margin that varies run to run).
 
 Each number is a sum over the timeline :attr:`LiveMemory.events`, computed when the region ends, after
 the storages that became a parameter's ``.grad`` are taken out: those are model state (chapter 02's
@@ -71,11 +71,13 @@ class LiveMemory(TorchDispatchMode):
 
     * :attr:`peak` -- the most bytes live at once; :attr:`peak_op` -- the op whose output reached it;
     * :attr:`at_peak` -- what was live at that moment, bytes per creating op (largest first);
-    * :attr:`marks` -- the bytes live at each marked moment; :attr:`live` -- the bytes still live at the end.
+    * :attr:`marks` -- the bytes live at each marked moment; :attr:`live` -- the bytes still live at the end;
+    * :meth:`born_after` -- the part of the peak born after a marked moment (in backward: the transients).
 
-    One thread's ops only (the dispatch mode is per thread): measure each rank in its own process
-    (:func:`coursekit.launch`), not in :func:`coursekit.comm.simulate`'s threads, where a send's copy is
-    born on one thread and freed on another.
+    One thread's ops only (the dispatch mode is per thread). Measure a rank under :func:`as_rank`, exact
+    and the same every run; in a :func:`coursekit.launch` rank it counts too, but gloo's threads may free a
+    tensor they moved late; not in :func:`coursekit.comm.simulate`'s threads, where a send's copy is born
+    on one thread and freed on another.
     """
 
     def __init__(self, params=()):
