@@ -16,6 +16,7 @@ from .verify import assert_equivalent, compare
 from .replicas import ReplicaReport, check_replicas, nonfinite_ranks
 from .train import train
 from .memory import PeakMemory
+from .live_memory import LiveMemory
 from .hierarchical import hierarchical_all_reduce
 from .parallel.pipeline import Schedule, ScheduleError, execute, make_schedule, plan, split, validate
 from .parallel.tensor import ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelSelfAttention
@@ -26,7 +27,7 @@ __version__ = "0.1.0"
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
            "comm", "Mesh", "rank_size", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
-           "ring_all_gather", "ring_all_reduce", "hierarchical_all_reduce", "PeakMemory",
+           "ring_all_gather", "ring_all_reduce", "hierarchical_all_reduce", "PeakMemory", "LiveMemory",
            # chapters 03-04: stages, pipeline schedules as data, their executor
            "split", "Schedule", "ScheduleError", "make_schedule", "plan", "validate", "execute",
            # chapter 05: Megatron-LM tensor parallelism

@@ -212,10 +212,14 @@ def recv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src:
 class Work:
     """What :func:`isend`/:func:`irecv` return; ``wait()`` blocks until the transfer is done."""
 
-    __slots__ = ("_inner", "_what", "_group", "_peer", "_numel", "_done")
+    __slots__ = ("_inner", "_what", "_group", "_peer", "_numel", "_done", "_tensor")
 
-    def __init__(self, inner, what: str, group, peer: int, numel: int):
+    def __init__(self, inner, what: str, group, peer: int, numel: int, tensor: torch.Tensor | None = None):
         self._inner, self._what, self._group, self._peer, self._numel = inner, what, group, peer, numel
+        # The buffer lives as long as its transfer's handle, as gloo's (and NCCL's) work objects keep it;
+        # held here too, so that a transport whose work keeps nothing (a fake process group, counting
+        # memory: coursekit.live_memory) frees it at the same moment.
+        self._tensor = tensor
         self._done = False
 
     def wait(self) -> bool:
@@ -242,7 +246,7 @@ def isend(tensor: torch.Tensor, dst: int | None = None, group=None, *, group_dst
     peer = _peer(group, dst, group_dst, "dst")
     if _state.recorders:
         _record(tensor, peer, group)
-    return Work(_transport().isend(tensor, peer, group), "isend to", group, peer, tensor.numel())
+    return Work(_transport().isend(tensor, peer, group), "isend to", group, peer, tensor.numel(), tensor)
 
 
 def irecv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src: int | None = None) -> Work:
@@ -250,7 +254,7 @@ def irecv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src
     filled after ``.wait()``."""
     group = as_group(group)
     peer = _peer(group, src, group_src, "src")
-    return Work(_transport().irecv(tensor, peer, group), "irecv from", group, peer, tensor.numel())
+    return Work(_transport().irecv(tensor, peer, group), "irecv from", group, peer, tensor.numel(), tensor)
 
 
 # --------------------------------------------------------------------------

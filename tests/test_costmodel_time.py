@@ -18,7 +18,7 @@ f·compute instead of f/(1 − f)·compute; the all-reduce's 2(G−1) steps as G
 import pytest
 
 from coursekit.costmodel import (Hardware, Layout, ModelConfig, axis_network, bubble_fraction, communication_time,
-                                 compute_flops, compute_time, step_collectives, step_time)
+                                 compute_flops, compute_time, group_network, step_collectives, step_time)
 from coursekit.costmodel import num_params
 from coursekit.models import tiny_transformer
 from coursekit.parallel.pipeline import bubble_formula
@@ -112,6 +112,53 @@ def test_each_axis_uses_the_link_its_ranks_share():
     network, link = axis_network(Layout(dp=8, tp=2), a100, "dp")              # 16 ranks: 4 per node, 2 nodes
     assert (link, network.gpus_per_node) == ("intra+net", 4), "a dp ring of 8, 2 apart: 4 in each of 2 nodes"
     assert axis_network(Layout(pp=4, dp=2, tp=8), a100, "pp")[1] == "net", "pp is outermost: a node per stage"
+
+
+def test_a_flattened_group_uses_the_link_its_ranks_share():
+    """dp×sp: D·G ranks tp apart. tp = 4, sp = 2, dp = 2 on nodes of 8: sp alone (2 ranks 4 apart) in a node,
+    dp alone (2 ranks 8 apart) one per node, dp×sp (4 ranks 4 apart) 2 in each of 2 nodes.
+
+    Planted bug, seen failing: the stride taken over the group's own first axis too ('net' for dp×sp)."""
+    a100, layout = Hardware(), Layout(tp=4, sp=2, dp=2)
+    links = {a: group_network(layout, a100, a)[1] for a in (("sp",), ("dp",), ("sp", "dp"))}
+    assert links == {("sp",): "intra", ("dp",): "net", ("sp", "dp"): "intra+net"}, links
+    assert group_network(layout, a100, ("sp", "dp"))[0].gpus_per_node == 2
+    assert group_network(Layout(sp=2, dp=4), a100, ("sp", "dp"))[1] == "intra", "2·4 ranks fit one node of 8"
+    with pytest.raises(ValueError, match="adjacent"):
+        group_network(layout, a100, ("tp", "dp"))
+
+
+def test_data_and_sequence_gradients_are_timed_as_one_ring():
+    """GPT-2 small, dp = 2 × sp = 2 in one node: the gradients are one ring of 4 ranks, 2·3 steps of ⌈Ψ/4⌉ over
+    NVLink (not 2·1 steps of ⌈Ψ/2⌉ twice), booked under dp; sp times attention only (3 ring rows a layer).
+    With tp = 4 the group spans 2 nodes: every step waits on the hop between them.
+
+    Planted bug, seen failing: the combined row over dp ranks only (dp time 2·1 steps of Ψ/2)."""
+    config, a100 = ModelConfig.gpt2_small(), Hardware()
+    psi = num_params(config).total
+    t = communication_time(config, Layout(dp=2, sp=2), a100, 1)
+    assert t.dp == pytest.approx(2 * 3 * (5e-6 + -(-psi // 4) * 2 / 300e9), rel=1e-12)
+    block = 1024 // 2 * 768
+    hop = lambda n: 5e-6 + n * 2 / 300e9  # noqa: E731
+    assert t.sp == pytest.approx(12 * (hop(2 * block) + hop(4 * block) + hop(2 * block)), rel=1e-12)
+    psi = -(-psi // 4)
+    mixed = 2 * 3 * max(5e-6 + -(-psi // 4) * 2 / 300e9, 10e-6 + -(-psi // 4) * 2 / 25e9)
+    assert communication_time(config, Layout(tp=4, dp=2, sp=2), a100, 1).dp == pytest.approx(mixed, rel=1e-12)
+
+
+def test_the_dp_reason_names_the_flattened_group_and_its_link():
+    """GPT-2 small, dp 2 × sp 2 on one node: the reason says one all-reduce over dp×sp = 4 ranks, on NVLink,
+    with the dp time; with ZeRO-1 the dp line is ZeRO's own (the sp sum stays apart).
+    Planted bug, seen failing: the reason written for dp's own group ("dp = 2 inside the node (NVLink): the
+    all-reduce of the gradients takes 1.27 ms (9% of the step)")."""
+    from coursekit.costmodel import evaluate
+
+    config = ModelConfig.gpt2_small()
+    best = evaluate(config, Layout(dp=2, sp=2), Hardware(), 8)
+    line = [r for r in best.reasons if r.startswith("dp = 2")][0]
+    assert "inside the node (NVLink): the one all-reduce of the gradients over dp×sp = 4 ranks takes" in line, line
+    zero = evaluate(config, Layout(dp=2, sp=2, zero=1), Hardware(), 8)
+    assert "ZeRO-1 collectives take" in [r for r in zero.reasons if r.startswith("dp = 2")][0]
 
 
 def test_tensor_parallel_time_is_its_all_reduces_on_nvlink():

@@ -80,24 +80,38 @@ def test_megatron_sequence_parallel_block_equals_chapter_06s():
     assert two > plain, "sequence parallelism sends more than tensor parallelism (the re-gathered inputs)"
 
 
-@pytest.mark.parametrize("dp,sp", [(1, 2), (2, 2), (1, 4)])
+@pytest.mark.parametrize("dp,sp", [(1, 2), (2, 2), (1, 4), (2, 4), (3, 2)])
 def test_ring_attention_with_data_parallelism_equals_chapter_06s_formula(dp, sp):
     """sequence_data_traffic (over all ranks) = dp·sp GPUs × what one sends; 2 samples per dp slice; no logits
-    gathered (the course's strategies take each rank's loss on its own tokens). Ring attention's rows along sp
-    agree at every shape. The gradients: the course all-reduces them once over the dp·sp ranks of the flattened
-    group, a ring sending 2(dp·sp − 1)·Ψ in all (some of it on links that cross both axes), while the cost model
-    still counts a sum over sp then an average over dp, 2(sp − 1)/sp·Ψ + 2(dp − 1)/dp·Ψ per GPU: equal when
-    dp = 1, checked whole there; with dp > 1 only the attention rows are compared."""
+    gathered (the course's strategies take each rank's loss on its own tokens). The gradients: the course
+    all-reduces them once over the dp·sp ranks of the flattened group, and so does the cost model when dp > 1
+    (booked under dp, the sp axis then carrying attention only); sequence_data_traffic with no layers counts
+    that ring alone, so the gradients and the attention are compared apart.
+
+    Planted bug, seen failing: the dp×sp all-reduce over dp ranks only ("dp = 2, sp = 2: the gradients' ring
+    sends 628992 elements in all, the cost model 419328").
+    """
     b = 2
     layout = Layout(dp=dp, sp=sp)
-    rows = step_collectives(COURSE, layout, b, seq_len=32)
-    attention = sum(r.sent for r in rows if r.axis == "sp" and r.op == "send")
-    counted = sequence_data_traffic(b * dp, 32, H, L, PSI, dp, sp)
-    gradients = 2 * (dp * sp - 1) * PSI
-    assert counted["sp"] + counted["dp"] + counted["dp×sp"] - gradients == attention * dp * sp, (dp, sp)
-    if dp == 1:
-        predicted = communication_bytes(COURSE, layout, b, 1, seq_len=32)
-        assert (predicted.sp * sp, predicted.dp, counted["dp"], counted["dp×sp"]) == (counted["sp"], 0, 0, 0), sp
+    predicted = communication_bytes(COURSE, layout, b, 1, seq_len=32)
+    counted = sum(sequence_data_traffic(b * dp, 32, H, L, PSI, dp, sp).values())
+    gradients = sum(sequence_data_traffic(b * dp, 32, H, 0, PSI, dp, sp).values())   # no layers: the ring alone
+    world = dp * sp
+    model_gradients = (predicted.dp if dp > 1 else sum(r.sent for r in step_collectives(COURSE, layout, b, seq_len=32)
+                                                        if r.op == "all_reduce")) * world
+    assert model_gradients == gradients, (f"dp = {dp}, sp = {sp}: the gradients' ring sends {gradients} elements "
+                                          f"in all, the cost model {model_gradients:.0f}")
+    assert (predicted.dp + predicted.sp) * world == counted, (dp, sp, (predicted.dp + predicted.sp) * world, counted)
+
+
+def test_data_and_sequence_gradients_are_one_all_reduce_except_under_zero():
+    """dp > 1 and sp > 1: one all-reduce row over dp·sp ranks spanning both axes, none along sp; with ZeRO the
+    states are sharded over dp only, so the sp sum stays its own all-reduce beside ZeRO's dp collectives."""
+    rows = step_collectives(COURSE, Layout(dp=2, sp=4), 2, seq_len=32)
+    reduces = [(r.axis, r.group, r.axes) for r in rows if r.op == "all_reduce"]
+    assert reduces == [("dp", 8, ("sp", "dp"))], reduces
+    rows = step_collectives(COURSE, Layout(dp=2, sp=4, zero=1), 2, seq_len=32)
+    assert [(r.axis, r.group) for r in rows if r.what.startswith("gradients")] == [("dp", 2), ("sp", 4)]
 
 
 @pytest.mark.parametrize("sp", [2, 4])

@@ -19,7 +19,7 @@ from .memory import (PRECISIONS, ActivationBytes, GPUMemory, LogitsBytes, ModelS
                      pipeline_activation_bytes)
 from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute_time
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
-                   communication_time, step_collectives)
+                   communication_time, group_network, step_collectives)
 from .step import TrainingStepTime, step_time
 from .planner import (CHOOSE_YOURSELF, Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
                       plan, ranking_key, states_fit)
@@ -31,7 +31,7 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "logits_bytes", "PipelineActivations", "pipeline_activation_bytes", "GPUMemory", "memory_per_gpu",
            # time
            "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
-           "step_collectives", "communication_bytes", "axis_network", "collective_seconds", "communication_time",
+           "step_collectives", "communication_bytes", "axis_network", "group_network", "collective_seconds", "communication_time",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
            # the planner
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",

@@ -48,9 +48,19 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   b·s·h/G`` each way per GPU -- the paper's ``4Nh/P`` (its "per link" is per GPU, as ``(G−1)/G → 1``).
   Then the gradients summed over the ``sp`` group (every rank saw its own tokens), and with
   ``gather_logits`` a gather of the logits along the sequence (what the course's strategies did before
-  they took each rank's loss on its own tokens, chapter 06; off by default). Not modelled: with dp > 1 the
-  course's ``"sequence_data"`` all-reduces the gradients once over the flattened dp×sp group
-  (:func:`coursekit.parallel.sequence.sequence_data_traffic`), where these rows count two all-reduces.
+  they took each rank's loss on its own tokens, chapter 06; off by default).
+* **dp × sp** -- with ``dp > 1`` and ``sp > 1`` (and no ZeRO) the two gradient all-reduces, a sum over
+  ``sp`` and then an average over ``dp``, are **one** all-reduce of ``Ψ`` over the ``D·G`` ranks of the
+  flattened group, as the course's ``"sequence_data"`` does
+  (:func:`coursekit.parallel.sequence.sequence_data_traffic`), torchtitan's FSDP over ``dp_shard × cp`` and
+  Megatron-LM's data-and-context-parallel group: ``2(DG−1)/(DG)·Ψ`` per GPU, booked under ``dp`` (it is the
+  data-parallel gradient reduce; ``sp`` then books attention only). Its ``D·G`` ranks, ``tp`` apart, are
+  timed on the network they span (:func:`group_network`): NVLink while ``tp·D·G`` GPUs fit in a node,
+  both levels beyond -- where each of its ``2(DG−1)`` steps waits on a hop between nodes, so it can take
+  longer than sp's ring inside a node and then dp's across (GPT-3 on 1,024 GPUs, dp 4 × sp 4 over tp 2:
+  30 slow steps of Ψ/16 against 6 of Ψ/4). Assumption: with ZeRO the states stay sharded over ``dp``
+  only (as :func:`coursekit.costmodel.memory_per_gpu` counts them), so there the ``sp`` sum stays its own
+  all-reduce before ZeRO's collectives over ``dp``.
 
     >>> course = ModelConfig.course()                      # 104,832 parameters, fp32 as the course runs
     >>> communication_bytes(course, Layout(dp=4), micro_batch=8, bytes_per_element=4).dp
@@ -68,7 +78,7 @@ from ..netsim import Network, closed_form_time
 from .params import num_params
 from .config import Hardware, Layout, ModelConfig
 
-__all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network",
+__all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network", "group_network",
            "collective_seconds", "communication_time", "ATTENTIONS", "AXES", "OPS"]
 
 AXES = ("dp", "tp", "pp", "sp")           # innermost last: the mesh is laid out pp, dp, sp, tp (torchtitan's order)
@@ -82,6 +92,8 @@ class Collective:
 
     ``numel`` is an even share, fractional when the tokens do not divide by the ranks (31 over 2: 15.5
     each); summed over the ranks it is exact. ``what`` says what the row carries, for a learner's table.
+    ``axes``: the mesh axes the group spans when it is more than ``axis`` alone (``("sp", "dp")``: the
+    gradients' one all-reduce over the flattened dp×sp group); empty for a group along ``axis``.
     """
 
     axis: str
@@ -90,6 +102,7 @@ class Collective:
     numel: float
     count: int
     what: str = ""
+    axes: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -119,6 +132,8 @@ class PerAxis:
 
 def _data(psi: int, layout: Layout) -> list[Collective]:
     D, m = layout.dp, layout.micro_batches
+    if layout.sp > 1 and layout.zero == 0:          # one all-reduce over the flattened dp×sp group
+        return [Collective("dp", "all_reduce", D * layout.sp, psi, 1, "gradients, once over dp×sp", ("sp", "dp"))]
     rows = {0: [("all_reduce", 1, "gradients")],
             1: [("reduce_scatter", 1, "gradients"), ("all_gather", 1, "updated parameters")],
             2: [("reduce_scatter", m, "gradients, every backward"), ("all_gather", 1, "updated parameters")],
@@ -213,7 +228,8 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
         rows += _pipeline(stage, layout, micro_batch, tokens / layout.sp)
     if layout.sp > 1:
         rows += _sequence(stage, layout, micro_batch, attention, gather_logits)
-        rows.append(Collective("sp", "all_reduce", layout.sp, psi, 1, "gradients summed over the sequence ranks"))
+        if layout.dp == 1 or layout.zero:           # else _data's one all-reduce over dp×sp sums them
+            rows.append(Collective("sp", "all_reduce", layout.sp, psi, 1, "gradients summed over the sequence ranks"))
     return tuple(rows)
 
 
@@ -247,10 +263,27 @@ def axis_network(layout: Layout, hardware: Hardware, axis: str) -> tuple[Network
         >>> [axis_network(Layout(dp=4, tp=8), Hardware(), a)[1] for a in ("tp", "dp")]
         ['intra', 'net']
     """
+    return group_network(layout, hardware, (axis,))
+
+
+def group_network(layout: Layout, hardware: Hardware, axes: tuple[str, ...]) -> tuple[Network, str]:
+    """:func:`axis_network` for a group flattened over neighbouring axes (``("sp", "dp")``: D·G ranks).
+
+    The axes must be adjacent in the order ``tp, sp, dp, pp``; the group's members are then ``stride`` apart
+    (the product of the axes inside them) and ``G`` is the product of their degrees, and the three cases of
+    :func:`axis_network` apply. E.g. tp = 4, sp = 2, dp = 2 on nodes of 8: sp alone stays inside a node, dp
+    alone crosses nodes, and the dp×sp group of 4 ranks 4 apart spans 2 nodes, 2 members in each:
+
+        >>> [group_network(Layout(tp=4, sp=2, dp=2), Hardware(), a)[1] for a in (("sp",), ("dp",), ("sp", "dp"))]
+        ['intra', 'net', 'intra+net']
+    """
     degrees = {"pp": layout.pp, "dp": layout.dp, "sp": layout.sp, "tp": layout.tp}
     order = ("tp", "sp", "dp", "pp")
-    stride = math.prod(degrees[a] for a in order[:order.index(axis)])
-    G, k = degrees[axis], hardware.gpus_per_node
+    first = order.index(axes[0])
+    if tuple(axes) != order[first:first + len(axes)]:
+        raise ValueError(f"axes must be adjacent in the order {order} (got {axes!r}).")
+    stride = math.prod(degrees[a] for a in order[:first])
+    G, k = math.prod(degrees[a] for a in axes), hardware.gpus_per_node
     intra = Network(hardware.intra_bandwidth, hardware.intra_latency)
     net = Network(hardware.bandwidth, hardware.latency)
     if stride * G <= k:
@@ -291,6 +324,10 @@ def communication_time(config: ModelConfig, layout: Layout, hardware: Hardware, 
     """
     seconds = {axis: 0.0 for axis in AXES}
     for row in step_collectives(config, layout, micro_batch, **assumptions):
+        if row.axes:                                            # a flattened group: the link it crosses
+            seconds[row.axis] += collective_seconds(row, group_network(layout, hardware, row.axes)[0],
+                                                    bytes_per_element)
+            continue
         network, link = axis_network(layout, hardware, row.axis)
         if row.group != getattr(layout, row.axis):             # the tied embedding's pair: one link level
             network = network if link != "intra+net" else Network(hardware.bandwidth, hardware.latency)

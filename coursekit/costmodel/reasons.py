@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .comm import axis_network, communication_time
+from .comm import axis_network, communication_time, group_network
 from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
 from .memory import GPUMemory, memory_per_gpu, model_state_bytes
@@ -77,8 +77,11 @@ def _pp_reason(config, layout, hardware, time) -> str:
 
 
 def _dp_reason(layout, hardware, time) -> str:
-    _, link = axis_network(layout, hardware, "dp")
+    once = layout.sp > 1 and layout.zero == 0          # one all-reduce over the flattened dp×sp group
+    _, link = group_network(layout, hardware, ("sp", "dp") if once else ("dp",))
     what = "all-reduce of the gradients takes" if layout.zero == 0 else f"ZeRO-{layout.zero} collectives take"
+    if once:
+        what = f"one all-reduce of the gradients over dp×sp = {layout.dp * layout.sp} ranks takes"
     return (f"dp = {layout.dp} {LINKS[link]}: the {what} {duration(time.communication.dp)} "
             f"({_share(time.communication.dp, time.total)} of the step)")
 

@@ -454,6 +454,52 @@ for degree in even:
 # (V = 50,257, h = 768) a token's logits are 65 times its hidden state. Chapter 06 splits the whole regions
 # too, along the sequence (Megatron's sequence parallelism).
 #
+# What a forward keeps for its backward is a **plateau**; what must fit in a GPU's memory is the **peak**, the
+# most bytes alive at one moment, transients included: a matmul's output beside its all-reduced copy, the
+# gradients flowing back beside everything the forward kept. `block_memory` measures both for one block,
+# exactly: every tensor the ops create is counted from its creation until it is freed
+# (`coursekit.live_memory.LiveMemory`; the parameters, their gradients and the block's input left out, its
+# output counted: the next block's input), and each rank of $t$ runs in turn in this process with a *fake*
+# process group (`as_rank`: the collectives move nothing, the shapes are each rank's). Beside it, the block's
+# parameters on one rank:
+
+# %% tags=["nbval-check-output"]
+from coursekit.live_memory import as_rank
+from coursekit.parallel.sequence import block_memory
+from coursekit.parallel.tensor import ParallelBlock
+
+
+def block_param_bytes(t):  # one block's parameters on rank 0 of t (fp32)
+    block = tiny_transformer(seed=0).blocks[0]
+    if t == 1:
+        return 4 * sum(p.numel() for p in block.parameters())
+    with as_rank(0, t):
+        return 4 * sum(p.numel() for p in ParallelBlock(block).parameters())
+
+
+peaks = block_memory(GLOBAL_BATCH, s, sizes=[d for d in even if d > 1], kinds=("tensor",))
+print(f"one block, b = {GLOBAL_BATCH}, s = {s}, fp32, bytes on each rank (every rank the same: "
+      f"{all(r == runs[0] for runs in peaks.values() for r in runs)}):")
+print(f"{'':>7}{'parameters':>12}{'plateau':>10}{'formula':>10}{'peak':>11}{'peak − plateau':>16}"
+      f"{'4·b·s·max(h, d_ff/t)':>22}{'born in backward':>18}")
+for (kind, t), runs in peaks.items():
+    run, transient = runs[0], 4 * GLOBAL_BATCH * s * max(h, 4 * h // t)
+    print(f"t = {t}:{block_param_bytes(t):>12,}{run.plateau:>10,}"
+          f"{tensor_parallel_saved_bytes(GLOBAL_BATCH, s, h, 4, 4 * h, t):>10,}{run.peak:>11,}"
+          f"{run.peak - run.plateau:>16,}{transient:>22,}{run.transient:>18,}")
+one, top = peaks["dense", 1][0], max(peaks)
+print(f"at t = {top[1]}, of one process's: parameters {block_param_bytes(top[1]) / block_param_bytes(1):.2f}, "
+      f"plateau {peaks[top][0].plateau / one.plateau:.2f}, peak {peaks[top][0].peak / one.peak:.2f}")
+
+# %% [markdown]
+# The plateau is the formula above to the byte, and the peak is the plateau plus **one** tensor. At $t = 1$
+# and 2 it is born in backward: the first gradient, the one entering the MLP's hidden layer
+# ($b \cdot s \cdot d_{ff}/t$ numbers), made while everything the forward kept is still alive. At $t = 4$,
+# $d_{ff}/t = h$, and a forward moment of the same size comes first: the MLP's row-parallel output beside
+# its copy being all-reduced (the "born in backward" column is 0: nothing of backward is alive at that
+# peak). Plateau and peak both fall more slowly with $t$ than the parameters (the last line), for the same
+# reason: the LayerNorm regions and the column-parallel inputs stay whole on every rank.
+#
 # The timeline: one training step at degree 2 (2 ranks, one thread each), traced (`train(..., trace=True)`);
 # every all-reduce of the layers is a span on the communication lane, inside the forward and the backward.
 # The window starts when *both* ranks have begun the step (the later of their two starts): before that, the

@@ -1,4 +1,4 @@
-# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32], "OVERLAP_SEQ": [512, 2048]}
+# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32], "OVERLAP_SEQ": [512, 2048], "CAPACITY_MIB": 2}
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #
@@ -32,6 +32,8 @@ CHUNKS = [1, 2, 4, 8]            # the course's language: chunks per sequence (1
 ACCURACY_STEPS = 150             # training steps per row of that table
 RANKS = 4                        # simulated ranks for ring attention and Ulysses
 OVERLAP_SEQ = [512, 2048, 8192]  # sequence lengths for the ring's transfers hidden behind its compute (2 ranks)
+CAPACITY_MIB = 8                 # memory budget per rank for the longest sequence each method fits (2 ranks)
+CAPACITY_STEP = 128              # ... searched on multiples of this many tokens
 
 # %%
 # %matplotlib inline
@@ -557,6 +559,33 @@ for name, layout, attend in (
 # sequence each method would fit under a memory cap (docs/benchmarks.md: with the fused kernel the zig-zag
 # ring's peak per rank is within 1.5× of Ulysses').
 #
+# Here the longest sequence is **measured**, not extrapolated. `capacity_table` counts the peak of one causal
+# attention call, forward and backward, on each rank exactly: every tensor the ops create, from its creation
+# until it is freed (`coursekit.live_memory.LiveMemory`; the rank's inputs q, k, v and the output's gradient
+# left out), each of the 2 ranks run in turn in this process with a *fake* process group
+# (`coursekit.live_memory.as_rank`: the collectives move nothing, the shapes are each rank's). It doubles S
+# until the peak exceeds the budget, then bisects, every candidate measured:
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.sequence import capacity_table
+
+table = capacity_table(int(CAPACITY_MIB * 2**20), world_size=2, step=CAPACITY_STEP)
+print(f"longest S (a multiple of {CAPACITY_STEP}) whose peak per rank stays within {CAPACITY_MIB:g} MiB: one causal "
+      f"call, batch 1, 4 heads of 16, fp32, 2 ranks (full attention: 1)")
+print(f"{'method':<16}{'longest S':>10}{'its peak':>13}{'S + step':>10}{'its peak':>13}{'lengths run':>13}")
+for method, (longest, measured) in table.items():
+    over = longest + CAPACITY_STEP
+    print(f"{method:<16}{longest:>10,}{measured.get(longest, 0) / 2**20:>9.2f} MiB{over:>10,}"
+          f"{measured[over] / 2**20:>9.2f} MiB{len(measured):>13}")
+
+# %% [markdown]
+# Each S fits and S + step does not, both measured. Full attention's S × S scores on one rank allow the
+# shortest; the textbook ring, whose (S/2G)² score blocks are quadratic again, comes next; Ulysses, whose
+# attention is the fused kernel on whole sequences of H/G heads, fits the longest, and the fused ring comes
+# second: it keeps no score block, only the key and value blocks in flight and the merge's running output
+# and log-sum-exp. The count is of the tensors the ops return, not of a kernel's internal
+# workspace, which the benchmark's resident-set peak also sees.
+#
 # **When the ring's transfers hide** (Liu et al. 2023). At each ring step a rank computes its L = S/G queries
 # against the block it holds while the next block travels. Forward, per step: compute 4·L²·h floating-point
 # operations (q kᵀ and p v, h the hidden width), transfer 2·L·h numbers (the keys and the values). The
@@ -739,6 +768,44 @@ for name, measured, course, paper in rows:  # measured: every rank's bytes
 # bytes: it counts 2-byte values, 1-byte dropout masks and the softmax's a·s² scores, where the course runs
 # fp32 without dropout and its fused attention keeps one log-sum-exp per head and token instead (and the
 # LayerNorms' mean and 1/std, which the paper leaves out).
+#
+# What a rank keeps for backward is its plateau; what must fit is its **peak**, transients included: the
+# gathered inputs, the pieces of a reduce-scatter, the gradients flowing back beside what the forward kept.
+# `block_memory` measures both, exactly, per rank: one forward and backward of the block, every tensor the
+# ops create counted from creation until it is freed (`coursekit.live_memory`: parameters, their gradients
+# and the block's input left out, its output counted — the next block's input — so the plateau is the same
+# count as above), each rank of t run in turn in this process with a fake process group:
+
+# %% tags=["nbval-check-output"]
+from coursekit.parallel.sequence import block_memory
+
+peaks = block_memory(2, 32, sizes=(2, 4))
+course = {("dense", 1): tensor_parallel_saved_bytes(*sizes, d_ff, 1)}
+course |= {("tensor", t): tensor_parallel_saved_bytes(*sizes, d_ff, t) for t in (2, 4)}
+course |= {("sequence_tensor", t): megatron_sp_saved_bytes(*sizes, d_ff, t) for t in (2, 4)}
+names = {"dense": "dense", "tensor": "TP", "sequence_tensor": "TP + SP"}
+print(f"one block, bytes per rank (every rank the same: {all(r == runs[0] for runs in peaks.values() for r in runs)})")
+print(f"{'':<14}{'plateau':>10}{'course':>10}{'Table 2':>10}{'peak':>10}{'peak −':>10}{'born in':>10}")
+print(f"{'':<14}{'measured':>10}{'count':>10}{'(paper)':>10}{'measured':>10}{'plateau':>10}{'backward':>10}")
+for (kind, t), runs in sorted(peaks.items(), key=lambda kv: (kv[0][1], kv[0][0] != "tensor")):
+    run, paper = runs[0], table2[t][kind]
+    print(f"{names[kind] + ('' if t == 1 else f', t={t}'):<14}{run.plateau:>10,}{course[kind, t]:>10,}{paper:>10,}"
+          f"{run.peak:>10,}{run.peak - run.plateau:>10,}{run.transient:>10,}")
+for t in (2, 4):
+    sp, tp = peaks["sequence_tensor", t][0], peaks["tensor", t][0]
+    print(f"t={t}: TP + SP against plain TP, plateau {sp.plateau / tp.plateau:.2f}, peak {sp.peak / tp.peak:.2f}")
+
+# %% [markdown]
+# Every plateau is the course's count to the byte. The peak adds what is alive at the worst moment; "born in
+# backward" is the part of it the backward made (tests/test_live_memory.py derives each row). The dense block
+# and plain TP at t = 2: the first gradient of backward, entering the MLP's hidden layer (b·s·d_ff/t), made
+# while everything the forward kept is alive; at t = 4, where d_ff/t = h, a forward moment of the same size
+# comes first (born in backward: 0). With sequence parallelism at t = 2 the output's gradient is all-gathered
+# whole (b·s·h) beside that hidden gradient; at t = 4 fc's backward is worse: its input all-gathered again and
+# its input's gradient before the reduce-scatter (b·s·h each), with the pieces being sent and received —
+# more than peak − plateau, as backward has freed part of what the forward kept by then. Those
+# gathered tensors are whole, so at the peak sequence parallelism saves less than on the plateau (the last
+# two lines).
 #
 # The whole transformer this way is the strategy `"sequence_tensor"`: the embedding's partial lookups
 # reduce-scattered along the sequence, every block on S/t tokens, the tied head all-gathering them; the

@@ -14,7 +14,9 @@ One module per concept:
 * ``overlap`` -- when the ring's transfers hide behind its compute (L ≥ s·F/2B), measured;
 * ``accuracy`` -- what chunk-local attention costs (P9), on a copy task built so the cost cannot hide;
 * ``tensor`` -- Megatron-style sequence parallelism beside tensor parallelism (``"sequence_tensor"``);
-* ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``).
+* ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``);
+* ``capacity`` -- memory per rank, measured exactly: one block's activation peak (dense, TP, TP + SP) and
+  the longest sequence each attention method fits under a budget.
 
 PyTorch's counterpart (``torch.distributed.tensor.experimental.context_parallel``) is run side by side in
 chapter 06 itself. Every name below is importable from here (``from coursekit.parallel.sequence import
@@ -37,6 +39,7 @@ from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, Sequen
                      all_gather_sequence, gather_linear, megatron_sp_saved_bytes, megatron_sp_traffic,
                      reduce_scatter_sequence)
 from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
+from .capacity import CAPACITY_METHODS, attention_peak, block_memory, capacity_table, longest_sequence
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
            "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
@@ -49,4 +52,5 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_boun
            "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
            "megatron_sp_saved_bytes",
-           "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]
+           "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic",
+           "CAPACITY_METHODS", "block_memory", "attention_peak", "longest_sequence", "capacity_table"]
