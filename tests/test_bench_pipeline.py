@@ -21,7 +21,7 @@ def _perfect_run(schedule, times):
         for action in actions:
             if action in planned:
                 start, end = planned[action]
-                kind = "forward" if action.op == "F" else "backward"
+                kind = {"F": "forward", "B": "backward", "W": "weight"}[action.op]
                 upcoming = next(compute, None)
             elif action.op.startswith("RECV"):
                 start = cursor

@@ -96,7 +96,7 @@ def _steps(spans, schedule, warmup: int):
     per_rank = {}
     for r, actions in enumerate(schedule.actions):
         mine = sorted((s for s in spans if s.rank == r and ACTION_NAME.match(s.name) and
-                       (s.kind in ("forward", "backward", "idle") or s.name.startswith("SEND"))),
+                       (s.kind in ("forward", "backward", "weight", "idle") or s.name.startswith("SEND"))),
                       key=lambda s: s.start)
         n = len(actions)
         per_rank[r] = [mine[k * n:(k + 1) * n] for k in range(len(mine) // n)][warmup:]

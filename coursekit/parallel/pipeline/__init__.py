@@ -10,6 +10,7 @@ One module per concept, PyTorch's counterpart last:
   ``validator`` -- :func:`validate`, everything that would go wrong found before anything runs;
   ``planning`` -- :func:`plan` on a unit-time clock and the papers' formulas;
   ``measured`` -- :func:`measured_bubble`, a real step's bubble on the plan's window, its tail apart;
+* ``split_backward`` -- :func:`backward_input` (B) and :func:`backward_weight` (W): one backward in two pieces;
 * ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
 
@@ -23,6 +24,7 @@ from .schedules import (COMMUNICATION, COMPUTE, SCHEDULES, Action, Schedule, Sch
 from .validator import run_on_clock, validate
 from .planning import Plan, bubble_formula, peak_activations_formula, plan
 from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
+from .split_backward import WeightWork, backward_input, backward_weight
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
 
@@ -32,4 +34,4 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs",
            "validate", "run_on_clock", "Plan", "plan", "bubble_formula", "peak_activations_formula",
            "ACTION_NAME", "MeasuredBubble", "compute_op", "measured_bubble",
-           "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]
+           "WeightWork", "backward_input", "backward_weight", "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]
