@@ -180,22 +180,11 @@ def analyse(spans, schedule, warmup: int) -> dict:
             "overhead": statistics.median(overheads), "times": mean, "send": statistics.fmean(sends) if sends else 0.0}
 
 
-def main(argv: list[str]) -> list[tuple[str, str, bool]]:
-    parser = argparse.ArgumentParser(prog="python -m coursekit.bench pipeline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--p", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--pairs", type=int, default=6, help="rounds of ZB-H1 against 1F1B (p = 2, m = 8)")
-    parser.add_argument("--quick", action="store_true", help="a smoke run: p = 2, m = 2, hidden 64, 2 steps")
-    options = parser.parse_args(argv)
-    if options.quick:
-        options.p, options.m, options.hidden, options.batch, options.steps, options.warmup = [2], [2], 64, 16, 2, 1
-    print(f"MLP of p·v layers {options.hidden} × {options.hidden}, {options.batch} samples per step, SGD; "
-          f"medians of {options.steps} steps after {options.warmup} warm-up\n")
+def schedule_table(options) -> tuple[dict, dict, dict]:
+    """Every schedule's step time beside its measured bubble, then the winner by step time, per (p, m).
+
+    Returns coursekit's and torch's step times of the runs side by side, and each table row's :func:`analyse`.
+    """
     print("| p | schedule | v | m | step time | measured bubble | plan (measured F/B/W) | formula | "
           "T_F / T_B / T_W | SEND (mean) | overhead / action |\n|---|---|---|---|---|---|---|---|---|---|---|")
     ours, theirs, analysed, table = {}, {}, {}, {}
@@ -220,6 +209,26 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
                   flush=True)
     print()
     winners(table)
+    return ours, theirs, analysed
+
+
+def main(argv: list[str]) -> list[tuple[str, str, bool]]:
+    parser = argparse.ArgumentParser(prog="python -m coursekit.bench pipeline", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--p", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--m", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=6, help="rounds of ZB-H1 against 1F1B (p = 2, m = 8)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: p = 2, m = 2, hidden 64, 2 steps")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.p, options.m, options.hidden, options.batch, options.steps, options.warmup = [2], [2], 64, 16, 2, 1
+    print(f"MLP of p·v layers {options.hidden} × {options.hidden}, {options.batch} samples per step, SGD; "
+          f"medians of {options.steps} steps after {options.warmup} warm-up\n")
+    ours, theirs, analysed = schedule_table(options)
     print("\n| p | schedule | m | coursekit | torch.distributed.pipelining | ratio |\n|---|---|---|---|---|---|")
     targets = []
     for key, mine in ours.items():
