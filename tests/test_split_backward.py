@@ -63,6 +63,9 @@ def _cases():
     mlp_in = [torch.randn(BATCH, 64, generator=g) for _ in range(3)]
     linear = [(m.in_features, m.out_features) for m in mlp[1].modules() if isinstance(m, nn.Linear)]
     block = [(m.in_features, m.out_features) for m in blocks[1].modules() if isinstance(m, nn.Linear)]
+    frozen = split(tiny_transformer(n_layers=2), 4, layers_per_stage=[1, 1, 1, 1])[2]
+    for p in (*frozen[0].ln1.parameters(), frozen[0].attn.proj.bias):
+        p.requires_grad_(False)
     return [
         ("mlp, first stage", mlp[0], [torch.randn(BATCH, 16, generator=g) for _ in range(3)], None, None),
         ("mlp, middle stage", mlp[1], mlp_in, None, linear),
@@ -70,6 +73,7 @@ def _cases():
          (_mse, [torch.randn(BATCH, 4, generator=g) for _ in range(3)]), linear * 2 + [(64, 4)]),
         ("transformer, embedding", blocks[0], tokens, None, None),
         ("transformer, block (LayerNorm, attention)", blocks[1], hidden, None, block),
+        ("transformer, block, a LayerNorm and a bias frozen", frozen, hidden, None, block),
         ("transformer, head (tied weight) and the loss", blocks[3], hidden, (_xent, tokens), [(D, V)]),
         ("transformer, block and head", nn.Sequential(blocks[2], blocks[3]), hidden, (_xent, tokens),
          block + [(D, V)]),

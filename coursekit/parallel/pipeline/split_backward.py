@@ -155,26 +155,31 @@ def backward_input(outputs: Sequence[torch.Tensor], grad_outputs: Sequence[torch
 
 def backward_weight(work: WeightWork) -> None:
     """W: every weight gradient from what B kept, *added* into ``.grad`` (as a full backward accumulates)."""
-    if work.outputs:
-        pairs = [(w, g) for group in [work.weights] for w, g in
-                 zip(group, torch.autograd.grad(work.outputs, group, work.grad_outputs, allow_unused=True))]
+    if work.outputs:  # no trunk (the first stage): the whole backward, from the stage's outputs
+        found = torch.autograd.grad(work.outputs, work.weights, work.grad_outputs, allow_unused=True) \
+            if work.weights else ()
+        pairs = list(zip(work.weights, found))
     else:
-        pairs = []
-        for group in work.groups:
-            edges = [(GradientEdge(node, k), g) for node, grads in zip(group.nodes, group.grads)
-                     for k, g in enumerate(grads) if g is not None]
-            # A weight used at two trunk nodes: the lower one gets what B recorded there, not that plus the
-            # gradient recomputed down the trunk from the upper one.
-            pins = [node.register_prehook(lambda _, recorded=grads: recorded)
-                    for node, grads in zip(group.nodes, group.grads)] if len(group.nodes) > 1 else []
-            try:
-                found = torch.autograd.grad([e for e, _ in edges], group.weights, [g for _, g in edges],
-                                            allow_unused=True)
-            finally:
-                for pin in pins:
-                    pin.remove()
-            pairs += zip(group.weights, found)
+        pairs = [pair for group in work.groups for pair in _from_the_trunk(group)]
     for w, g in pairs:
         if g is not None:
             w.grad = g if w.grad is None else w.grad.add_(g)
     work.groups, work.outputs, work.grad_outputs = [], [], []   # W ran: the graph and the kept gradients go
+
+
+def _from_the_trunk(group: WeightGroup) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Autograd from the group's nodes, each given the gradient B recorded there, to the group's weights only."""
+    edges = [(GradientEdge(node, k), g) for node, grads in zip(group.nodes, group.grads)
+             for k, g in enumerate(grads) if g is not None]
+    if not edges:
+        return []
+    # A weight used at two trunk nodes: the lower node gets what B recorded there, not that plus the gradient
+    # recomputed down the trunk from the upper one.
+    pins = [node.register_prehook(lambda _, recorded=grads: recorded)
+            for node, grads in zip(group.nodes, group.grads)] if len(group.nodes) > 1 else []
+    try:
+        found = torch.autograd.grad([e for e, _ in edges], group.weights, [g for _, g in edges], allow_unused=True)
+    finally:
+        for pin in pins:
+            pin.remove()
+    return list(zip(group.weights, found))
