@@ -79,7 +79,7 @@ def test_the_winner_is_named_by_step_time_beside_the_smallest_bubble(capsys):
 
 
 def test_the_zb_h1_targets_pair_the_steps_and_compare_b_plus_w_with_one_backward(capsys):
-    """A small run (hidden 32, 2 rounds): the step ratio is over 2 rounds × 3 steps of each schedule; B + W against
+    """A small run (hidden 32, 2 rounds): the step ratio is over 2 rounds × 1 step of each schedule; B + W against
     1F1B's B comes from the table's means given here: (1 + 1.1) / 2 = 1.05× (met), and 1.5 + 1.1 over 2 = 1.30×
     (missed).
 
@@ -91,7 +91,7 @@ def test_the_zb_h1_targets_pair_the_steps_and_compare_b_plus_w_with_one_backward
     out = capsys.readouterr().out
     assert [t[0] for t in targets] == ["ZB-H1's step ≤ 1F1B's (p = 2, m = 8, paired)",
                                        "ZB-H1's B + W ≤ 1.1× 1F1B's backward (p = 2, m = 8)"]
-    assert "over 6 steps" in out and targets[0][1].endswith("]")
+    assert "over 2 steps" in out and targets[0][1].endswith("]")
     assert targets[1][1:] == ("1.05×", True)
     missed = zb_targets(options, {(2, "zb_h1", 8): {"times": {"F": 1e-3, "B": 1.5e-3, "W": 1.1e-3}},
                                   (2, "1f1b", 8): {"times": base}})

@@ -1,6 +1,6 @@
 """Benchmark pipeline schedules: step time and measured bubble against the formula; coursekit against PyTorch.
 
-    python -m coursekit.bench pipeline [--p 2 4] [--m 1 2 4 8] [--hidden 1024] [--batch 256] [--steps 6] [--pairs 6]
+    python -m coursekit.bench pipeline [--p 2 4] [--m 1 2 4 8] [--hidden 1024] [--batch 256] [--steps 6] [--pairs 16]
                                        [--check]
     python -m coursekit.bench pipeline --quick        # a smoke run: p = 2, m = 2, a small model
 
@@ -22,8 +22,8 @@ After each world size's table, the winner by step time (what a run pays for) bes
 
 Targets: coursekit's executor ≤ 1.2× torch.distributed.pipelining's step time (p = 2, same schedule). Where the
 run has p = 2 and m = 8 (compute-dominated: this MLP, hidden 1024): ZB-H1's step ≤ 1F1B's, as the median of
-paired per-step ratios -- the two schedules alternate in ``--pairs`` rounds, so a slow spell of the machine hits
-both -- and ZB-H1's B + W ≤ 1.1× 1F1B's unsplit B (measured mean times over the stages): the split costs one
+paired per-step ratios -- the two schedules alternate step by step in ``--pairs`` rounds, so a slow spell of the
+machine hits both -- and ZB-H1's B + W ≤ 1.1× 1F1B's unsplit B (measured mean times over the stages): the split costs one
 backward, not two (:mod:`coursekit.parallel.pipeline.split_backward`).
 Four ranks on two cores: each rank gets half a core while all four compute, and a whole one while the others
 wait, so a rank's idle time in the bubble is partly given back to its neighbours. Step times at p = 4 measure
@@ -86,11 +86,14 @@ def _model(options, n_layers):
     return tiny_mlp(d_in=options.hidden, d_hidden=options.hidden, d_out=options.hidden, n_layers=n_layers)
 
 
-def _alternate(rank, world_size, options, m: int, names=("1f1b", "zb_h1"), per_round: int = 3):
+PER_ROUND = 1  # measured steps of each schedule in a round: one, so that the two steps of a pair are neighbours
+
+
+def _alternate(rank, world_size, options, m: int, names=("1f1b", "zb_h1"), per_round: int = PER_ROUND):
     """Step times of ``names`` in ``options.pairs`` rounds, one after the other in each (one warm-up step each)."""
     times = {name: [] for name in names}
-    for _ in range(options.pairs):
-        for name in names:
+    for k in range(options.pairs):
+        for name in (names if k % 2 == 0 else names[::-1]):  # neither always first
             result = train(rank, world_size, "pipeline", model=lambda: _model(options, world_size),
                            data=TeacherData(options.hidden, options.hidden), steps=1 + per_round,
                            global_batch=options.batch, micro_batches=m, schedule=name, optimizer="sgd", lr=1e-3,
@@ -109,7 +112,8 @@ def zb_targets(options, measured: dict) -> list[tuple[str, str, bool]]:
     median = statistics.median(ratios)
     zb, base = measured[(p, "zb_h1", m)]["times"], measured[(p, "1f1b", m)]["times"]
     split = (zb["B"] + zb["W"]) / base["B"]
-    print(f"\nZB-H1 against 1F1B, p = {p}, m = {m}: {options.pairs} rounds of 3 steps each, the two alternating; "
+    print(f"\nZB-H1 against 1F1B, p = {p}, m = {m}: {options.pairs} rounds of {PER_ROUND} step each, the two "
+          f"alternating (after a warm-up step each); "
           f"step time (slowest rank, median) 1F1B {statistics.median(slowest['1f1b']) * 1e3:.1f} ms, ZB-H1 "
           f"{statistics.median(slowest['zb_h1']) * 1e3:.1f} ms; paired ratio ZB-H1 / 1F1B {median:.2f}× "
           f"[{ratios[0]:.2f}, {ratios[-1]:.2f}] over {len(ratios)} steps.\nZB-H1's T_B + T_W = "
@@ -221,7 +225,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--pairs", type=int, default=6, help="rounds of ZB-H1 against 1F1B (p = 2, m = 8)")
+    parser.add_argument("--pairs", type=int, default=16, help="rounds of ZB-H1 against 1F1B (p = 2, m = 8)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: p = 2, m = 2, hidden 64, 2 steps")
     options = parser.parse_args(argv)
     if options.quick:
