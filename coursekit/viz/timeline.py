@@ -54,7 +54,9 @@ def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: f
     if hidden_share and fraction == fraction:  # not NaN
         label += f"  —  {fraction:.0%} of communication hidden behind backward"
     ax.set_title(label, fontsize=10)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in KINDS], ncol=len(KINDS), fontsize=8,
+    drawn = {s.kind for s in spans}  # "weight" only where there is a W (zero bubble); the others always
+    kinds = [k for k in KINDS if k != "weight" or k in drawn]
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds], ncol=len(kinds), fontsize=8,
               loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(ranks) < 3 else -0.2), frameon=False)
     fig.tight_layout()
     return fig
