@@ -1,7 +1,8 @@
 """Timelines: what each rank did, and when, on one clock shared by all ranks.
 
 A :class:`Tracer` records *spans* -- ``(rank, kind, name, start, end)`` -- of
-the kinds ``forward``, ``backward``, ``comm`` (issued -> completed), ``optimizer``
+the kinds ``forward``, ``backward``, ``weight`` (a split backward's weight-gradient
+half, W in a zero-bubble pipeline), ``comm`` (issued -> completed), ``optimizer``
 and ``idle`` (waiting for communication). Times are seconds since an origin
 that every rank agrees on, so the spans of different ranks can be drawn on one
 Gantt chart (:mod:`coursekit.viz.timeline`).
@@ -44,10 +45,11 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["Span", "Tracer", "KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
+__all__ = ["Span", "Tracer", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
            "computing_together"]
 
-KINDS = ("forward", "backward", "comm", "optimizer", "idle")
+KINDS = ("forward", "backward", "weight", "comm", "optimizer", "idle")
+COMPUTE_KINDS = ("forward", "backward", "weight")  # a rank computing (W is backward work too)
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,8 @@ def busy_time(spans: list[Span], kind: str, rank: int | None = None) -> float:
     return sum(union_length([(s.start, s.end) for s in spans if s.kind == kind and s.rank == r]) for r in ranks)
 
 
-def hidden_fraction(spans: list[Span], rank: int | None = None, behind: tuple[str, ...] = ("backward",)) -> float:
+def hidden_fraction(spans: list[Span], rank: int | None = None,
+                    behind: tuple[str, ...] = ("backward", "weight")) -> float:
     """Fraction of communication time that ran while the rank was computing (``behind`` kinds).
 
     0 means every byte moved while the rank waited; 1 means communication was
@@ -252,7 +255,7 @@ def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> li
     return _merge(out)
 
 
-def computing_together(spans: list[Span], kinds: tuple[str, ...] = ("forward", "backward")) -> float:
+def computing_together(spans: list[Span], kinds: tuple[str, ...] = COMPUTE_KINDS) -> float:
     """Share of the passes during which *every* rank computes at once (P10's "GPUs work simultaneously").
 
     The window runs from the first ``kinds`` span's start to the last one's end, over all ranks. A rank

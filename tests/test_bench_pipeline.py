@@ -2,8 +2,9 @@
 run prints every schedule against its formula and the targets against PyTorch."""
 
 from fractions import Fraction
+from types import SimpleNamespace
 
-from coursekit.bench.pipeline import analyse, main
+from coursekit.bench.pipeline import analyse, main, winners, zb_targets
 from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
 from coursekit.trace import Span
 
@@ -21,7 +22,7 @@ def _perfect_run(schedule, times):
         for action in actions:
             if action in planned:
                 start, end = planned[action]
-                kind = "forward" if action.op == "F" else "backward"
+                kind = {"F": "forward", "B": "backward", "W": "weight"}[action.op]
                 upcoming = next(compute, None)
             elif action.op.startswith("RECV"):
                 start = cursor
@@ -64,3 +65,34 @@ def test_a_quick_run_prints_every_schedule_and_the_targets(capsys):
                                        for n in ("gpipe", "1f1b", "interleaved")]
     assert all(t[1].endswith("×") for t in targets)
     assert "receiver already waiting" in out
+
+
+def test_the_winner_is_named_by_step_time_beside_the_smallest_bubble(capsys):
+    """A table where the faster schedule has the larger bubble: both are named, each for what it is.
+
+    Planted bug seen failing: the winner picked by bubble (``winner by step time 1f1b``)."""
+    winners({(2, 8): {"1f1b": (0.070, 0.20), "zb_h1": (0.060, 0.30)}, (4, 1): {"gpipe": (0.1, 0.5)}})
+    out = capsys.readouterr().out
+    assert "p = 2, m = 8: winner by step time zb_h1 (fastest first: zb_h1 60.0 ms, 1f1b 70.0 ms)" in out
+    assert "smallest measured bubble 1f1b (20%)" in out
+    assert "p = 4" not in out  # one schedule: nothing to compare
+
+
+def test_the_zb_h1_targets_pair_the_steps_and_compare_b_plus_w_with_one_backward(capsys):
+    """A small run (hidden 32, 2 rounds): the step ratio is over 2 rounds × 1 step of each schedule; B + W against
+    1F1B's B comes from the table's means given here: (1 + 1.1) / 2 = 1.05× (met), and 1.5 + 1.1 over 2 = 1.30×
+    (missed).
+
+    Planted bug seen failing: B + W divided by 1F1B's F + B (``0.70×`` for ``1.05×``)."""
+    options = SimpleNamespace(hidden=32, batch=16, pairs=2)
+    base = {"F": 1e-3, "B": 2e-3}
+    targets = zb_targets(options, {(2, "zb_h1", 8): {"times": {"F": 1e-3, "B": 1e-3, "W": 1.1e-3}},
+                                   (2, "1f1b", 8): {"times": base}})
+    out = capsys.readouterr().out
+    assert [t[0] for t in targets] == ["ZB-H1's step ≤ 1F1B's (p = 2, m = 8, paired)",
+                                       "ZB-H1's B + W ≤ 1.1× 1F1B's backward (p = 2, m = 8)"]
+    assert "over 2 steps" in out and targets[0][1].endswith("]")
+    assert targets[1][1:] == ("1.05×", True)
+    missed = zb_targets(options, {(2, "zb_h1", 8): {"times": {"F": 1e-3, "B": 1.5e-3, "W": 1.1e-3}},
+                                  (2, "1f1b", 8): {"times": base}})
+    assert missed[1][1:] == ("1.30×", False)

@@ -37,12 +37,13 @@ CONFIGS = {
     1: [_config("interleaved", 2, v=2, model=mlp(2))],  # two stages on one rank: handed over, not sent
     2: [_config("gpipe", 1), _config("gpipe", 3, batch=7), _config("1f1b", 1), _config("1f1b", 5, batch=7),
         _config("zb_h1", 2), _config("zb_h1", 3, freeze=("pos_emb.weight",)), _config("interleaved", 2, v=2), _config("interleaved", 4, v=2),
-        _config("1f1b", 4, trace=True)],
+        _config("1f1b", 4, trace=True), _config("zb_h1", 4, trace=True)],
     3: [_config("gpipe", 4), _config("1f1b", 2), _config("1f1b", 4), _config("zb_h1", 4, batch=11),
         _config("interleaved", 3, v=2, model=mlp(6)), _config("interleaved", 6, v=2, batch=12, model=mlp(6))],
     4: [_config("gpipe", 8), _config("1f1b", 3), _config("1f1b", 8), _config("zb_h1", 4), _config("zb_h1", 5),
         _config("interleaved", 4, v=2, model=mlp(8)), _config("interleaved", 8, v=2, model=mlp(8)),
-        _config("1f1b", 4, batch=16, model=mlp(4)), _config("gpipe", 4, batch=16, model=mlp(4))],
+        _config("1f1b", 4, batch=16, model=mlp(4)), _config("gpipe", 4, batch=16, model=mlp(4)),
+        _config("zb_h1", 4, batch=16, model=mlp(4)), _config("interleaved", 4, v=2, batch=16, model=mlp(8))],
 }
 
 
@@ -81,12 +82,12 @@ def test_every_schedule_equals_one_process(runs):
 
 def test_activations_held_at_the_peak_match_the_formulas(runs):
     """Measured through weak references to what autograd saved: GPipe holds m micro-batches, 1F1B min(p − r, m),
-    ZB-H1 and interleaved what their plan says (to their last W; in chunks for v = 2); the bytes of a middle stage
-    of the 4-layer MLP are that count times 4·b·(64 + 64) (its input and GELU's input, float32), rank 0's
-    4·b·64 (the batch itself is not counted).
+    ZB-H1 and interleaved what their plan says (to their last W; in chunks for v = 2). The bytes: the next test.
 
     Planted bugs seen failing: the stage input kept after its backward (``interleaved p=1 m=2 v=2, rank 0: 3 held,
-    formula 2``); autograd's graph retained after a plain B (the same: nothing freed before the step ends)."""
+    formula 2``); autograd's graph retained after a plain B (the same: nothing freed before the step ends); the
+    executor's saved-tensor hook keeping the tensor itself, not an alias (``zb_h1 p=2 m=3 v=1, rank 1: 3 held,
+    formula 2``: a node tied to its own output outlives W)."""
     for p, config, _, ranks in _each(runs):
         name, m, v = config["schedule"], config["micro_batches"], config["stages_per_rank"]
         planned = plan(make_schedule(name, p, m, v)).peak_in_flight
@@ -94,12 +95,50 @@ def test_activations_held_at_the_peak_match_the_formulas(runs):
             formula = {"gpipe": m, "1f1b": min(p - r, m)}.get(name, planned[r])
             assert result["peak_in_flight"] == formula == planned[r], (
                 f"{_label(p, config)}, rank {r}: {result['peak_in_flight']} held, formula {formula}, plan {planned[r]}")
-    for config, ranks in zip(CONFIGS[4][-2:], [[runs[4][1][r][i] for r in range(4)] for i in (-2, -1)]):
-        b = config["global_batch"] // config["micro_batches"]
-        for r in (0, 1, 2):
-            per_micro_batch = 4 * b * (64 if r == 0 else 128)
-            assert ranks[r]["peak_activation_bytes"] == ranks[r]["peak_in_flight"] * per_micro_batch, (
-                f"{_label(4, config)}, rank {r}: {ranks[r]['peak_activation_bytes']} bytes at the peak")
+
+
+def _held_by_the_schedule(schedule, rank, saved, after_b):
+    """Replay ``rank``'s actions: F holds ``saved[s]`` bytes for its micro-batch, a split B leaves ``after_b[s]``
+    (what W needs), W (or an unsplit B) frees the lot. Returns (most micro-batches held, most bytes held)."""
+    held, most, most_bytes = {}, 0, 0
+    for a in schedule.actions[rank]:
+        key = (a.stage, a.micro_batch)
+        if a.op == "F":
+            held[key] = saved[a.stage]
+        elif a.op == "B" and schedule.split_backward:
+            held[key] = after_b[a.stage]
+        elif a.op in ("B", "W"):
+            del held[key]
+        most, most_bytes = max(most, len(held)), max(most_bytes, sum(held.values()))
+    return most, most_bytes
+
+
+def test_activation_bytes_at_the_peak_follow_the_schedule(runs):
+    """The MLP cut one layer a stage on 4 ranks, m = 4, b = 4 samples a micro-batch: GPipe, 1F1B, ZB-H1, interleaved
+    (v = 2). Replaying each rank's action list with what each micro-batch holds gives the peak count and bytes per
+    rank. A middle stage's F saves its input and GELU's input, 4·b·(64 + 64) bytes (float32), stage 0's only
+    GELU's input, 4·b·64 (the batch itself is not counted). After a split B, W needs the linear layer's input X
+    and the gradient at its output dY (4·b·64 each); GELU's input goes with the part of the graph above the
+    layer. Stage 0's B does nothing: its W keeps the whole graph and the output gradient, 4·b·(64 + 64) too. The
+    last stage (loss) is left out of the bytes. ZB-H1 holds more bytes than 1F1B on every rank: each
+    micro-batch until its W.
+
+    Planted bug seen failing: the gradients B keeps for W not counted (``zb_h1 p=4 m=4 v=1, rank 0: 4096 bytes,
+    replayed 5120``)."""
+    b, peaks = 4, {}
+    for config, ranks in zip(CONFIGS[4][-4:], [[runs[4][1][r][i] for r in range(4)] for i in range(-4, 0)]):
+        name, m, v = config["schedule"], config["micro_batches"], config["stages_per_rank"]
+        schedule = make_schedule(name, 4, m, v)
+        saved = [4 * b * (64 if s == 0 else 128) for s in range(schedule.n_stages)]
+        after_b = [4 * b * (64 + 64)] * schedule.n_stages
+        for r in range(4):
+            count, nbytes = _held_by_the_schedule(schedule, r, saved, after_b)
+            assert ranks[r]["peak_in_flight"] == count, f"{_label(4, config)}, rank {r}: {ranks[r]['peak_in_flight']}"
+            if schedule.n_stages - 1 not in schedule.stages_of(r):
+                assert ranks[r]["peak_activation_bytes"] == nbytes, (
+                    f"{_label(4, config)}, rank {r}: {ranks[r]['peak_activation_bytes']} bytes, replayed {nbytes}")
+                peaks.setdefault(name, []).append(nbytes)
+    assert all(zb > base for zb, base in zip(peaks["zb_h1"], peaks["1f1b"])), peaks
 
 
 def test_elements_sent_match_the_formula(runs):
@@ -118,18 +157,21 @@ def test_elements_sent_match_the_formula(runs):
         assert traffic.total == STEPS * per_step, f"{_label(p, config)}: {traffic.total} elements"
 
 
-def test_each_action_is_a_span_on_the_shared_clock_in_schedule_order(runs):
+@pytest.mark.parametrize("name", ["1f1b", "zb_h1"])
+def test_each_action_is_a_span_on_the_shared_clock_in_schedule_order(runs, name):
     """The measured Gantt chart under the plan needs one span per action, named as the action (``F3@s1``):
-    F as forward, B and W as backward, RECV as idle (waiting), SEND as comm, in the schedule's order.
+    F as forward, B as backward, W as weight, RECV as idle (waiting), SEND as comm, in the schedule's order.
 
-    Planted bug seen failing: receives recorded as comm, not as waiting (no idle spans on rank 1)."""
-    config = CONFIGS[2][-1]
+    Planted bugs seen failing: receives recorded as comm, not as waiting (no idle spans on rank 1); W recorded
+    as backward (``zb_h1``, rank 0)."""
+    index = next(i for i, c in enumerate(CONFIGS[2]) if c.get("trace") and c["schedule"] == name)
+    config = CONFIGS[2][index]
     schedule = make_schedule(config["schedule"], 2, config["micro_batches"])
-    spans = runs[2][1][0][-1]["spans"]
-    kinds = {"F": "forward", "B": "backward", "W": "backward", "RECV_F": "idle", "RECV_B": "idle",
+    spans = runs[2][1][0][index]["spans"]
+    kinds = {"F": "forward", "B": "backward", "W": "weight", "RECV_F": "idle", "RECV_B": "idle",
              "SEND_F": "comm", "SEND_B": "comm"}
     for rank in range(2):
-        mine = [s for s in spans if s.rank == rank and s.kind in ("forward", "backward", "idle")
+        mine = [s for s in spans if s.rank == rank and s.kind in ("forward", "backward", "weight", "idle")
                 or s.rank == rank and s.kind == "comm" and s.name.startswith("SEND")]
         expected = [(kinds[a.op], str(a)) for a in schedule.actions[rank]] * STEPS
         assert [(s.kind, s.name) for s in sorted(mine, key=lambda s: s.start)] == expected, f"rank {rank}"

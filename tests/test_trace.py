@@ -120,3 +120,17 @@ def test_computing_together_counts_a_wait_as_a_wait_however_it_is_booked():
     chain = [Span(0, "forward", "", 0.0, 5.0), Span(1, "forward", "", 5.0, 10.0)]  # model parallelism's
     assert computing_together(chain) == 0.0
     assert math.isnan(computing_together([Span(0, "optimizer", "", 0.0, 1.0)]))
+
+
+def test_a_weight_gradient_is_compute_and_can_hide_communication():
+    """A zero-bubble pipeline's W is its own span kind, ``weight``, and it is backward work: rank 0 in a forward
+    while rank 1 computes its W, both compute (share 1.0); a send under rank 1's W is hidden (1.0).
+
+    Planted bug, seen failing: ``weight`` left out of the compute kinds (``computing_together``: 0.0 for 1.0)."""
+    from coursekit.trace import COMPUTE_KINDS, KINDS, computing_together
+
+    assert "weight" in KINDS and "weight" in COMPUTE_KINDS
+    spans = [Span(0, "forward", "F1@s0", 0.0, 2.0), Span(1, "weight", "W0@s1", 0.0, 2.0),
+             Span(1, "comm", "SEND_B1@s1", 0.5, 1.5)]
+    assert computing_together(spans) == pytest.approx(1.0)
+    assert hidden_fraction(spans, rank=1) == pytest.approx(1.0)

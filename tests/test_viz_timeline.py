@@ -36,3 +36,20 @@ def test_hidden_share_can_be_left_out_of_the_title_where_it_means_nothing():
     assert draw_timeline(SPANS, title="chain", hidden_share=False).axes[0].get_title() == "chain"
     fig = draw_timelines({"chain": SPANS}, hidden_share=False)
     assert fig.axes[0].get_title() == "chain"
+
+
+def test_every_kind_has_a_colour_and_w_is_drawn_as_in_the_plan():
+    """Every span kind is coloured and in the legend; W (kind ``weight``) in the plan figures' W colour, and in the
+    legend only where a W is drawn (the other chapters' timelines have none).
+
+    Planted bugs, seen failing: no colour for ``weight`` (``KeyError: 'weight'`` drawing a W span); ``weight``
+    always in the legend (in the timeline without W)."""
+    from coursekit.trace import KINDS
+    from coursekit.viz.pipeline import OP_COLOURS
+
+    assert set(COLOURS) == set(KINDS)
+    assert COLOURS["weight"] == OP_COLOURS["W"]
+    fig = draw_timeline(SPANS + [Span(0, "weight", "W0@s0", 0.032, 0.040)])
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()] == list(KINDS)
+    without = draw_timeline(SPANS)
+    assert [t.get_text() for t in without.axes[0].get_legend().get_texts()] == [k for k in KINDS if k != "weight"]

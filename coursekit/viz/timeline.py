@@ -4,9 +4,9 @@
     >>> fig = draw_timeline(spans, title="bucketed, overlapped")       # spans from Tracer.gather()
 
 Communication runs on gloo's threads *while* the rank computes, so each rank
-gets two lanes: its own work (forward, backward, optimiser, idle waits) on
-top, communication (issued -> completed) just below. Where a comm bar sits
-under a backward bar, communication is hidden; where it sits under "idle",
+gets two lanes: its own work (forward, backward, a zero-bubble pipeline's weight
+gradient W, optimiser, idle waits) on top, communication (issued -> completed)
+just below. Where a comm bar sits under a backward bar, communication is hidden; where it sits under "idle",
 the rank waits for it.
 """
 
@@ -17,8 +17,8 @@ from matplotlib.patches import Patch
 
 from ..trace import KINDS, Span, hidden_fraction
 
-COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "comm": "#DD8452", "optimizer": "#8172B3",
-           "idle": "#DDDDDD"}
+COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "weight": "#C44E52", "comm": "#DD8452",
+           "optimizer": "#8172B3", "idle": "#DDDDDD"}
 
 
 def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: float | None = None,
@@ -54,7 +54,9 @@ def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: f
     if hidden_share and fraction == fraction:  # not NaN
         label += f"  —  {fraction:.0%} of communication hidden behind backward"
     ax.set_title(label, fontsize=10)
-    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in KINDS], ncol=5, fontsize=8,
+    drawn = {s.kind for s in spans}  # "weight" only where there is a W (zero bubble); the others always
+    kinds = [k for k in KINDS if k != "weight" or k in drawn]
+    ax.legend(handles=[Patch(color=COLOURS[k], label=k) for k in kinds], ncol=len(kinds), fontsize=8,
               loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(ranks) < 3 else -0.2), frameon=False)
     fig.tight_layout()
     return fig

@@ -12,6 +12,7 @@ One module per concept, PyTorch's counterpart last:
   ``measured`` -- :func:`measured_bubble`, a real step's bubble on the plan's window, its tail apart;
 * ``balance`` -- unequal stages: :func:`stage_costs`, :func:`stage_times` (measured), :func:`imbalance`;
 * ``traffic`` -- :func:`pipeline_traffic`, a schedule's point-to-point bytes counted from its actions;
+* ``split_backward`` -- :func:`backward_input` (B) and :func:`backward_weight` (W): one backward in two pieces;
 * ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
 
@@ -27,6 +28,7 @@ from .planning import Plan, bubble_formula, peak_activations_formula, plan
 from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
 from .balance import imbalance, stage_costs, stage_times
 from .traffic import PipelineTraffic, all_reduce_bytes, pipeline_traffic, pipeline_traffic_formula
+from .split_backward import WeightWork, backward_input, backward_weight
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
 
@@ -38,4 +40,5 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "ACTION_NAME", "MeasuredBubble", "compute_op", "measured_bubble",
            "stage_costs", "stage_times", "imbalance",
            "PipelineTraffic", "pipeline_traffic", "pipeline_traffic_formula", "all_reduce_bytes",
+           "WeightWork", "backward_input", "backward_weight",
            "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]

@@ -11,20 +11,21 @@ only carries it out, action by action:
   computes the micro-batch's loss, scaled as the training loop does (the sum over micro-batches is the
   loss of the whole batch), so the gradients *accumulate* to exactly one process's.
 * ``B(s, i)``: backward of stage ``s``. When the schedule also has ``W`` actions (zero bubble, Qi et al.
-  2023) the backward is split: ``B`` computes only the gradient of the stage's *input* --
-  ``torch.autograd.grad(output, input, grad, retain_graph=True)`` -- which the previous stage waits for,
-  and ``W(s, i)`` later computes the *weight* gradients (``torch.autograd.grad(output, weights, grad)``,
-  added into ``.grad``). Here W runs autograd from the stage output again, so it redoes the
-  activation-gradient work B did; real implementations (torch's ``stage_backward_weight``) keep B's
-  intermediate gradients and compute only the weight GEMMs ``dW = Xᵀ·dY``.
+  2023) the backward is split (:mod:`coursekit.parallel.pipeline.split_backward`): ``B`` computes only
+  the gradient of the stage's *input*, which the previous stage waits for, recording on its way down the
+  gradient that reaches each layer's output (``dY``); ``W(s, i)`` later computes the *weight* gradients
+  from those alone (``dW = dYᵀ·X``, ``db = Σ dY``), added into ``.grad``. B and W together do the work of
+  one backward. On the first stage, whose input needs no gradient, B has nothing to do and W runs the
+  whole backward (as ``torch.distributed.pipelining`` does).
 * ``SEND_F``/``SEND_B``: :func:`coursekit.comm.isend` (non-blocking; all waited at the end of the step);
   ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv`. Messages between two ranks match in order.
 
-Every action is a span on the shared clock (``F3@s1`` of kind ``forward``, ``B``/``W`` of kind ``backward``,
-receives as ``idle``), so the measured Gantt chart can be drawn under the planned one. Memory is measured,
-not assumed: every tensor autograd saves during ``F(s, i)`` (parameters and the batch itself excluded) is
-watched through a weak reference, so a micro-batch counts as *held* until its saved tensors are really
-freed -- the activations GPipe keeps for all ``m`` micro-batches and 1F1B for at most ``min(p - r, m)``.
+Every action is a span on the shared clock (``F3@s1`` of kind ``forward``, ``B`` of kind ``backward``, ``W``
+of kind ``weight``, receives as ``idle``), so the measured Gantt chart can be drawn under the planned one.
+Memory is measured, not assumed: every tensor autograd saves during ``F(s, i)`` (parameters and the batch
+itself excluded), and every gradient a split B keeps for its W, is watched through a weak reference, so a
+micro-batch counts as *held* until those tensors are really freed -- the activations GPipe keeps for all
+``m`` micro-batches, 1F1B for at most ``min(p - r, m)``, ZB-H1 until each micro-batch's W.
 
     >>> train(rank, world_size, "pipeline", model="transformer", micro_batches=4, schedule="1f1b")  # doctest: +SKIP
 """
@@ -42,6 +43,7 @@ from ...strategy import Setup, register
 from .comm import Channel, broadcast_loss, sum_tied_gradients
 from .model import StagedStrategy
 from .schedules import Action, Schedule, make_schedule
+from .split_backward import backward_input, backward_weight
 from .validator import validate
 
 __all__ = ["ExecutorStats", "execute", "PipelineParallel"]
@@ -53,7 +55,7 @@ class ExecutorStats:
 
     actions: int = 0
     peak_in_flight: int = 0            # most micro-batch-stage pairs whose saved activations were alive at once
-    peak_activation_bytes: int = 0     # bytes of those saved tensors at that moment (each storage once)
+    peak_activation_bytes: int = 0     # most bytes alive at once: saved tensors and W's kept gradients (each storage once)
     activation_bytes: dict = field(default_factory=dict)   # (stage, micro-batch) -> bytes saved by its F
 
 
@@ -66,10 +68,24 @@ class _SavedTensors:
         self.current: tuple[int, int] | None = None
 
     def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Watch ``t``; autograd keeps an alias of it (``detach``: the same storage, no ``grad_fn``).
+
+        Keeping ``t`` itself would tie a node to its own output (output -> grad_fn -> saved output), a cycle
+        through C++ that Python's collector cannot see: the graph would outlive a split B whose trunk W
+        never runs again. Autograd's own saving keeps no such reference either.
+        """
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in self.exclude:
-            self.refs.setdefault(self.current, []).append((weakref.ref(t), ptr, t.untyped_storage().nbytes()))
+        if ptr in self.exclude:
+            return t
+        t = t.detach()
+        self.refs.setdefault(self.current, []).append((weakref.ref(t), ptr, t.untyped_storage().nbytes()))
         return t
+
+    def keep(self, key: tuple[int, int], tensors: list[torch.Tensor]) -> None:
+        """Count ``tensors`` (what a split B keeps for W) as held by ``key`` while they are alive."""
+        for t in tensors:
+            storage = t.untyped_storage()
+            self.refs.setdefault(key, []).append((weakref.ref(t), storage.data_ptr(), storage.nbytes()))
 
     def alive(self) -> dict[tuple[int, int], int]:
         """Bytes still held per (stage, micro-batch), each storage once; forgets what was freed."""
@@ -163,36 +179,36 @@ class _Step:
                 out = self.micro_loss(out, *self.micro_batches[i])
                 self.loss_sum += out.item()
         self.inputs[(s, i)], self.outputs[(s, i)] = x, out
+        self.stats.activation_bytes[(s, i)] = self.held().get((s, i), 0)
+
+    def held(self) -> dict[tuple[int, int], int]:
+        """Bytes alive per (stage, micro-batch) now; the peaks updated (called after each F and each B)."""
         held, stats = self.saved.alive(), self.stats
-        stats.activation_bytes[(s, i)] = held.get((s, i), 0)
-        if len(held) > stats.peak_in_flight or (len(held) == stats.peak_in_flight
-                                                 and sum(held.values()) > stats.peak_activation_bytes):
-            stats.peak_in_flight, stats.peak_activation_bytes = len(held), sum(held.values())
+        stats.peak_in_flight = max(stats.peak_in_flight, len(held))
+        stats.peak_activation_bytes = max(stats.peak_activation_bytes, sum(held.values()))
+        return held
 
     def backward(self, s: int, i: int, name: str) -> None:
-        x, out = self.inputs.pop((s, i)), self.outputs[(s, i)]
+        x, out = self.inputs.pop((s, i)), self.outputs.pop((s, i))
         grad = None if s == self.last else self.grads.pop((s, i))
         with _span(self.tracer, "backward", name):
-            if self.split:  # the input gradient only; the graph stays for W
-                dx = torch.autograd.grad(out, x, grad, retain_graph=True)[0] if x.requires_grad else None
-                self.for_w[(s, i)] = (out, grad)
+            if self.split:  # the input gradient only; what W needs stays, the rest of the graph goes
+                (dx,), work = backward_input([out], [grad], [x], self.stages[s].parameters())
+                self.for_w[(s, i)] = work
+                self.saved.keep((s, i), work.kept())
             else:           # input and weight gradients; the graph (and its saved activations) is freed
                 torch.autograd.backward(out, grad)
                 dx = x.grad if x.requires_grad else None
-                del self.outputs[(s, i)]
+        del x, out, grad
         if s > 0 and self.owner(s - 1) == self.rank:
             self.grads[(s - 1, i)] = dx           # this rank's stage s-1 carries on from here
         elif s > 0:
             self.to_send[(s, i)] = dx             # for SEND_B
+        self.held()
 
     def weight_gradients(self, s: int, i: int, name: str) -> None:
-        out, grad = self.for_w.pop((s, i))
-        weights = [w for w in self.stages[s].parameters() if w.requires_grad]
-        with _span(self.tracer, "backward", name):
-            for w, g in zip(weights, torch.autograd.grad(out, weights, grad, allow_unused=True) if weights else ()):
-                if g is not None:
-                    w.grad = g if w.grad is None else w.grad.add_(g)
-        del self.outputs[(s, i)]
+        with _span(self.tracer, "weight", name):
+            backward_weight(self.for_w.pop((s, i)))
 
 
 def _span(tracer, kind: str, name: str):
