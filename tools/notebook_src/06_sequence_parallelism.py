@@ -620,7 +620,7 @@ print(f"\nH100 (assumed {flops / 1e12:.0f} TFLOP/s bf16), s = 2 bytes: L ≥ {2 
 
 # %% [markdown]
 # Compute grows as L² and the transfers as L, so the long chunks are where the transfers hide (the line under
-# the table says how much in this run; chunks of 4,096 tokens hid 95–96% in every run while this chapter was
+# the table says how much in this run; chunks of 4,096 tokens hid 95–97% in every run while this chapter was
 # written). One CPU core computes slowly and loopback moves bytes fast, so here the crossing comes early. At
 # the short chunks a step's compute is a fraction of a millisecond, and what the forward waits is then mostly
 # the other rank's timing on 2 shared cores — wherever the wait is longer than the transfers alone, it
