@@ -73,6 +73,7 @@ from ...memory import held_bytes
 from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .averaging import broadcast_parameters
+from .precision import MixedPrecision, as_policy, cast_inputs
 from .units import CommThread, Unit, default_units, gather_whole, plan_units
 
 __all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]
@@ -91,17 +92,24 @@ class ShardedUnits(nn.Module):
         collectives: ``"ring"`` (chapter 01's, counted by ``comm.record``) or ``"torch"``.
         prefetch: issue the next unit's all-gather ahead and reduce-scatter without waiting (False:
             every collective blocks where it is needed: the baseline prefetch is measured against).
+        mp_policy: mixed precision (:class:`~coursekit.parallel.data.MixedPrecision` or ``"bf16"``), as FSDP2's
+            ``mp_policy``: units gathered and computed in ``param_dtype``, my segments an fp32 master,
+            gradients reduce-scattered in ``reduce_dtype``.
     """
 
     def __init__(self, module: nn.Module, units: list[str] | None = None, group=None, collectives="ring",
-                 tracer=None, prefetch: bool = True):
+                 tracer=None, prefetch: bool = True, mp_policy: MixedPrecision | str | None = None):
         super().__init__()
+        self.policy = as_policy(mp_policy)
+        if self.policy.param_dtype == torch.float16:
+            raise ValueError("zero3_units computes in bf16 but not yet in fp16, which needs loss scaling: use "
+                             "precision='bf16' here, or 'zero1'/'zero2'/'zero3' for fp16 with a LossScaler.")
         self.group = as_group(group)
         self.module = broadcast_parameters(module, group=self.group)
         self.rank, self.world_size = rank_size(self.group)
         self.comm, self.prefetch = get_collectives(collectives), prefetch
         plan = plan_units(module, default_units(module) if units is None else list(units))
-        self.units = [Unit(n, m, named, self.rank, self.world_size) for n, m, named in plan]
+        self.units = [Unit(n, m, named, self.rank, self.world_size, self.policy.param_dtype) for n, m, named in plan]
         self.root = self.units[-1] if plan and plan[-1][0] == "root" else None
         self.blocks = [u for u in self.units if u is not self.root]  # the units prefetched one by one
         self.frozen = {n: p for n, p in module.named_parameters() if not p.requires_grad}
@@ -137,7 +145,7 @@ class ShardedUnits(nn.Module):
         unit.flat.untyped_storage().resize_(unit.numel * unit.flat.element_size())
         self._measure()
         unit.gather = self._thread.run(f"all-gather {unit.name}", lambda: self.comm.all_gather(
-            unit.shard.data, unit.flat.data, group=self.group))
+            unit.shard.data.to(unit.flat.dtype), unit.flat.data, group=self.group))  # mixed: my master, cast
         self.elements_all_gathered += unit.numel
 
     def _gather(self, unit: Unit) -> None:
@@ -167,6 +175,8 @@ class ShardedUnits(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, *args, **kwargs):
         self._order = []
+        if self.policy.mixed and self.policy.cast_forward_inputs:
+            args, kwargs = cast_inputs(args, kwargs, self.policy.param_dtype)
         if self.root is not None:
             self._issue(self.root)
         if self.prefetch and self.blocks:
@@ -174,6 +184,8 @@ class ShardedUnits(nn.Module):
         if self.root is not None:
             self._ready(self.root)
         output = self.module(*args, **kwargs)
+        if self.policy.output_dtype is not None and isinstance(output, torch.Tensor):
+            output = output.to(self.policy.output_dtype)
         if torch.is_grad_enabled():
             if not (isinstance(output, torch.Tensor) and output.requires_grad):
                 raise ValueError("ShardedUnits gathers the root unit again when backward reaches the model's "
@@ -241,8 +253,11 @@ class ShardedUnits(nn.Module):
     def _reduce_scatter(self, unit: Unit) -> None:
         flat = unit.flat_grad
 
-        def work():
-            unit.reduced = self.comm.reduce_scatter(flat, group=self.group).div(self.world_size)
+        reduce_dtype = self.policy.reduce(unit.shard.dtype)
+
+        def work():  # mixed precision: summed in reduce_dtype, my segment kept in the master's dtype
+            summed = self.comm.reduce_scatter(flat.to(reduce_dtype), group=self.group)
+            unit.reduced = summed.to(unit.shard.dtype).div(self.world_size)
 
         unit.reduce = self._thread.run(f"reduce-scatter {unit.name}", work)
         self.elements_reduce_scattered += unit.numel
@@ -292,12 +307,12 @@ class ShardedUnits(nn.Module):
 class Zero3Units(Strategy):
     """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
 
-    options = {"collectives": "ring", "units": None, "prefetch": True}
+    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None}
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
         self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
-                                  setup.tracer, self.option("prefetch"))
+                                  setup.tracer, self.option("prefetch"), self.option("precision"))
         self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
         self.peaks: list[int] = []
 

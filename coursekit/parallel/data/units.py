@@ -96,9 +96,14 @@ class CommThread:
 
 
 class Unit:
-    """One unit's trainable parameters: a flat buffer (views for every parameter) and my segment of it."""
+    """One unit's trainable parameters: a flat buffer (views for every parameter) and my segment of it.
 
-    def __init__(self, name: str, module: nn.Module, named: list[tuple[str, nn.Parameter]], rank: int, size: int):
+    With ``dtype`` (mixed precision) the flat buffer -- what is gathered and computed with -- is in ``dtype``
+    and my segment stays in the parameters' own dtype: the fp32 master the optimiser steps.
+    """
+
+    def __init__(self, name: str, module: nn.Module, named: list[tuple[str, nn.Parameter]], rank: int, size: int,
+                 dtype: torch.dtype | None = None):
         if len({p.dtype for _, p in named}) > 1:
             raise ValueError(f"unit {name!r}: one flat buffer needs one dtype for all its parameters.")
         self.name, self.module, self.names = name, module, [n for n, _ in named]
@@ -106,10 +111,11 @@ class Unit:
         self.shapes = [p.shape for p in self.params]
         self.numel = sum(p.numel() for p in self.params)
         self.start, self.stop = segment_bounds(self.numel, size)[owned_segment(rank, size)]
-        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+        master = torch.cat([p.detach().reshape(-1) for p in self.params])
+        self.flat = master if dtype is None else master.to(dtype)
         self.empty = self.flat.new_empty(0)
         self.show(full=True)
-        self.shard = nn.Parameter(self.flat[self.start:self.stop].clone())  # what the optimiser steps
+        self.shard = nn.Parameter(master[self.start:self.stop].clone())  # what the optimiser steps
         self.flat_grad: torch.Tensor | None = None
         self.gather: Job | None = None   # all-gather issued, not yet waited
         self.reduce: Job | None = None   # reduce-scatter issued, not yet waited
@@ -167,7 +173,8 @@ def gather_whole(units: list[Unit], pick, group) -> dict[str, torch.Tensor]:
     (outside chapter 01's counted traffic: for the record only)."""
     out = {}
     for unit in units:
-        flat = torch.empty(unit.numel, dtype=unit.flat.dtype)
-        TORCH.all_gather(pick(unit), flat, group=group)
+        mine = pick(unit)
+        flat = torch.empty(unit.numel, dtype=mine.dtype)
+        TORCH.all_gather(mine, flat, group=group)
         out.update(unit.views(flat))
     return out
