@@ -604,8 +604,8 @@ for g in range(1, MEMORY_RANKS + 1):
 # gradients are divided back before the step, and a step whose gradients overflowed anywhere is skipped
 # with the scale halved (`coursekit.parallel.data.LossScaler`, `torch.amp.GradScaler`'s rule; with sharded
 # gradients "anywhere" is one all-reduce of a flag). `train(..., "zero2", precision="fp16")` does it; the
-# tests check it skips exactly the steps `GradScaler` skips. (Mixed precision for plain data parallelism and
-# for `"zero3_units"` is not built yet.)
+# tests check it skips exactly the steps `GradScaler` skips. (`"zero3_units"` takes `precision="bf16"`
+# too; mixed precision for plain data parallelism, and fp16 for `"zero3_units"`, are not built yet.)
 #
 # ## Where plain data parallelism stops fitting
 #
