@@ -3,8 +3,8 @@ run prints every schedule against its formula and the targets against PyTorch.""
 
 from fractions import Fraction
 
-from coursekit.bench.pipeline import analyse, main
-from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
+from coursekit.bench.pipeline import analyse, main, sweep_table, sweep_targets
+from coursekit.parallel.pipeline import SweepResult, bubble_formula, make_schedule, plan
 from coursekit.trace import Span
 
 MS = 1e-3
@@ -60,7 +60,56 @@ def test_a_quick_run_prints_every_schedule_and_the_targets(capsys):
         formula = f"{float(bubble_formula(name, 2, m, v)):.0%}"
         assert any(line.startswith(f"| 2 | {name} | {v} | {m} |") and f"| {formula} |" in line
                    for line in out.splitlines()), (name, out)
-    assert [t[0] for t in targets] == [f"coursekit {n} ≤ 1.2× torch (p = 2, m = 2)"
-                                       for n in ("gpipe", "1f1b", "interleaved")]
-    assert all(t[1].endswith("×") for t in targets)
+    assert [t[0] for t in targets[:3]] == [f"coursekit {n} ≤ 1.2× torch (p = 2, m = 2)"
+                                           for n in ("gpipe", "1f1b", "interleaved")]
+    assert all(t[1].endswith("×") for t in targets[:3])
     assert "receiver already waiting" in out
+    assert "| m | 1F1B | GPipe | one process, same m |" in out  # the m-sweep, at m = 1, 2, 4
+    assert [t[0].split(" (p = 2")[0] for t in targets[3:]] == ["1F1B ≥ 85% of the ideal 1.60× over one process with the "
+                                                          "same micro-batches", "measured bubble falls with m",
+                                                          "measured bubble within 10 points of (p−1)/(m+p−1) at m ≥ 4"]
+
+
+def _sweep(ms, speedup_share=1.0, bubble_offset=None):
+    """A sweep whose every number follows from the formulas: speed-up = share × ideal, bubble = formula (+ offset)."""
+    rows = []
+    for m in ms:
+        ideal, formula = 2 * m / (m + 1), 1 / (m + 1)
+        speedup = (speedup_share * ideal, 0.9 * speedup_share * ideal, 1.1 * speedup_share * ideal)
+        step = {v: 0.1 for v in ("1f1b", "1f1b_late", "gpipe", "gpipe_recompute", "same_work", "whole_batch",
+                                 "both_cores")}
+        rows.append({"m": m, "step": step, "speedup_1f1b": speedup, "speedup_gpipe": speedup, "ideal": ideal,
+                     "bubble": formula + (bubble_offset or {}).get(m, 0.0), "bubble_formula": formula,
+                     "accumulation_cost": (1.0, 1.0, 1.0), "both_cores": (1.0, 1.0, 1.0),
+                     "compute_inflation": (1.0, 1.0, 1.0), "window_share": (1.0, 1.0, 1.0),
+                     "post_ahead_gain": (1.0, 1.0, 1.0),
+                     "peak_activation_bytes": {"1f1b": [2 ** 20, 2 ** 19], "gpipe": [m * 2 ** 19] * 2,
+                                               "gpipe_recompute": [0, 2 ** 19]}})
+    return SweepResult(rows)
+
+
+def test_the_sweeps_targets_are_met_on_the_formulas_and_missed_off_them():
+    """A sweep exactly on the formulas meets every target; 84% of the ideal, a bubble that rises, or one 11 points
+    off the formula each misses its own. Planted bugs, seen failing: the 85% compared with the ideal's
+    complement (``≥ 0.85 * (1 - ideal)``: 84% met); the monotonic check as ``>=`` on (a, a) pairs (a flat bubble
+    met); the distance checked at m ≥ 8 only (m = 4 eleven points off met). No timing: every number is made up."""
+    ms = (1, 2, 4, 8, 16)
+    assert all(met for _, _, met in sweep_targets(_sweep(ms))), sweep_targets(_sweep(ms))
+    slow = {t[0]: t[2] for t in sweep_targets(_sweep(ms, speedup_share=0.84))}
+    assert [met for name, met in slow.items() if name.startswith("1F1B")] == [False, False], slow
+    flat = sweep_targets(_sweep(ms, bubble_offset={8: 1 / 5 - 1 / 9}))  # m = 8's bubble as m = 4's
+    assert [met for name, _, met in flat if name.startswith("measured bubble falls")] == [False], flat
+    off = sweep_targets(_sweep(ms, bubble_offset={4: 0.11}))
+    assert [met for name, _, met in off if "within 10 points" in name] == [False], off
+    assert [met for name, _, met in off if "falls" in name] == [True], off
+
+
+def test_the_sweeps_table_has_a_row_per_m_with_its_ideal_and_formula():
+    """Planted bug, seen failing: the ideal column printed as m/(m+1) (half the ideal): '1.00×' not in m = 1's row."""
+    table = sweep_table(_sweep((1, 4, 8))).splitlines()
+    assert len(table) == 2 + 3
+    for line, m in zip(table[2:], (1, 4, 8)):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == str(m)
+        assert f"{2 * m / (m + 1):.2f}×" in cells, (m, cells)
+        assert f"{1 / (m + 1):.1%}" in cells, (m, cells)

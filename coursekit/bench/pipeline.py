@@ -131,7 +131,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="a smoke run: p = 2, m = 2, hidden 64, 2 steps")
-    options = parser.parse_args(argv)
+    options = add_sweep_arguments(parser).parse_args(argv)
     if options.quick:
         options.p, options.m, options.hidden, options.batch, options.steps, options.warmup = [2], [2], 64, 16, 2, 1
     print(f"MLP of p·v layers {options.hidden} × {options.hidden}, {options.batch} samples per step, SGD; "
@@ -180,4 +180,95 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         print("\nOn 2 cores, p = 4 puts two ranks on each core: while all four compute each runs at half speed, "
               "and a rank waiting in the bubble gives its core to the others. Step times there measure the "
               "scheduler as much as the schedule; only p = 2 gives each rank a core.")
+    return targets + sweep_section(options)
+
+
+# --------------------------------------------------------------------------- P7: the m-sweep
+SWEEP_TARGET_MS = (4, 8)   # speed-up ≥ 85% of the ideal at these m
+SWEEP_BUBBLE_FROM = 4      # measured bubble within 10 points of the formula from this m on
+
+
+def add_sweep_arguments(parser):
+    """The m-sweep's options (see :func:`sweep_section`); returns ``parser``."""
+    parser.add_argument("--sweep-m", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="the m-sweep's m (P7)")
+    parser.add_argument("--sweep-layers", type=int, default=8, help="layers of the m-sweep's MLP (--hidden wide)")
+    parser.add_argument("--sweep-iters", type=int, default=7, help="paired iterations of the m-sweep")
+    return parser
+
+
+def sweep_table(result) -> str:
+    """The sweep of :func:`~coursekit.parallel.pipeline.pipeline_sweep` as a markdown table, one row per m."""
+    ms = lambda t: f"{t * 1e3:.0f} ms"  # noqa: E731
+    x = lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
+    mib = lambda b: "/".join(f"{v / 2**20:.1f}" for v in b)  # noqa: E731
+    lines = ["| m | 1F1B | GPipe | one process, same m | one process, whole batch | accumulation cost | "
+             "1F1B speed-up | GPipe speed-up | ideal 2m/(m+1) | 1F1B / ideal | bubble measured | formula | "
+             "peak activations per rank (MiB): 1F1B | GPipe | GPipe recomputed (time) |",
+             "|" + "---|" * 16]
+    for row in result.rows:
+        step, peak = row["step"], row["peak_activation_bytes"]
+        recomputed = (f"{mib(peak['gpipe_recompute'])} ({ms(step['gpipe_recompute'])})"
+                      if "gpipe_recompute" in peak else "—")
+        lines.append(f"| {row['m']} | {ms(step['1f1b'])} | {ms(step['gpipe'])} | {ms(step['same_work'])} | "
+                     f"{ms(step['whole_batch'])} | {x(row['accumulation_cost'])} | {x(row['speedup_1f1b'])} | "
+                     f"{x(row['speedup_gpipe'])} | {row['ideal']:.2f}× | {row['speedup_1f1b'][0] / row['ideal']:.0%} | "
+                     f"{row['bubble']:.1%} | {row['bubble_formula']:.1%} | {mib(peak['1f1b'])} | {mib(peak['gpipe'])} | "
+                     f"{recomputed} |")
+    return "\n".join(lines)
+
+
+def sweep_gap_table(result) -> str:
+    """Where 1F1B's speed-up goes, per m: speed-up = p · (1 − bubble) · (window / step) / (compute inflation)."""
+    x = lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
+    lines = ["| m | 1F1B speed-up | ideal | bubble − formula | compute inflation (F + B spans / one process) | "
+             "window / step | two ranks computing at once / one alone | receives posted late / ahead |",
+             "|" + "---|" * 8]
+    for row in result.rows:
+        lines.append(f"| {row['m']} | {x(row['speedup_1f1b'])} | {row['ideal']:.2f}× | "
+                     f"{(row['bubble'] - row['bubble_formula']) * 100:+.1f} points | {x(row['compute_inflation'])} | "
+                     f"{row['window_share'][0]:.1%} | {x(row['both_cores'])} | {x(row['post_ahead_gain'])} |")
+    return "\n".join(lines)
+
+
+def sweep_targets(result) -> list[tuple[str, str, bool]]:
+    """The m-sweep's targets: 1F1B ≥ 85% of the ideal at m = 4 and 8 (those swept), the measured bubble falling
+    with m, and within 10 percentage points of the formula from m = 4 on."""
+    rows = {row["m"]: row for row in result.rows}
+    targets = []
+    for m in (m for m in SWEEP_TARGET_MS if m in rows):
+        speedup, ideal = rows[m]["speedup_1f1b"], rows[m]["ideal"]
+        targets.append((f"1F1B ≥ 85% of the ideal {ideal:.2f}× over one process with the same micro-batches "
+                        f"(p = 2, m = {m})", f"{speedup[0]:.2f}× = {speedup[0] / ideal:.0%} [{speedup[1]:.2f}, "
+                        f"{speedup[2]:.2f}]", speedup[0] >= 0.85 * ideal))
+    bubbles = [rows[m]["bubble"] for m in sorted(rows)]
+    targets.append(("measured bubble falls with m (p = 2, 1F1B)", " > ".join(f"{b:.1%}" for b in bubbles),
+                    all(a > b for a, b in zip(bubbles, bubbles[1:]))))
+    far = {m: rows[m]["bubble"] - rows[m]["bubble_formula"] for m in sorted(rows) if m >= SWEEP_BUBBLE_FROM}
+    if far:
+        targets.append((f"measured bubble within 10 points of (p−1)/(m+p−1) at m ≥ {SWEEP_BUBBLE_FROM}",
+                        ", ".join(f"m = {m}: {d * 100:+.1f}" for m, d in far.items()),
+                        all(abs(d) <= 0.10 for d in far.values())))
     return targets
+
+
+def sweep_section(options) -> list[tuple[str, str, bool]]:
+    """P7 measured (issue 29 §1): the m-sweep on the wide MLP, p = 2, its table, and its targets."""
+    from ..parallel.pipeline import pipeline_sweep
+
+    if options.quick:  # a smoke run: a 4-layer MLP of --hidden 64, m up to 4, 2 iterations
+        options.sweep_m, options.sweep_layers, options.sweep_iters = [1, 2, 4], 4, 2
+    result = pipeline_sweep(options.sweep_m, batch=options.batch, width=options.hidden,
+                            n_layers=options.sweep_layers, iterations=options.sweep_iters)
+    print(f"\nP7 measured: MLP of {options.sweep_layers} layers {options.hidden} × {options.hidden}, "
+          f"{options.batch} samples per step at every m, 2 ranks of one thread, forward + backward; median of "
+          f"{options.sweep_iters} iterations, every variant back to back in each (speed-ups: paired ratios, "
+          f"median [lowest, highest]); the one-process baseline on each rank's core in turn:\n")
+    print(sweep_table(result))
+    print("\nThe fair baseline runs the same micro-batches: the accumulation cost column is what smaller "
+          "matrix products and m accumulations cost on one process, pipelining or not.\n\nWhere the rest of "
+          "the ideal goes: speed-up = p · (1 − bubble) · (window / step) / (compute inflation). Compute "
+          "inflation is the time the pipeline's F and B spans take, both ranks summed, over the same work on one "
+          "process alone; two ranks computing at once (the same work on each) over one alone is what the "
+          "machine's cores lose to each other, pipelining or not -- the ceiling is the ideal over it:\n")
+    print(sweep_gap_table(result))
+    return sweep_targets(result)

@@ -11,6 +11,8 @@ One module per concept, PyTorch's counterpart last:
   ``planning`` -- :func:`plan` on a unit-time clock and the papers' formulas;
   ``measured`` -- :func:`measured_bubble`, a real step's bubble on the plan's window, its tail apart;
 * ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
+* ``sweep`` -- :func:`pipeline_sweep`, P7 measured: 1F1B and GPipe against one process running the same
+  micro-batches, for m in a list (speed-up beside the ideal, bubble beside the formula, activation bytes);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
 
 Every name below is importable from here (``from coursekit.parallel.pipeline import make_schedule, plan``).
@@ -25,6 +27,7 @@ from .planning import Plan, bubble_formula, peak_activations_formula, plan
 from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
+from .sweep import SWEEP_VARIANTS, Recomputed, SweepResult, paired, pipeline_sweep, same_work_step, sweep_steps
 
 __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel",
            "Channel", "tied_parameters", "sum_tied_gradients", "broadcast_loss",
@@ -32,4 +35,5 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs",
            "validate", "run_on_clock", "Plan", "plan", "bubble_formula", "peak_activations_formula",
            "ACTION_NAME", "MeasuredBubble", "compute_op", "measured_bubble",
-           "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]
+           "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule",
+           "SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "sweep_steps", "SweepResult", "pipeline_sweep"]

@@ -1,0 +1,239 @@
+"""P7 measured: more micro-batches, a smaller bubble, a faster step than the same work on one process.
+
+Seed claim P7: cutting the batch into ``m`` micro-batches lets ``p`` stages work at once, and the idle share
+of a flushed pipeline (GPipe, 1F1B) is ``(p - 1) / (m + p - 1)``. :func:`pipeline_sweep` measures it on
+``p = 2`` ranks of one thread each, on a model wide enough that compute dominates (an MLP of 8 layers
+1024 × 1024 by default), at a fixed global batch, for each ``m`` in a list:
+
+* **1F1B** and **GPipe** through the executor (:func:`coursekit.parallel.pipeline.execute`), and GPipe with
+  each stage under ``torch.utils.checkpoint`` (activation recomputation);
+* **one process, the same m micro-batches** accumulated (:func:`same_work_step`) -- the fair baseline;
+* **one process, the whole batch at once**.
+
+Why the fair baseline is the same micro-batches: at a fixed global batch, ``m`` micro-batches cost more than
+one batch *even on one device* -- each matrix product is ``m`` times smaller (less efficient), and every
+weight's gradient is accumulated ``m`` times. That cost comes with gradient accumulation, not with pipelining;
+comparing a pipeline with the whole batch at once charges it to the pipeline and shows pipelining getting
+*slower* with ``m``. Against the same micro-batches, a pipeline with no overhead would be ``p·m/(m + p - 1)``
+times faster (``m`` micro-batches of ``p`` stages each take ``m + p - 1`` stage-slots instead of ``p·m``):
+the **ideal** speed-up. The rule of thumb ``m ≥ 4p`` (GPipe's paper: the bubble is negligible then) puts the
+bubble at or below ``(p - 1)/(5p - 1)`` -- 11% at p = 2 -- while the one-process row shows what the smaller
+micro-batches cost: past some ``m`` the pipeline gets nearer its ideal and the step still gets slower.
+
+**Pairing.** Whatever else runs on the machine slows whichever variant runs at that moment. So each iteration
+runs every variant back to back (after a barrier each), and the baseline alternates between the two ranks'
+cores (the other waits at the barrier); speed-ups are per-iteration ratios, reported as the median with
+the lowest and highest (:func:`paired`). A step is forward + backward of the global batch, the slowest
+rank's time; the optimizer step (the same work either way) is left out.
+
+**Bubble**: :func:`~coursekit.parallel.pipeline.measured_bubble` on each 1F1B step's spans (the plan's window,
+compute actions only), median over iterations, beside the formula. **Memory**: the executor's
+``peak_activation_bytes`` per rank -- GPipe holds all ``m`` micro-batches' activations (the whole batch's,
+whatever ``m``), 1F1B at most ``p - r`` on rank ``r``; recomputation keeps only each stage's input.
+
+    >>> result = pipeline_sweep([1, 2, 4, 8, 16])              # doctest: +SKIP  (2 ranks, about a minute)
+    >>> result.rows[2]["speedup_1f1b"], result.rows[2]["ideal"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from ...launch import launch
+from ...models import TeacherData, tiny_mlp
+from ...trace import Tracer
+from .comm import Channel
+from .executor import execute
+from .measured import compute_op, measured_bubble
+from .model import split
+from .schedules import make_schedule
+
+__all__ = ["SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "sweep_steps", "SweepResult", "pipeline_sweep"]
+
+SWEEP_VARIANTS = ("1f1b", "1f1b_late", "gpipe", "gpipe_recompute", "same_work", "whole_batch", "both_cores")
+
+
+class Recomputed(nn.Module):
+    """A stage under ``torch.utils.checkpoint``: forward keeps only its input; backward runs forward again.
+
+    GPipe's own remedy for holding all ``m`` micro-batches' activations (Huang et al. 2019, "re-materialization"):
+    memory down to one input per micro-batch and stage, time up by one more forward per micro-batch.
+    """
+
+    def __init__(self, stage: nn.Module):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.stage, x, use_reentrant=False)
+
+
+def same_work_step(model: nn.Module, micro_batches, micro_loss) -> float:
+    """One process doing what the pipeline does: every micro-batch forward and backward, gradients accumulated.
+
+    ``micro_batches``: ``(inputs, targets)`` pairs; ``micro_loss(output, inputs, targets)``: the scaled loss of
+    one (as the executor takes them). Returns the loss summed over micro-batches.
+    """
+    total = 0.0
+    for inputs, targets in micro_batches:
+        loss = micro_loss(model(inputs), inputs, targets)
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def paired(numerators: list[float], denominators: list[float]) -> tuple[float, float, float]:
+    """Median, lowest and highest of the per-iteration ratios ``numerator / denominator``."""
+    ratios = sorted(a / b for a, b in zip(numerators, denominators))
+    return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def _model(width: int, n_layers: int) -> nn.Module:
+    return tiny_mlp(d_in=width, d_hidden=width, d_out=width, n_layers=n_layers)
+
+
+def _timed(fn) -> float:
+    dist.barrier()
+    begin = time.perf_counter()
+    fn()
+    return time.perf_counter() - begin
+
+
+def sweep_steps(rank: int, world_size: int, ms=(1, 2, 4, 8, 16), batch: int = 256, width: int = 1024,
+                n_layers: int = 8, iterations: int = 7, recompute: bool = True) -> dict:
+    """Run on 2 ranks (``launch(sweep_steps, 2, ...)``): this rank's seconds per variant, per ``m``, per iteration.
+
+    One untimed iteration per ``m`` first, which also checks the baseline: it counts the model's forwards
+    (``baseline_forwards``: must be ``m``) and compares its gradients with 1F1B's (``gradient_difference``,
+    the largest absolute difference over all parameters). Rank 0 also returns every timed 1F1B step's spans.
+    """
+    if world_size != 2:
+        raise ValueError(f"the sweep runs on 2 ranks, one core each (got world_size={world_size}).")
+    model = _model(width, n_layers)
+    stages = split(model, 2, layers_per_stage=[n_layers // 2, n_layers - n_layers // 2])
+    tracer = Tracer(rank).start()
+    channel_ahead, channels = Channel(None, tracer), {"1f1b_late": Channel(None, tracer, post_ahead=False)}
+    data = TeacherData(width, width)
+    out: dict = {"times": {}, "peak_activation_bytes": {}, "spans": {}, "check": {}}
+    for m in ms:
+        inputs, targets = data.batch(0, batch)
+        micro = list(zip(inputs.tensor_split(m), targets.tensor_split(m)))
+
+        def micro_loss(output, x, y):
+            return F.cross_entropy(output, y) * x.shape[0] / batch
+
+        schedules = {"1f1b": make_schedule("1f1b", 2, m), "gpipe": make_schedule("gpipe", 2, m)}
+        mine = {"1f1b": {rank: stages[rank]}, "1f1b_late": {rank: stages[rank]}, "gpipe": {rank: stages[rank]},
+                "gpipe_recompute": {rank: Recomputed(stages[rank])}}
+        stats: dict = {}
+
+        def pipeline(name, record=False):
+            schedule, channel = schedules[name.split("_")[0]], channels.get(name, channel_ahead)
+            tracer.enabled = record
+            _, _, stats[name] = execute(schedule, rank, mine[name], micro, micro_loss, channel, tracer, check=False)
+            tracer.enabled = True
+
+        def one_process(k, chunks):
+            if rank == k % 2:
+                same_work_step(model, chunks, micro_loss)
+
+        baselines = {"same_work": micro, "whole_batch": [(inputs, targets)]}
+        variants = {"1f1b": lambda k: pipeline("1f1b", record=True), "1f1b_late": lambda k: pipeline("1f1b_late"),
+                    "gpipe": lambda k: pipeline("gpipe"),
+                    "same_work": lambda k: one_process(k, baselines["same_work"]),
+                    "whole_batch": lambda k: one_process(k, baselines["whole_batch"]),
+                    "both_cores": lambda k: same_work_step(model, micro, micro_loss)}
+        if recompute:
+            variants["gpipe_recompute"] = lambda k: pipeline("gpipe_recompute")
+        out["check"][m] = _check(rank, model, stages, pipeline, baselines["same_work"], micro_loss)
+        out["times"][m], spans = _time_variants(variants, iterations, tracer, model)
+        out["peak_activation_bytes"][m] = {name: s.peak_activation_bytes for name, s in stats.items()}
+        everyone = [None, None]
+        dist.all_gather_object(everyone, spans)
+        out["spans"][m] = [a + b for a, b in zip(*everyone)] if rank == 0 else None
+    return out
+
+
+def _time_variants(variants: dict, iterations: int, tracer, model) -> tuple[dict, list]:
+    """Every variant back to back in each iteration, after a barrier each; 1F1B's spans kept per iteration."""
+    times, spans = {name: [] for name in variants}, []
+    for k in range(iterations):
+        for name, run in variants.items():
+            tracer.spans = []
+            times[name].append(_timed(lambda: run(k)))
+            if name == "1f1b":
+                spans.append(list(tracer.spans))
+            model.zero_grad(set_to_none=True)
+    return times, spans
+
+
+def _check(rank, model, stages, pipeline, micro, micro_loss) -> dict:
+    """1F1B's gradients against the same-work baseline's, and the baseline's forwards counted (untimed)."""
+    pipeline("1f1b")
+    mine = [p.grad.clone() for p in stages[rank].parameters()]
+    model.zero_grad(set_to_none=True)
+    forwards = []
+    hook = model.layers[0].register_forward_hook(lambda *_: forwards.append(1))
+    same_work_step(model, micro, micro_loss)
+    hook.remove()
+    difference = max((mine_g - p.grad).abs().max().item() for mine_g, p in zip(mine, stages[rank].parameters()))
+    model.zero_grad(set_to_none=True)
+    return {"baseline_forwards": len(forwards), "gradient_difference": difference}
+
+
+@dataclass
+class SweepResult:
+    """One row per ``m``: median step times (seconds), paired speed-ups, bubbles, peak activation bytes."""
+
+    rows: list[dict]
+    p: int = 2
+    config: dict = field(default_factory=dict)
+
+
+def pipeline_sweep(ms=(1, 2, 4, 8, 16), batch: int = 256, width: int = 1024, n_layers: int = 8,
+                   iterations: int = 7, recompute: bool = True, timeout: float = 900) -> SweepResult:
+    """Launch :func:`sweep_steps` on 2 ranks and summarise it, one row per ``m`` (see the module).
+
+    Each row: ``m``; ``step`` (variant -> median seconds, the slowest rank's step); ``speedup_1f1b`` and
+    ``speedup_gpipe`` (same-work one process / pipeline: median, lowest, highest over iterations) beside
+    ``ideal`` = p·m/(m + p - 1); ``bubble`` (1F1B, measured) beside ``bubble_formula`` = (p - 1)/(m + p - 1);
+    ``accumulation_cost`` (same-work / whole batch, paired); ``peak_activation_bytes`` (variant -> bytes
+    on each rank); ``baseline_forwards`` and ``gradient_difference`` (the baseline checked, see
+    :func:`sweep_steps`).
+    """
+    p = 2
+    results = launch(sweep_steps, p, list(ms), batch, width, n_layers, iterations, recompute, timeout=timeout)
+    rows = []
+    for m in ms:
+        slowest = {name: [max(r["times"][m][name][k] for r in results) for k in range(iterations)]
+                   for name in results[0]["times"][m]}
+        spans = results[0]["spans"][m]
+        bubbles = [measured_bubble(step) for step in spans]
+        pipelines = [n for n in ("1f1b", "gpipe", "gpipe_recompute") if n in slowest]
+        rows.append({
+            "m": m,
+            "step": {name: statistics.median(t) for name, t in slowest.items()},
+            "speedup_1f1b": paired(slowest["same_work"], slowest["1f1b"]),
+            "speedup_gpipe": paired(slowest["same_work"], slowest["gpipe"]),
+            "post_ahead_gain": paired(slowest["1f1b_late"], slowest["1f1b"]),
+            "ideal": p * m / (m + p - 1),
+            "bubble": statistics.median(b.bubble for b in bubbles),
+            "compute_inflation": paired([sum(s.duration for s in step if compute_op(s)) for step in spans],
+                                        slowest["same_work"]),
+            "window_share": paired([b.window for b in bubbles], slowest["1f1b"]),
+            "bubble_formula": (p - 1) / (m + p - 1),
+            "accumulation_cost": paired(slowest["same_work"], slowest["whole_batch"]),
+            "both_cores": paired(slowest["both_cores"], slowest["same_work"]),
+            "peak_activation_bytes": {n: [r["peak_activation_bytes"][m][n] for r in results] for n in pipelines},
+            "baseline_forwards": results[0]["check"][m]["baseline_forwards"],
+            "gradient_difference": max(r["check"][m]["gradient_difference"] for r in results),
+        })
+    return SweepResult(rows, p, {"batch": batch, "width": width, "n_layers": n_layers, "iterations": iterations})

@@ -1,0 +1,68 @@
+"""P7's m-sweep (coursekit.parallel.pipeline.sweep) at a tiny size: the baseline does the pipeline's work, the
+formulas are the papers', the activation counts are the schedules'. No timing is asserted: only what was run.
+
+Each test names the bug planted by hand (in coursekit/parallel/pipeline/sweep.py) to see it fail.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coursekit.parallel.pipeline import SWEEP_VARIANTS, SweepResult, paired, pipeline_sweep
+
+P, MS, BATCH, WIDTH, LAYERS = 2, (1, 2, 4), 8, 16, 4
+
+
+@pytest.fixture(scope="module")
+def result() -> SweepResult:
+    return pipeline_sweep(MS, batch=BATCH, width=WIDTH, n_layers=LAYERS, iterations=2)
+
+
+def test_the_same_work_baseline_runs_the_pipelines_micro_batches(result):
+    """Its forwards are counted (m per step) and its gradients are 1F1B's.
+
+    Planted bugs, seen failing: the baseline given the whole batch (``same_work`` ran ``[(inputs, targets)]``):
+    'm=2: 1 forwards'; ``same_work_step`` zeroing the gradients before each micro-batch: 'gradient difference
+    0.102 at m=2'."""
+    for row in result.rows:
+        assert row["baseline_forwards"] == row["m"], f"m={row['m']}: {row['baseline_forwards']} forwards"
+        assert row["gradient_difference"] < 1e-6, f"gradient difference {row['gradient_difference']} at m={row['m']}"
+
+
+def test_formulas_and_shapes(result):
+    """One row per m; the ideal p·m/(m+p−1) and the bubble (p−1)/(m+p−1); every variant timed; ratios as
+    (median, lowest, highest). Planted bug, seen failing: the bubble formula as (p−1)/m: 'm=1: 1.0 != 0.5'."""
+    assert [row["m"] for row in result.rows] == list(MS)
+    for row in result.rows:
+        m = row["m"]
+        assert row["bubble_formula"] == pytest.approx((P - 1) / (m + P - 1)), f"m={m}: {row['bubble_formula']}"
+        assert row["ideal"] == pytest.approx(P * m / (m + P - 1)), f"m={m}: {row['ideal']}"
+        assert sorted(row["step"]) == sorted(SWEEP_VARIANTS) and all(t > 0 for t in row["step"].values())
+        for key in ("speedup_1f1b", "speedup_gpipe", "accumulation_cost"):
+            median, low, high = row[key]
+            assert 0 < low <= median <= high, (key, row[key])
+        assert 0 <= row["bubble"] < 1, row["bubble"]
+    assert result.p == P and result.config["width"] == WIDTH
+
+
+def test_peak_activations_are_the_schedules(result):
+    """Rank 0 (stage 0: layers 0 and 1, each Linear + GELU) saves 3 tensors of (batch/m) × width floats per
+    micro-batch -- GELU 0's input, layer 1's input, GELU 1's input; layer 0's input is the batch, not counted.
+    GPipe holds all m micro-batches, 1F1B at most p, recomputation none (it keeps only the input: the batch).
+
+    Planted bug, seen failing: ``Recomputed`` returning ``self.stage(x)`` (no checkpoint): 'm=1: recomputed 1536 != 0'."""
+    for row in result.rows:
+        m = row["m"]
+        per_micro_batch = (2 * (LAYERS // 2) - 1) * (BATCH // m) * WIDTH * 4
+        peak = row["peak_activation_bytes"]
+        assert peak["gpipe"][0] == m * per_micro_batch, f"m={m}: gpipe {peak['gpipe'][0]}"
+        assert peak["1f1b"][0] == min(P, m) * per_micro_batch, f"m={m}: 1f1b {peak['1f1b'][0]}"
+        assert peak["gpipe_recompute"][0] == 0, f"m={m}: recomputed {peak['gpipe_recompute'][0]} != 0"
+        assert len(peak["1f1b"]) == P
+
+
+def test_paired_ratios():
+    """Per-iteration ratios, their median, lowest and highest. Planted bug, seen failing: the ratios not sorted
+    (lowest and highest read from the first and last iteration): 'lowest 3.0, highest 2.0'."""
+    median, low, high = paired([9.0, 2.0, 4.0], [3.0, 1.0, 2.0])  # ratios 3, 2, 2
+    assert (median, low, high) == (2.0, 2.0, 3.0), f"lowest {low}, highest {high}"
