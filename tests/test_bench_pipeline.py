@@ -76,7 +76,7 @@ def _sweep(ms, speedup_share=1.0, bubble_offset=None):
     for m in ms:
         ideal, formula = 2 * m / (m + 1), 1 / (m + 1)
         speedup = (speedup_share * ideal, 0.9 * speedup_share * ideal, 1.1 * speedup_share * ideal)
-        step = {v: 0.1 for v in ("1f1b", "1f1b_late", "gpipe", "gpipe_recompute", "same_work", "whole_batch",
+        step = {v: 0.1 for v in ("1f1b", "1f1b_ahead", "gpipe", "gpipe_recompute", "same_work", "whole_batch",
                                  "both_cores")}
         rows.append({"m": m, "step": step, "speedup_1f1b": speedup, "speedup_gpipe": speedup, "ideal": ideal,
                      "bubble": formula + (bubble_offset or {}).get(m, 0.0), "bubble_formula": formula,

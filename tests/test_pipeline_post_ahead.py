@@ -1,5 +1,5 @@
-"""Receives posted ahead (coursekit.parallel.pipeline.Channel.post, the executor's post_ahead): every receive a
-schedule allows is posted before the compute in front of it, and a receive collected out of order is refused.
+"""Receives posted ahead (``Channel(post_ahead=True)``, the executor's post_ahead): every receive a schedule
+allows is posted before the compute in front of it, none by default, and one collected out of order is refused.
 
 Each test names the bug planted by hand (in coursekit/parallel/pipeline/executor.py or comm.py) to see it fail.
 """
@@ -15,17 +15,27 @@ from coursekit.parallel.pipeline import Channel, execute, make_schedule, split
 M, STEPS = 4, 2
 
 
-def _steps(rank, world_size, name):
+def _steps(rank, world_size, name, channel=None):
     stages = split(tiny_mlp(n_layers=4), world_size)
     x, y = TeacherData().batch(0, 8)
     micro = list(zip(x.tensor_split(M), y.tensor_split(M)))
-    channel, counts = Channel(), []
+    channel, counts = channel or Channel(post_ahead=True), []
     for _ in range(STEPS):
         before = channel.received_ahead
         execute(make_schedule(name, world_size, M), rank, {rank: stages[rank]}, micro,
                 lambda out, xs, ys: F.cross_entropy(out, ys) * len(xs) / 8, channel)
         counts.append(channel.received_ahead - before)
     return counts
+
+
+def _default(rank, world_size):
+    return _steps(rank, world_size, "1f1b", Channel())
+
+
+def test_by_default_every_receive_is_posted_when_it_is_needed():
+    """Planted bug, seen failing: ``post_ahead=True`` as the default: '[[4, 4], [3, 3]]'."""
+    counts = coursekit.launch(_default, 2, timeout=120)
+    assert counts == [[0] * STEPS, [0] * STEPS], counts
 
 
 @pytest.mark.parametrize("name", ["1f1b", "gpipe"])
@@ -41,7 +51,7 @@ def test_every_receive_but_the_first_action_is_posted_ahead(name):
 
 
 def _out_of_order(rank, world_size):
-    channel = Channel()
+    channel = Channel(post_ahead=True)
     if rank == 0:
         channel.isend(torch.ones(3), 1)
         return None

@@ -18,7 +18,9 @@ only carries it out, action by action:
   activation-gradient work B did; real implementations (torch's ``stage_backward_weight``) keep B's
   intermediate gradients and compute only the weight GEMMs ``dW = Xᵀ·dY``.
 * ``SEND_F``/``SEND_B``: :func:`coursekit.comm.isend` (non-blocking; all waited at the end of the step);
-  ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv`. Messages between two ranks match in order.
+  ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv` -- or, on a ``Channel(post_ahead=True)``, an
+  ``irecv`` posted before the compute in front of it (:meth:`_Step.post_ahead`), collected at the RECV.
+  Messages between two ranks match in order.
 
 Every action is a span on the shared clock (``F3@s1`` of kind ``forward``, ``B``/``W`` of kind ``backward``,
 receives as ``idle``), so the measured Gantt chart can be drawn under the planned one. Memory is measured,

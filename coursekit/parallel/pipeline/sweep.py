@@ -5,8 +5,8 @@ of a flushed pipeline (GPipe, 1F1B) is ``(p - 1) / (m + p - 1)``. :func:`pipelin
 ``p = 2`` ranks of one thread each, on a model wide enough that compute dominates (an MLP of 8 layers
 1024 × 1024 by default), at a fixed global batch, for each ``m`` in a list:
 
-* **1F1B** and **GPipe** through the executor (:func:`coursekit.parallel.pipeline.execute`), and GPipe with
-  each stage under ``torch.utils.checkpoint`` (activation recomputation);
+* **1F1B** and **GPipe** through the executor (:func:`coursekit.parallel.pipeline.execute`), GPipe with
+  each stage under ``torch.utils.checkpoint`` (activation recomputation), 1F1B with receives posted ahead;
 * **one process, the same m micro-batches** accumulated (:func:`same_work_step`) -- the fair baseline;
 * **one process, the whole batch at once**.
 
@@ -25,6 +25,13 @@ runs every variant back to back (after a barrier each), and the baseline alterna
 cores (the other waits at the barrier); speed-ups are per-iteration ratios, reported as the median with
 the lowest and highest (:func:`paired`). A step is forward + backward of the global batch, the slowest
 rank's time; the optimizer step (the same work either way) is left out.
+
+**Where the rest goes** (each row says): the pipeline's F and B spans summed over the same work alone
+(``compute_inflation``: above 1, each stage computes slower inside the pipeline than the same layers on one
+process alone), the same work run on *both* ranks at once over one alone (``both_cores``: what two computing
+cores lose to each other -- shared caches, memory bandwidth, other load -- pipelining or not; the best
+speed-up this machine allows is the ideal divided by it), and 1F1B with its receives posted ahead
+(``"1f1b_ahead"``, see :class:`~coursekit.parallel.pipeline.Channel`) against posted when needed.
 
 **Bubble**: :func:`~coursekit.parallel.pipeline.measured_bubble` on each 1F1B step's spans (the plan's window,
 compute actions only), median over iterations, beside the formula. **Memory**: the executor's
@@ -58,7 +65,7 @@ from .schedules import make_schedule
 
 __all__ = ["SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "sweep_steps", "SweepResult", "pipeline_sweep"]
 
-SWEEP_VARIANTS = ("1f1b", "1f1b_late", "gpipe", "gpipe_recompute", "same_work", "whole_batch", "both_cores")
+SWEEP_VARIANTS = ("1f1b", "1f1b_ahead", "gpipe", "gpipe_recompute", "same_work", "whole_batch", "both_cores")
 
 
 class Recomputed(nn.Module):
@@ -120,7 +127,7 @@ def sweep_steps(rank: int, world_size: int, ms=(1, 2, 4, 8, 16), batch: int = 25
     model = _model(width, n_layers)
     stages = split(model, 2, layers_per_stage=[n_layers // 2, n_layers - n_layers // 2])
     tracer = Tracer(rank).start()
-    channel_ahead, channels = Channel(None, tracer), {"1f1b_late": Channel(None, tracer, post_ahead=False)}
+    channels = {"1f1b_ahead": Channel(None, tracer, post_ahead=True), "plain": Channel(None, tracer)}
     data = TeacherData(width, width)
     out: dict = {"times": {}, "peak_activation_bytes": {}, "spans": {}, "check": {}}
     for m in ms:
@@ -131,12 +138,12 @@ def sweep_steps(rank: int, world_size: int, ms=(1, 2, 4, 8, 16), batch: int = 25
             return F.cross_entropy(output, y) * x.shape[0] / batch
 
         schedules = {"1f1b": make_schedule("1f1b", 2, m), "gpipe": make_schedule("gpipe", 2, m)}
-        mine = {"1f1b": {rank: stages[rank]}, "1f1b_late": {rank: stages[rank]}, "gpipe": {rank: stages[rank]},
+        mine = {"1f1b": {rank: stages[rank]}, "1f1b_ahead": {rank: stages[rank]}, "gpipe": {rank: stages[rank]},
                 "gpipe_recompute": {rank: Recomputed(stages[rank])}}
         stats: dict = {}
 
         def pipeline(name, record=False):
-            schedule, channel = schedules[name.split("_")[0]], channels.get(name, channel_ahead)
+            schedule, channel = schedules[name.split("_")[0]], channels.get(name, channels["plain"])
             tracer.enabled = record
             _, _, stats[name] = execute(schedule, rank, mine[name], micro, micro_loss, channel, tracer, check=False)
             tracer.enabled = True
@@ -146,7 +153,7 @@ def sweep_steps(rank: int, world_size: int, ms=(1, 2, 4, 8, 16), batch: int = 25
                 same_work_step(model, chunks, micro_loss)
 
         baselines = {"same_work": micro, "whole_batch": [(inputs, targets)]}
-        variants = {"1f1b": lambda k: pipeline("1f1b", record=True), "1f1b_late": lambda k: pipeline("1f1b_late"),
+        variants = {"1f1b": lambda k: pipeline("1f1b", record=True), "1f1b_ahead": lambda k: pipeline("1f1b_ahead"),
                     "gpipe": lambda k: pipeline("gpipe"),
                     "same_work": lambda k: one_process(k, baselines["same_work"]),
                     "whole_batch": lambda k: one_process(k, baselines["whole_batch"]),
@@ -223,7 +230,7 @@ def pipeline_sweep(ms=(1, 2, 4, 8, 16), batch: int = 256, width: int = 1024, n_l
             "step": {name: statistics.median(t) for name, t in slowest.items()},
             "speedup_1f1b": paired(slowest["same_work"], slowest["1f1b"]),
             "speedup_gpipe": paired(slowest["same_work"], slowest["gpipe"]),
-            "post_ahead_gain": paired(slowest["1f1b_late"], slowest["1f1b"]),
+            "post_ahead_gain": paired(slowest["1f1b"], slowest["1f1b_ahead"]),
             "ideal": p * m / (m + p - 1),
             "bubble": statistics.median(b.bubble for b in bubbles),
             "compute_inflation": paired([sum(s.duration for s in step if compute_op(s)) for step in spans],
