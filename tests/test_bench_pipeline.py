@@ -82,7 +82,7 @@ def _sweep(ms, speedup_share=1.0, bubble_offset=None):
                      "bubble": formula + (bubble_offset or {}).get(m, 0.0), "bubble_formula": formula,
                      "accumulation_cost": (1.0, 1.0, 1.0), "both_cores": (1.0, 1.0, 1.0),
                      "compute_inflation": (1.0, 1.0, 1.0), "window_share": (1.0, 1.0, 1.0),
-                     "post_ahead_gain": (1.0, 1.0, 1.0),
+                     "post_ahead_gain": (1.0, 1.0, 1.0), "in_flight": 0.0,
                      "peak_activation_bytes": {"1f1b": [2 ** 20, 2 ** 19], "gpipe": [m * 2 ** 19] * 2,
                                                "gpipe_recompute": [0, 2 ** 19]}})
     return SweepResult(rows)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from coursekit.parallel.pipeline import SWEEP_VARIANTS, SweepResult, paired, pipeline_sweep
+from coursekit.parallel.pipeline import SWEEP_VARIANTS, SweepResult, in_flight_waits, paired, pipeline_sweep
+from coursekit.trace import Span
 
 P, MS, BATCH, WIDTH, LAYERS = 2, (1, 2, 4), 8, 16, 4
 
@@ -66,3 +67,13 @@ def test_paired_ratios():
     (lowest and highest read from the first and last iteration): 'lowest 3.0, highest 2.0'."""
     median, low, high = paired([9.0, 2.0, 4.0], [3.0, 1.0, 2.0])  # ratios 3, 2, 2
     assert (median, low, high) == (2.0, 2.0, 3.0), f"lowest {low}, highest {high}"
+
+
+def test_in_flight_waits_count_only_the_wait_after_the_send_began():
+    """Rank 1 waits for activation 0 from t = 0 to 5, rank 0 sends it at t = 3: 2 in flight (3 waiting for the
+    sender). Rank 0 waits for gradient 0 from 9 to 10, sent at 8 (before the wait): 1. A receive whose send is
+    not in the trace counts nothing. Planted bug, seen failing: the whole wait counted ('6.0 != 3.0')."""
+    spans = [Span(0, "comm", "SEND_F0@s0", 3.0, 3.1), Span(1, "idle", "RECV_F0@s1", 0.0, 5.0),
+             Span(1, "comm", "RECV_F0@s1", 0.0, 5.0), Span(1, "comm", "SEND_B0@s1", 8.0, 8.1),
+             Span(0, "idle", "RECV_B0@s0", 9.0, 10.0), Span(0, "idle", "RECV_B1@s0", 11.0, 12.0)]
+    assert in_flight_waits(spans) == pytest.approx(3.0), f"{in_flight_waits(spans)} != 3.0"

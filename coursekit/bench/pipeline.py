@@ -220,12 +220,13 @@ def sweep_table(result) -> str:
 def sweep_gap_table(result) -> str:
     """Where 1F1B's speed-up goes, per m: speed-up = p · (1 − bubble) · (window / step) / (compute inflation)."""
     x = lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
-    lines = ["| m | 1F1B speed-up | ideal | bubble − formula | compute inflation (F + B spans / one process) | "
-             "window / step | two ranks computing at once / one alone | receives posted late / ahead |",
-             "|" + "---|" * 8]
+    lines = ["| m | 1F1B speed-up | ideal | bubble − formula | of which messages in flight | compute inflation "
+             "(F + B spans / one process) | window / step | two ranks computing at once / one alone | "
+             "receives posted late / ahead |", "|" + "---|" * 9]
     for row in result.rows:
         lines.append(f"| {row['m']} | {x(row['speedup_1f1b'])} | {row['ideal']:.2f}× | "
-                     f"{(row['bubble'] - row['bubble_formula']) * 100:+.1f} points | {x(row['compute_inflation'])} | "
+                     f"{(row['bubble'] - row['bubble_formula']) * 100:+.1f} points | {row['in_flight'] * 100:.1f} points | "
+                     f"{x(row['compute_inflation'])} | "
                      f"{row['window_share'][0]:.1%} | {x(row['both_cores'])} | {x(row['post_ahead_gain'])} |")
     return "\n".join(lines)
 

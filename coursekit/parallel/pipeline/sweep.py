@@ -28,7 +28,8 @@ rank's time; the optimizer step (the same work either way) is left out.
 
 **Where the rest goes** (each row says): the pipeline's F and B spans summed over the same work alone
 (``compute_inflation``: above 1, each stage computes slower inside the pipeline than the same layers on one
-process alone), the same work run on *both* ranks at once over one alone (``both_cores``: what two computing
+process alone), ``in_flight`` (the bubble's points spent waiting for messages already sent:
+:func:`in_flight_waits`), the same work run on *both* ranks at once over one alone (``both_cores``: what two computing
 cores lose to each other -- shared caches, memory bandwidth, other load -- pipelining or not; the best
 speed-up this machine allows is the ideal divided by it), and 1F1B with its receives posted ahead
 (``"1f1b_ahead"``, see :class:`~coursekit.parallel.pipeline.Channel`) against posted when needed.
@@ -63,7 +64,8 @@ from .measured import compute_op, measured_bubble
 from .model import split
 from .schedules import make_schedule
 
-__all__ = ["SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "sweep_steps", "SweepResult", "pipeline_sweep"]
+__all__ = ["SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult",
+           "pipeline_sweep"]
 
 SWEEP_VARIANTS = ("1f1b", "1f1b_ahead", "gpipe", "gpipe_recompute", "same_work", "whole_batch", "both_cores")
 
@@ -101,6 +103,24 @@ def paired(numerators: list[float], denominators: list[float]) -> tuple[float, f
     """Median, lowest and highest of the per-iteration ratios ``numerator / denominator``."""
     ratios = sorted(a / b for a, b in zip(numerators, denominators))
     return statistics.median(ratios), ratios[0], ratios[-1]
+
+
+def in_flight_waits(spans: list) -> float:
+    """Seconds the ranks of one step waited for messages already sent: each receive's wait after its send began.
+
+    A receive's wait (its ``idle`` span, ``RECV_F3@s1``) has two parts: waiting for the sender to get there
+    (``SEND_F3@s0`` not begun: the schedule's own bubble, or a slow neighbour) and, from the send's start, the
+    message in flight -- the transport's latency, on the critical path. This sums the second part.
+    """
+    sends = {s.name: s.start for s in spans if s.name.startswith("SEND")}
+    total = 0.0
+    for wait in (s for s in spans if s.kind == "idle" and s.name.startswith("RECV")):
+        op, rest = wait.name[len("RECV_"):].split("@s")
+        stage = int(rest) + (-1 if op[0] == "F" else 1)
+        sent = sends.get(f"SEND_{op}@s{stage}")
+        if sent is not None:
+            total += max(0.0, wait.end - max(wait.start, sent))
+    return total
 
 
 def _model(width: int, n_layers: int) -> nn.Module:
@@ -236,6 +256,7 @@ def pipeline_sweep(ms=(1, 2, 4, 8, 16), batch: int = 256, width: int = 1024, n_l
             "compute_inflation": paired([sum(s.duration for s in step if compute_op(s)) for step in spans],
                                         slowest["same_work"]),
             "window_share": paired([b.window for b in bubbles], slowest["1f1b"]),
+            "in_flight": statistics.median(in_flight_waits(step) / (p * b.window) for step, b in zip(spans, bubbles)),
             "bubble_formula": (p - 1) / (m + p - 1),
             "accumulation_cost": paired(slowest["same_work"], slowest["whole_batch"]),
             "both_cores": paired(slowest["both_cores"], slowest["same_work"]),
