@@ -83,6 +83,7 @@ def _sweep(ms, speedup_share=1.0, bubble_offset=None):
                      "accumulation_cost": (1.0, 1.0, 1.0), "both_cores": (1.0, 1.0, 1.0),
                      "compute_inflation": (1.0, 1.0, 1.0), "window_share": (1.0, 1.0, 1.0),
                      "post_ahead_gain": (1.0, 1.0, 1.0), "in_flight": 0.0,
+                     "quietest": {"both_cores": 1.0, "speedup_1f1b": speedup_share * ideal},
                      "peak_activation_bytes": {"1f1b": [2 ** 20, 2 ** 19], "gpipe": [m * 2 ** 19] * 2,
                                                "gpipe_recompute": [0, 2 ** 19]}})
     return SweepResult(rows)

@@ -46,6 +46,16 @@ def test_formulas_and_shapes(result):
     assert result.p == P and result.config["width"] == WIDTH
 
 
+def test_the_quietest_iteration_is_the_one_where_two_ranks_lost_least(result):
+    """Its two-at-once ratio is the lowest of the iterations', its speed-up one of the paired ratios. Planted bug,
+    seen failing: the busiest iteration picked (``max``): 'quietest 1.26 above the lowest 0.91'."""
+    for row in result.rows:
+        quiet, (_, low, high) = row["quietest"], row["speedup_1f1b"]
+        assert quiet["both_cores"] == pytest.approx(row["both_cores"][1]), \
+            f"quietest {quiet['both_cores']:.2f} above the lowest {row['both_cores'][1]:.2f}"
+        assert low - 1e-12 <= quiet["speedup_1f1b"] <= high + 1e-12, (quiet, row["speedup_1f1b"])
+
+
 def test_peak_activations_are_the_schedules(result):
     """Rank 0 (stage 0: layers 0 and 1, each Linear + GELU) saves 3 tensors of (batch/m) × width floats per
     micro-batch -- GELU 0's input, layer 1's input, GELU 1's input; layer 0's input is the batch, not counted.

@@ -222,12 +222,14 @@ def sweep_gap_table(result) -> str:
     x = lambda t: f"{t[0]:.2f}× [{t[1]:.2f}, {t[2]:.2f}]"  # noqa: E731
     lines = ["| m | 1F1B speed-up | ideal | bubble − formula | of which messages in flight | compute inflation "
              "(F + B spans / one process) | window / step | two ranks computing at once / one alone | "
-             "receives posted late / ahead |", "|" + "---|" * 9]
+             "receives posted late / ahead | quietest iteration: 1F1B speed-up (two at once / one alone) |",
+             "|" + "---|" * 10]
     for row in result.rows:
         lines.append(f"| {row['m']} | {x(row['speedup_1f1b'])} | {row['ideal']:.2f}× | "
                      f"{(row['bubble'] - row['bubble_formula']) * 100:+.1f} points | {row['in_flight'] * 100:.1f} points | "
                      f"{x(row['compute_inflation'])} | "
-                     f"{row['window_share'][0]:.1%} | {x(row['both_cores'])} | {x(row['post_ahead_gain'])} |")
+                     f"{row['window_share'][0]:.1%} | {x(row['both_cores'])} | {x(row['post_ahead_gain'])} | "
+                     f"{row['quietest']['speedup_1f1b']:.2f}× ({row['quietest']['both_cores']:.2f}×) |")
     return "\n".join(lines)
 
 
@@ -272,4 +274,14 @@ def sweep_section(options) -> list[tuple[str, str, bool]]:
           "process alone; two ranks computing at once (the same work on each) over one alone is what the "
           "machine's cores lose to each other, pipelining or not -- the ceiling is the ideal over it:\n")
     print(sweep_gap_table(result))
-    return sweep_targets(result)
+    targets = sweep_targets(result)
+    rows = {row["m"]: row for row in result.rows}
+    for m in (m for m in SWEEP_TARGET_MS if m in rows and rows[m]["speedup_1f1b"][0] < 0.85 * rows[m]["ideal"]):
+        row = rows[m]
+        print(f"\nm = {m}, 1F1B below 85% of its ideal: two ranks computing at once took {row['both_cores'][0]:.2f}× "
+              f"the time of one alone (median), so this machine allowed at most {row['ideal']:.2f} / "
+              f"{row['both_cores'][0]:.2f} = {row['ideal'] / row['both_cores'][0]:.2f}×; in the iteration where the "
+              f"two lost least to each other ({row['quietest']['both_cores']:.2f}×) 1F1B measured "
+              f"{row['quietest']['speedup_1f1b']:.2f}× = {row['quietest']['speedup_1f1b'] / row['ideal']:.0%} of "
+              f"the ideal. Messages in flight cost {row['in_flight'] * 100:.1f} of the bubble's points.")
+    return targets

@@ -31,7 +31,8 @@ rank's time; the optimizer step (the same work either way) is left out.
 process alone), ``in_flight`` (the bubble's points spent waiting for messages already sent:
 :func:`in_flight_waits`), the same work run on *both* ranks at once over one alone (``both_cores``: what two computing
 cores lose to each other -- shared caches, memory bandwidth, other load -- pipelining or not; the best
-speed-up this machine allows is the ideal divided by it), and 1F1B with its receives posted ahead
+speed-up this machine allows is the ideal divided by it; ``quietest``: both ratios in the iteration where it
+was lowest), and 1F1B with its receives posted ahead
 (``"1f1b_ahead"``, see :class:`~coursekit.parallel.pipeline.Channel`) against posted when needed.
 
 **Bubble**: :func:`~coursekit.parallel.pipeline.measured_bubble` on each 1F1B step's spans (the plan's window,
@@ -216,6 +217,13 @@ def _check(rank, model, stages, pipeline, micro, micro_loss) -> dict:
     return {"baseline_forwards": len(forwards), "gradient_difference": difference}
 
 
+def _quietest(slowest: dict) -> dict:
+    """The iteration in which two ranks computing at once lost least to each other: its ratios."""
+    both = [a / b for a, b in zip(slowest["both_cores"], slowest["same_work"])]
+    k = both.index(min(both))
+    return {"both_cores": both[k], "speedup_1f1b": slowest["same_work"][k] / slowest["1f1b"][k]}
+
+
 @dataclass
 class SweepResult:
     """One row per ``m``: median step times (seconds), paired speed-ups, bubbles, peak activation bytes."""
@@ -256,6 +264,7 @@ def pipeline_sweep(ms=(1, 2, 4, 8, 16), batch: int = 256, width: int = 1024, n_l
             "compute_inflation": paired([sum(s.duration for s in step if compute_op(s)) for step in spans],
                                         slowest["same_work"]),
             "window_share": paired([b.window for b in bubbles], slowest["1f1b"]),
+            "quietest": _quietest(slowest),
             "in_flight": statistics.median(in_flight_waits(step) / (p * b.window) for step, b in zip(spans, bubbles)),
             "bubble_formula": (p - 1) / (m + p - 1),
             "accumulation_cost": paired(slowest["same_work"], slowest["whole_batch"]),
