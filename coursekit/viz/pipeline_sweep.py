@@ -39,13 +39,13 @@ def draw_sweep(result, fig=None):
     speed, bubble = fig.subplots(1, 2)
     for key, label, colour, marker in SERIES:
         _errorbar(speed, ms, [row[key] for row in rows], label, colour, marker)
-    speed.plot(ms, [row["ideal"] for row in rows], "k--", label=f"ideal {p}·m/(m+{p - 1})", gid="ideal")
+    speed.plot(ms, [row["ideal"] for row in rows], "k--", label=f"ideal p·m/(m+p−1), p = {p}", gid="ideal")
     speed.axhline(1.0, color="grey", linewidth=0.8)
-    speed.set(xscale="log", xlabel="micro-batches m", ylabel="speed-up over one process, same micro-batches",
-              title=f"p = {p}: pipeline against the same work")
+    speed.set(xscale="log", xlabel="micro-batches m", ylabel="speed-up (bars: lowest, highest)",
+              title=f"p = {p} against one process, same micro-batches")
     bubble.plot(ms, [100 * row["bubble"] for row in rows], marker="o", color=COLOURS["forward"],
                 label="measured (1F1B)", gid="measured")
-    bubble.plot(ms, [100 * row["bubble_formula"] for row in rows], "k--", label=f"formula ({p - 1})/(m+{p - 1})",
+    bubble.plot(ms, [100 * row["bubble_formula"] for row in rows], "k--", label="formula (p−1)/(m+p−1)",
                 gid="formula")
     bubble.set(xscale="log", xlabel="micro-batches m", ylabel="bubble (% of p × window)", ylim=(0, None),
                title="idle share, measured and planned")
