@@ -21,6 +21,12 @@ Target: coursekit's executor ≤ 1.2× torch.distributed.pipelining's step time 
 Four ranks on two cores: each rank gets half a core while all four compute, and a whole one while the others
 wait, so a rank's idle time in the bubble is partly given back to its neighbours. Step times at p = 4 measure
 the scheduler as much as the schedule; the measured bubble is the rank's own view (its waits), not the cores'.
+
+**P7, the m-sweep** (:func:`sweep_section`, :func:`coursekit.parallel.pipeline.pipeline_sweep`): on an MLP of
+``--sweep-layers`` layers ``--hidden`` wide, p = 2, ``--batch`` samples at every m in ``--sweep-m``, 1F1B and GPipe
+against one process running the same micro-batches (paired per iteration). Targets: 1F1B ≥ 85% of the ideal
+2m/(m+1) at m = 4 and 8; the measured bubble falls with m and is within 10 points of (p−1)/(m+p−1) at m ≥ 4.
+A second table says where the rest of the ideal goes; a missed target prints why, in numbers.
 """
 
 from __future__ import annotations
