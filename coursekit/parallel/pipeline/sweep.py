@@ -19,6 +19,9 @@ times faster (``m`` micro-batches of ``p`` stages each take ``m + p - 1`` stage-
 the **ideal** speed-up. The rule of thumb ``m ≥ 4p`` (GPipe's paper: the bubble is negligible then) puts the
 bubble at or below ``(p - 1)/(5p - 1)`` -- 11% at p = 2 -- while the one-process row shows what the smaller
 micro-batches cost: past some ``m`` the pipeline gets nearer its ideal and the step still gets slower.
+The measured bubble has a floor the formula does not: every micro-batch crosses between the stages twice, and
+a message's latency stays the same while a micro-batch's compute shrinks as ``1/m`` -- at large ``m`` the
+waits for messages in flight, not the fill and drain, are the idle time.
 
 **Pairing.** Whatever else runs on the machine slows whichever variant runs at that moment. So each iteration
 runs every variant back to back (after a barrier each), and the baseline alternates between the two ranks'
