@@ -87,3 +87,24 @@ def test_in_flight_waits_count_only_the_wait_after_the_send_began():
              Span(1, "comm", "RECV_F0@s1", 0.0, 5.0), Span(1, "comm", "SEND_B0@s1", 8.0, 8.1),
              Span(0, "idle", "RECV_B0@s0", 9.0, 10.0), Span(0, "idle", "RECV_B1@s0", 11.0, 12.0)]
     assert in_flight_waits(spans) == pytest.approx(3.0), f"{in_flight_waits(spans)} != 3.0"
+
+
+def test_the_balanced_mlps_two_stages_do_the_same_arithmetic():
+    """Counted, not timed: the FLOPs of forward + backward of each half (torch's FlopCounterMode), the first half
+    from the data (no input gradient), the second from an activation that needs one. Planted bug, seen failing:
+    the first layer as wide as the others (``d_in=width``): 'stage 0 does 0.833 of stage 1's' (5/6: 3k − 1 against 3k units, k = 2)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from coursekit.parallel.pipeline import balanced_mlp, split
+
+    width, rows = 32, 4
+    model = balanced_mlp(width, n_layers=4)
+    first, second = split(model, 2, layers_per_stage=[2, 2])
+    flops = []
+    for stage, x in ((first, torch.randn(rows, model.layers[0].in_features)),
+                     (second, torch.randn(rows, width, requires_grad=True))):
+        with FlopCounterMode(display=False) as counter:
+            stage(x).sum().backward()
+        flops.append(counter.get_total_flops())
+    assert flops[0] == flops[1], f"stage 0 does {flops[0] / flops[1]:.3f} of stage 1's"

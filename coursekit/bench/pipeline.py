@@ -269,7 +269,8 @@ def sweep_section(options) -> list[tuple[str, str, bool]]:
         options.sweep_m, options.sweep_layers, options.sweep_iters = [1, 2, 4], 4, 2
     result = pipeline_sweep(options.sweep_m, batch=options.batch, width=options.hidden,
                             n_layers=options.sweep_layers, iterations=options.sweep_iters)
-    print(f"\nP7 measured: MLP of {options.sweep_layers} layers {options.hidden} × {options.hidden}, "
+    print(f"\nP7 measured: MLP of {options.sweep_layers} layers {options.hidden} wide (the first takes "
+          f"{options.hidden * 3 // 2} features, so that both stages cost the same: balanced_mlp), "
           f"{options.batch} samples per step at every m, 2 ranks of one thread, forward + backward; median of "
           f"{options.sweep_iters} iterations, every variant back to back in each (speed-ups: paired ratios, "
           f"median [lowest, highest]); the one-process baseline on each rank's core in turn:\n")
@@ -306,5 +307,5 @@ def why_missed(result) -> None:
         print(f"\nm = {m}, bubble {row['bubble']:.1%} against the formula's {row['bubble_formula']:.1%}: "
               f"{row['in_flight'] * 100:.1f} points waiting for messages already sent (a gloo thread needs a core "
               f"while both ranks compute); the other {(row['bubble'] - row['bubble_formula'] - row['in_flight']) * 100:.1f} "
-              f"waiting for a neighbour slower than planned (stage 1 computes the loss and one input gradient "
-              f"more than stage 0; any other load on the machine slows one rank and stalls the other).")
+              f"waiting for a neighbour slower than planned (any other load on the machine slows one rank and "
+              f"stalls the other; the stages are balanced only to a few percent).")

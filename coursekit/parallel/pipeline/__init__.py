@@ -27,7 +27,7 @@ from .planning import Plan, bubble_formula, peak_activations_formula, plan
 from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
-from .sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, in_flight_waits, paired, pipeline_sweep, same_work_step,
+from .sweep import (SWEEP_VARIANTS, Recomputed, balanced_mlp, SweepResult, in_flight_waits, paired, pipeline_sweep, same_work_step,
                     sweep_steps)
 
 __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel",
@@ -37,4 +37,4 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "validate", "run_on_clock", "Plan", "plan", "bubble_formula", "peak_activations_formula",
            "ACTION_NAME", "MeasuredBubble", "compute_op", "measured_bubble",
            "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule",
-           "SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult", "pipeline_sweep"]
+           "SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult", "pipeline_sweep"]

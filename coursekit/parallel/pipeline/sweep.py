@@ -3,7 +3,8 @@
 Seed claim P7: cutting the batch into ``m`` micro-batches lets ``p`` stages work at once, and the idle share
 of a flushed pipeline (GPipe, 1F1B) is ``(p - 1) / (m + p - 1)``. :func:`pipeline_sweep` measures it on
 ``p = 2`` ranks of one thread each, on a model wide enough that compute dominates (an MLP of 8 layers
-1024 × 1024 by default), at a fixed global batch, for each ``m`` in a list:
+1024 wide by default, its two halves equal in cost: :func:`balanced_mlp`), at a fixed global batch, for each
+``m`` in a list:
 
 * **1F1B** and **GPipe** through the executor (:func:`coursekit.parallel.pipeline.execute`), GPipe with
   each stage under ``torch.utils.checkpoint`` (activation recomputation), 1F1B with receives posted ahead;
@@ -68,7 +69,7 @@ from .measured import compute_op, measured_bubble
 from .model import split
 from .schedules import make_schedule
 
-__all__ = ["SWEEP_VARIANTS", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult",
+__all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult",
            "pipeline_sweep"]
 
 SWEEP_VARIANTS = ("1f1b", "1f1b_ahead", "gpipe", "gpipe_recompute", "same_work", "whole_batch", "both_cores")
@@ -127,8 +128,16 @@ def in_flight_waits(spans: list) -> float:
     return total
 
 
-def _model(width: int, n_layers: int) -> nn.Module:
-    return tiny_mlp(d_in=width, d_hidden=width, d_out=width, n_layers=n_layers)
+def balanced_mlp(width: int = 1024, n_layers: int = 8) -> nn.Module:
+    """An MLP of ``n_layers`` layers ``width`` wide whose two halves cost the same: the first takes 1.5 × ``width``.
+
+    Equal layers do not make equal stages. A layer's backward is two matrix products (the input gradient
+    dX = dY·W and the weight gradient dW = dYᵀ·X) beside its forward's one, but the first layer has no input
+    gradient to compute -- its input is the data -- so with equal layers stage 0 costs 3k − 1 units and stage 1
+    3k, and stage 1 also computes the loss (measured: 12% more). The first layer's input 1.5× wider makes its
+    forward and weight gradient 1.5 units each: 3 units, as every other layer.
+    """
+    return tiny_mlp(d_in=width * 3 // 2, d_hidden=width, d_out=width, n_layers=n_layers)
 
 
 def _timed(fn) -> float:
@@ -148,11 +157,11 @@ def sweep_steps(rank: int, world_size: int, ms=(1, 2, 4, 8, 16), batch: int = 25
     """
     if world_size != 2:
         raise ValueError(f"the sweep runs on 2 ranks, one core each (got world_size={world_size}).")
-    model = _model(width, n_layers)
+    model = balanced_mlp(width, n_layers)
     stages = split(model, 2, layers_per_stage=[n_layers // 2, n_layers - n_layers // 2])
     tracer = Tracer(rank).start()
     channels = {"1f1b_ahead": Channel(None, tracer, post_ahead=True), "plain": Channel(None, tracer)}
-    data = TeacherData(width, width)
+    data = TeacherData(width * 3 // 2, width)
     out: dict = {"times": {}, "peak_activation_bytes": {}, "spans": {}, "check": {}}
     for m in ms:
         inputs, targets = data.batch(0, batch)
