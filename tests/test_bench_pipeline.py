@@ -5,7 +5,8 @@ from fractions import Fraction
 from types import SimpleNamespace
 
 from coursekit.bench.pipeline import analyse, main, winners, zb_targets
-from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
+from coursekit.bench.pipeline_sweep import sweep_table, sweep_targets, why_missed
+from coursekit.parallel.pipeline import SweepResult, bubble_formula, make_schedule, plan
 from coursekit.trace import Span
 
 MS = 1e-3
@@ -65,6 +66,8 @@ def test_a_quick_run_prints_every_schedule_and_the_targets(capsys):
                                        for n in ("gpipe", "1f1b", "interleaved")]
     assert all(t[1].endswith("×") for t in targets)
     assert "receiver already waiting" in out
+    assert "| m | 1F1B | GPipe | one process, same m |" in out  # the m-sweep, at m = 1, 2, 4, 64 wide
+    assert "m-sweep's targets are measured on layers at least 1024 wide" in out
 
 
 def test_the_winner_is_named_by_step_time_beside_the_smallest_bubble(capsys):
@@ -96,3 +99,60 @@ def test_the_zb_h1_targets_pair_the_steps_and_compare_b_plus_w_with_one_backward
     missed = zb_targets(options, {(2, "zb_h1", 8): {"times": {"F": 1e-3, "B": 1.5e-3, "W": 1.1e-3}},
                                   (2, "1f1b", 8): {"times": base}})
     assert missed[1][1:] == ("1.30×", False)
+
+
+def _sweep(ms, speedup_share=1.0, bubble_offset=None):
+    """A sweep whose every number follows from the formulas: speed-up = share × ideal, bubble = formula (+ offset)."""
+    rows = []
+    for m in ms:
+        ideal, formula = 2 * m / (m + 1), 1 / (m + 1)
+        speedup = (speedup_share * ideal, 0.9 * speedup_share * ideal, 1.1 * speedup_share * ideal)
+        step = {v: 0.1 for v in ("1f1b", "1f1b_ahead", "gpipe", "gpipe_recompute", "same_work", "whole_batch",
+                                 "both_cores")}
+        rows.append({"m": m, "step": step, "speedup_1f1b": speedup, "speedup_gpipe": speedup, "ideal": ideal,
+                     "bubble": formula + (bubble_offset or {}).get(m, 0.0), "bubble_formula": formula,
+                     "accumulation_cost": (1.0, 1.0, 1.0), "both_cores": (1.0, 1.0, 1.0),
+                     "compute_inflation": (1.0, 1.0, 1.0), "window_share": (1.0, 1.0, 1.0),
+                     "post_ahead_gain": (1.0, 1.0, 1.0), "in_flight": 0.0,
+                     "quietest": {"both_cores": 1.0, "speedup_1f1b": speedup_share * ideal},
+                     "peak_activation_bytes": {"1f1b": [2 ** 20, 2 ** 19], "gpipe": [m * 2 ** 19] * 2,
+                                               "gpipe_recompute": [0, 2 ** 19]}})
+    return SweepResult(rows)
+
+
+def test_the_sweeps_targets_are_met_on_the_formulas_and_missed_off_them():
+    """A sweep exactly on the formulas meets every target; 84% of the ideal, a bubble that rises, or one 11 points
+    off the formula each misses its own. Planted bugs, seen failing: the 85% compared with the ideal's
+    complement (``≥ 0.85 * (1 - ideal)``: 84% met); the monotonic check as ``>=`` on (a, a) pairs (a flat bubble
+    met); the distance checked at m ≥ 8 only (m = 4 eleven points off met). No timing: every number is made up."""
+    ms = (1, 2, 4, 8, 16)
+    assert all(met for _, _, met in sweep_targets(_sweep(ms))), sweep_targets(_sweep(ms))
+    slow = {t[0]: t[2] for t in sweep_targets(_sweep(ms, speedup_share=0.84))}
+    assert [met for name, met in slow.items() if name.startswith("1F1B")] == [False, False], slow
+    flat = sweep_targets(_sweep(ms, bubble_offset={8: 1 / 5 - 1 / 9}))  # m = 8's bubble as m = 4's
+    assert [met for name, _, met in flat if name.startswith("measured bubble falls")] == [False], flat
+    off = sweep_targets(_sweep(ms, bubble_offset={4: 0.11}))
+    assert [met for name, _, met in off if "within 10 points" in name] == [False], off
+    assert [met for name, _, met in off if "falls" in name] == [True], off
+
+
+def test_the_sweeps_table_has_a_row_per_m_with_its_ideal_and_formula():
+    """Planted bug, seen failing: the ideal column printed as m/(m+1) (half the ideal): '1.00×' not in m = 1's row."""
+    table = sweep_table(_sweep((1, 4, 8))).splitlines()
+    assert len(table) == 2 + 3
+    for line, m in zip(table[2:], (1, 4, 8)):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[0] == str(m)
+        assert f"{2 * m / (m + 1):.2f}×" in cells, (m, cells)
+        assert f"{1 / (m + 1):.1%}" in cells, (m, cells)
+
+
+def test_a_missed_sweep_target_says_why_and_a_met_one_says_nothing(capsys):
+    """Planted bug, seen failing: the explanation printed for met targets (``>=`` for ``<``): 'printed for a
+    sweep on the formulas'."""
+    why_missed(_sweep((1, 2, 4, 8, 16)))
+    assert capsys.readouterr().out == "", "printed for a sweep on the formulas"
+    why_missed(_sweep((1, 2, 4, 8, 16), speedup_share=0.84, bubble_offset={8: 0.12}))
+    out = capsys.readouterr().out
+    assert "m = 4, 1F1B below 85% of its ideal" in out and "m = 8, 1F1B below 85% of its ideal" in out, out
+    assert "m = 8, bubble 23.1% against the formula's 11.1%" in out, out

@@ -28,6 +28,12 @@ backward, not two (:mod:`coursekit.parallel.pipeline.split_backward`).
 Four ranks on two cores: each rank gets half a core while all four compute, and a whole one while the others
 wait, so a rank's idle time in the bubble is partly given back to its neighbours. Step times at p = 4 measure
 the scheduler as much as the schedule; the measured bubble is the rank's own view (its waits), not the cores'.
+
+**P7, the m-sweep** (:mod:`coursekit.bench.pipeline_sweep`, :func:`coursekit.parallel.pipeline.pipeline_sweep`):
+on an MLP of ``--sweep-layers`` layers ``--hidden`` wide, p = 2, ``--batch`` samples at every m in ``--sweep-m``,
+1F1B and GPipe against one process running the same micro-batches (paired per iteration). Targets: 1F1B ≥ 85%
+of the ideal 2m/(m+1) at m = 4 and 8; the measured bubble falls with m and is within 10 points of
+(p−1)/(m+p−1) at m ≥ 4.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from ..launch import launch
 from ..models import TeacherData, tiny_mlp
 from ..parallel.pipeline import ACTION_NAME, bubble_formula, compute_op, make_schedule, measured_bubble, plan
 from ..train import train
+from .pipeline_sweep import add_sweep_arguments, sweep_section
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1))
 TORCH = ("gpipe", "1f1b", "interleaved")
@@ -227,7 +234,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=16, help="rounds of ZB-H1 against 1F1B (p = 2, m = 8)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: p = 2, m = 2, hidden 64, 2 steps")
-    options = parser.parse_args(argv)
+    options = add_sweep_arguments(parser).parse_args(argv)
     if options.quick:
         options.p, options.m, options.hidden, options.batch, options.steps, options.warmup = [2], [2], 64, 16, 2, 1
     print(f"MLP of p·v layers {options.hidden} × {options.hidden}, {options.batch} samples per step, SGD; "
@@ -258,4 +265,4 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         print("\nOn 2 cores, p = 4 puts two ranks on each core: while all four compute each runs at half speed, "
               "and a rank waiting in the bubble gives its core to the others. Step times there measure the "
               "scheduler as much as the schedule; only p = 2 gives each rank a core.")
-    return targets
+    return targets + sweep_section(options)

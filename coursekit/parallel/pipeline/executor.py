@@ -18,7 +18,9 @@ only carries it out, action by action:
   one backward. On the first stage, whose input needs no gradient, B has nothing to do and W runs the
   whole backward (as ``torch.distributed.pipelining`` does).
 * ``SEND_F``/``SEND_B``: :func:`coursekit.comm.isend` (non-blocking; all waited at the end of the step);
-  ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv`. Messages between two ranks match in order.
+  ``RECV_F``/``RECV_B``: blocking :func:`coursekit.comm.recv` -- or, on a ``Channel(post_ahead=True)``, an
+  ``irecv`` posted before the compute in front of it (:meth:`_Step.post_ahead`), collected at the RECV.
+  Messages between two ranks match in order.
 
 Every action is a span on the shared clock (``F3@s1`` of kind ``forward``, ``B`` of kind ``backward``, ``W``
 of kind ``weight``, receives as ``idle``), so the measured Gantt chart can be drawn under the planned one.
@@ -111,8 +113,9 @@ def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_b
     if check:
         validate(schedule)
     step = _Step(schedule, rank, stages, micro_batches, micro_loss, channel, tracer)
-    for action in schedule.actions[rank]:
+    for position, action in enumerate(schedule.actions[rank]):
         step.run(action)
+        step.post_ahead(position)
     channel.wait()
     outs = [step.results[i] for i in sorted(step.results)]
     return outs, step.loss_sum, step.stats
@@ -138,6 +141,24 @@ class _Step:
         self.saved, self.stats = _SavedTensors(exclude), ExecutorStats()
         self.inputs, self.outputs, self.received, self.grads, self.to_send, self.for_w = {}, {}, {}, {}, {}, {}
         self.results, self.loss_sum = {}, 0.0
+        self.receives = [k for k, a in enumerate(schedule.actions[rank]) if a.op in ("RECV_F", "RECV_B")]
+        self.ahead = 0  # index in self.receives of the next receive neither posted ahead nor run
+
+    def post_ahead(self, position: int) -> None:
+        """After the action at ``position``: post the next receive ahead (one at a time), once its buffer can
+        be made -- so the message can land while this rank computes (see :class:`Channel`)."""
+        actions, receives = self.schedule.actions[self.rank], self.receives
+        while self.ahead < len(receives) and receives[self.ahead] <= position:
+            self.ahead += 1       # run before it could be posted: recv() received it the plain way
+        if self.ahead == len(receives) or (self.ahead and receives[self.ahead - 1] > position):
+            return                # all done, or the one posted before is not collected yet
+        a = actions[receives[self.ahead]]
+        s, i = a.stage, a.micro_batch
+        if a.op == "RECV_F":
+            posted = self.channel.post(self.owner(s - 1), (s - 1, self.key[i]))
+        else:
+            posted = (s, i) in self.outputs and self.channel.post(self.owner(s + 1), None, like=self.outputs[(s, i)])
+        self.ahead += posted
 
     def run(self, action: Action) -> None:
         op, s, i = action.op, action.stage, action.micro_batch
