@@ -1,4 +1,4 @@
-# ci_parameters: {"RUN_MICRO_BATCHES": [1, 4], "SPEED_STEPS": 3}
+# ci_parameters: {"RUN_MICRO_BATCHES": [1, 4], "SPEED_STEPS": 3, "SWEEP_M": [1, 2, 4, 8], "SWEEP_WIDTH": 512, "SWEEP_BATCH": 128, "SWEEP_ITERS": 3}
 # %% [markdown]
 # # 04 · Pipeline parallelism: micro-batches fill the chain
 #
@@ -31,6 +31,10 @@ RUN_RANKS = 2                  # ranks of the real runs (2 cores here: 2 ranks e
 RUN_MICRO_BATCHES = [1, 2, 4, 8]  # m of the real runs
 GLOBAL_BATCH = 16              # sequences per step
 SPEED_STEPS = 6                # steps per timing (the first is warm-up)
+SWEEP_M = [1, 2, 4, 8, 16]     # m of the P7 sweep (section 6), at a fixed global batch
+SWEEP_WIDTH = 1024             # its MLP's width: wide, so that compute dominates
+SWEEP_BATCH = 256              # its global batch
+SWEEP_ITERS = 7                # paired iterations per m
 
 # %%
 # %matplotlib inline
@@ -45,7 +49,7 @@ from coursekit.parallel.pipeline import (SCHEDULES, bubble_formula, make_schedul
                                          peak_activations_formula, plan, validate, ScheduleError)
 from coursekit.train import train
 from coursekit.verify import compare
-from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured
+from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, draw_plans
 
 torch.set_num_threads(1)  # one thread per process, as every rank has: the single-process baseline is comparable
 
@@ -79,9 +83,10 @@ except ScheduleError as error:
 # %% [markdown]
 # ## 2. Planned: the four schedules on a unit-time clock
 #
-# With every forward, backward input-gradient and weight-gradient taking one unit of time (an unsplit
-# backward takes two; for interleaved 1F1B a unit is the forward of one chunk, 1/*v* of a rank's layers), the
-# plan below is each schedule executed by the rules of the executor. Empty cells
+# With a stage's forward taking one unit of time and its backward two (ZB-H1 splits it into the input
+# gradient B and the weight gradient W, one unit each), the plan below is each schedule executed by the
+# rules of the executor, every schedule on the same time axis: interleaved 1F1B's chunks hold 1/*v* of a
+# rank's layers, so each of their actions is drawn 1/*v* as long. Empty cells
 # are the **bubble**. The planned bubble fraction is compared with the papers' formulas — written
 # separately from the plan, and equal to it:
 #
@@ -92,13 +97,8 @@ except ScheduleError as error:
 
 # %%
 configs = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
-fig, axes = plt.subplots(len(configs), 1, figsize=(12, 1.2 + 1.1 * PLAN_RANKS * len(configs)))
-plans = {}
-for ax, (name, v) in zip(axes, configs):
-    plans[name] = plan(make_schedule(name, PLAN_RANKS, PLAN_MICRO_BATCHES, v))
-    draw_plan(plans[name], ax=ax, legend=ax is axes[0],
-              title=f"{name} (v = {v}): bubble {float(plans[name].bubble_fraction):.1%}")
-fig.tight_layout()
+plans = {name: plan(make_schedule(name, PLAN_RANKS, PLAN_MICRO_BATCHES, v)) for name, v in configs}
+fig = draw_plans(list(plans.values()), titles=[f"{name} (v = {v})" for name, v in configs])
 plt.show()
 
 # %% tags=["nbval-check-output"]
@@ -119,7 +119,58 @@ for name, v in configs:
 # bubble with more point-to-point messages (*p·v − 1* stage boundaries to cross instead of *p − 1*) and with
 # more activations: its column counts chunks of 1/*v* of a rank's layers, in which 1F1B's *p − r* are
 # *v·(p − r)*; interleaving's longer warm-up holds at least that on every rank, more wherever *m > p*, and
-# relatively the most on the last rank.
+# relatively the most on the last rank. For ZB-H1 the column counts a micro-batch until its B, as 1F1B's
+# (Qi et al.'s M_B); its W, deferred into the bubble, still needs the layer inputs, so counted until W every
+# rank holds p (section 5 measures that count).
+#
+# **What crosses between stages**, counted. Each stage boundary carries a micro-batch's activations
+# forward (b·s·h numbers) and their gradient back, so a step sends 2·(p·v − 1)·m of those messages: the
+# same bytes whatever m is, at a fixed global batch (smaller messages, more of them). `pipeline_traffic`
+# counts them from a schedule's actions; beside it, the bytes `coursekit.comm` recorded on real ranks (the
+# course transformer, which also sums its tied embedding's gradient between the first and the last stage),
+# and chapter 02's all-reduce of every gradient, what data parallelism would send for the same model.
+
+# %% tags=["nbval-check-output"]
+from coursekit import comm
+from coursekit.models import LanguageData, count_parameters, tiny_transformer
+from coursekit.parallel.pipeline import all_reduce_bytes, pipeline_traffic, pipeline_traffic_formula
+
+TRAFFIC_M = 4
+transformer = tiny_transformer(seed=0)
+seq, width, vocab = LanguageData().seq_len - 1, transformer.tok_emb.embedding_dim, transformer.tok_emb.num_embeddings
+psi = count_parameters(transformer)
+per_micro_batch = GLOBAL_BATCH // TRAFFIC_M * seq * width       # one micro-batch's activations at a boundary
+tied = 2 * vocab * width * 4                                      # the tied embedding's gradient, both ways
+
+
+def counted(rank, world_size):
+    return [train(rank, world_size, "pipeline", schedule=name, stages_per_rank=v, micro_batches=TRAFFIC_M,
+                  model="transformer", steps=1, global_batch=GLOBAL_BATCH, record=False,
+                  count_traffic=True)["traffic"] for name, v in configs]
+
+
+recorded = coursekit.launch(counted, RUN_RANKS, timeout=300)
+print(f"course transformer: b = {GLOBAL_BATCH}, s = {seq}, h = {width}; p = {RUN_RANKS}, m = {TRAFFIC_M}: "
+      f"{per_micro_batch:,} elements per message")
+print(f"{'schedule':<12} {'boundaries':>10} {'messages':>9} {'per micro-batch':>16} {'per step':>10} "
+      f"{'formula':>10} {'recorded (− tied)':>18}")
+for k, (name, v) in enumerate(configs):
+    t = pipeline_traffic(make_schedule(name, RUN_RANKS, TRAFFIC_M, v), per_micro_batch)
+    formula = pipeline_traffic_formula(RUN_RANKS, TRAFFIC_M, per_micro_batch, v)
+    got = comm.Traffic.merge([recorded[r][k] for r in range(RUN_RANKS)]).total_bytes - tied
+    print(f"{name:<12} {t.boundaries:>10} {t.messages:>9} {t.bytes_per_micro_batch:>14,} B {t.bytes_per_step:>8,} B "
+          f"{formula:>8,} B {got:>16,} B")
+print(f"\nchapter 02's ring all-reduce of the gradients on {RUN_RANKS} ranks (data parallelism): 2(G − 1)Ψ·4 = "
+      f"{all_reduce_bytes(psi, RUN_RANKS):,} B a step, among all ranks; 1F1B moves "
+      f"{pipeline_traffic(make_schedule('1f1b', RUN_RANKS, TRAFFIC_M), per_micro_batch).bytes_per_step:,} B, "
+      f"between neighbours only (+ {tied:,} B for the tied embedding)")
+
+# %% [markdown]
+# Interleaving's extra boundaries triple the messages here (p·v − 1 = 3 instead of 1). What a boundary moves
+# grows with b·s·h, not with the parameters, and only between two neighbours; the all-reduce moves every
+# gradient among all ranks. That is why, on a cluster, the pipeline's stages are what is cut across nodes
+# (its point-to-point transfers go over the slower links), while tensor parallelism's all-reduces stay
+# inside a node.
 #
 # ## 3. Choose p, m, v and a schedule
 #
@@ -244,19 +295,26 @@ display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 # receive that has to wake a process sharing this machine's two cores — which for a model this small can be
 # as large as the work itself. So the measured bubble can be far above the planned one and need not keep
 # its ranking: the last line below compares them. The table's last column is the tail after the actions:
-# work every schedule does once per step, whatever m, so it is not counted in the bubble. ZB-H1's W runs autograd from the stage output again (see
-# the `coursekit.parallel.pipeline.executor` docstring), so its measured boxes include compute the plan and the
-# other schedules do not have.
+# work every schedule does once per step, whatever m, so it is not counted in the bubble. ZB-H1's B computes
+# only the gradient of the stage's input and its W only the weight gradients, from what B kept (the layer
+# inputs X and the gradients dY at the layers' outputs: dW = dYᵀ·X; `coursekit.parallel.pipeline.split_backward`,
+# as `torch.distributed.pipelining` splits it), so B + W cost one backward — and W fills the bubble. What
+# decides is the step, not the bubble: the table gives each schedule's measured step (first action to the end
+# of the optimizer step, the slowest rank), and the last line names the fastest. On a model this small the
+# plan's differences (a few units) are of the size of the fixed costs above, so the ranking by step time can
+# change from run to run.
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'schedule':<12} {'planned':>8} {'measured':>9}   tail after the actions (share of the step)")
-planned, bubble = {}, {}
+print(f"{'schedule':<12} {'planned':>8} {'measured':>9} {'step':>9}   tail after the actions (share of the step)")
+planned, bubble, step_ms = {}, {}, {}
 for name, spans in measured.items():
     v = dict(configs)[name]
     planned[name] = float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction)
     step = measured_bubble(spans)
     bubble[name] = step.bubble
-    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%}   {step.tail * 1e3:.1f} ms ({step.tail_share:.0%})")
+    step_ms[name] = (max(s.end for s in spans) - min(s.start for s in spans)) * 1e3
+    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%} {step_ms[name]:>6.1f} ms   "
+          f"{step.tail * 1e3:.1f} ms ({step.tail_share:.0%})")
 
 
 def extreme(values, pick):
@@ -266,12 +324,19 @@ def extreme(values, pick):
 above = [name for name in bubble if bubble[name] > planned[name]]
 print(f"\nmeasured above planned: {', '.join(above) or 'none'}; smallest bubble: planned {extreme(planned, min)}, "
       f"measured {extreme(bubble, min)}; largest: planned {extreme(planned, max)}, measured {extreme(bubble, max)}")
+print(f"fastest step in this run: {extreme(step_ms, min)} ({min(step_ms.values()):.1f} ms); slowest: "
+      f"{extreme(step_ms, max)} ({max(step_ms.values()):.1f} ms)")
 
 # %% [markdown]
 # ## 5. Activation memory, measured
 #
-# The executor counts, on every rank, the micro-batches whose activations it holds (forward done, backward
-# not yet) and their bytes, at the peak. GPipe holds all m; 1F1B at most p − r on rank r.
+# The executor counts, on every rank, the (stage, micro-batch) pairs whose saved tensors are still alive —
+# from F until the backward that frees them: B, or for ZB-H1 its W, which needs what B kept (the layer inputs
+# and the gradients at the layers' outputs) — and their bytes, the most at any moment. GPipe holds all m;
+# 1F1B at most p − r on rank r; ZB-H1, whose W's are deferred, p on every rank until W (Qi et al. 2023,
+# section 3.1: "all workers maintain the same number of in-flight micro-batches"); interleaved counts chunks
+# of 1/v of a rank's layers. The black ticks are the plan's count (`Plan.peak_in_flight`: the same schedule
+# replayed on the unit clock), which for GPipe and 1F1B is the papers' formula.
 
 # %%
 MEMORY_M = max(RUN_MICRO_BATCHES)
@@ -279,42 +344,190 @@ MEMORY_M = max(RUN_MICRO_BATCHES)
 
 def activations(rank, world_size):
     out = {}
-    for name in ("gpipe", "1f1b"):
-        result = train(rank, world_size, "pipeline", schedule=name, micro_batches=MEMORY_M, model="transformer",
-                       steps=1, global_batch=GLOBAL_BATCH, record=False)
+    for name, v in configs:
+        result = train(rank, world_size, "pipeline", schedule=name, stages_per_rank=v, micro_batches=MEMORY_M,
+                       model="transformer", steps=1, global_batch=GLOBAL_BATCH, record=False)
         out[name] = (result["peak_in_flight"], result["peak_activation_bytes"])
     return out
 
 
 held = coursekit.launch(activations, RUN_RANKS, timeout=300)
-fig, (count_ax, bytes_ax) = plt.subplots(1, 2, figsize=(11, 3.2))
-for k, name in enumerate(("gpipe", "1f1b")):
-    xs = [r + 0.38 * k for r in range(RUN_RANKS)]
-    count_ax.bar(xs, [held[r][name][0] for r in range(RUN_RANKS)], width=0.36, label=name)
-    bytes_ax.bar(xs, [held[r][name][1] / 2**10 for r in range(RUN_RANKS)], width=0.36, label=name)
-    count_ax.scatter(xs, [peak_activations_formula(name, RUN_RANKS, MEMORY_M, r) for r in range(RUN_RANKS)],
-                     color="black", marker="_", s=400, zorder=3, label="formula" if k == 0 else None)
-count_ax.set(xticks=[r + 0.19 for r in range(RUN_RANKS)], xticklabels=[f"rank {r}" for r in range(RUN_RANKS)],
-             ylabel="micro-batches held at the peak", title=f"in flight, m = {MEMORY_M}")
-bytes_ax.set(xticks=[r + 0.19 for r in range(RUN_RANKS)], xticklabels=[f"rank {r}" for r in range(RUN_RANKS)],
-             ylabel="KiB of saved activations", title="bytes autograd saved, at the peak")
-count_ax.legend(fontsize=8)
-bytes_ax.legend(fontsize=8)
+in_flight = {name: plan(make_schedule(name, RUN_RANKS, MEMORY_M, v)).peak_in_flight for name, v in configs}
+width = 0.8 / len(configs)
+fig, (count_ax, bytes_ax) = plt.subplots(1, 2, figsize=(11, 3.4))
+for k, (name, _) in enumerate(configs):
+    xs = [r + width * k for r in range(RUN_RANKS)]
+    count_ax.bar(xs, [held[r][name][0] for r in range(RUN_RANKS)], width=width * 0.95, label=name)
+    bytes_ax.bar(xs, [held[r][name][1] / 2**10 for r in range(RUN_RANKS)], width=width * 0.95, label=name)
+    count_ax.scatter(xs, in_flight[name], color="black", marker="_", s=200, zorder=3,
+                     label="plan" if k == 0 else None)
+for ax, ylabel, title in ((count_ax, "held at the peak (chunks for interleaved)", f"in flight, m = {MEMORY_M}"),
+                          (bytes_ax, "KiB saved for backward", "bytes held for backward, the most at any moment")):
+    ax.set(xticks=[r + 0.4 - width / 2 for r in range(RUN_RANKS)],
+           xticklabels=[f"rank {r}" for r in range(RUN_RANKS)], ylabel=ylabel, title=title)
+    ax.legend(fontsize=7)
 fig.tight_layout()
 plt.show()
 
 # %% tags=["nbval-check-output"]
-for name in ("gpipe", "1f1b"):
+for name, v in configs:
     counts = [held[r][name][0] for r in range(RUN_RANKS)]
-    formula = [peak_activations_formula(name, RUN_RANKS, MEMORY_M, r) for r in range(RUN_RANKS)]
-    print(f"{name:<6} micro-batches held at the peak per rank: {counts}  formula {formula}  "
-          f"{'equal' if counts == formula else 'NOT EQUAL'}")
+    formula = ([peak_activations_formula(name, RUN_RANKS, MEMORY_M, r) for r in range(RUN_RANKS)]
+               if name in ("gpipe", "1f1b") else "—")
+    print(f"{name:<12} held at the peak per rank: {counts}  plan {in_flight[name]}  "
+          f"{'equal' if counts == in_flight[name] else 'NOT EQUAL'}   formula {formula}   "
+          f"KiB {[round(held[r][name][1] / 2**10) for r in range(RUN_RANKS)]}")
 
 # %% [markdown]
-# ## 6. When pipelining brings little (P7, P10)
+# ## 6. More micro-batches, less idle time (P7), measured
 #
-# P7 warns that "for small models or slow links the gain may be small". Measured here: the course
-# transformer on RUN_RANKS ranks against one process, step time as m grows.
+# P7's claim is that micro-batches cut the idle time: with m micro-batches on p stages a flushed pipeline is
+# idle (p − 1)/(m + p − 1) of the time, so the larger m, the nearer p stages work at once. To *see* it, two
+# things must hold: compute must dominate (an MLP of 8 layers SWEEP_WIDTH wide; the course transformer is
+# far too small, section 8), and the baseline must do the **same work**. At a fixed global batch, m
+# micro-batches cost more than one batch even on one device — each matrix product is m times smaller, and
+# every weight's gradient is accumulated m times — and that cost comes with gradient accumulation, not with
+# pipelining. So the fair comparison is one process running the *same* m micro-batches; against it a pipeline
+# with no overhead is p·m/(m + p − 1) times faster (the **ideal**: 1.60× at m = 4 on 2 ranks, 1.78× at 8).
+#
+# `pipeline_sweep` runs, in every iteration and back to back, 1F1B, GPipe, GPipe with each stage recomputed
+# (`torch.utils.checkpoint`), one process with the same micro-batches (on each rank's core in turn) and one
+# process with the whole batch; speed-ups are per-iteration ratios (median, lowest, highest), the bubble is
+# 1F1B's, measured as in section 4. One thread per rank, 2 ranks: one core each.
+
+# %%
+from coursekit.parallel.pipeline import pipeline_sweep
+from coursekit.viz.pipeline_sweep import draw_sweep
+
+sweep = pipeline_sweep(SWEEP_M, batch=SWEEP_BATCH, width=SWEEP_WIDTH, iterations=SWEEP_ITERS)
+fig = draw_sweep(sweep)
+plt.show()
+
+# %% tags=["nbval-ignore-output"]
+rows = {row["m"]: row for row in sweep.rows}
+print(f"MLP of 8 layers {SWEEP_WIDTH} wide, {SWEEP_BATCH} samples a step, 2 ranks; ms a step (median of "
+      f"{SWEEP_ITERS}); speed-up over one process running the same micro-batches: median [lowest, highest]")
+print(f"{'m':>3} {'1F1B':>7} {'GPipe':>7} {'1 proc, same m':>15} {'1 proc, whole':>14}   {'1F1B speed-up':<22}"
+      f"{'ideal':>6} {'share':>6}   {'bubble':>7} {'formula':>8}")
+for m, row in rows.items():
+    step, (med, lo, hi) = row["step"], row["speedup_1f1b"]
+    print(f"{m:>3} {step['1f1b'] * 1e3:>7.0f} {step['gpipe'] * 1e3:>7.0f} {step['same_work'] * 1e3:>15.0f} "
+          f"{step['whole_batch'] * 1e3:>14.0f}   {med:.2f}× [{lo:.2f}, {hi:.2f}]{'':<6}{row['ideal']:>5.2f}× "
+          f"{med / row['ideal']:>6.0%}   {row['bubble']:>7.1%} {row['bubble_formula']:>8.1%}")
+fastest = min(rows, key=lambda m: rows[m]["step"]["1f1b"])
+best = max(rows, key=lambda m: rows[m]["speedup_1f1b"][0])
+print(f"\nthis run: 1F1B's speed-up over the same work went " + " → ".join(
+    f"{rows[m]['speedup_1f1b'][0]:.2f}×" for m in rows) + f" (m = {', '.join(map(str, rows))}), the largest at "
+      f"m = {best}: {rows[best]['speedup_1f1b'][0] / rows[best]['ideal']:.0%} of its ideal")
+print(f"1F1B's fastest step at m = {fastest}; the one-process row grew from "
+      f"{rows[min(rows)]['step']['same_work'] * 1e3:.0f} to {rows[max(rows)]['step']['same_work'] * 1e3:.0f} ms "
+      f"with m (the cost of smaller micro-batches, pipelining or not)")
+ms_ = list(rows)
+rises = [f"{m}→{n}" for m, n in zip(ms_, ms_[1:]) if rows[n]["bubble"] >= rows[m]["bubble"]]
+print(f"the measured bubble: " + " → ".join(f"{rows[m]['bubble']:.0%}" for m in ms_) +
+      (f", falling at every step of m" if not rises else f", not falling at m = {', '.join(rises)}") +
+      "; of it, waits for messages already sent: " + ", ".join(f"{rows[m]['in_flight']:.0%}" for m in ms_))
+print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0]:.2f}×" for m in ms_) +
+      " the time of one alone (1.00×: the cores do not slow each other)")
+
+# %% [markdown]
+# Read the table against the two formulas — the measured bubble beside (p − 1)/(m + p − 1), 1F1B's speed-up
+# beside its ideal — and the lines under it, which say what this run showed. At m = 1 the pipeline is the
+# chain of chapter 03, half idle on 2 ranks; as m grows the bubble shrinks and 1F1B beats one process doing
+# the same work: that is P7, on real ranks. How far it gets is set by two things this machine prints. First,
+# every micro-batch crosses between the stages twice, and a message's latency stays the same while a
+# micro-batch's compute shrinks as 1/m: at large m the waits for messages in flight (the last line), not the
+# fill and drain, are the idle time, so the measured bubble levels off above the formula. Second, two cores
+# computing at once can each be slower than one alone (shared caches and memory bandwidth, and any other load
+# on the machine): the best this machine allows is the ideal divided by that factor. The usual rule of
+# thumb, m ≥ 4p (GPipe's paper: the bubble is then negligible; (p − 1)/(5p − 1) = 11% at p = 2), is where
+# the formula's bubble is small; where a step is fastest here the table says — past it the smaller
+# micro-batches cost more than the bubble they remove (the one-process row grows with m for the same reason).
+# `python -m coursekit.bench pipeline --check` holds the targets: 85% of the ideal at m = 4 and 8, a bubble
+# that falls with m and stays within 10 points of the formula (docs/benchmarks.md says what this machine meets).
+#
+# **GPipe's price is memory.** GPipe runs every forward before any backward, so it holds the activations of
+# all m micro-batches — the whole batch's, whatever m — while 1F1B holds at most p − r on rank r. Its own
+# remedy is recomputation: keep only each stage's input and run the forward again in backward
+# (`torch.utils.checkpoint`), bytes down, time up:
+
+# %% tags=["nbval-ignore-output"]
+print(f"peak activation bytes per rank (rank 0 / rank 1), KiB; GPipe recomputed's step time beside GPipe's")
+print(f"{'m':>3} {'1F1B':>15} {'GPipe':>17} {'GPipe recomputed':>18}   {'GPipe':>7} {'recomputed':>11}")
+kib = lambda b: " / ".join(f"{v / 2**10:,.0f}" for v in b)  # noqa: E731
+for m, row in rows.items():
+    peak = row["peak_activation_bytes"]
+    print(f"{m:>3} {kib(peak['1f1b']):>15} {kib(peak['gpipe']):>17} {kib(peak['gpipe_recompute']):>18}   "
+          f"{row['step']['gpipe'] * 1e3:>5.0f} ms {row['step']['gpipe_recompute'] * 1e3:>8.0f} ms")
+
+# %% [markdown]
+# ## 7. Unequal stages: the slowest sets the pace
+#
+# Chapter 03 found that the slowest stage sets the pace of a chain; in a pipeline it also sets the bubble.
+# If stage 0 costs 1.5 units per micro-batch and stage 1 one, stage 1 waits half a unit for every
+# micro-batch, however many there are: with 1F1B on 2 ranks and m = 4 the plan's bubble grows from 1/5 to
+# 3/13 (`plan(schedule, stage_costs=[1.5, 1])`). Below, an MLP of 10 equal layers cut 6 | 4 (stage 0 has
+# 1.5× the layers) against the cut balanced by measured time (`layer_costs(model, "time")`, as chapter 03
+# cuts), 1F1B with m = 8 on 2 ranks: each stage's measured time per micro-batch, the bubble the plan gives
+# with those times, and the bubble measured.
+
+# %%
+from coursekit.models import TeacherData, tiny_mlp
+from coursekit.parallel.pipeline import imbalance, layer_costs, partition, stage_costs, stage_times
+
+LAYERS, WIDE, IMBALANCE_M = 10, 512, 8
+equal_layers = lambda: tiny_mlp(n_layers=LAYERS, d_in=WIDE, d_hidden=WIDE, d_out=WIDE, seed=0)  # noqa: E731
+
+
+def imbalanced(rank, world_size, sizes):
+    result = train(rank, world_size, "pipeline", model=equal_layers, data=TeacherData(d_in=WIDE, n_classes=WIDE),
+                   schedule="1f1b", micro_batches=IMBALANCE_M, layers_per_stage=sizes, steps=4, global_batch=256,
+                   record=False, trace=True)
+    last = max(s.start for s in result["spans"] if s.name == "F0@s0")          # the last step only
+    return [s for s in result["spans"] if s.start >= last]
+
+
+def measured_layer_costs(rank, world_size):
+    return layer_costs(equal_layers(), "time", sample=torch.randn(256 // IMBALANCE_M, WIDE), repeats=9)
+
+
+by_time = coursekit.launch(measured_layer_costs, 1)[0]
+cuts = {"6 | 4": [6, 4], "balanced by time": partition(by_time, 2)}
+print(f"{LAYERS} layers {WIDE} wide, 1F1B on {RUN_RANKS} ranks, m = {IMBALANCE_M}; planned bubble with equal "
+      f"stages {float(plan(make_schedule('1f1b', RUN_RANKS, IMBALANCE_M)).bubble_fraction):.1%}")
+bubbles = {}
+for label, sizes in cuts.items():
+    spans = coursekit.launch(imbalanced, RUN_RANKS, sizes, timeout=300)[0]
+    times = stage_times(spans)
+    costs = [times[s] for s in sorted(times)]
+    planned = plan(make_schedule("1f1b", RUN_RANKS, IMBALANCE_M), stage_costs=[c / min(costs) for c in costs])
+    by_costs = stage_costs(by_time, sizes)
+    bubbles[label] = (float(planned.bubble_fraction), measured_bubble(spans).bubble)
+    print(f"{label:<17} layers {sizes}: stage 0 / stage 1 by the layers' costs {by_costs[0] / by_costs[1]:.2f}×, "
+          f"measured " + " / ".join(f"{c * 1e3:.2f}" for c in costs) + f" ms a micro-batch "
+          f"({costs[0] / costs[1]:.2f}×); bubble planned with those times {bubbles[label][0]:.1%}, "
+          f"measured {bubbles[label][1]:.1%}")
+(plan_a, meas_a), (plan_b, meas_b) = bubbles.values()
+print(f"this run: the uneven cut's bubble is {100 * (plan_a - plan_b):+.1f} points planned and "
+      f"{100 * (meas_a - meas_b):+.1f} measured against the balanced cut's")
+
+# %% [markdown]
+# Read the measured per-stage times before the bubbles: they are what the plan is given. The last stage
+# also computes the loss, and a layer does not cost the same on every rank of a busy 2-core machine, so the
+# measured ratio is not the layers' ratio; the planned bubble follows the measured times. The measured
+# bubble sits well above the plan for both cuts (every action's fixed cost, the waits of section 4) and
+# moves with them only where the imbalance is larger than that noise — the last line says how far it did
+# in this run. That is why pipeline frameworks let you choose where the stages are cut instead of always
+# splitting the layers evenly (DeepSpeed's `PipelineModule(partition_method=...)`: by parameters, uniformly,
+# or by layer type).
+
+# %% [markdown]
+# ## 8. When pipelining brings little (P7, P10)
+#
+# P7 warns that "for small models or slow links the gain may be small". Section 6 built the case where
+# compute dominates; this is the counter-case, the course transformer (a few thousand parameters a layer) on
+# RUN_RANKS ranks, step time as m grows, against one process running the same micro-batches (section 6's fair
+# baseline) and, dashed, one process with the whole batch at once.
 
 # %%
 def step_times(rank, world_size, ms):
@@ -326,20 +539,29 @@ def step_times(rank, world_size, ms):
     return out
 
 
-one = train(0, 1, "single", model="transformer", steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, record=False)
-single = sorted(one["step_times"][1:])[len(one["step_times"][1:]) // 2]
+def one_process(m):
+    run = train(0, 1, "single", model="transformer", steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, micro_batches=m,
+                record=False)
+    return sorted(run["step_times"][1:])[len(run["step_times"][1:]) // 2]
+
+
+same_work = {m: one_process(m) for m in RUN_MICRO_BATCHES}
+single = one_process(1)  # the whole batch at once
 piped = coursekit.launch(step_times, RUN_RANKS, RUN_MICRO_BATCHES, timeout=300)
 slowest = {m: max(piped[r][m] for r in range(RUN_RANKS)) for m in RUN_MICRO_BATCHES}
 fig, ax = plt.subplots(figsize=(6.5, 3.2))
 ax.plot(RUN_MICRO_BATCHES, [slowest[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="o", label=f"1F1B on {RUN_RANKS} ranks")
-ax.axhline(single * 1e3, color="black", linestyle="--", label="one process")
+ax.plot(RUN_MICRO_BATCHES, [same_work[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="s", color="grey",
+        label="one process, the same m micro-batches")
+ax.axhline(single * 1e3, color="black", linestyle="--", label="one process, the whole batch")
 ax.set(xlabel="micro-batches m", ylabel="ms per step (median)", xticks=RUN_MICRO_BATCHES,
        title=f"course transformer, global batch {GLOBAL_BATCH}")
 ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 for m in RUN_MICRO_BATCHES:
-    print(f"m = {m}: {slowest[m] * 1e3:6.1f} ms per step, {single / slowest[m]:.2f}x one process")
+    print(f"m = {m}: {slowest[m] * 1e3:6.1f} ms per step; {same_work[m] / slowest[m]:.2f}× one process running the "
+          f"same micro-batches ({same_work[m] * 1e3:.1f} ms), {single / slowest[m]:.2f}× one with the whole batch")
 m_max = max(RUN_MICRO_BATCHES)
 compute = single / (m_max * RUN_RANKS)  # one stage's share of one micro-batch, from the one-process step
 m_min = min(RUN_MICRO_BATCHES)
@@ -357,7 +579,10 @@ print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1
 # waking up. The last line above puts what one more micro-batch cost the step next to one stage's compute
 # per micro-batch and next to the bubble the plan says it removes: where that fixed cost is not small against
 # them, it eats the overlap — and the two ranks also share this machine's two cores with gloo's threads.
-# The planned bubble shrinks as m grows; the measured step follows it only as far as that cost allows.
+# The planned bubble shrinks as m grows; the measured step follows it only as far as that cost allows —
+# against the same work on one process as well as against the whole batch, the lines above say how far.
+# Section 6's wide MLP runs the same code with far wider layers: there the same fixed costs are
+# small beside a micro-batch's compute.
 #
 # On a real cluster the proportions change: a stage of a large model computes a micro-batch in tens of
 # milliseconds, a point-to-point transfer of its activations over NVLink or InfiniBand takes a fraction
@@ -368,7 +593,7 @@ print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1
 # best and pipelining may bring little.
 
 # %% [markdown]
-# ## 7. The same thing in production: `torch.distributed.pipelining`
+# ## 9. The same thing in production: `torch.distributed.pipelining`
 #
 # PyTorch's own pipelining runs the *same* stages (coursekit's split, on the same ranks) with its schedules
 # `ScheduleGPipe`, `Schedule1F1B` and `ScheduleInterleaved1F1B`. The loop registers it as the strategy
