@@ -64,7 +64,8 @@ class ExecutorStats:
 class _SavedTensors:
     """Weak references to the tensors autograd saves for backward, by (stage, micro-batch)."""
 
-    def __init__(self, exclude: set[int]):
+    def __init__(self, exclude: set[int], alias: bool = True):
+        self.alias = alias           # keep a detached alias (needed when the backward is split, see pack)
         self.exclude = exclude       # storages not to count: parameters, the batch
         self.refs: dict[tuple[int, int], list] = {}
         self.current: tuple[int, int] | None = None
@@ -79,7 +80,8 @@ class _SavedTensors:
         ptr = t.untyped_storage().data_ptr()
         if ptr in self.exclude:
             return t
-        t = t.detach()
+        if self.alias:
+            t = t.detach()
         self.refs.setdefault(self.current, []).append((weakref.ref(t), ptr, t.untyped_storage().nbytes()))
         return t
 
@@ -113,9 +115,11 @@ def execute(schedule: Schedule, rank: int, stages: dict[int, nn.Module], micro_b
     if check:
         validate(schedule)
     step = _Step(schedule, rank, stages, micro_batches, micro_loss, channel, tracer)
+    ahead = getattr(channel, "post_ahead", False)  # a channel of receives posted before the compute
     for position, action in enumerate(schedule.actions[rank]):
         step.run(action)
-        step.post_ahead(position)
+        if ahead:
+            step.post_ahead(position)
     channel.wait()
     outs = [step.results[i] for i in sorted(step.results)]
     return outs, step.loss_sum, step.stats
@@ -138,7 +142,7 @@ class _Step:
         self.key = [tuple(x.shape) for x, _ in micro_batches]  # both ends of a link know a micro-batch's shape
         exclude = {p.untyped_storage().data_ptr() for stage in stages.values() for p in stage.parameters()}
         exclude |= {t.untyped_storage().data_ptr() for batch in micro_batches for t in batch}
-        self.saved, self.stats = _SavedTensors(exclude), ExecutorStats()
+        self.saved, self.stats = _SavedTensors(exclude, alias=self.split), ExecutorStats()
         self.inputs, self.outputs, self.received, self.grads, self.to_send, self.for_w = {}, {}, {}, {}, {}, {}
         self.results, self.loss_sum = {}, 0.0
         self.receives = [k for k, a in enumerate(schedule.actions[rank]) if a.op in ("RECV_F", "RECV_B")]
@@ -225,7 +229,8 @@ class _Step:
             self.grads[(s - 1, i)] = dx           # this rank's stage s-1 carries on from here
         elif s > 0:
             self.to_send[(s, i)] = dx             # for SEND_B
-        self.held()
+        if self.split:  # what B keeps for W can raise the peak; an unsplit B only frees
+            self.held()
 
     def weight_gradients(self, s: int, i: int, name: str) -> None:
         with _span(self.tracer, "weight", name):
