@@ -290,3 +290,17 @@ def test_zero3_units_bf16_equals_fsdp2_unit_for_unit():
 def test_zero3_units_refuses_fp16_and_says_what_to_use():
     with pytest.raises(ValueError, match="precision='bf16'"):
         train(0, 1, "zero3_units", steps=1, precision="fp16")
+
+
+def fp16_without_scaling(rank, world_size):
+    result = train(rank, world_size, "zero2", steps=2, global_batch=BATCH, precision="fp16", loss_scaler=False,
+                   record=False)
+    return result["loss_scale"], result["skipped_steps"], result["inf_checks"], result["losses"]
+
+
+def test_fp16_without_a_loss_scaler_when_asked():
+    """``loss_scaler=False``: fp16 runs unscaled (no scale, no skipped step, no overflow check), to show what
+    loss scaling is for. Planted bug, seen failing: False read as "the default" (a dynamic scaler made anyway:
+    the scale and the checks reported)."""
+    for scale, skipped, checks, losses in coursekit.launch(fp16_without_scaling, 2, timeout=120):
+        assert (scale, skipped, checks) == (None, 0, 0) and all(loss == loss for loss in losses)

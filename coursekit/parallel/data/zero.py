@@ -94,7 +94,7 @@ class ZeRO(nn.Module):
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
                  stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None,
                  bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None,
-                 mp_policy: MixedPrecision | str | None = None, loss_scaler: LossScaler | None = None):
+                 mp_policy: MixedPrecision | str | None = None, loss_scaler: LossScaler | bool | None = None):
         super().__init__()
         if stage not in (1, 2, 3):
             raise ValueError(f"ZeRO stage must be 1 (optimiser state), 2 (+ gradients) or 3 (+ parameters); "
@@ -109,7 +109,8 @@ class ZeRO(nn.Module):
         self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
         self.policy = as_policy(mp_policy)
         fp16 = self.policy.param_dtype == torch.float16
-        self.scaler = loss_scaler if loss_scaler is not None else (LossScaler() if fp16 else None)
+        # None: dynamic loss scaling for fp16, none otherwise; False: none at all (to see what fp16 loses without)
+        self.scaler = (LossScaler() if fp16 else None) if loss_scaler is None else (loss_scaler or None)
         self.inf_checks = 0     # all-reduces of the overflow flag (one per step with a loss scaler)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: once
         master = self._flatten(named, bucket_cap_mb, bucket_elements)
