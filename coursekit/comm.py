@@ -235,7 +235,9 @@ class Work:
                     self._inner.wait()
             # Keep _inner: releasing gloo's work object right after its wait was measured to
             # slow a ring by ~30%; it is released with this object, after the next step is posted.
-            self._done = True
+            # The buffer is ours to drop once the transfer is done (a ring that keeps the handle
+            # until its next step must not hold a third block meanwhile).
+            self._done, self._tensor = True, None
         return True
 
 

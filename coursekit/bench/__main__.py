@@ -19,7 +19,13 @@ Target = tuple[str, str, bool]  # (what is promised, what was measured, whether 
 
 
 def available() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if not m.name.startswith("_"))
+    """The benchmarks: the modules of this package that define ``main(argv)`` (read, not imported: nothing runs).
+
+    A module without one is a part of another benchmark (``pipeline_sweep``, the m-sweep of ``pipeline``).
+    """
+    here = Path(__file__).parent
+    return sorted(m.name for m in pkgutil.iter_modules([str(here)])
+                  if not m.name.startswith("_") and "\ndef main(" in (here / f"{m.name}.py").read_text())
 
 
 def _load(name: str) -> Callable[[list[str]], list[Target]]:
