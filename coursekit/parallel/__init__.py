@@ -17,3 +17,4 @@ side -- and registers its :class:`coursekit.strategy.Strategy` subclasses for :f
 """
 
 from . import data, pipeline, tensor, sequence  # noqa: F401  (in this order: chapters 02, 03-04, 05, 06)
+from . import hybrid  # noqa: F401,E402  (the capstone: all of them on one mesh)

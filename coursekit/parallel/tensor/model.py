@@ -45,7 +45,7 @@ from .layers import (CommCounts, ParallelMLP, ParallelSelfAttention, ShardedLine
                      gather_from_parallel_region)
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 
-__all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense",
+__all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name",
            "expected_counts", "TensorParallel", "DataTensorParallel"]
 
 
@@ -114,7 +114,8 @@ def parallelize_transformer(dense: nn.Module, tp_axis=None) -> TensorParallelTra
     return TensorParallelTransformer(dense, as_group(tp_axis))
 
 
-def _dense_name(name: str) -> str:
+def dense_name(name: str) -> str:
+    """The dense model's name of a tensor-parallel parameter (a Megatron block keeps its MLP under ``mlp.``)."""
     return name.replace(".mlp.", ".")  # the dense block holds fc and out itself
 
 
@@ -146,7 +147,7 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
             tensor = param.grad if grads else param.detach()
             if tensor is None:
                 continue
-            full_name = _dense_name(f"{module_name}.{name}" if module_name else name)
+            full_name = dense_name(f"{module_name}.{name}" if module_name else name)
             dim = _shard_dim(module, name)
             if dim is None or size == 1:
                 out[full_name] = tensor.clone()

@@ -1,0 +1,103 @@
+"""The course transformer as a list of layers, in the form each composition needs (pipeline × tensor × sequence).
+
+A pipeline cuts a model into stages by its layers (:func:`coursekit.parallel.pipeline.layers`): the
+embedding, the blocks, the head. Composed with another parallelism, each layer is that parallelism's
+version of it, and the pipeline neither knows nor cares:
+
+* **tensor** (``tp > 1``): the layers of :func:`~coursekit.parallel.tensor.parallelize_transformer`'s model --
+  the vocabulary-parallel embedding, Megatron blocks (their all-reduces on the ``tp`` group), and the tied
+  head that returns this rank's ``V/t`` logits (:class:`TensorParallelHead`);
+* **sequence** (``sp > 1``): the dense layers on this rank's part of every sequence -- the embedding takes the
+  *whole* micro-batch and keeps this rank's tokens at their global positions (:class:`SequenceEmbedding`),
+  each block runs its attention as ring attention over the ``sp`` group (:class:`SequenceBlock`), the head
+  is the dense one on the local tokens;
+* neither: the dense layers themselves.
+
+Every rank of a ``tp`` (or ``sp``) group holds the same stage of the pipeline, so their collectives inside a
+stage meet in the same order; the activations a stage sends its neighbour are that rank's (whole hidden
+states under tensor parallelism, its own tokens' under sequence parallelism).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ...mesh import rank_size
+from ..pipeline import layers as dense_layers
+from ..pipeline.model import Embedding
+from ..sequence.layout import positions, shard_sequence
+from ..tensor.vocab import parallel_lm_logits
+
+__all__ = ["TensorParallelHead", "SequenceEmbedding", "SequenceBlock", "composed_layers"]
+
+
+class TensorParallelHead(nn.Module):
+    """Final LayerNorm, then the tied head over this rank's vocabulary rows: logits ``(b, s, V/t)``."""
+
+    def __init__(self, tp_model: nn.Module):
+        super().__init__()
+        self.ln_f, self.tok_emb, self.group = tp_model.ln_f, tp_model.tok_emb, tp_model.group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return parallel_lm_logits(self.ln_f(x), self.tok_emb.weight, self.group)
+
+
+class SequenceEmbedding(nn.Module):
+    """Token + position embedding of this rank's tokens: the whole ``(b, S)`` micro-batch in, ``(b, S/G, h)`` out."""
+
+    def __init__(self, dense: nn.Module, group, layout: str):
+        super().__init__()
+        self.tok_emb, self.pos_emb, self.max_seq_len = dense.tok_emb, dense.pos_emb, dense.max_seq_len
+        self.group, self.layout = group, layout
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        rank, size = rank_size(self.group)
+        seq = idx.shape[1]
+        if seq > self.max_seq_len:
+            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}.")
+        where = positions(seq, rank, size, self.layout).to(idx.device)
+        return self.tok_emb(shard_sequence(idx, 1, rank, size, self.layout)) + self.pos_emb(where)
+
+
+class SequenceBlock(nn.Module):
+    """A dense block on this rank's tokens; ``attend(q, k, v)`` is the attention across ranks (the ring).
+
+    ``attend`` must know the whole sequence's length (a rank's share does not say it when the split is
+    uneven): the strategy that builds the block sets it per step, from the micro-batches every rank reads.
+    """
+
+    def __init__(self, block: nn.Module, attend: Callable):
+        super().__init__()
+        self.block, self.attend = block, attend
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, attn = self.block, self.block.attn
+        h = b.ln1(x)
+        batch, seq, d_model = h.shape
+        q, k, v = (t.view(batch, seq, attn.n_heads, -1).transpose(1, 2) for t in attn.qkv(h).split(d_model, -1))
+        y = self.attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
+        x = x + attn.proj(y)
+        return x + b.out(F.gelu(b.fc(b.ln2(x))))
+
+
+def composed_layers(base: nn.Module, tensor: bool = False, sequence: tuple | None = None) -> list[tuple[str, nn.Module]]:
+    """``(name, layer)`` pairs whose composition is ``base``'s forward under the composition asked for.
+
+    ``base`` is the dense course transformer, or its tensor-parallel form when ``tensor``; ``sequence`` is
+    ``(group, layout, attend)`` for sequence parallelism, else None. Names are the dense model's
+    (``embedding``, ``blocks.0`` …, ``ln_f+head``), so a pipeline's stages read the same either way.
+    """
+    if tensor:
+        return ([("embedding", Embedding(base))] + [(f"blocks.{i}", b) for i, b in enumerate(base.blocks)]
+                + [("ln_f+head", TensorParallelHead(base))])
+    if sequence is not None:
+        group, layout, attend = sequence
+        named = dense_layers(base)
+        return ([("embedding", SequenceEmbedding(base, group, layout))]
+                + [(f"blocks.{i}", SequenceBlock(b, attend)) for i, b in enumerate(base.blocks)]
+                + [named[-1]])
+    return dense_layers(base)

@@ -1,0 +1,196 @@
+"""``"hybrid"``: pipeline × data × sequence × tensor parallelism on one mesh -- the capstone's strategy.
+
+Each parallelism of the course is applied in turn to the course transformer, each on its own mesh axis,
+and the pipeline executor of chapter 04 runs whatever results:
+
+1. ``apply_tp``: with ``tp > 1`` the model becomes its Megatron form on ``mesh["tp"]`` (chapter 05);
+2. ``apply_sp``: with ``sp > 1`` every attention becomes ring attention on ``mesh["sp"]`` and each rank keeps
+   its tokens (chapter 06; zig-zag layout);
+3. ``apply_pp``: the layers (:func:`~coursekit.parallel.hybrid.layers.composed_layers`) are cut into
+   ``pp × v`` stages, balanced by the dense model's parameter counts so every rank cuts them alike, and each
+   step runs one schedule over the micro-batches on ``mesh["pp"]`` (chapters 03-04). A pipeline of one
+   stage is the plain model: forward, then backward, per micro-batch;
+4. ``apply_dp``: after the step's backwards, the gradients are all-reduced once over the ranks that hold a
+   part of the global batch -- ``dp × sp``, flattened (chapter 02; the sequence ranks' shares add up,
+   the slices average) -- and with ``zero=1`` the optimizer state is sharded over ``dp`` (ZeRO-1,
+   :class:`~coursekit.parallel.data.ShardedOptimizer`).
+
+The tied embedding's gradient is summed over the pipeline's first and last stage (chapter 03) before the
+data-parallel reduce; sums commute, so the order does not matter. Each rank reports the global batch's loss.
+
+    >>> train(rank, world_size, "hybrid", model="transformer", mesh=Mesh(mesh_shape(pp=2, dp=2)),
+    ...       micro_batches=2, record=False)                              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ... import collectives as _collectives
+from ...mesh import rank_size
+from ...models import loss_fn
+from ...strategy import Setup, Strategy, register
+from ...verify import NamedPart
+from ..data import ShardedOptimizer, optimizer_class_and_defaults
+from ..pipeline import PipelineParallel, layer_costs, partition
+from ..sequence import AttentionWork, ring_attention, shard_sequence
+from ..tensor import dense_name, gather_dense, parallelize_transformer, vocab_parallel_cross_entropy
+from .degrees import AXES, check_degrees, mesh_shape
+from .layers import composed_layers
+
+__all__ = ["Hybrid"]
+
+
+@register("hybrid")
+class Hybrid(Strategy):
+    """The course transformer on a ``pp × dp × sp × tp`` mesh (any degree may be 1).
+
+    Options: ``schedule`` and ``stages_per_rank`` (the pipeline's), ``zero`` (0 or 1: the optimizer state
+    sharded over ``dp``), ``layout`` (the sequence split), and ``pp``/``sp``/``tp`` to size the mesh when
+    none is given (``dp`` is the rest of the world). The loop's ``micro_batches`` is the pipeline's m.
+    """
+
+    options = {"pp": 1, "sp": 1, "tp": 1, "zero": 0, "schedule": "1f1b", "stages_per_rank": 1, "layout": "zigzag",
+               "kernel": "textbook", "collectives": "ring"}
+    axes = AXES
+
+    @classmethod
+    def default_mesh(cls, world_size: int, options: dict) -> dict[str, int]:
+        pp, sp, tp = (options.get(a, 1) for a in ("pp", "sp", "tp"))
+        inner = pp * sp * tp
+        if not all(isinstance(d, int) and d >= 1 for d in (pp, sp, tp)) or world_size % inner:
+            raise ValueError(f"pp × sp × tp = {pp} × {sp} × {tp} must divide the world size {world_size} "
+                             f"(dp is the rest).")
+        return mesh_shape(pp, world_size // inner, sp, tp)
+
+    def __init__(self, setup: Setup):
+        self.setup, self.tracer, self.mesh = setup, setup.tracer, setup.mesh
+        dense = setup.model
+        if not all(hasattr(dense, n) for n in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
+            raise ValueError("'hybrid' composes the parallelisms of the course transformer: train(..., "
+                             "model='transformer') or a function returning tiny_transformer(...).")
+        self.dp_axis, self.sp_axis, self.tp_axis = self.mesh["dp"], self.mesh["sp"], self.mesh["tp"]
+        self.pp, self.dp, self.sp, self.tp = (self.mesh.size(a) for a in AXES)
+        v, schedule = self.option("stages_per_rank"), self.option("schedule")
+        check_degrees(dist.get_world_size(), self.pp, self.dp, self.sp, self.tp, n_heads=dense.blocks[0].attn.n_heads,
+                      n_layers=len(dense.blocks), vocab_size=dense.tok_emb.num_embeddings,
+                      seq_len=dense.max_seq_len, schedule=schedule, stages_per_rank=v,
+                      zero=self.option("zero"))
+        if self.option("zero") not in (0, 1):
+            raise ValueError(f"zero={self.option('zero')}: 'hybrid' shards the optimizer state (zero=1) or nothing; "
+                             f"ZeRO-2 and -3 of a whole model are the strategies 'zero2' and 'zero3'.")
+        self.group = self.dp_axis.group  # the loop's data-parallel group
+        self.batch_axis = self.mesh.flatten(("dp", "sp"))  # collective: every rank builds the strategy
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+        self.layout, self.seq_len, self.work = self.option("layout"), 0, AttentionWork()
+        self.elements_reduced = 0
+        sizes = partition(layer_costs(dense, "params"), self.pp * v)  # from the dense model: alike on every rank
+        self.base = self.apply_tp(dense)
+        named = composed_layers(self.base, tensor=self.tp > 1, sequence=self.apply_sp())
+        stages = nn.Sequential(OrderedDict((name.replace(".", "_"), layer) for name, layer in named))
+        names = {id(p): dense_name(n) for n, p in self.base.named_parameters()}
+        self.pipe = PipelineParallel(Setup(stages, self._optimizer_fn(), self.mesh, self.tracer,
+                                           {"schedule": schedule, "stages_per_rank": v, "layers_per_stage": sizes}))
+        self.own = [(names[id(p)], p) for _, p in self.pipe.own]  # this rank's parameters, named as in the dense model
+        self.optimizer = self.pipe.optimizer
+
+    # ---------------------------------------------------------------- the four applications
+    def apply_tp(self, dense: nn.Module) -> nn.Module:
+        """Chapter 05: the Megatron form on ``mesh["tp"]`` (``tp = 1``: the dense model itself)."""
+        return parallelize_transformer(dense, self.tp_axis) if self.tp > 1 else dense
+
+    def apply_sp(self):
+        """Chapter 06: ``(group, layout, attention)`` for the sequence layers, or None when ``sp = 1``."""
+        if self.sp == 1:
+            return None
+        return self.sp_axis.group, self.layout, self._ring
+
+    def _ring(self, q, k, v):
+        return ring_attention(q, k, v, True, self.layout, self.seq_len, self.sp_axis.group, self.work,
+                              self.option("kernel"))
+
+    def _optimizer_fn(self):
+        """Chapter 02: the loop's optimizer, or (``zero=1``) the same sharded over ``dp``."""
+        if self.option("zero") == 0:
+            return self.setup.optimizer_fn
+        cls, defaults = optimizer_class_and_defaults(self.setup)
+        return lambda params: ShardedOptimizer(params, cls, group=self.dp_axis, collectives=self.option("collectives"),
+                                               **defaults)
+
+    # ---------------------------------------------------------------- one step
+    @property
+    def data_rank(self) -> int:
+        return self.dp_axis.rank
+
+    @property
+    def data_size(self) -> int:
+        return self.dp
+
+    def run_step(self, micro_batches, micro_loss):
+        self.seq_len = micro_batches[0][0].shape[1]  # every rank reads the batch: the ring's whole length
+        return self.pipe.run_step(micro_batches, micro_loss)
+
+    def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """On the last stage: the vocabulary-parallel loss (tp), this rank's tokens' share (sp), or the plain one."""
+        if self.tp > 1:
+            return vocab_parallel_cross_entropy(output, targets, self.base.tok_emb.vocab_start, self.tp_axis.group).mean()
+        if self.sp > 1:
+            rank, size = rank_size(self.sp_axis.group)
+            mine = shard_sequence(targets, 1, rank, size, self.layout)
+            summed = F.cross_entropy(output.reshape(-1, output.shape[-1]), mine.reshape(-1), reduction="sum")
+            return summed / targets.numel()  # the shares of the sp ranks add up to the micro-batch's mean
+        return loss_fn(output, targets)
+
+    def synchronize(self) -> None:
+        """Chapter 02: one all-reduce of every gradient over ``dp × sp``, then divided by ``dp``."""
+        params = [p for _, p in self.own if p.grad is not None]
+        if self.batch_axis.size == 1 or not params:
+            return
+        with self.span("comm", "all-reduce grads over dp×sp"):
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            self.all_reduce(flat, group=self.batch_axis.group)
+            for p, g in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(g.view_as(p) / self.dp)
+        self.elements_reduced += flat.numel()
+
+    def global_loss(self, local_loss: float) -> float:
+        """Σ over ``dp × sp`` of this rank's loss / dp: the sp shares add up, the dp slices average."""
+        total = torch.tensor([local_loss / self.dp], dtype=torch.float64)
+        if self.batch_axis.size > 1:
+            dist.all_reduce(total, group=self.batch_axis.group)
+        return total.item()
+
+    # ---------------------------------------------------------------- what the harness and checkpoints see
+    def recorded_output(self, outputs):
+        return None  # the record compares gradients and parameters; the logits stay where they are
+
+    def _named(self, grads: bool) -> NamedPart:
+        """This rank's stages' tensors, named as in the dense model; tp shards gathered (collective over tp)."""
+        if self.tp == 1:
+            return NamedPart({n: (p.grad if grads else p).detach().clone() for n, p in self.own
+                              if not grads or p.grad is not None})
+        out = {}
+        for stage in self.pipe.mine.values():
+            ids = {dense_name(n): id(p) for n, p in stage.named_parameters()}
+            whole = {id(p): n for n, p in self.own}
+            for name, tensor in gather_dense(stage, grads=grads, group=self.tp_axis.group).items():
+                out[whole[ids[name]]] = tensor
+        return NamedPart(out)
+
+    def gradients(self):
+        return self._named(grads=True)
+
+    def parameters(self):
+        return self._named(grads=False)
+
+    def held_tensors(self):
+        return self.pipe.held_tensors()
+
+    def counters(self) -> dict:
+        return {**self.pipe.counters(), "elements_reduced": self.elements_reduced,
+                "attention_score_elements": self.work.score_elements}
