@@ -1,7 +1,9 @@
-"""The ``coursekit`` command: ``doctor`` (is this machine ready?) and ``grade`` (score an exercise notebook).
+"""The ``coursekit`` command: ``doctor`` (is this machine ready?), ``grade`` (score an exercise notebook) and
+``train`` (the capstone trainer, any layout: :mod:`coursekit.capstone`).
 
     coursekit doctor
     coursekit grade exercises/01_ring_allreduce.ipynb
+    coursekit train --dp 2 --tp 2 --steps 20
 
 ``grade`` runs a copy of the notebook with papermill; the notebook's own grading
 cells (:func:`coursekit.grading.grade`) leave their results in a file this
@@ -125,12 +127,19 @@ def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> s
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # its options are the trainer's own (argparse's REMAINDER drops a leading --option)
+        from .capstone.__main__ import main as train_main
+
+        return train_main(argv[1:])
     parser = argparse.ArgumentParser(prog="coursekit", description="Tools for the coursekit course.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="versions, backends, cores, GPUs, and a 2-rank all-reduce smoke test")
     grade = commands.add_parser("grade", help="execute a copy of an exercise notebook and print its score",
                                 add_help=False)
     grade.add_argument("rest", nargs=argparse.REMAINDER)
+    commands.add_parser("train", help="train the course transformer on any layout (--dp --tp --pp --sp)",
+                        add_help=False)
     options = parser.parse_args(argv)
     if options.command == "doctor":
         return doctor()

@@ -69,7 +69,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
           data=None, steps: int = 3, global_batch: int = 16, micro_batches: int = 1, optimizer: str = "adam",
           lr: float = 1e-3, seed: int = 0, mesh: Mesh | None = None, record: bool = True, trace: bool = False,
           freeze: tuple[str, ...] = (), count_traffic: bool = False, progress: bool = False,
-          **options) -> dict:
+          on_start: Callable[[Strategy], int] | None = None, on_step: Callable | None = None, **options) -> dict:
     """Train for ``steps`` steps with one ``strategy`` and return what happened on this rank.
 
     Run it on every rank (``coursekit.launch(lambda r, n: train(r, n, "zero2"), 4)``) or, with
@@ -94,6 +94,8 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         freeze: names of parameters to freeze (``requires_grad=False``) before training.
         count_traffic: record chapter 01's traffic counter around the steps (``result["traffic"]``).
         progress: show a progress bar (``tqdm``) on rank 0.
+        on_start, on_step: ``on_start(strategy)`` before the first step returns the step to start from (a resumed
+            run's); ``on_step(step, loss, seconds, strategy)`` after each step (a checkpoint, a log line).
         **options: the strategy's own options, e.g. ``collectives="ring"`` or ``"torch"``,
             ``bucket_cap_mb=0.1`` (or ``bucket_elements=25_000``) and ``overlap=True`` for ``"bucketed"``.
 
@@ -111,12 +113,13 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
     for name, p in net.named_parameters():
         if name in freeze:
             p.requires_grad_(False)
-    tracer = Tracer(rank) if trace else None
-    mesh = mesh_for(strategy, world_size, options, mesh)
+    tracer, mesh = Tracer(rank) if trace else None, mesh_for(strategy, world_size, options, mesh)
     runner = get_strategy(strategy)(Setup(net, make_optimizer_fn(optimizer, lr), mesh, tracer, options))
     if tracer is not None:
         tracer.start(runner.group)
-    result = _loop(runner, data, steps, global_batch, micro_batches, record, count_traffic, progress and rank == 0)
+    steps = range(on_start(runner) if on_start is not None else 0, steps)
+    result = _loop(runner, data, steps, global_batch, micro_batches, record, count_traffic, progress and rank == 0,
+                   on_step)
     result["spans"] = tracer.gather(runner.group) if tracer is not None else None
     result["numel"] = sum(p.numel() for p in net.parameters() if p.requires_grad)
     result.update(runner.counters())
@@ -141,17 +144,17 @@ def _check_arguments(strategy: str, world_size: int, micro_batches: int, options
         raise ValueError(f"micro_batches must be at least 1 (got {micro_batches}).")
 
 
-def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: int, record: bool,
-          count_traffic: bool, progress: bool) -> dict:
+def _loop(runner: Strategy, data, steps: range, global_batch: int, micro_batches: int, record: bool,
+          count_traffic: bool, progress: bool, on_step=None) -> dict:
     """The steps themselves: forward and backward per micro-batch, synchronise, step, record."""
     out: dict = {"records": [], "losses": [], "step_times": [], "memory": {}}
     # Memory at its peak, not after the step: the loop measures after backward, after synchronising and
     # after the step; a strategy that frees memory inside backward brings its own meter (``runner.peak``),
     # noted at its own peak moments (ZeRO-2 just before it drops a bucket).
     peak = getattr(runner, "peak", None) or PeakMemory()
-    bar = _progress_bar(steps, type(runner).__name__) if progress else None
+    bar = _progress_bar(len(steps), type(runner).__name__) if progress else None
     with comm.record() if count_traffic else nullcontext(None) as traffic:
-        for step in range(steps):
+        for step in steps:  # the data of a step is a function of its number: a resumed run reads on
             begin = time.perf_counter()
             outputs, local_loss = _forward_backward(runner, *data.batch(step, global_batch), micro_batches)
             peak.note(runner.held_tensors())
@@ -166,6 +169,8 @@ def _loop(runner: Strategy, data, steps: int, global_batch: int, micro_batches: 
             out["step_times"].append(time.perf_counter() - begin)
             out["memory"] = peak.note(runner.held_tensors())  # bytes held right after the step, by kind
             runner.zero_grad()
+            if on_step is not None:
+                on_step(step, loss, out["step_times"][-1], runner)
             if bar is not None:
                 bar.set_postfix(loss=f"{loss:.3f}")
                 bar.update()

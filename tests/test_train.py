@@ -107,3 +107,20 @@ def test_a_progress_bar_on_rank_zero_only(capfd):
     err = capfd.readouterr().err
     assert "[rank 0]" in err and "4/4" in err and "loss=" in err, err
     assert "[rank 1]" not in err, err
+
+
+def test_on_start_and_on_step_hooks():
+    """``on_start`` sets the first step (a resumed run's); ``on_step`` sees each step's number and loss.
+
+    Planted bug, seen failing: the loop counting from 0 whatever on_start returned (steps [0, 1], 2 losses too).
+    """
+    seen, built = [], []
+
+    def start(runner):
+        built.append(type(runner).__name__)
+        return 2
+
+    result = train(0, 1, "single", steps=4, on_start=start, on_step=lambda *a: seen.append((a[0], a[1])))
+    assert built == ["Strategy"]
+    assert [s for s, _ in seen] == [2, 3]
+    assert [loss for _, loss in seen] == result["losses"]

@@ -1,0 +1,11 @@
+"""The capstone: one trainer for every layout, started by ``torchrun`` or from a notebook.
+
+* ``run`` -- :class:`Config` (the layout, the model, the steps) and :func:`run`, what each rank executes:
+  one mesh, the composed strategy (:mod:`coursekit.parallel.hybrid`), the one training loop;
+* ``__main__`` -- the command line, ``coursekit train`` / ``python -m coursekit.capstone``, under ``torchrun``
+  (env rendezvous) or on its own (it launches the ranks).
+"""
+
+from .run import Config, check, run
+
+__all__ = ["Config", "check", "run"]

@@ -1,0 +1,120 @@
+"""``coursekit train`` (or ``python -m coursekit.capstone``): train the course transformer on any layout.
+
+Under ``torchrun`` every process is one rank (the rendezvous comes from the environment: ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)::
+
+    torchrun --standalone --nproc-per-node 4 -m coursekit.capstone --dp 2 --tp 2 --steps 20
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --rdzv-backend c10d \\
+             --rdzv-endpoint 127.0.0.1:29400 -m coursekit.capstone --dp 2 --tp 2      # and --node-rank 1
+
+Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`coursekit.launch`::
+
+    coursekit train --pp 2 --dp 2 --microbatches 4 --log-json curve.json
+
+A layout that cannot run is refused before any rank starts, with what to change (exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+from .run import Config, check, run
+
+__all__ = ["main", "parse", "in_torchrun"]
+
+
+def parse(argv: list[str] | None = None) -> Config:
+    """The command line as a :class:`~coursekit.capstone.run.Config`."""
+    d = Config()
+    p = argparse.ArgumentParser(prog="coursekit train", description=__doc__.split("\n\n")[0])
+    layout = p.add_argument_group("layout (the degrees multiply to the number of ranks)")
+    for axis, what in (("dp", "data"), ("tp", "tensor (heads, MLP, vocabulary)"), ("pp", "pipeline (stages)"),
+                       ("sp", "sequence (ring attention)")):
+        layout.add_argument(f"--{axis}", type=int, default=1, help=f"{what} parallel degree (default 1)")
+    layout.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
+                        help="ZeRO stage over dp: 1 with any layout, 2 and 3 on pure data parallelism")
+    layout.add_argument("--schedule", default=d.schedule, choices=("gpipe", "1f1b", "interleaved", "zb_h1"))
+    layout.add_argument("--stages-per-rank", type=int, default=1, help="v, for --schedule interleaved")
+    layout.add_argument("--microbatches", type=int, default=1, help="per step and data-parallel slice (m)")
+    run_ = p.add_argument_group("run")
+    run_.add_argument("--steps", type=int, default=d.steps)
+    run_.add_argument("--seed", type=int, default=d.seed)
+    run_.add_argument("--batch", type=int, default=d.batch, help="sequences per step, over all data ranks")
+    run_.add_argument("--lr", type=float, default=d.lr)
+    run_.add_argument("--log-json", dest="log", default=None, help="write the loss curve and tokens/s to this JSON file")
+    run_.add_argument("--checkpoint-dir", default=None)
+    run_.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
+    run_.add_argument("--resume", action="store_true", help="start from the last complete checkpoint")
+    run_.add_argument("--quiet", action="store_true", help="no line per step")
+    run_.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for another")
+    model = p.add_argument_group("model (the course transformer)")
+    model.add_argument("--layers", type=int, default=d.layers)
+    model.add_argument("--d-model", type=int, default=d.d_model)
+    model.add_argument("--heads", type=int, default=d.heads)
+    model.add_argument("--vocab", type=int, default=d.vocab)
+    model.add_argument("--seq-len", type=int, default=d.seq_len)
+    a = p.parse_args(argv)
+    return Config(dp=a.dp, tp=a.tp, pp=a.pp, sp=a.sp, zero=a.zero, schedule=a.schedule,
+                  stages_per_rank=a.stages_per_rank, microbatches=a.microbatches, steps=a.steps, seed=a.seed,
+                  batch=a.batch, seq_len=a.seq_len, layers=a.layers, d_model=a.d_model, heads=a.heads,
+                  vocab=a.vocab, lr=a.lr, log=a.log, checkpoint_dir=a.checkpoint_dir,
+                  checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
+                  extra={"timeout": a.timeout})
+
+
+def in_torchrun() -> bool:
+    """Whether ``torchrun`` started this process (its rendezvous variables are set)."""
+    return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def backend() -> str:
+    """gloo for CPU tensors; with one GPU per local rank also NCCL for CUDA tensors (``"cpu:gloo,cuda:nccl"``)."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if torch.cuda.is_available() and torch.cuda.device_count() >= local:
+        return "cpu:gloo,cuda:nccl"
+    return "gloo"
+
+
+def _torchrun(config: Config) -> int:
+    """One rank of a ``torchrun`` job: join the process group from the environment, train, leave."""
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        check(config, world)
+    except ValueError as error:
+        if rank == 0:
+            print(f"coursekit train: {error}", file=sys.stderr)
+        return 2
+    if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
+    dist.init_process_group(backend(), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
+    try:
+        run(rank, world, config)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    config = parse(argv)
+    if in_torchrun():
+        return _torchrun(config)
+    try:
+        check(config)
+    except ValueError as error:
+        print(f"coursekit train: {error}", file=sys.stderr)
+        return 2
+    import coursekit
+
+    coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

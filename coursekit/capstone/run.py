@@ -1,0 +1,134 @@
+"""The capstone's training run: one function, any layout, the same on ``torchrun`` and in a notebook.
+
+:func:`run` is what every rank executes. It builds the one :class:`~coursekit.mesh.Mesh` of the job from the
+degrees (``pp, dp, sp, tp``, tp innermost), the course transformer and its data from the seed, and hands all of
+it to the one training loop (:func:`coursekit.train.train`) with the composed strategy ``"hybrid"``
+(:mod:`coursekit.parallel.hybrid`) -- or, for ``--zero 2`` and ``3`` of a whole model, chapter 02's
+``"zero2"``/``"zero3"``. Rank 0 prints one line per step (loss, tokens/s) and writes the loss curve to a JSON log.
+
+    >>> config = Config(dp=2, tp=2, steps=5)
+    >>> coursekit.launch(run, config.world_size, config)[0]["losses"]       # doctest: +SKIP
+
+Every layout trains the same model on the same global batches, so every layout's curve is the one-process
+curve, to rounding (``tests/test_capstone.py`` checks it under ``torchrun``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..mesh import Mesh
+from ..models import LanguageData, tiny_transformer
+from ..parallel.hybrid import check_degrees, mesh_shape
+from ..train import train
+
+__all__ = ["Config", "run", "check"]
+
+
+@dataclass
+class Config:
+    """Everything one run needs: the layout, the model, the data, the steps (the command line's options)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    sp: int = 1
+    zero: int = 0
+    schedule: str = "1f1b"
+    stages_per_rank: int = 1
+    microbatches: int = 1
+    steps: int = 20
+    seed: int = 0
+    batch: int = 16            # sequences per step, over all data-parallel ranks
+    seq_len: int = 32          # tokens per sequence (inputs are seq_len - 1: targets are shifted by one)
+    layers: int = 4
+    d_model: int = 64
+    heads: int = 4
+    vocab: int = 16
+    lr: float = 1e-3
+    log: str | None = None     # a JSON file for the loss curve (rank 0 writes it)
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
+    resume: bool = False
+    quiet: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.sp * self.tp
+
+    @property
+    def layout(self) -> str:
+        """``"dp2×tp2"``: the degrees above 1 (``"single"`` when all are 1), ZeRO appended."""
+        name = "×".join(f"{a}{d}" for a, d in mesh_shape(self.pp, self.dp, self.sp, self.tp).items() if d > 1)
+        return (name or "single") + (f" zero{self.zero}" if self.zero else "")
+
+
+def check(config: Config, world_size: int | None = None) -> None:
+    """Refuse a layout that cannot run, before any rank starts (see :func:`~coursekit.parallel.hybrid.check_degrees`)."""
+    check_degrees(world_size or config.world_size, config.pp, config.dp, config.sp, config.tp, n_heads=config.heads,
+                  n_layers=config.layers, vocab_size=config.vocab, seq_len=config.seq_len - 1,
+                  global_batch=config.batch, micro_batches=config.microbatches, schedule=config.schedule,
+                  stages_per_rank=config.stages_per_rank, zero=config.zero)
+    if config.d_model % config.heads:
+        raise ValueError(f"--d-model {config.d_model} is not a multiple of --heads {config.heads}.")
+    if config.steps < 1:
+        raise ValueError(f"--steps {config.steps}: train at least one step.")
+
+
+def _model(config: Config):
+    return lambda: tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,
+                                    n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
+
+
+def run(rank: int, world_size: int, config: Config) -> dict:
+    """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured."""
+    check(config, world_size)
+    mesh = Mesh(mesh_shape(config.pp, config.dp, config.sp, config.tp))
+    pure_zero = config.zero >= 2
+    strategy = f"zero{config.zero}" if pure_zero else "hybrid"
+    options = {} if pure_zero else {"zero": config.zero, "schedule": config.schedule,
+                                    "stages_per_rank": config.stages_per_rank}
+    tokens = config.batch * (config.seq_len - 1)
+    say = rank == 0 and not config.quiet
+    hooks = _checkpoints(config) if config.checkpoint_dir else {}
+
+    def on_step(step, loss, seconds, runner):
+        if say:
+            print(f"step {step + 1:>4}/{config.steps}  loss {loss:.4f}  {tokens / seconds:>9,.0f} tokens/s",
+                  flush=True)
+        if "on_step" in hooks:
+            hooks["on_step"](step, loss, seconds, runner)
+
+    if say:
+        print(f"coursekit capstone: {config.layout} on {world_size} rank(s), mesh {mesh}", flush=True)
+    result = train(rank, world_size, strategy, model=_model(config),
+                   data=LanguageData(vocab_size=config.vocab, seq_len=config.seq_len, seed=config.seed),
+                   steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
+                   seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
+                   **options)
+    first = config.steps - len(result["losses"])
+    placement = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on
+    here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
+    dist.all_gather_object(placement, here)
+    times = result["step_times"][1:] or result["step_times"]  # the first step also builds shapes and buffers
+    summary = {"layout": config.layout, "world_size": world_size, "config": asdict(config), "first_step": first,
+               "losses": result["losses"], "step_times": result["step_times"],
+               "tokens_per_s": tokens / statistics.median(times), "peak_memory": result["peak_memory"],
+               "placement": placement, "tp_groups": mesh.all_groups("tp")}
+    if rank == 0 and config.log:
+        Path(config.log).parent.mkdir(parents=True, exist_ok=True)
+        Path(config.log).write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def _checkpoints(config: Config) -> dict:
+    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir``: see :mod:`coursekit.capstone.checkpoint`."""
+    raise ValueError("--checkpoint-dir: checkpoints are not wired in yet.")
+

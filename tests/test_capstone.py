@@ -1,0 +1,151 @@
+"""The capstone trainer under torchrun: every layout's loss curve is the one-process curve, step for step.
+
+Each job is a real ``torchrun`` (env rendezvous, one process per rank), bounded in time; its process group is
+killed whatever happens, so no rank outlives its test. The reference is chapter 02's one-process loop
+(``train(0, 1, "single")``) on the same model, seed and global batches -- it shares no code with the
+composed strategy but the model and the data.
+
+Planted bugs, seen failing:
+* ``--batch`` not handed to the loop (the default 16 sequences a step) -> every layout's curve differs at step 0;
+* a refused layout answered with exit status 0 under torchrun -> test_a_refused_layout_under_torchrun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from coursekit.capstone import Config
+from coursekit.capstone.__main__ import main
+from coursekit.models import LanguageData, tiny_transformer
+from coursekit.train import train
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+STEPS = 4
+COMMON = ["--steps", str(STEPS), "--batch", "8", "--quiet"]
+
+
+def _job(args: list[str], timeout: float = 120.0, env: dict | None = None) -> subprocess.Popen:
+    """Start one torchrun in its own session (so the whole tree can be killed at once)."""
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, **(env or {})})
+
+
+def _finish(job: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"timed out after {timeout} s"
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)  # the agent and every rank it started
+        except ProcessLookupError:
+            pass
+        job.wait()
+    return job.returncode, out, err
+
+
+def torchrun(nproc: int, args: list[str], log: Path, timeout: float = 120.0) -> dict:
+    rc, out, err = _finish(_job(TORCHRUN + ["--standalone", "--nproc-per-node", str(nproc), "-m",
+                                            "coursekit.capstone", *args, *COMMON, "--log-json", str(log)]), timeout)
+    assert rc == 0, f"torchrun exited {rc}:\n{err[-3000:]}"
+    return json.loads(log.read_text())
+
+
+@pytest.fixture(scope="module")
+def reference() -> list[float]:
+    """One process, chapter 02's loop: the curve every layout must reproduce."""
+    c = Config(batch=8, steps=STEPS)
+    model = lambda: tiny_transformer(seed=c.seed, vocab_size=c.vocab, d_model=c.d_model, n_heads=c.heads,  # noqa: E731
+                                     n_layers=c.layers, max_seq_len=c.seq_len)
+    return train(0, 1, "single", model=model, data=LanguageData(c.vocab, c.seq_len, c.seed), steps=STEPS,
+                 global_batch=8, lr=c.lr, record=False)["losses"]
+
+
+def _same_curve(losses: list[float], reference: list[float]) -> None:
+    assert len(losses) == len(reference)
+    for step, (got, want) in enumerate(zip(losses, reference)):
+        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: {got!r} against one process's {want!r}"
+
+
+LAYOUTS = {
+    "dp2xtp2": (4, ["--dp", "2", "--tp", "2"]),
+    "dp2xpp2": (4, ["--dp", "2", "--pp", "2", "--microbatches", "2"]),
+    "tp2xpp2": (4, ["--tp", "2", "--pp", "2", "--microbatches", "2", "--schedule", "gpipe"]),
+    "pp2xsp2": (4, ["--pp", "2", "--sp", "2", "--microbatches", "2"]),
+    "dp4-zero3": (4, ["--dp", "4", "--zero", "3"]),
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_layout_under_torchrun_equals_one_process(reference, tmp_path, name):
+    nproc, args = LAYOUTS[name]
+    _same_curve(torchrun(nproc, args, tmp_path / "log.json")["losses"], reference)
+
+
+@pytest.mark.slow
+def test_eight_ranks_dp2_tp2_pp2(reference, tmp_path):
+    log = torchrun(8, ["--dp", "2", "--tp", "2", "--pp", "2", "--microbatches", "2"], tmp_path / "log.json", 240)
+    _same_curve(log["losses"], reference)
+    assert log["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # tp innermost: neighbours
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_on_one_machine(reference, tmp_path):
+    """Two torchrun agents, ``--nnodes 2 --nproc-per-node 2`` with the c10d rendezvous, form one job of 4 ranks.
+
+    Node 1 is started first, on purpose: c10d gives group ranks in the order the agents join, not by
+    ``--node-rank`` (that flag is for the static rendezvous), so node 1's processes become ranks 0 and 1.
+    Either way each node's ranks are consecutive, so each ``tp`` group (tp innermost) lies inside one node.
+    """
+    port, log = _free_port(), tmp_path / "log.json"
+    jobs = {}
+    for node in (1, 0):
+        jobs[node] = _job(TORCHRUN + ["--nnodes", "2", "--nproc-per-node", "2", "--node-rank", str(node),
+                                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                      "-m", "coursekit.capstone", "--dp", "2", "--tp", "2", *COMMON[:-1],
+                                      "--log-json", str(log)])  # not --quiet: rank 0's lines show where it ran
+        time.sleep(3 if node == 1 else 0)  # let node 1 join first
+    results = {node: _finish(job, 120) for node, job in jobs.items()}
+    for node, (rc, _, err) in results.items():
+        assert rc == 0, f"node {node} exited {rc}:\n{err[-3000:]}"
+    summary = json.loads(log.read_text())
+    _same_curve(summary["losses"], reference)
+    nodes = [p["node"] for p in summary["placement"]]
+    for group in summary["tp_groups"]:
+        assert len({nodes[r] for r in group}) == 1, f"tp group {group} spans nodes {nodes}"
+    assert "coursekit capstone: dp2×tp2" in results[1][1], "rank 0 should be on the agent that joined first"
+    assert "coursekit capstone" not in results[0][1]
+
+
+def test_a_refused_layout_exits_2_before_any_rank_starts(capsys):
+    """3 × 2 degrees for 4 ranks: the sentence says what to change; nothing is launched (exit status 2)."""
+    assert main(["--dp", "3", "--tp", "2", "--sp", "2"]) == 2
+    assert "ring attention over tensor-parallel heads" in capsys.readouterr().err
+
+
+def test_a_refused_layout_under_torchrun(tmp_path):
+    """Under torchrun the degrees must multiply to its world size: rank 0 says so, every rank exits 2."""
+    rc, _, err = _finish(_job(TORCHRUN + ["--standalone", "--nproc-per-node", "2", "-m", "coursekit.capstone",
+                                          "--dp", "4", "--quiet"]), 60)
+    assert rc != 0 and "multiply to 2" in err, err[-2000:]
+
+
+def test_without_torchrun_it_launches_its_own_ranks(reference, tmp_path):
+    """``coursekit train`` with no torchrun around it starts the ranks itself (coursekit.launch)."""
+    log = tmp_path / "log.json"
+    assert main(["--dp", "2", "--pp", "2", "--microbatches", "2", *COMMON, "--log-json", str(log)]) == 0
+    _same_curve(json.loads(log.read_text())["losses"], reference)
