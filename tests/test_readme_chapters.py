@@ -49,11 +49,12 @@ def claims(cell: str) -> set[str]:
     return found
 
 
-def test_the_chapter_table_lists_chapters_00_to_08():
+def test_the_chapter_table_lists_chapters_00_to_09():
     rows = chapter_rows()
-    assert [row[0] for row in rows] == [f"{n:02d}" for n in range(9)]
+    assert [row[0] for row in rows] == [f"{n:02d}" for n in range(10)]
     assert all(len(row) == 6 for row in rows), [row for row in rows if len(row) != 6]
     assert "notebooks/08_debugging.ipynb" in rows[8][1] and rows[8][5] == "`08_find_the_bug`"
+    assert "notebooks/09_capstone.ipynb" in rows[9][1]
 
 
 def test_the_footnote_states_the_rule_the_times_follow():
