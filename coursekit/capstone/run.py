@@ -78,8 +78,15 @@ def check(config: Config, world_size: int | None = None) -> None:
                   stages_per_rank=config.stages_per_rank, zero=config.zero)
     if config.d_model % config.heads:
         raise ValueError(f"--d-model {config.d_model} is not a multiple of --heads {config.heads}.")
+    if (4 * config.d_model) % config.tp:
+        raise ValueError(f"--tp {config.tp} does not divide the MLP's {4 * config.d_model} features.")
     if config.steps < 1:
         raise ValueError(f"--steps {config.steps}: train at least one step.")
+    if config.checkpoint_dir and config.zero:
+        raise ValueError(f"--checkpoint-dir with --zero {config.zero}: ZeRO's optimizer state is a flat shard of "
+                         f"its own layout, which this course does not checkpoint; use --zero 0 to checkpoint.")
+    if config.resume and not config.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir (where to find the checkpoint).")
 
 
 def _model(config: Config):
@@ -120,7 +127,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     times = result["step_times"][1:] or result["step_times"]  # the first step also builds shapes and buffers
     summary = {"layout": config.layout, "world_size": world_size, "config": asdict(config), "first_step": first,
                "losses": result["losses"], "step_times": result["step_times"],
-               "tokens_per_s": tokens / statistics.median(times), "peak_memory": result["peak_memory"],
+               "tokens_per_s": tokens / statistics.median(times) if times else None, "peak_memory": result["peak_memory"],
                "placement": placement, "tp_groups": mesh.all_groups("tp")}
     if rank == 0 and config.log:
         Path(config.log).parent.mkdir(parents=True, exist_ok=True)
@@ -129,6 +136,31 @@ def run(rank: int, world_size: int, config: Config) -> dict:
 
 
 def _checkpoints(config: Config) -> dict:
-    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir``: see :mod:`coursekit.capstone.checkpoint`."""
-    raise ValueError("--checkpoint-dir: checkpoints are not wired in yet.")
+    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir`` (:mod:`coursekit.capstone.checkpoint`)."""
+    from . import checkpoint
 
+    every, held = config.checkpoint_every, {}
+    say = (lambda text: print(text, flush=True)) if dist.get_rank() == 0 and not config.quiet else (lambda text: None)
+
+    def on_start(runner) -> int:
+        held["mesh"] = checkpoint.device_mesh(runner.mesh)  # torch's DeviceMesh of the same axes: built once
+        if not config.resume:
+            return 0
+        for torn in checkpoint.incomplete(config.checkpoint_dir):
+            say(f"ignoring {torn}: incomplete (the job stopped while saving it)")
+        found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"])
+        if found is None:
+            say(f"no complete checkpoint in {config.checkpoint_dir}: starting at step 0")
+            return 0
+        step, path, meta = found
+        say(f"resuming from {path} (saved under {meta.get('layout', '?')} after {step} steps; now {config.layout})")
+        return step
+
+    def on_step(step, loss, seconds, runner) -> None:
+        done = step + 1
+        if done == config.steps or (every and done % every == 0):
+            path = checkpoint.save(config.checkpoint_dir, done, runner.named_shards(), runner.optimizer, held["mesh"],
+                                   extra={"layout": config.layout, "loss": loss})
+            say(f"saved {path}")
+
+    return {"on_start": on_start, "on_step": on_step}

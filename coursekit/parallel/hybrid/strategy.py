@@ -39,7 +39,7 @@ from ...verify import NamedPart
 from ..data import ShardedOptimizer, optimizer_class_and_defaults
 from ..pipeline import PipelineParallel, layer_costs, partition
 from ..sequence import AttentionWork, ring_attention, shard_sequence
-from ..tensor import dense_name, gather_dense, parallelize_transformer, vocab_parallel_cross_entropy
+from ..tensor import dense_name, gather_dense, parallelize_transformer, shard_dim, vocab_parallel_cross_entropy
 from .degrees import AXES, check_degrees, mesh_shape
 from .layers import composed_layers
 
@@ -181,6 +181,15 @@ class Hybrid(Strategy):
             for name, tensor in gather_dense(stage, grads=grads, group=self.tp_axis.group).items():
                 out[whole[ids[name]]] = tensor
         return NamedPart(out)
+
+    def named_shards(self) -> list[tuple[str, nn.Parameter, int | None]]:
+        """``(dense name, parameter, dim split over tp or None)`` for this rank's parameters (what a checkpoint saves).
+
+        Each parameter is whole over ``dp`` and ``sp`` (replicas); over ``tp`` it is this rank's contiguous
+        ``1/tp`` along that dim (the course splits heads, MLP features and vocabulary rows evenly).
+        """
+        where = {id(p): (module, name) for module in self.base.modules() for name, p in module.named_parameters(recurse=False)}
+        return [(name, p, shard_dim(*where[id(p)]) if self.tp > 1 else None) for name, p in self.own]
 
     def gradients(self):
         return self._named(grads=True)

@@ -23,7 +23,7 @@ from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, R
                      split_to_parallel_region)
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer, expected_counts,
-                    dense_name, gather_dense, parallelize_transformer)
+                    dense_name, gather_dense, parallelize_transformer, shard_dim)
 from .activations import korthikanti_table2_bytes, tensor_parallel_saved_bytes
 from .versus import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
@@ -35,7 +35,8 @@ __all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_a
            "split_to_parallel_region", "ShardedLinear", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelSelfAttention",
            "VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy",
-           "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name", "expected_counts",
+           "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name", "shard_dim",
+           "expected_counts",
            "TensorParallel", "DataTensorParallel", "tensor_parallel_saved_bytes", "korthikanti_table2_bytes",
            "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
            "dense_qkv", "torch_parallelize_transformer", "comm_counts",

@@ -46,7 +46,7 @@ from .layers import (CommCounts, ParallelMLP, ParallelSelfAttention, ShardedLine
 from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
 
 __all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name",
-           "expected_counts", "TensorParallel", "DataTensorParallel"]
+           "shard_dim", "expected_counts", "TensorParallel", "DataTensorParallel"]
 
 
 class ParallelBlock(nn.Module):
@@ -119,7 +119,7 @@ def dense_name(name: str) -> str:
     return name.replace(".mlp.", ".")  # the dense block holds fc and out itself
 
 
-def _shard_dim(module: nn.Module, param_name: str) -> int | None:
+def shard_dim(module: nn.Module, param_name: str) -> int | None:
     """Along which dim a parameter is split, or None when every rank holds it whole."""
     if isinstance(module, VocabParallelEmbedding):
         return 0
@@ -148,7 +148,7 @@ def gather_dense(model: nn.Module, grads: bool = False, group=None) -> dict[str,
             if tensor is None:
                 continue
             full_name = dense_name(f"{module_name}.{name}" if module_name else name)
-            dim = _shard_dim(module, name)
+            dim = shard_dim(module, name)
             if dim is None or size == 1:
                 out[full_name] = tensor.clone()
                 continue
