@@ -23,10 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from coursekit.capstone import Config
+from coursekit.capstone import Config, one_process_losses
 from coursekit.capstone.__main__ import main
-from coursekit.models import LanguageData, tiny_transformer
-from coursekit.train import train
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 STEPS = 4
@@ -63,11 +61,7 @@ def torchrun(nproc: int, args: list[str], log: Path, timeout: float = 120.0) -> 
 @pytest.fixture(scope="module")
 def reference() -> list[float]:
     """One process, chapter 02's loop: the curve every layout must reproduce."""
-    c = Config(batch=8, steps=STEPS)
-    model = lambda: tiny_transformer(seed=c.seed, vocab_size=c.vocab, d_model=c.d_model, n_heads=c.heads,  # noqa: E731
-                                     n_layers=c.layers, max_seq_len=c.seq_len)
-    return train(0, 1, "single", model=model, data=LanguageData(c.vocab, c.seq_len, c.seed), steps=STEPS,
-                 global_batch=8, lr=c.lr, record=False)["losses"]
+    return one_process_losses(Config(batch=8, steps=STEPS))
 
 
 def _same_curve(losses: list[float], reference: list[float]) -> None:

@@ -15,24 +15,20 @@ import torch
 
 import coursekit
 from coursekit import LaunchTimeout, RankError
-from coursekit.capstone import Config, run
+from coursekit.capstone import Config, one_process_losses, run
 from coursekit.capstone import checkpoint
 from coursekit.mesh import Mesh
 from coursekit.models import LanguageData, tiny_transformer
 from coursekit.parallel.hybrid import mesh_shape
 from coursekit.parallel.tensor import gather_dense, parallelize_transformer
-from coursekit.train import train
 
 STEPS, SAVED_AT = 4, 2
 
 
 @pytest.fixture(scope="module")
 def reference() -> list[float]:
-    c = Config(batch=8, steps=STEPS)
-    model = lambda: tiny_transformer(seed=c.seed, vocab_size=c.vocab, d_model=c.d_model, n_heads=c.heads,  # noqa: E731
-                                     n_layers=c.layers, max_seq_len=c.seq_len)
-    return train(0, 1, "single", model=model, data=LanguageData(c.vocab, c.seq_len, c.seed), steps=STEPS,
-                 global_batch=8, lr=c.lr, record=False)["losses"]
+    """One process, chapter 02's loop: the curve every layout must reproduce."""
+    return one_process_losses(Config(batch=8, steps=STEPS))
 
 
 def _train(directory, steps: int, resume: bool, **degrees) -> dict:

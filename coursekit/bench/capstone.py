@@ -28,11 +28,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..capstone import Config, run
+from ..capstone import Config, one_process_losses, run
 from ..costmodel import Hardware, Layout, ModelConfig, memory_per_gpu, step_time
 from ..launch import launch
-from ..models import LanguageData, tiny_transformer
-from ..train import train
+from ..models import tiny_transformer
 
 LAYOUTS = [  # label, degrees and options of Config
     ("single", {}),
@@ -55,13 +54,6 @@ def measure(config: Config) -> dict:
     peak = [r["peak_memory"] for r in results]
     return {"losses": results[0]["losses"], "tokens_per_s": min(r["tokens_per_s"] for r in results),
             "state": max(sum(p.get(k, 0) for k in STATE) for p in peak), "total": max(p["total"] for p in peak)}
-
-
-def reference(config: Config) -> list[float]:
-    model = lambda: tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,  # noqa: E731
-                                     n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
-    return train(0, 1, "single", model=model, data=LanguageData(config.vocab, config.seq_len, config.seed),
-                 steps=config.steps, global_batch=config.batch, lr=config.lr, record=False)["losses"]
 
 
 def modeled_state(config: Config) -> int:
@@ -93,7 +85,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser.add_argument("--batch", type=int, default=16)
     options = parser.parse_args(argv)
     base = dict(steps=options.steps, batch=options.batch, quiet=True)
-    want = reference(Config(**base))
+    want = one_process_losses(Config(**base))
     print(f"the course transformer (4 blocks, d_model 64, fp32, Adam), {options.batch} sequences of 31 tokens a "
           f"step, {options.steps} steps; {os.cpu_count()} CPU cores\n")
     print("| layout | ranks | tokens/s | model state / rank (measured) | cost model | peak / rank | "

@@ -8,6 +8,6 @@
   (env rendezvous) or on its own (it launches the ranks).
 """
 
-from .run import Config, check, run
+from .run import Config, check, one_process_losses, run
 
-__all__ = ["Config", "check", "run"]
+__all__ = ["Config", "check", "run", "one_process_losses"]

@@ -28,7 +28,7 @@ from ..models import LanguageData, tiny_transformer
 from ..parallel.hybrid import check_degrees, mesh_shape
 from ..train import train
 
-__all__ = ["Config", "run", "check"]
+__all__ = ["Config", "run", "check", "one_process_losses"]
 
 
 @dataclass
@@ -94,6 +94,19 @@ def _model(config: Config):
                                     n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
 
 
+def one_process_losses(config: Config) -> list[float]:
+    """The curve every layout of ``config`` must reproduce: chapter 02's one-process loop on the same model and data.
+
+    It shares no code with the composed strategy but the model and the data, so it is the reference.
+    """
+    return train(0, 1, "single", model=_model(config), data=_data(config), steps=config.steps,
+                 global_batch=config.batch, lr=config.lr, seed=config.seed, record=False)["losses"]
+
+
+def _data(config: Config) -> LanguageData:
+    return LanguageData(vocab_size=config.vocab, seq_len=config.seq_len, seed=config.seed)
+
+
 def run(rank: int, world_size: int, config: Config) -> dict:
     """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured."""
     check(config, world_size)
@@ -116,7 +129,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     if say:
         print(f"coursekit capstone: {config.layout} on {world_size} rank(s), mesh {mesh}", flush=True)
     result = train(rank, world_size, strategy, model=_model(config),
-                   data=LanguageData(vocab_size=config.vocab, seq_len=config.seq_len, seed=config.seed),
+                   data=_data(config),
                    steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
                    seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
                    **options)

@@ -11,9 +11,9 @@
 # 2. every layout that cannot run refused before a rank starts (§2);
 # 3. one layout trained live from this notebook (§3), then ten layouts whose loss curves lie on top of each
 #    other, and of one process's (§4);
-# 4. the same script under `torchrun`, on one "node" and on two (§5), and what each rank holds, measured
-#    against chapter 07's cost model (§6);
-# 5. the commands that take it to a cluster (§7).
+# 4. the same script under `torchrun`, on one "node" and on two (§5);
+# 5. a checkpoint saved under one layout and resumed under another, and one a killed job left torn (§6);
+# 6. what each rank holds, measured against chapter 07's cost model (§7), and the commands for a cluster (§8).
 #
 # **What composes with what.** Each chapter's parallelism is applied in turn to the course transformer
 # ([`coursekit/parallel/hybrid/strategy.py`](../coursekit/parallel/hybrid/strategy.py)): tensor parallelism makes
@@ -41,9 +41,9 @@ import matplotlib.pyplot as plt
 import torch
 
 import coursekit
-from coursekit.capstone import Config, check, run
+from coursekit.capstone import Config, check, one_process_losses, run
+from coursekit.capstone import checkpoint
 from coursekit.mesh import coordinates_of
-from coursekit.models import LanguageData, tiny_transformer
 from coursekit.parallel.hybrid import mesh_shape
 
 torch.set_num_threads(1)
@@ -92,7 +92,7 @@ live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
 
 # %% [markdown]
 # Tokens per second on this machine say little: 4 ranks share its cores, and a model of 202,368 parameters spends
-# more time in every collective than in the compute the collective splits (§6 has the numbers, and the
+# more time in every collective than in the compute the collective splits (§7 has the numbers, and the
 # cost model's view of a real cluster).
 #
 # ## 4. Ten layouts, one curve
@@ -102,11 +102,7 @@ live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
 # the composed strategy but the model and the data:
 
 # %%
-config = Config(steps=STEPS, batch=BATCH, quiet=True)
-model = lambda: tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,  # noqa: E731
-                                 n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
-one = coursekit.train(0, 1, "single", model=model, data=LanguageData(config.vocab, config.seq_len, config.seed),
-                      steps=STEPS, global_batch=BATCH, lr=config.lr, record=False)["losses"]
+one = one_process_losses(Config(steps=STEPS, batch=BATCH))
 
 LAYOUTS = [dict(dp=4), dict(dp=4, zero=1), dict(dp=4, zero=3), dict(dp=2, tp=2), dict(tp=4),
            dict(dp=2, pp=2, microbatches=2), dict(tp=2, pp=2, microbatches=2),
@@ -193,7 +189,53 @@ print(f"its curve against the launch in §3: largest difference "
 # `--node-rank 1`, got ranks 0 and 1. Second, whichever order, each agent's ranks are consecutive, and `tp` is
 # the mesh's innermost axis, so each tensor-parallel group lies inside one "node": the fast links.
 #
-# ## 6. What each rank holds, against the cost model
+# ## 6. A checkpoint saved under one layout, resumed under another
+#
+# `--checkpoint-dir` saves the model and Adam's state with `torch.distributed.checkpoint` (DCP). A rank holds plain
+# tensors -- its stage's parameters, whole or, under tensor parallelism, its `1/tp` of them --, so the trainer
+# *describes* each as a DTensor: `Shard(dim)` along `tp`, `Replicate()` along `dp` and `sp`, on its stage's
+# sub-mesh ([`coursekit/capstone/checkpoint.py`](../coursekit/capstone/checkpoint.py)). DCP writes each chunk once with its
+# place in the whole tensor, and at load every rank of the *new* layout reads the region it holds. Below: half the
+# steps under `dp2 × tp2`, saved; the rest under `pp2 × dp2`, resumed from it; then the same, but with rank 1
+# killed (SIGKILL) in the middle of the second save.
+
+# %%
+folder = Path(tempfile.mkdtemp())
+half = max(STEPS // 2, 1)
+saved = Config(dp=2, tp=2, steps=half, batch=BATCH, checkpoint_dir=str(folder), checkpoint_every=half)
+first = coursekit.launch(run, 4, saved)[0]
+resumed = Config(pp=2, dp=2, microbatches=2, steps=STEPS, batch=BATCH, checkpoint_dir=str(folder), resume=True)
+second = coursekit.launch(run, 4, resumed)[0]
+stitched = first["losses"] + second["losses"]
+print(f"\nsteps 1-{half} under {saved.layout}, {half + 1}-{STEPS} under {resumed.layout}: largest relative difference "
+      f"from one process {max(abs(a - b) / b for a, b in zip(stitched, one)):.1e}")
+
+# %% [markdown]
+# The stitched curve is one process's: the parameters, Adam's moments *and its step counter* (its bias correction
+# depends on it) came back in another layout, and the data reads on from the saved step (a batch is a function of
+# its step number). Now a job that dies while saving. The save writes `step-NNNNNN.tmp/`, and only once every rank
+# has finished does rank 0 rename it, in one atomic step; a killed job leaves the `.tmp` behind:
+
+# %%
+folder = Path(tempfile.mkdtemp())                # a new job, saving every `half` steps
+os.environ[checkpoint.KILL_ENV] = f"1:{STEPS}"  # rank 1 SIGKILLs itself inside the save after the last step
+try:
+    coursekit.launch(run, 2, Config(dp=2, steps=STEPS, batch=BATCH, quiet=True, checkpoint_dir=str(folder),
+                                    checkpoint_every=half), timeout=30)
+except (coursekit.RankError, coursekit.LaunchTimeout) as error:
+    print(f"the job died: {type(error).__name__}: {str(error).splitlines()[0]}")
+finally:
+    del os.environ[checkpoint.KILL_ENV]
+print("in the folder:", sorted(p.name for p in folder.iterdir()))
+again = coursekit.launch(run, 2, Config(dp=2, steps=STEPS, batch=BATCH, checkpoint_dir=str(folder), resume=True,
+                                        quiet=False))[0]
+print(f"\nresumed at step {again['first_step'] + 1}; steps {again['first_step'] + 1}-{STEPS} against one process: "
+      f"largest relative difference {max(abs(a - b) / b for a, b in zip(again['losses'], one[again['first_step']:])):.1e}")
+
+# %% [markdown]
+# The next start skipped the torn `.tmp`, said so, and resumed from the last complete checkpoint.
+#
+# ## 7. What each rank holds, against the cost model
 #
 # Chapter 07's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it
 # is beside the bytes each layout's ranks really held at their peak: parameters, gradients and Adam's two
@@ -228,7 +270,7 @@ for name, measured, modeled in rows:
 # time, as DeepSpeed and FSDP do. Tensor and pipeline parallelism cut what a rank holds; data and sequence
 # parallelism alone do not (each rank holds a whole replica), ZeRO-1 cuts Adam's moments.
 #
-# ## 7. To a cluster
+# ## 8. To a cluster
 #
 # What changes on real machines is the rendezvous endpoint (a host every node can reach), the number of
 # processes per node (`gpu`: one per GPU) and the backend: with one GPU per local rank the trainer's process
