@@ -65,7 +65,8 @@ test: install-test browser-deps lint
 	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
 		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
 
-# On a machine with >= 2 GPUs: the collectives under NCCL against torch.distributed's own (tools/gpu_check.py).
+# On a machine with >= 2 GPUs: the collectives and every chapter's core (through the capstone) under NCCL
+# (tools/gpu_check.py, about 2 minutes); without GPUs it prints "skipped: no GPU" and exits 0.
 gpu-check: install
 	$(PY) tools/gpu_check.py
 

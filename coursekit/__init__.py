@@ -7,6 +7,7 @@ every strategy plugs into.
 """
 
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
+from .devices import default_backend, device
 from . import comm
 from .collectives import master_all_reduce, naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .mesh import Mesh, rank_size
@@ -24,7 +25,7 @@ from .parallel.tensor import VocabParallelEmbedding, gather_dense, parallelize_t
 
 __version__ = "0.1.0"
 
-__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "__version__",
+__all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "default_backend", "device", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
            "comm", "Mesh", "rank_size", "train", "naive_all_reduce", "master_all_reduce", "ring_reduce_scatter",
            "ring_all_gather", "ring_all_reduce", "hierarchical_all_reduce", "PeakMemory", "LiveMemory",

@@ -65,8 +65,9 @@ def _smoke_all_reduce(rank: int, world_size: int) -> float:
     import torch
     import torch.distributed as dist
 
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([rank + 1.0], device=device)
+    from .devices import device
+
+    value = torch.tensor([rank + 1.0], device=device())
     dist.all_reduce(value)
     return value.item()
 

@@ -93,29 +93,30 @@ from ._launcher.interrupts import watched
 from ._launcher.live import LiveEcho
 from ._launcher.start import start_gang
 from ._launcher.teardown import close, stop
+from .devices import MIXED, default_backend, gpu_count, uses_nccl
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend"]
 
 
 def resolve_backend(backend: str, world_size: int) -> str:
-    """``"auto"`` -> ``"nccl"`` when at least ``world_size`` GPUs are visible, else ``"gloo"``.
+    """``"auto"`` -> ``"cpu:gloo,cuda:nccl"`` when at least ``world_size`` GPUs are visible, else ``"gloo"``.
 
-    Raises ``ValueError`` with what to do for impossible requests.
+    With GPUs, one process group carries CUDA tensors over NCCL and CPU tensors over gloo
+    (:mod:`coursekit.devices`), so code written for the CPU keeps working. ``"nccl"`` asks for NCCL alone (CPU
+    tensors then fail). Raises ``ValueError`` with what to do for impossible requests.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a positive integer (got {world_size!r}); "
                          f"try coursekit.launch(fn, 2).")
-    if backend not in ("auto", "gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r}: use 'auto' (nccl with enough GPUs, else gloo), "
-                         f"'gloo' (CPU) or 'nccl' (one GPU per rank).")
-    import torch
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if backend == "nccl" and gpus < world_size:
-        raise ValueError(f"backend='nccl' needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) "
+    if backend not in ("auto", "gloo", "nccl", MIXED):
+        raise ValueError(f"unknown backend {backend!r}: use 'auto' ({MIXED!r} with enough GPUs, else gloo), "
+                         f"'gloo' (CPU), 'nccl' (one GPU per rank, CUDA tensors only) or {MIXED!r}.")
+    gpus = gpu_count()
+    if uses_nccl(backend) and gpus < world_size:
+        raise ValueError(f"backend={backend!r} needs one GPU per rank: world_size={world_size} but {gpus} GPU(s) "
                          f"are visible. Use backend='gloo' (or 'auto') to run the ranks on the CPU.")
     if backend == "auto":
-        return "nccl" if gpus >= world_size else "gloo"
+        return default_backend(world_size, gpus)
     return backend
 
 
@@ -150,7 +151,8 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
     Args:
         fn: the function each rank runs.
         world_size: number of ranks (processes), at least 1.
-        backend: ``"auto"`` (NCCL if there are ``world_size`` GPUs, else gloo), ``"gloo"`` or ``"nccl"``.
+        backend: ``"auto"`` (``"cpu:gloo,cuda:nccl"`` if there are ``world_size`` GPUs, else gloo), ``"gloo"``,
+            ``"nccl"`` or ``"cpu:gloo,cuda:nccl"``.
         timeout: seconds before :class:`LaunchTimeout`; the error names the ranks still running.
         start_method: ``"fork"`` (default with gloo) or ``"spawn"`` (default with NCCL).
         output: ``"live"`` (default): each line the ranks print appears as it arrives, ``[rank N]`` first;

@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from . import comm
 from . import parallel  # noqa: F401  (registers the strategies of every chapter)
+from .devices import device
 from .memory import PeakMemory
 from .mesh import Mesh
 from .parallel.data import shard_batch
@@ -107,7 +108,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
     """
     _check_arguments(strategy, world_size, micro_batches, options)
     net, default_data = make_model(model, seed)
-    data = data or default_data
+    net, data = net.to(device()), data or default_data  # the rank's GPU under NCCL (coursekit.devices), else the CPU
     if data is None:
         raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
     for name, p in net.named_parameters():
@@ -156,7 +157,8 @@ def _loop(runner: Strategy, data, steps: range, global_batch: int, micro_batches
     with comm.record() if count_traffic else nullcontext(None) as traffic:
         for step in steps:  # the data of a step is a function of its number: a resumed run reads on
             begin = time.perf_counter()
-            outputs, local_loss = _forward_backward(runner, *data.batch(step, global_batch), micro_batches)
+            batch = [t.to(device()) for t in data.batch(step, global_batch)]
+            outputs, local_loss = _forward_backward(runner, *batch, micro_batches)
             peak.note(runner.held_tensors())
             runner.synchronize()
             peak.note(runner.held_tensors())

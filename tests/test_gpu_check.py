@@ -20,14 +20,18 @@ def _run(*args):
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.device_count() >= 2, reason="this machine has GPUs")
-def test_without_gpus_it_says_so_and_what_to_run_instead():
+def test_without_gpus_it_skips_cleanly_and_says_what_to_run_instead():
+    """Exit 0, "skipped: no GPU": a CI without GPUs can call it. Planted bug, seen failing: exit status 2."""
     done = _run()
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "needs at least 2 GPUs for NCCL" in done.stderr and "--backend gloo" in done.stderr
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skipped: no GPU" in done.stdout and "--backend gloo" in done.stdout
 
 
 @pytest.mark.slow
 def test_every_check_passes_on_cpu_ranks():
-    done = _run("--backend", "gloo", "--max-ranks", "3")
+    """The collectives at 2-4 ranks and every capstone layout (the chapters' cores) equal to one process."""
+    done = _run("--backend", "gloo", "--max-ranks", "4", "--steps", "3")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "G=2 (gloo): ok" in done.stdout and "G=3 (gloo): ok" in done.stdout, done.stdout
+    assert "G=2 (gloo): ok" in done.stdout and "G=4 (gloo): ok" in done.stdout, done.stdout
+    capstone = [line for line in done.stdout.splitlines() if line.startswith("capstone ")]
+    assert len(capstone) == 8 and all(": ok, " in line for line in capstone), done.stdout

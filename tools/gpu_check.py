@@ -6,13 +6,19 @@ whose lengths do not divide evenly by the world size:
 
 * coursekit's naive, master and ring all-reduce, and the ring's reduce-scatter + all-gather, equal
   ``dist.all_reduce`` of the same tensors (float32: to rounding; the ring's order of additions differs);
-* the ring's traffic, counted by ``coursekit.comm``, equals its formula: 2(G−1)·N elements in all (R6).
+* the ring's traffic, counted by ``coursekit.comm``, equals its formula: 2(G−1)·N elements in all (R6);
+* every chapter's core equivalence, through the capstone trainer (:mod:`coursekit.capstone`) for 20 steps on
+  the rank's GPU (``coursekit.device()``): data parallelism with ZeRO-1 and ZeRO-3, the pipeline (1F1B and
+  ZB-H1), tensor parallelism, ring attention (sequence parallelism), and dp × tp, tp × pp on 4 GPUs -- each
+  loss curve equal to one process's on the CPU (relative 1e-4: GPU kernels add in other orders).
 
-    make gpu-check                                   # on a machine with >= 2 GPUs
+The process group is ``"cpu:gloo,cuda:nccl"`` (:mod:`coursekit.devices`): CUDA tensors over NCCL, the few CPU
+tensors of the bookkeeping over gloo. About 2 minutes on a machine with 4 GPUs.
+
+    make gpu-check                                   # on a machine with >= 2 GPUs; without: "skipped: no GPU"
     python tools/gpu_check.py --backend gloo         # the same checks on CPU ranks (tries the script itself)
 
-Exit status: 0 all equal, 1 a check failed (each failure printed), 2 not enough GPUs for NCCL (says what to do).
-What it does not cover yet: the strategies (``coursekit.train`` builds its models on the CPU).
+Exit status: 0 all equal (or skipped: fewer than 2 GPUs), 1 a check failed (each failure printed).
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ ALGORITHMS = {"naive": naive_all_reduce, "master": master_all_reduce, "ring": ri
 
 
 def _device(rank: int) -> torch.device:
-    if dist.get_backend() == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    where = coursekit.device()
+    if where.type == "cuda":
+        torch.cuda.set_device(where)
+    return where
 
 
 def _rank(rank: int, world_size: int) -> tuple[list[str], dict[int, int]]:
@@ -66,22 +72,57 @@ def _rank(rank: int, world_size: int) -> tuple[list[str], dict[int, int]]:
     return failed, ring_sent
 
 
+CAPSTONE = [  # (label, ranks, the layout's options): each chapter's core, then two compositions
+    ("data parallel, ZeRO-1", 2, dict(dp=2, zero=1)),
+    ("data parallel, ZeRO-3", 2, dict(dp=2, zero=3)),
+    ("pipeline, 1F1B", 2, dict(pp=2, microbatches=4)),
+    ("pipeline, ZB-H1", 2, dict(pp=2, microbatches=4, schedule="zb_h1")),
+    ("tensor parallel", 2, dict(tp=2)),
+    ("ring attention", 2, dict(sp=2)),
+    ("data × tensor", 4, dict(dp=2, tp=2)),
+    ("tensor × pipeline", 4, dict(tp=2, pp=2, microbatches=2)),
+]
+
+
+def capstone(backend: str, top: int, steps: int = 20) -> list[str]:
+    """The capstone's layouts that fit ``top`` ranks, each against one process's curve; one line printed each."""
+    from coursekit.capstone import Config, one_process_losses, run
+
+    failures = []
+    for label, ranks, layout in CAPSTONE:
+        if ranks > top:
+            print(f"capstone {label}: skipped (needs {ranks} ranks)")
+            continue
+        config = Config(steps=steps, quiet=True, **layout)
+        start = time.perf_counter()
+        got = coursekit.launch(run, ranks, config, backend=backend, timeout=300)[0]["losses"]
+        want = one_process_losses(config)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        ok = len(got) == len(want) and worst <= 1e-4
+        print(f"capstone {label} ({config.layout}, {backend}): {'ok' if ok else 'FAILED'}, largest relative "
+              f"difference {worst:.1e} ({time.perf_counter() - start:.1f} s)")
+        if not ok:
+            failures.append(f"capstone {label}: its loss curve differs from one process's by {worst:.2e} (relative)")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
     parser.add_argument("--max-ranks", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=20, help="steps of each capstone layout")
     options = parser.parse_args(argv)
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = coursekit.devices.gpu_count()
     if options.backend == "nccl" and gpus < 2:
-        print(f"gpu-check needs at least 2 GPUs for NCCL, found {gpus}. On this machine the course runs on CPU "
-              f"ranks with gloo (make test); try this script there with: python tools/gpu_check.py --backend gloo",
-              file=sys.stderr)
-        return 2
+        print(f"skipped: no GPU (found {gpus}; NCCL needs at least 2). On this machine the course runs on CPU ranks "
+              f"with gloo (make test); to try this script's checks there: python tools/gpu_check.py --backend gloo")
+        return 0
+    backend = coursekit.devices.MIXED if options.backend == "nccl" else "gloo"
     top = min(options.max_ranks, gpus) if options.backend == "nccl" else options.max_ranks
     failures = []
     for world_size in range(2, top + 1):
         start = time.perf_counter()
-        per_rank = coursekit.launch(_rank, world_size, backend=options.backend, timeout=300)
+        per_rank = coursekit.launch(_rank, world_size, backend=backend, timeout=300)
         found = [f for rank_failures, _ in per_rank for f in rank_failures]
         for numel in LENGTHS:
             sent = sum(ring_sent[numel] for _, ring_sent in per_rank)
@@ -91,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += found
         print(f"G={world_size} ({options.backend}): {'ok' if not found else f'{len(found)} FAILED'} "
               f"({time.perf_counter() - start:.1f} s)")
+    failures += capstone(backend, top, options.steps)
     for failure in failures:
         print("  " + failure)
     return 1 if failures else 0

@@ -97,7 +97,7 @@ def join_process_group(rank: int, world_size: int, backend: str, rendezvous: soc
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's peers are all on this machine
     device_id = None
-    if backend == "nccl":
+    if "nccl" in backend:  # "nccl" or "cpu:gloo,cuda:nccl": one GPU per rank
         torch.cuda.set_device(rank)
         device_id = torch.device("cuda", rank)
     # gloo's own timeout a little after the launch's: the launcher's timeout is the one that names the stuck

@@ -21,6 +21,7 @@ import os
 import sys
 from datetime import timedelta
 
+from ..devices import default_backend
 from .run import Config, check, run
 
 __all__ = ["main", "parse", "in_torchrun"]
@@ -70,16 +71,6 @@ def in_torchrun() -> bool:
     return all(name in os.environ for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
-def backend() -> str:
-    """gloo for CPU tensors; with one GPU per local rank also NCCL for CUDA tensors (``"cpu:gloo,cuda:nccl"``)."""
-    import torch
-
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if torch.cuda.is_available() and torch.cuda.device_count() >= local:
-        return "cpu:gloo,cuda:nccl"
-    return "gloo"
-
-
 def _torchrun(config: Config) -> int:
     """One rank of a ``torchrun`` job: join the process group from the environment, train, leave."""
     import torch.distributed as dist
@@ -93,7 +84,8 @@ def _torchrun(config: Config) -> int:
         return 2
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
-    dist.init_process_group(backend(), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the ranks on this machine: one GPU each, if there are
+    dist.init_process_group(default_backend(local), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
     try:
         run(rank, world, config)
     finally:
