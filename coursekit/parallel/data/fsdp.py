@@ -73,6 +73,7 @@ from ...memory import held_bytes
 from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .averaging import broadcast_parameters
+from .clip import clip_grad_norm_
 from .precision import MixedPrecision, as_policy, cast_inputs
 from .units import CommThread, Unit, default_units, gather_whole, plan_units
 
@@ -307,10 +308,11 @@ class ShardedUnits(nn.Module):
 class Zero3Units(Strategy):
     """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
 
-    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None}
+    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None, "clip_norm": None}
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
+        self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
         self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
                                   setup.tracer, self.option("prefetch"), self.option("precision"))
         self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
@@ -318,6 +320,15 @@ class Zero3Units(Strategy):
 
     def backward_context(self, last: bool):
         return nullcontext() if last else self.model.no_sync()
+
+    def step(self) -> None:
+        """Option ``clip_norm``: clip by the global norm first -- one all-reduce of one number (:mod:`.clip`)."""
+        if self.option("clip_norm") is not None:
+            with self.span("comm", "all-reduce the gradient norm"):
+                norm = clip_grad_norm_(self.model.shard_parameters(), self.option("clip_norm"), group=self.group,
+                                       collectives=self.option("collectives"))
+            self.norms.append(norm.item())
+        super().step()
 
     def zero_grad(self) -> None:
         self.peaks.append(self.model.reset_peak())  # this step's peak; the next step starts afresh
@@ -336,5 +347,6 @@ class Zero3Units(Strategy):
                 "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
-        return {"peak_param_bytes": list(self.peaks), "elements_all_gathered": self.model.elements_all_gathered,
+        return {"peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
+                "elements_all_gathered": self.model.elements_all_gathered,
                 "elements_reduce_scattered": self.model.elements_reduce_scattered}

@@ -83,8 +83,9 @@ class ZeRO(nn.Module):
     collectives in the same order.
 
     Only element-wise optimisers are exact here (SGD, momentum, Adam, AdamW):
-    each rank sees only its segments. (Gradient clipping by global norm would
-    need one more all-reduce of the squared norms.)
+    each rank sees only its segments. (Gradient clipping by global norm needs
+    one more all-reduce, of the squared norm: :func:`~coursekit.parallel.data.clip_grad_norm_`,
+    an option of ``"zero3_units"``; not wired into these stages.)
 
     Simplification (said honestly): stage 3 gathers *all* parameters for the
     forward pass, so its parameter peak is a full copy; the ``"zero3_units"``
