@@ -45,13 +45,13 @@ def test_one_process_equals_torch(max_norm):
         torch.testing.assert_close(p.grad, want[n], rtol=1e-5, atol=1e-8, msg=n)
 
 
-def _sharded(rank, world_size, max_norm):
+def _sharded(rank, world_size, max_norm, per_parameter=False):
     model = ShardedUnits(tiny_transformer(seed=1))
     x, y = LanguageData(seed=1).batch(0, BATCH)
     local_x, local_y, weight = shard_batch(x, y, rank, world_size)
     (loss_fn(model(local_x), local_y) * weight).backward()
-    with comm.record() as traffic:
-        norm = clip_grad_norm_(model.shard_parameters(), max_norm)
+    with comm.record() as traffic:  # the segments, or every parameter's piece of them (the same elements)
+        norm = clip_grad_norm_(model.parameters() if per_parameter else model.shard_parameters(), max_norm)
     return norm.item(), model.full_gradients(), traffic.total
 
 
@@ -84,3 +84,14 @@ def test_the_strategy_option_clips_every_step():
             after = torch.sqrt(sum(g.double().pow(2).sum() for g in record["grads"].values())).item()
             assert after == pytest.approx(min(norm, clip), rel=1e-4), (norm, after)
             assert norm > clip  # the bound was low enough to act
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_clipping_model_parameters_as_a_trainer_writes_it(world_size):
+    """``clip_grad_norm_(model.parameters(), ...)`` after backward: each parameter's ``.grad`` is its piece of
+    this rank's segment, so the pieces over the ranks are every element once and the result is one process's."""
+    want_norm, want = _one_process(0.05)
+    for norm, grads, _ in coursekit.launch(_sharded, world_size, 0.05, True, timeout=120):
+        assert norm == pytest.approx(want_norm, rel=1e-5)
+        for n, g in want.items():
+            torch.testing.assert_close(grads[n], g, rtol=1e-4, atol=1e-7, msg=n)

@@ -94,16 +94,25 @@ def _read_between_steps(rank, world_size):
         (loss_fn(model(x), y) * w).backward()
     (loss_fn(model(x), y) * w).backward()
     weight = model.module.blocks[0].fc.weight
-    return tuple(weight.shape), weight.sum().item(), tuple(model.full_parameters()["blocks.0.fc.weight"].shape)
+    return weight.detach().clone(), weight.grad.clone(), model.full_parameters()["blocks.0.fc.weight"], \
+        model.full_gradients()["blocks.0.fc.weight"]
 
 
-def test_a_freed_parameter_reads_as_empty_instead_of_crashing():
-    """Between uses a parameter is an empty tensor (FSDP1's trick), not a view of freed storage.
+def test_between_steps_a_parameter_reads_as_its_piece_of_my_segment():
+    """Between uses a parameter is its piece of this rank's segment (a view of live storage, never of the freed
+    buffer), and its ``.grad`` the same piece of the averaged gradient: the ranks' pieces, in segment order
+    (rank r owns segment (r + 1) mod N), are the whole flattened parameter and gradient.
 
-    Planted bug caught: parameters left as views of the resized-to-0 buffer (reading one kills the rank).
+    Planted bugs caught: parameters left as views of the resized-to-0 buffer (reading one kills the rank); the
+    pieces cut from the segment's start for every parameter (the concatenation differs from the whole).
     """
-    for shape, total, full in coursekit.launch(_read_between_steps, 2, timeout=TIMEOUT):
-        assert (shape, total, full) == ((0,), 0.0, (256, 64))
+    results = coursekit.launch(_read_between_steps, 2, timeout=TIMEOUT)
+    order = sorted(range(2), key=lambda r: (r + 1) % 2)
+    full, full_grad = results[0][2], results[0][3]
+    assert full.shape == (256, 64)
+    assert all(piece.dim() == 1 for piece, *_ in results)
+    assert torch.equal(torch.cat([results[r][0] for r in order]), full.reshape(-1))
+    assert torch.equal(torch.cat([results[r][1] for r in order]), full_grad.reshape(-1))
 
 
 # --------------------------------------------------------------------------------------- peak parameter bytes

@@ -17,7 +17,10 @@ a rank holds only its segment of every unit. Each unit lives through::
 * when backward reaches the unit (a hook on its output's gradient) they are
   all-gathered again; when its last gradient has accumulated they are freed
   and its flat gradient is reduce-scattered: my segment, divided by ``N``, is
-  what my optimiser steps (the optimiser sees only the segments).
+  what my optimiser steps (the optimiser sees only the segments);
+* after backward, until the next gather, each parameter *is* its piece of my segment (1-D: its flattened
+  elements that fall in my segment, possibly none) and its ``.grad`` the same piece of the averaged gradient,
+  views of the segment: ``for p in model.parameters(): p.grad`` works between steps.
 
 **Prefetch.** Unit ``i``'s forward issues unit ``i+1``'s all-gather; unit
 ``i``'s backward issues the all-gather of the unit before it (the reverse of
@@ -277,8 +280,17 @@ class ShardedUnits(nn.Module):
             if unit.reduced is not None:
                 unit.shard.grad = unit.reduced if unit.shard.grad is None else unit.shard.grad + unit.reduced
                 unit.reduced, unit.flat_grad = None, None
-                for p in unit.params:
-                    p.grad = None  # the full gradient buffer is freed: only my segment stays
+                self._expose_pieces(unit)  # the full gradient buffer is freed: only my segment stays
+
+    def _expose_pieces(self, unit: Unit) -> None:
+        """Each parameter reads, until its next gather, as its piece of my segment; ``.grad`` as the same piece
+        of my segment's gradient (views: no bytes added). So ``for p in model.parameters(): p.grad`` works
+        between steps, and :func:`~coursekit.parallel.data.clip_grad_norm_` over them sees every element once
+        across the ranks. A piece is 1-D: the parameter's flattened elements in my segment (FSDP1's flat
+        sharding; FSDP2 cuts each parameter by rows, ``Shard(0)``)."""
+        for p, (lo, hi) in zip(unit.params, unit.pieces()):
+            p.data = unit.shard.data[lo:hi]
+            p.grad = unit.shard.grad[lo:hi]
 
     @contextmanager
     def no_sync(self):

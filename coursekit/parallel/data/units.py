@@ -135,6 +135,20 @@ class Unit:
             offset += shape.numel()
         return out
 
+    def pieces(self) -> list[tuple[int, int]]:
+        """For each parameter, the part of *my segment* that holds its elements: ``(lo, hi)`` in the segment.
+
+        The parameter's flattened elements ``[offset, offset + numel)`` meet my segment ``[start, stop)`` in
+        one run (possibly empty): a parameter wholly outside my segment gets ``(k, k)``, zero elements.
+        """
+        out, offset = [], 0
+        for shape in self.shapes:
+            lo, hi = max(offset, self.start), min(offset + shape.numel(), self.stop)
+            lo = min(lo, self.stop)
+            out.append((lo - self.start, max(hi, lo) - self.start))
+            offset += shape.numel()
+        return out
+
     def show(self, full: bool) -> None:
         """Point every parameter at its view of the full buffer, or, while freed, at an empty tensor: a view
         of freed storage would crash the process when read (autograd's saved views share the storage, so
