@@ -605,7 +605,9 @@ for g in range(1, MEMORY_RANKS + 1):
 # with the scale halved (`coursekit.parallel.data.LossScaler`, `torch.amp.GradScaler`'s rule; with sharded
 # gradients "anywhere" is one all-reduce of a flag). `train(..., "zero2", precision="fp16")` does it; the
 # tests check it skips exactly the steps `GradScaler` skips. (`"zero3_units"` takes `precision="bf16"`
-# too; mixed precision for plain data parallelism, and fp16 for `"zero3_units"`, are not built yet.)
+# too. Plain data parallelism -- `"naive"`, `"bucketed"`, `"sharded_optimizer"` -- takes `precision="bf16"` as DDP
+# is used with it: the forward under `torch.autocast`, fp32 weights and gradients, so fp32's bytes; tested equal
+# to DDP under autocast. fp16 for `"zero3_units"` is not built yet.)
 #
 # What each choice does to *training*, on the course transformer: ZeRO-2 on 2 ranks for `TRAIN_STEPS` steps in
 # fp32, bf16 with an fp32 and with a bf16 reduce, fp16 with dynamic loss scaling started far too high (2²⁴, so

@@ -44,6 +44,7 @@ from ... import collectives as _collectives
 from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, register
 from ...trace import Tracer
+from .precision import autocast
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 
 __all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed"]
@@ -320,12 +321,17 @@ def _make_buckets(params: list[nn.Parameter], capacity: int | None) -> list[_Buc
 class Naive(Strategy):
     """Start from rank 0's weights; after backward, :func:`average_gradients` one tensor at a time."""
 
-    options = {"collectives": "ring"}
+    options = {"collectives": "ring", "precision": None}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
         broadcast_parameters(self.model, group=self.group)
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+        autocast(self.option("precision"))  # refuses what plain data parallelism cannot do, before a step
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        with autocast(self.option("precision"), inputs.device.type):  # precision="bf16": bf16 compute, fp32 weights
+            return self.model(inputs).float()
 
     def synchronize(self) -> None:
         with self.span("comm", "all-reduce grads"):
@@ -337,16 +343,18 @@ class Bucketed(Strategy):
     """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
 
     # 25,000 float32 elements a bucket, as megabytes: six of the course transformer, to overlap backward
-    options = {"bucket_cap_mb": megabytes(25_000), "bucket_elements": None, "overlap": True}
+    options = {"bucket_cap_mb": megabytes(25_000), "bucket_elements": None, "overlap": True, "precision": None}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
         self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
                                     tracer=self.tracer, overlap=self.option("overlap"),
                                     bucket_elements=self.option("bucket_elements"))
+        autocast(self.option("precision"))  # refuses what plain data parallelism cannot do, before a step
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.wrapped(inputs)
+        with autocast(self.option("precision"), inputs.device.type):  # precision="bf16": bf16 compute, fp32 weights
+            return self.wrapped(inputs).float()
 
     def backward_context(self, last: bool):
         return nullcontext() if last else self.wrapped.no_sync()

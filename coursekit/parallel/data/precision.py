@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler"]
+__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "autocast"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -101,6 +101,28 @@ def as_policy(precision: MixedPrecision | str | None) -> MixedPrecision:
         return SHORTHANDS[precision]
     raise ValueError(f"precision={precision!r}: pass a coursekit.parallel.data.MixedPrecision(param_dtype=..., "
                      f"reduce_dtype=...) or one of {sorted(SHORTHANDS)}.")
+
+
+def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu"):
+    """Mixed precision for *plain* data parallelism, as ``DistributedDataParallel`` is used with it: the forward
+    under ``torch.autocast(device_type, dtype=param_dtype)``. The parameters stay fp32 (they are the master
+    weights: there is no 16-bit copy to keep), matmuls run in bf16, the gradients come out fp32 and are
+    all-reduced in fp32 -- so the memory is fp32's (4 + 4 + 8 bytes a parameter), only the activations shrink.
+    ZeRO's ``precision=`` is the other design (16-bit parameters, an fp32 master in the optimiser).
+
+    Only bf16 with an fp32 reduce here: fp16 needs a loss scale in backward (the training loop's backward is
+    its own: use ZeRO's ``precision="fp16"``), and a bf16 reduce would need a cast copy of every bucket.
+    """
+    from contextlib import nullcontext
+
+    policy = as_policy(precision)
+    if policy.param_dtype is None:
+        return nullcontext()
+    if policy.param_dtype != torch.bfloat16 or policy.reduce(torch.float32) != torch.float32:
+        raise ValueError(f"precision={precision!r} with plain data parallelism: only 'bf16' (bf16 compute under "
+                         f"torch.autocast, fp32 gradients reduced in fp32). fp16 and a bf16 reduce are ZeRO's: "
+                         f"train(..., 'zero2', precision=...).")
+    return torch.autocast(device_type, dtype=torch.bfloat16)
 
 
 def cast_inputs(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:

@@ -29,7 +29,7 @@ import torch.nn as nn
 from ...memory import held_bytes
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .buckets import DDP_BUCKET_CAP_MB
-from .precision import as_policy
+from .precision import as_policy, autocast
 
 __all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
 
@@ -45,7 +45,7 @@ def optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
 class TorchDDP(Strategy):
     """``torch.nn.parallel.DistributedDataParallel``: gradients averaged by the time backward returns."""
 
-    options = {"bucket_cap_mb": DDP_BUCKET_CAP_MB}  # DDP's own; None: one bucket, as everywhere in the course
+    options = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "precision": None}  # DDP's cap; None: one bucket, as in the course
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
@@ -55,7 +55,8 @@ class TorchDDP(Strategy):
         self.ddp = nn.parallel.DistributedDataParallel(self.model, process_group=self.group, bucket_cap_mb=cap)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        return self.ddp(inputs)
+        with autocast(self.option("precision"), inputs.device.type):  # DDP under torch.autocast, as it is used
+            return self.ddp(inputs).float()
 
     def micro_batch_context(self, last: bool):
         # DDP decides in forward whether the backward will communicate: no_sync must wrap both
