@@ -13,7 +13,10 @@ Measures, on the same global batch (so the same work per step):
   all-reduce buckets of plain data parallelism only, ours and DDP's alike;
 * side by side, PyTorch's own on the same model and batches: DistributedDataParallel
   (the same bucket size), ZeroRedundancyOptimizer over DDP, FSDP2 fully_shard per block.
-  Targets: each coursekit variant <= 1.1x its PyTorch counterpart's step time.
+  Targets: each coursekit variant <= 1.1x its PyTorch counterpart's step time;
+* the same in bf16 (``precision="bf16"``): bucketed and DDP under ``torch.autocast`` (fp32 weights), ZeRO-2 against
+  ZeroRedundancyOptimizer over DDP under autocast, ZeRO-3 against FSDP2 with ``MixedPrecisionPolicy(bf16, fp32
+  reduce)``; the same 1.1x targets.
 
 "hidden" is the fraction of communication time (issue -> completion,
 reported by gloo's own threads) that ran while the rank was still in its
@@ -46,12 +49,23 @@ VARIANTS = [  # label, strategy, world size, extra arguments
     ("torch DistributedDataParallel (same buckets)", "torch_ddp", 2, {}),
     ("torch ZeroRedundancyOptimizer over DDP", "torch_zero1", 2, {}),
     ("torch FSDP2 (fully_shard per block)", "torch_fsdp", 2, {}),
+    # mixed precision, bf16 (issue 23): plain data parallelism as DDP is used with it (torch.autocast, fp32 weights);
+    # ZeRO and FSDP2 with 16-bit parameters and an fp32 master (MixedPrecisionPolicy's fields)
+    ("bucketed, overlapped, bf16 (autocast)", "bucketed", 2, {"overlap": True, "precision": "bf16"}),
+    ("ZeRO-2 (ring), bf16", "zero2", 2, {"precision": "bf16"}),
+    ("ZeRO-3 (ring), bf16", "zero3", 2, {"precision": "bf16"}),
+    ("torch DDP under autocast, bf16", "torch_ddp", 2, {"precision": "bf16"}),
+    ("torch ZeroRedundancyOptimizer over DDP, autocast bf16", "torch_zero1", 2, {"precision": "bf16"}),
+    ("torch FSDP2, MixedPrecisionPolicy bf16", "torch_fsdp", 2, {"precision": "bf16"}),
 ]
 COUNTERPARTS = [  # ours, theirs (keys of the rows)
     ("bucketed, overlapped", "bucketedTrue", "torch DDP", "torch_ddp"),
     ("ZeRO-1", "zero1", "torch ZeroRedundancyOptimizer", "torch_zero1"),
     ("ZeRO-2", "zero2", "torch ZeroRedundancyOptimizer", "torch_zero1"),
     ("ZeRO-3", "zero3", "torch FSDP2", "torch_fsdp"),
+    ("bucketed, overlapped, bf16", "bucketedTruebf16", "torch DDP, autocast bf16", "torch_ddpbf16"),
+    ("ZeRO-2, bf16", "zero2bf16", "torch ZeroRedundancyOptimizer, autocast bf16", "torch_zero1bf16"),
+    ("ZeRO-3, bf16", "zero3bf16", "torch FSDP2, bf16", "torch_fsdpbf16"),
 ]
 
 
@@ -105,7 +119,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     rows = {}
     for i, (label, strategy, world_size, extra) in enumerate(VARIANTS):
         best = {key: statistics.median(r[key] for r in runs[i]) for key in runs[i][0]}
-        rows[strategy + str(extra.get("overlap", ""))] = best
+        rows[strategy + str(extra.get("overlap", "")) + extra.get("precision", "")] = best
         base = rows["single"]["step"]
         hidden = "—" if best["hidden"] != best["hidden"] else f"{best['hidden']:.0%}"
         untraced = strategy == "single" or strategy.startswith("torch")  # torch's own report no spans
