@@ -52,7 +52,8 @@ def lay_flat(named: list[tuple[str, nn.Parameter]], dtype: torch.dtype | None = 
                          f"(found {sorted(map(str, dtypes))}).")
     params = [p for _, p in named]
     layout = [(name, tuple(p.shape)) for name, p in named]
-    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype or params[0].dtype)
+    flat = torch.empty(sum(p.numel() for p in params), dtype=dtype or params[0].dtype,
+                       device=params[0].device)  # where the parameters are: the rank's GPU under NCCL
     views, offset = [], 0
     for p in params:
         n = p.numel()

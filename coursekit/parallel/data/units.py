@@ -188,7 +188,7 @@ def gather_whole(units: list[Unit], pick, group) -> dict[str, torch.Tensor]:
     out = {}
     for unit in units:
         mine = pick(unit)
-        flat = torch.empty(unit.numel, dtype=mine.dtype)
+        flat = torch.empty(unit.numel, dtype=mine.dtype, device=mine.device)
         TORCH.all_gather(mine, flat, group=group)
         out.update(unit.views(flat))
     return out

@@ -193,7 +193,7 @@ class ZeRO(nn.Module):
             self._gather_params()
         if not self.shard_grads:  # stage 1: gradients accumulate into one full flat buffer (views per parameter)
             if self.flat_grad is None:
-                self.flat_grad = torch.zeros(self.numel, dtype=self.flat_param.dtype)
+                self.flat_grad = torch.zeros(self.numel, dtype=self.flat_param.dtype, device=self.flat_param.device)
             for p, (offset, n) in zip(self.params, self._views):
                 _attach(p, self.flat_grad[offset:offset + n])
         output = self.module(*args, **kwargs)
@@ -222,7 +222,8 @@ class ZeRO(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
         bucket = self.buckets[self._bucket_of[i]]
         if bucket.grad is None:  # allocated only now, freed as soon as it is reduce-scattered
-            bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype)
+            bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype,
+                                      device=self.flat_param.device)
             for j in bucket.members:  # autograd accumulates in place into these views
                 offset, n = self._views[j]
                 _attach(self.params[j], bucket.grad[offset - bucket.lo:offset - bucket.lo + n])
@@ -246,7 +247,8 @@ class ZeRO(nn.Module):
         """Stage 2-3, during backward: sum bucket ``b`` over the ranks, add my segment to my shard, free it."""
         bucket, piece = self.buckets[b], self.pieces[b]
         if bucket.grad is None:
-            bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype)
+            bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype,
+                                      device=self.flat_param.device)
         with self._span("comm", f"reduce-scatter bucket {b}"):
             mine = self.comm.reduce_scatter(self._to_reduce(bucket.grad), group=self.group, **self._checks())
         self.elements_reduce_scattered += bucket.hi - bucket.lo
@@ -302,7 +304,7 @@ class ZeRO(nn.Module):
         """
         if self.scaler is None:
             return True
-        bad = torch.zeros(1)
+        bad = torch.zeros(1, device=self.flat_param.device)  # on the gradients' device: NCCL moves it
         for piece in self.pieces:
             if piece.grad is not None:
                 piece.grad.mul_(1.0 / self.scaler.scale)
