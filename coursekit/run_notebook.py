@@ -18,12 +18,20 @@ slice instead of forever. Timeouts keep their meaning: ``get_msg(timeout=t)``
 still raises ``queue.Empty`` after ``t`` seconds. The patch is applied once, to
 jupyter_client's asyncio channel class, and only when a notebook is run here.
 
+A second race, fixed here too: over TCP, jupyter_client picks the kernel's five ports by binding port 0 and
+closing it, and the kernel binds them a moment later. Meanwhile any other process on the machine (a gloo rank
+connecting, a torchrun store) may be handed the same ephemeral port, and the kernel dies with "Address already
+in use" before it replies to ``kernel_info`` (seen once in a full ``make test``). So the kernels started here talk
+over **IPC** (Unix sockets in Jupyter's runtime directory): no port to lose (:func:`ipc_kernel_manager`).
+
     >>> from coursekit.run_notebook import execute_notebook
     >>> execute_notebook("notebooks/00_welcome.ipynb", "/tmp/out.ipynb", kernel_name="python3")  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
 from queue import Empty
 from typing import Any
@@ -54,9 +62,24 @@ def patch_kernel_channels() -> None:
         AsyncZMQSocketChannel.get_msg = _get_msg_in_slices
 
 
+def ipc_kernel_manager():
+    """jupyter_client's kernel manager whose kernels use IPC transport (no TCP port to race for)."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class IPCKernelManager(AsyncKernelManager):
+        def __init__(self, *args, **kwargs):
+            kwargs.setdefault("transport", "ipc")
+            # the sockets' path prefix, absolute: the kernel may run in another directory (papermill's cwd=)
+            kwargs.setdefault("ip", os.path.join(tempfile.mkdtemp(prefix="coursekit-kernel-"), "ipc"))
+            super().__init__(*args, **kwargs)
+
+    return IPCKernelManager
+
+
 def execute_notebook(input_path, output_path, **options):
-    """``papermill.execute_notebook`` with the channel patch applied; same arguments, same result."""
+    """``papermill.execute_notebook`` with the channel patch applied and IPC kernels; same arguments, same result."""
     import papermill
 
     patch_kernel_channels()
+    options.setdefault("kernel_manager_class", ipc_kernel_manager())
     return papermill.execute_notebook(str(input_path), str(output_path), **options)

@@ -127,3 +127,34 @@ def test_grade_and_the_notebook_tools_run_papermill_patched(unpatched, monkeypat
     root = Path(__file__).resolve().parents[1]
     for caller in callers:
         assert "papermill.execute_notebook(" not in (root / caller).read_text(), f"{caller} calls papermill directly"
+
+
+def test_kernels_talk_over_ipc_so_no_tcp_port_can_be_taken_from_them(tmp_path):
+    """Over TCP the kernel's ports are picked free, released, then bound: another process can take one in
+    between ("Address already in use", the kernel dies before kernel_info: seen once in a full make test).
+    The kernels started here use IPC transport. Planted bug, seen failing: the default (tcp) kernel manager."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("from ipykernel.kernelapp import IPKernelApp\n"
+                                          "print(IPKernelApp.instance().transport)")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()  # the kernel in another directory, as `coursekit grade` runs it: the socket paths are absolute
+    out = run_notebook.execute_notebook(tmp_path / "in.ipynb", tmp_path / "out.ipynb", kernel_name="python3",
+                                        progress_bar=False, cwd=str(elsewhere))
+    assert out.cells[0].outputs[0]["text"].strip() == "ipc"
+
+
+def test_nbval_kernels_talk_over_ipc_too(tmp_path):
+    """The root conftest.py makes nbval's kernels IPC, started in the notebook's directory as nbval does.
+    Planted bugs, seen failing: the conftest removed (tcp); its socket paths left relative ("kernel-ipc": the
+    kernel, in another directory, binds elsewhere and never answers)."""
+    import nbval.kernel
+
+    km, kc = nbval.kernel.start_new_kernel(kernel_name="python3", cwd=str(tmp_path))
+    try:
+        assert km.transport == "ipc"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
