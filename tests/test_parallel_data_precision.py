@@ -287,9 +287,34 @@ def test_zero3_units_bf16_equals_fsdp2_unit_for_unit():
     assert report.ok, f"zero3_units bf16 against FSDP2 bf16: {report}"
 
 
-def test_zero3_units_refuses_fp16_and_says_what_to_use():
-    with pytest.raises(ValueError, match="precision='bf16'"):
-        train(0, 1, "zero3_units", steps=1, precision="fp16")
+def fsdp_and_units_fp16(rank, world_size):
+    from coursekit.parallel.data import LossScaler
+    runs = []
+    for strategy in ("torch_fsdp", "zero3_units"):
+        result = train(rank, world_size, strategy, steps=12, global_batch=BATCH, precision="fp16", model="transformer",
+                       loss_scaler=LossScaler(init_scale=2.0 ** 24))
+        runs.append((result["records"], result["loss_scale"], result["skipped_steps"], result.get("inf_checks")))
+    return runs
+
+
+def test_zero3_units_fp16_equals_fsdp2_with_grad_scaler():
+    """fp16 one unit at a time with a dynamic loss scale, against FSDP2 with the same policy and
+    ``torch.amp.GradScaler``: the same steps skipped (the scale from 2^24 down), one all-reduce of the overflow
+    flag a step (each rank sees only its segments), then equal step by step (3 ranks, batch 7).
+
+    Planted bugs, seen failing: the flag not all-reduced (each rank judged its own segments: "rank 0: (524288.0,
+    5, 0) != (131072.0, 7, 12)": rank 0 stepped on gradients another rank saw overflow); the scale hook not
+    registered ("rank 0: (16777216.0, 0, 12) != (131072.0, 7, 12)").
+    """
+    results = coursekit.launch(fsdp_and_units_fp16, 3, timeout=240)
+    (reference, scale, skipped, _), _ = results[0]
+    assert 0 < skipped < 10, f"the case must skip some steps and then train (skipped {skipped})"
+    for rank, (_, (records, got_scale, got_skipped, checks)) in enumerate(results):
+        assert (got_scale, got_skipped, checks) == (scale, skipped, 12), \
+            f"rank {rank}: {(got_scale, got_skipped, checks)} != {(scale, skipped, 12)}"
+    report = compare(reference[skipped:], [units[0][skipped:] for _, units in results], check_output=False,
+                     rtol=1e-4, atol=1e-6)
+    assert report.ok, f"zero3_units fp16 against FSDP2 + GradScaler after the skipped steps: {report}"
 
 
 def fp16_without_scaling(rank, world_size):

@@ -4,7 +4,8 @@ One module per step, PyTorch's counterpart last:
 
 * ``averaging`` -- the same start (:func:`broadcast_parameters`), each rank its slice of the batch
   (:func:`shard_batch`), gradients averaged after backward (:func:`average_gradients`, ``"naive"``) or
-  bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``);
+  bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``); ``replicated`` -- both in the
+  training loop, with mixed precision under ``torch.autocast`` and fp16's loss scale;
 * ``zero`` -- :class:`ZeRO` stages 1-3: optimiser state, gradients, then parameters sharded;
   ``zero_strategy`` -- it in the training loop (``"zero1"``, ``"zero2"``, ``"zero3"``);
 * ``units`` and ``fsdp`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`, ``"zero3_units"``): the
@@ -23,10 +24,12 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 
 # In this order: the strategies register with the training loop in the order chapter 02 meets them.
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
-from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs
+from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
 from .flat import Bucket, lay_flat, make_buckets
-from .averaging import Bucketed, DataParallel, Naive, average_gradients, broadcast_parameters, shard_batch
-from .torch import FSDP2ParameterBytes, TorchDDP, TorchFSDP, TorchZeRO1, optimizer_class_and_defaults
+from .averaging import DataParallel, average_gradients, broadcast_parameters, shard_batch
+from .replicated import Bucketed, Naive, Replicated
+from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, TorchZeRO1, grad_scaler,
+                    optimizer_class_and_defaults)
 from .zero import ZeRO
 from .zero_strategy import ZeroStrategy
 from .units import CommThread, Job, Unit, default_units, gather_whole, plan_units
@@ -34,9 +37,10 @@ from .fsdp import ShardedUnits, Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 from .clip import clip_grad_norm_
 
-__all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler",
-           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed",
+__all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for",
+           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
-           "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
+           "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults",
+           "grad_scaler", "GradScaling"]

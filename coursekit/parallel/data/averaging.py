@@ -18,7 +18,7 @@ batch. This module builds that up in three steps:
 
 ZeRO, which shards what these replicate, is in :mod:`coursekit.parallel.data.zero`;
 the training loop that runs any of them is :func:`coursekit.train.train`
-(strategies ``"naive"`` and ``"bucketed"`` are registered here).
+(strategies ``"naive"`` and ``"bucketed"`` are registered in :mod:`~coursekit.parallel.data.replicated`).
 
 Every function takes ``group=``: the data-parallel process group, or a mesh
 axis (``group=mesh["dp"]``, :mod:`coursekit.mesh`); None means all ranks.
@@ -42,12 +42,10 @@ import torch.nn as nn
 
 from ... import collectives as _collectives
 from ...mesh import as_group, rank_size
-from ...strategy import Setup, Strategy, register
 from ...trace import Tracer
-from .precision import autocast
-from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
+from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 
-__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Naive", "Bucketed"]
+__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel"]
 
 
 # --------------------------------------------------------------------------
@@ -312,59 +310,3 @@ def _make_buckets(params: list[nn.Parameter], capacity: int | None) -> list[_Buc
         current.append(p)
     buckets.append(_Bucket(current))
     return buckets
-
-
-# --------------------------------------------------------------------------
-# The two strategies of this module, for coursekit.train.train.
-# --------------------------------------------------------------------------
-@register("naive")
-class Naive(Strategy):
-    """Start from rank 0's weights; after backward, :func:`average_gradients` one tensor at a time."""
-
-    options = {"collectives": "ring", "precision": None}
-
-    def __init__(self, setup: Setup):
-        super().__init__(setup)
-        broadcast_parameters(self.model, group=self.group)
-        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
-        autocast(self.option("precision"))  # refuses what plain data parallelism cannot do, before a step
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        with autocast(self.option("precision"), inputs.device.type):  # precision="bf16": bf16 compute, fp32 weights
-            return self.model(inputs).float()
-
-    def synchronize(self) -> None:
-        with self.span("comm", "all-reduce grads"):
-            average_gradients(self.model, group=self.group, all_reduce=self.all_reduce)
-
-
-@register("bucketed")
-class Bucketed(Strategy):
-    """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
-
-    # 25,000 float32 elements a bucket, as megabytes: six of the course transformer, to overlap backward
-    options = {"bucket_cap_mb": megabytes(25_000), "bucket_elements": None, "overlap": True, "precision": None}
-
-    def __init__(self, setup: Setup):
-        super().__init__(setup)
-        self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
-                                    tracer=self.tracer, overlap=self.option("overlap"),
-                                    bucket_elements=self.option("bucket_elements"))
-        autocast(self.option("precision"))  # refuses what plain data parallelism cannot do, before a step
-
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        with autocast(self.option("precision"), inputs.device.type):  # precision="bf16": bf16 compute, fp32 weights
-            return self.wrapped(inputs).float()
-
-    def backward_context(self, last: bool):
-        return nullcontext() if last else self.wrapped.no_sync()
-
-    def synchronize(self) -> None:
-        self.wrapped.finish_gradient_synchronization()  # done when the last backward ended: a no-op check
-
-    def zero_grad(self) -> None:
-        self.wrapped.zero_grad(set_to_none=False)  # in place: the gradients stay views into the buckets
-
-    def counters(self) -> dict[str, int]:
-        return {"elements_reduced": self.wrapped.elements_reduced}
-

@@ -77,7 +77,7 @@ from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .averaging import broadcast_parameters
 from .clip import clip_grad_norm_
-from .precision import MixedPrecision, as_policy, cast_inputs
+from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
 from .units import CommThread, Unit, default_units, gather_whole, plan_units
 
 __all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]
@@ -96,18 +96,20 @@ class ShardedUnits(nn.Module):
         collectives: ``"ring"`` (chapter 01's, counted by ``comm.record``) or ``"torch"``.
         prefetch: issue the next unit's all-gather ahead and reduce-scatter without waiting (False:
             every collective blocks where it is needed: the baseline prefetch is measured against).
-        mp_policy: mixed precision (:class:`~coursekit.parallel.data.MixedPrecision` or ``"bf16"``), as FSDP2's
-            ``mp_policy``: units gathered and computed in ``param_dtype``, my segments an fp32 master,
-            gradients reduce-scattered in ``reduce_dtype``.
+        mp_policy: mixed precision (:class:`~coursekit.parallel.data.MixedPrecision`, ``"bf16"`` or ``"fp16"``),
+            as FSDP2's ``mp_policy``: units gathered and computed in ``param_dtype``, my segments an fp32
+            master, gradients reduce-scattered in ``reduce_dtype``.
+        loss_scaler: fp16's :class:`~coursekit.parallel.data.LossScaler` (None: a dynamic one for fp16; False:
+            none). Backward runs on the scaled loss; :meth:`unscale_and_check` (before the optimiser step)
+            divides my segments' gradients back and all-reduces whether any rank overflowed.
     """
 
     def __init__(self, module: nn.Module, units: list[str] | None = None, group=None, collectives="ring",
-                 tracer=None, prefetch: bool = True, mp_policy: MixedPrecision | str | None = None):
+                 tracer=None, prefetch: bool = True, mp_policy: MixedPrecision | str | None = None,
+                 loss_scaler: LossScaler | bool | None = None):
         super().__init__()
         self.policy = as_policy(mp_policy)
-        if self.policy.param_dtype == torch.float16:
-            raise ValueError("zero3_units computes in bf16 but not yet in fp16, which needs loss scaling: use "
-                             "precision='bf16' here, or 'zero1'/'zero2'/'zero3' for fp16 with a LossScaler.")
+        self.scaler = loss_scaler_for(self.policy, loss_scaler)
         self.group = as_group(group)
         self.module = broadcast_parameters(module, group=self.group)
         self.rank, self.world_size = rank_size(self.group)
@@ -194,6 +196,8 @@ class ShardedUnits(nn.Module):
             if not (isinstance(output, torch.Tensor) and output.requires_grad):
                 raise ValueError("ShardedUnits gathers the root unit again when backward reaches the model's "
                                  "output, so the module must return one tensor that requires grad.")
+            if self.scaler is not None:
+                output.register_hook(self.scaler.scale_gradient)  # backward of (loss x scale)
             output.register_hook(self._root_backward)
         if self.root is not None:
             self._free(self.root)
@@ -292,6 +296,13 @@ class ShardedUnits(nn.Module):
             p.data = unit.shard.data[lo:hi]
             p.grad = unit.shard.grad[lo:hi]
 
+    def unscale_and_check(self) -> bool:
+        """With a loss scaler (fp16): unscale my segments' gradients; False if any rank's overflowed (skip the
+        step). One all-reduce of a flag, since each rank sees only its segments. Without one: True."""
+        if self.scaler is None:
+            return True
+        return self.scaler.unscale_and_update([u.shard.grad for u in self.units], group=self.group)
+
     @contextmanager
     def no_sync(self):
         """Backward passes inside keep the full unit gradients (no reduce-scatter): gradient accumulation."""
@@ -320,13 +331,15 @@ class ShardedUnits(nn.Module):
 class Zero3Units(Strategy):
     """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
 
-    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None, "clip_norm": None}
+    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None, "clip_norm": None,
+               "loss_scaler": None}
 
     def __init__(self, setup: Setup):
         self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
         self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
         self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
-                                  setup.tracer, self.option("prefetch"), self.option("precision"))
+                                  setup.tracer, self.option("prefetch"), self.option("precision"),
+                                  self.option("loss_scaler"))
         self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
         self.peaks: list[int] = []
 
@@ -334,7 +347,11 @@ class Zero3Units(Strategy):
         return nullcontext() if last else self.model.no_sync()
 
     def step(self) -> None:
-        """Option ``clip_norm``: clip by the global norm first -- one all-reduce of one number (:mod:`.clip`)."""
+        """fp16: unscale first and skip the step on an overflow (clipping must see true gradients, as with
+        ``GradScaler.unscale_``). Option ``clip_norm``: clip by the global norm -- one all-reduce of one
+        number (:mod:`.clip`)."""
+        if not self.model.unscale_and_check():
+            return
         if self.option("clip_norm") is not None:
             with self.span("comm", "all-reduce the gradient norm"):
                 norm = clip_grad_norm_(self.model.shard_parameters(), self.option("clip_norm"), group=self.group,
@@ -359,6 +376,9 @@ class Zero3Units(Strategy):
                 "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
+        scaler = self.model.scaler
         return {"peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
+                "loss_scale": None if scaler is None else scaler.scale, "skipped_steps": scaler.skipped if scaler else 0,
+                "inf_checks": scaler.inf_checks if scaler else 0,
                 "elements_all_gathered": self.model.elements_all_gathered,
                 "elements_reduce_scattered": self.model.elements_reduce_scattered}

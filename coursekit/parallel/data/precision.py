@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "autocast"]
+__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "autocast", "loss_scaler_for"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -106,23 +106,32 @@ def as_policy(precision: MixedPrecision | str | None) -> MixedPrecision:
 def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu"):
     """Mixed precision for *plain* data parallelism, as ``DistributedDataParallel`` is used with it: the forward
     under ``torch.autocast(device_type, dtype=param_dtype)``. The parameters stay fp32 (they are the master
-    weights: there is no 16-bit copy to keep), matmuls run in bf16, the gradients come out fp32 and are
+    weights: there is no 16-bit copy to keep), matmuls run in bf16 or fp16, the gradients come out fp32 and are
     all-reduced in fp32 -- so the memory is fp32's (4 + 4 + 8 bytes a parameter), only the activations shrink.
     ZeRO's ``precision=`` is the other design (16-bit parameters, an fp32 master in the optimiser).
 
-    Only bf16 with an fp32 reduce here: fp16 needs a loss scale in backward (the training loop's backward is
-    its own: use ZeRO's ``precision="fp16"``), and a bf16 reduce would need a cast copy of every bucket.
+    fp16 needs a loss scale (:class:`LossScaler`, which the strategies add by default, as
+    ``torch.amp.GradScaler`` is used with DDP). A bf16 reduce is refused: the gradients autocast leaves are
+    fp32, and reducing them in bf16 would need a cast copy of every bucket (ZeRO does that).
     """
     from contextlib import nullcontext
 
     policy = as_policy(precision)
     if policy.param_dtype is None:
         return nullcontext()
-    if policy.param_dtype != torch.bfloat16 or policy.reduce(torch.float32) != torch.float32:
-        raise ValueError(f"precision={precision!r} with plain data parallelism: only 'bf16' (bf16 compute under "
-                         f"torch.autocast, fp32 gradients reduced in fp32). fp16 and a bf16 reduce are ZeRO's: "
+    if policy.param_dtype not in (torch.bfloat16, torch.float16) or policy.reduce(torch.float32) != torch.float32:
+        raise ValueError(f"precision={precision!r} with plain data parallelism: only 'bf16' or 'fp16' (16-bit "
+                         f"compute under torch.autocast, fp32 gradients reduced in fp32). A bf16 reduce is ZeRO's: "
                          f"train(..., 'zero2', precision=...).")
-    return torch.autocast(device_type, dtype=torch.bfloat16)
+    return torch.autocast(device_type, dtype=policy.param_dtype)
+
+
+def loss_scaler_for(precision: MixedPrecision | str | None, loss_scaler: "LossScaler | bool | None" = None):
+    """The loss scaler a strategy runs with: ``loss_scaler`` as given, a dynamic :class:`LossScaler` for fp16
+    when it is None, and none at all when it is False (to see what fp16 loses without one) or for bf16/fp32."""
+    if loss_scaler is None:
+        return LossScaler() if as_policy(precision).param_dtype == torch.float16 else None
+    return loss_scaler or None
 
 
 def cast_inputs(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:
@@ -153,6 +162,7 @@ class LossScaler:
     growth_interval: int = 2000
     scale: float = field(init=False)
     skipped: int = field(init=False, default=0)   # steps skipped so far (an overflow somewhere)
+    inf_checks: int = field(init=False, default=0)  # all-reduces of the overflow flag (sharded gradients only)
     _good: int = field(init=False, default=0)     # good steps since the last change of scale
 
     def __post_init__(self):
@@ -172,3 +182,28 @@ class LossScaler:
         if self._good == self.growth_interval:
             self.scale *= self.growth_factor
             self._good = 0
+
+    def unscale_and_update(self, grads: list[torch.Tensor | None], group=None, *, replicated: bool = False) -> bool:
+        """Divide ``grads`` by the scale in place, update the scale, and tell whether the step may be taken.
+
+        ``torch.amp.GradScaler``'s ``unscale_``, the skip in its ``step`` and its ``update`` in one. Where
+        the gradients are *sharded* (ZeRO, ``"zero3_units"``) a rank sees only its segments, so whether any
+        gradient overflowed anywhere is one all-reduce (MAX) of a flag over ``group``, counted in
+        ``inf_checks``: every rank skips the same steps and the scale stays the same everywhere. Where they
+        are *replicated* (plain data parallelism, after the all-reduce: every rank holds the same bits),
+        ``replicated=True`` checks locally and sends nothing.
+        """
+        import torch.distributed as dist
+
+        device = next((g.device for g in grads if g is not None), torch.device("cpu"))
+        flag = torch.zeros(1, device=device)  # on the gradients' device: NCCL moves it
+        for grad in grads:
+            if grad is not None:
+                grad.mul_(1.0 / self.scale)
+                flag += (~torch.isfinite(grad)).any().float()
+        if not replicated and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            self.inf_checks += 1
+        bad = bool(flag.item())
+        self.update(bad)
+        return not bad

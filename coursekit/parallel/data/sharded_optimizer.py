@@ -72,7 +72,7 @@ import torch.nn as nn
 from ...collectives import Collectives, get_collectives, owned_segment, segment_bounds
 from ...mesh import as_group, rank_size
 from ...strategy import Setup, register
-from .averaging import Bucketed
+from .replicated import Bucketed
 from .torch import optimizer_class_and_defaults
 
 __all__ = ["ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE"]

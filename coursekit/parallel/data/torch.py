@@ -15,6 +15,7 @@ coursekit                                              PyTorch (registered here 
                                                        optimizer_class=...)`` (``"torch_zero1"``)
 ``ZeRO(..., stage=3)`` (parameters sharded)            FSDP2 ``fully_shard`` on each block, then the
                                                        root (``"torch_fsdp"``)
+``precision="fp16"``: :class:`LossScaler`               ``torch.amp.GradScaler`` (:func:`grad_scaler`)
 =====================================================  ===================================================
 
     >>> train(rank, world_size, "torch_ddp", model="transformer", bucket_cap_mb=0.1)   # doctest: +SKIP
@@ -29,9 +30,10 @@ import torch.nn as nn
 from ...memory import held_bytes
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .buckets import DDP_BUCKET_CAP_MB
-from .precision import as_policy, autocast
+from .precision import as_policy, autocast, loss_scaler_for
 
-__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults"]
+__all__ = ["TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults", "grad_scaler",
+           "GradScaling"]
 
 
 def optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
@@ -41,11 +43,55 @@ def optimizer_class_and_defaults(setup: Setup) -> tuple[type, dict]:
     return type(probe), defaults
 
 
+def grad_scaler(precision, loss_scaler, device_type: str = "cpu") -> torch.amp.GradScaler | None:
+    """PyTorch's ``torch.amp.GradScaler`` where the course's strategies would run a :class:`LossScaler`: for fp16
+    by default, with the given scaler's settings (``init_scale``, ``growth_factor`` ...), none for False."""
+    ours = loss_scaler_for(precision, loss_scaler)
+    if ours is None:
+        return None
+    return torch.amp.GradScaler(device_type, init_scale=ours.init_scale, growth_factor=ours.growth_factor,
+                                backoff_factor=ours.backoff_factor, growth_interval=ours.growth_interval)
+
+
+class GradScaling(Strategy):
+    """fp16 as PyTorch does it, for the strategies below (option ``loss_scaler``, read as :func:`grad_scaler`).
+
+    ``GradScaler.scale`` multiplies the gradient entering backward (the loop owns ``loss.backward()``;
+    ``scale(loss).backward()`` sends exactly this gradient), ``GradScaler.step`` unscales and skips the step
+    if a gradient is inf or NaN (FSDP2's DTensor gradients: the flag is all-reduced by DTensor's own
+    handler), ``update`` moves the scale. GradScaler keeps no count of skipped steps: a step whose update
+    backed the scale off was one.
+    """
+
+    def start_scaling(self) -> None:
+        device_type = next(self.model.parameters()).device.type
+        self.scaler = grad_scaler(self.option("precision"), self.option("loss_scaler"), device_type)
+        self.skipped = 0
+
+    def scale_backward(self, output: torch.Tensor) -> torch.Tensor:
+        if self.scaler is not None and output.requires_grad:
+            output.register_hook(self.scaler.scale)
+        return output
+
+    def step(self) -> None:
+        if self.scaler is None:
+            return super().step()
+        with self.span("optimizer", "step"):
+            before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.skipped += self.scaler.get_scale() < before
+
+    def counters(self) -> dict:
+        return {"loss_scale": None if self.scaler is None else self.scaler.get_scale(), "skipped_steps": self.skipped}
+
+
 @register("torch_ddp")
-class TorchDDP(Strategy):
+class TorchDDP(GradScaling):
     """``torch.nn.parallel.DistributedDataParallel``: gradients averaged by the time backward returns."""
 
-    options = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "precision": None}  # DDP's cap; None: one bucket, as in the course
+    # DDP's cap; None: one bucket, as in the course
+    options = {"bucket_cap_mb": DDP_BUCKET_CAP_MB, "precision": None, "loss_scaler": None}
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
@@ -53,10 +99,11 @@ class TorchDDP(Strategy):
         if cap is None:  # as large as the model: one bucket (DDP itself reads None as 25 MB; its first bucket is 1 MB)
             cap = sum(p.numel() * p.element_size() for p in self.model.parameters()) / 2**20
         self.ddp = nn.parallel.DistributedDataParallel(self.model, process_group=self.group, bucket_cap_mb=cap)
+        self.start_scaling()
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         with autocast(self.option("precision"), inputs.device.type):  # DDP under torch.autocast, as it is used
-            return self.ddp(inputs).float()
+            return self.scale_backward(self.ddp(inputs).float())
 
     def micro_batch_context(self, last: bool):
         # DDP decides in forward whether the backward will communicate: no_sync must wrap both
@@ -122,14 +169,15 @@ class FSDP2ParameterBytes:
 
 
 @register("torch_fsdp")
-class TorchFSDP(Strategy):
+class TorchFSDP(GradScaling):
     """FSDP2: ``fully_shard`` on each block of the model, then on the root; parameters become DTensors.
 
     Its counters give ``peak_param_bytes`` per step, measured by :class:`FSDP2ParameterBytes`, as
     ``"zero3_units"`` gives its own. Option ``precision``: a :class:`~coursekit.parallel.data.MixedPrecision`
-    (or ``"bf16"``), handed to ``fully_shard`` as FSDP2's own ``MixedPrecisionPolicy`` with the same fields."""
+    (or ``"bf16"``), handed to ``fully_shard`` as FSDP2's own ``MixedPrecisionPolicy`` with the same fields;
+    for fp16, ``torch.amp.GradScaler`` (:class:`GradScaling`)."""
 
-    options = {"precision": None}
+    options = {"precision": None, "loss_scaler": None}
 
     def __init__(self, setup: Setup):
         from torch.distributed.device_mesh import DeviceMesh
@@ -149,13 +197,17 @@ class TorchFSDP(Strategy):
             cast_forward_inputs=policy.cast_forward_inputs))
         self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
         self.meter, self.peaks = FSDP2ParameterBytes(self.model), []
+        self.start_scaling()
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.scale_backward(self.model(inputs))
 
     def zero_grad(self) -> None:
         self.peaks.append(self.meter.reset())  # this step's peak; the next step starts afresh
         super().zero_grad()
 
     def counters(self) -> dict:
-        return {"peak_param_bytes": list(self.peaks)}
+        return {**super().counters(), "peak_param_bytes": list(self.peaks)}
 
     def backward_context(self, last: bool):
         # accumulate gradients locally, reduce-scatter only after the last micro-batch (FSDP2's no_sync)

@@ -14,7 +14,6 @@ from contextlib import nullcontext
 from typing import Callable
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 from ...collectives import RING, Collectives, get_collectives
@@ -26,7 +25,7 @@ from ...memory import PeakMemory
 from .averaging import broadcast_parameters
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 from .flat import lay_flat, make_buckets
-from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs
+from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
 
 __all__ = ["ZeRO"]
 
@@ -109,10 +108,8 @@ class ZeRO(nn.Module):
         self.rank, self.world_size = rank_size(group)
         self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
         self.policy = as_policy(mp_policy)
-        fp16 = self.policy.param_dtype == torch.float16
         # None: dynamic loss scaling for fp16, none otherwise; False: none at all (to see what fp16 loses without)
-        self.scaler = (LossScaler() if fp16 else None) if loss_scaler is None else (loss_scaler or None)
-        self.inf_checks = 0     # all-reduces of the overflow flag (one per step with a loss scaler)
+        self.scaler = loss_scaler_for(self.policy, loss_scaler)
         named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]  # tied: once
         master = self._flatten(named, bucket_cap_mb, bucket_elements)
         # My segments, as the parameters the optimiser sees. Stages 1-2: views (no copy); stage 3: their own
@@ -300,21 +297,16 @@ class ZeRO(nn.Module):
         """With a loss scaler: divide my segments' gradients by the scale and tell whether to step.
 
         Each rank sees only its segments, so whether *any* gradient overflowed is one all-reduce of a flag
-        (``inf_checks`` counts them): every rank skips the same steps and the scale stays the same everywhere.
+        (:meth:`LossScaler.unscale_and_update`; ``inf_checks`` counts them): every rank skips the same steps.
         """
         if self.scaler is None:
             return True
-        bad = torch.zeros(1, device=self.flat_param.device)  # on the gradients' device: NCCL moves it
-        for piece in self.pieces:
-            if piece.grad is not None:
-                piece.grad.mul_(1.0 / self.scaler.scale)
-                bad += (~torch.isfinite(piece.grad)).any().float()
-        if self.world_size > 1:
-            dist.all_reduce(bad, group=self.group)
-        self.inf_checks += 1
-        found_inf = bool(bad.item())
-        self.scaler.update(found_inf)
-        return not found_inf
+        return self.scaler.unscale_and_update([piece.grad for piece in self.pieces], group=self.group)
+
+    @property
+    def inf_checks(self) -> int:
+        """All-reduces of the overflow flag so far (one a step with a loss scaler, on more than one rank)."""
+        return 0 if self.scaler is None else self.scaler.inf_checks
 
     def _to_reduce(self, grad: torch.Tensor) -> torch.Tensor:
         """``grad`` in the dtype gradients are summed in (``reduce_dtype``): a cast copy, or itself.

@@ -1,0 +1,103 @@
+"""Plain data parallelism in the training loop: ``"naive"`` and ``"bucketed"`` for :func:`coursekit.train.train`.
+
+:mod:`~coursekit.parallel.data.averaging` is the algorithm (every rank a replica, gradients averaged); this
+is the adapter the one training loop calls, with what both share: mixed precision as DDP is used with it
+(the forward under ``torch.autocast``, fp32 weights and gradients) and, for fp16, a loss scale.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import torch.nn as nn
+
+from ... import collectives as _collectives
+from ...strategy import Setup, Strategy, register
+from .averaging import DataParallel, average_gradients, broadcast_parameters
+from .buckets import megabytes
+from .precision import autocast, loss_scaler_for
+
+__all__ = ["Replicated", "Naive", "Bucketed"]
+
+
+class Replicated(Strategy):
+    """What the replicated strategies share: the forward under autocast (``precision="bf16"`` or ``"fp16"``) and,
+    for fp16, a loss scaler (option ``loss_scaler``: a :class:`LossScaler`, None for the default, False for none).
+
+    The scale multiplies the gradient entering backward (the same as ``GradScaler.scale(loss).backward()``);
+    after the gradients are averaged, ``step`` unscales them and skips the step if any is inf or NaN. The
+    averaged gradients are the same bits on every rank, so the check is local: no collective, unlike ZeRO's.
+    """
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        autocast(self.option("precision"))  # refuses what plain data parallelism cannot do, before a step
+        self.scaler = loss_scaler_for(self.option("precision"), self.option("loss_scaler"))
+
+    def autocast_forward(self, module: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        with autocast(self.option("precision"), inputs.device.type):  # 16-bit compute, fp32 weights
+            output = module(inputs).float()
+        if self.scaler is not None and output.requires_grad:
+            output.register_hook(self.scaler.scale_gradient)  # backward of (loss x scale)
+        return output
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.model.parameters()]
+        if self.scaler is None or self.scaler.unscale_and_update(grads, replicated=True):
+            super().step()
+
+    def counters(self) -> dict:
+        return {"loss_scale": None if self.scaler is None else self.scaler.scale,
+                "skipped_steps": 0 if self.scaler is None else self.scaler.skipped,
+                "inf_checks": 0 if self.scaler is None else self.scaler.inf_checks}
+
+
+@register("naive")
+class Naive(Replicated):
+    """Start from rank 0's weights; after backward, :func:`average_gradients` one tensor at a time."""
+
+    options = {"collectives": "ring", "precision": None, "loss_scaler": None}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        broadcast_parameters(self.model, group=self.group)
+        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.autocast_forward(self.model, inputs)
+
+    def synchronize(self) -> None:
+        with self.span("comm", "all-reduce grads"):
+            average_gradients(self.model, group=self.group, all_reduce=self.all_reduce)
+
+
+@register("bucketed")
+class Bucketed(Replicated):
+    """:class:`DataParallel`: buckets all-reduced from backward hooks (``overlap=False``: after backward)."""
+
+    # 25,000 float32 elements a bucket, as megabytes: six of the course transformer, to overlap backward
+    options = {"bucket_cap_mb": megabytes(25_000), "bucket_elements": None, "overlap": True, "precision": None,
+               "loss_scaler": None}
+
+    def __init__(self, setup: Setup):
+        super().__init__(setup)
+        self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
+                                    tracer=self.tracer, overlap=self.option("overlap"),
+                                    bucket_elements=self.option("bucket_elements"))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.autocast_forward(self.wrapped, inputs)
+
+    def backward_context(self, last: bool):
+        return nullcontext() if last else self.wrapped.no_sync()
+
+    def synchronize(self) -> None:
+        self.wrapped.finish_gradient_synchronization()  # done when the last backward ended: a no-op check
+
+    def zero_grad(self) -> None:
+        self.wrapped.zero_grad(set_to_none=False)  # in place: the gradients stay views into the buckets
+
+    def counters(self) -> dict:
+        return {**super().counters(), "elements_reduced": self.wrapped.elements_reduced}
+
