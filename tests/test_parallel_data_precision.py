@@ -234,7 +234,7 @@ def fp16_zero(rank, world_size, stage, init_scale, steps):
     return result["records"], result["loss_scale"], result["skipped_steps"], result["inf_checks"]
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_fp16_loss_scaling_skips_the_steps_torch_grad_scaler_skips(stage):
     """fp16 with a loss scale far too large: the first steps overflow on some rank, every rank skips them and
     halves the scale, as ``torch.amp.GradScaler`` does; then both train alike (3 ranks, batch 7).
