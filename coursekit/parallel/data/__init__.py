@@ -8,8 +8,9 @@ One module per step, PyTorch's counterpart last:
   training loop, with mixed precision under ``torch.autocast`` and fp16's loss scale;
 * ``zero`` -- :class:`ZeRO` stages 1-3: optimiser state, gradients, then parameters sharded;
   ``zero_strategy`` -- it in the training loop (``"zero1"``, ``"zero2"``, ``"zero3"``);
-* ``units`` and ``fsdp`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`, ``"zero3_units"``): the
-  units and the thread that gathers the next one; the wrapper that runs them;
+* ``units``, ``fsdp`` and ``fsdp_strategy`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`,
+  ``"zero3_units"``): the units and the thread that gathers the next one; the wrapper that runs them; it in
+  the training loop;
 * ``buckets`` -- how big a bucket is: one rule for all of them, DDP's ``bucket_cap_mb``;
 * ``flat`` -- ZeRO's flat buffer: the parameters laid end to end, cut into buckets and segments;
 * ``precision`` -- mixed precision (:class:`MixedPrecision`, FSDP2's policy names): compute in bf16/fp16,
@@ -32,15 +33,16 @@ from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, Torch
                     optimizer_class_and_defaults)
 from .zero import ZeRO
 from .zero_strategy import ZeroStrategy
-from .units import CommThread, Job, Unit, default_units, gather_whole, plan_units
-from .fsdp import ShardedUnits, Zero3Units
+from .units import CommThread, Job, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units
+from .fsdp import ShardedUnits
+from .fsdp_strategy import Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 from .clip import clip_grad_norm_
 
 __all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for",
            "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
-           "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "ShardedUnits", "Zero3Units",
+           "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
            "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults",
            "grad_scaler", "GradScaling"]

@@ -12,6 +12,8 @@ pieces by the same factor. FSDP2 does the same on its DTensor gradients (``clip_
 
 ``sharded=False`` means the gradients are whole on this rank (plain data parallelism after its all-reduce, or
 one process): no communication, exactly torch's rule. One process, or a group of one, needs none either.
+``whole=`` adds parameters that every rank holds whole beside the shards (``ShardedUnits(replicate=...)``):
+their squares are added once, after the all-reduce, not once per rank.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ __all__ = ["clip_grad_norm_"]
 
 
 def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, group=None, sharded: bool = True,
-                    collectives="ring", eps: float = 1e-6) -> torch.Tensor:
+                    collectives="ring", eps: float = 1e-6, whole: Iterable[torch.Tensor] = ()) -> torch.Tensor:
     """Scale the gradients of ``parameters`` so that the global L2 norm is at most ``max_norm``; return the norm.
 
     ``parameters``: this rank's parameters (or shards) with ``.grad``; ``group``: the ranks over which the
@@ -44,6 +46,10 @@ def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, group=N
         squares += g.detach().double().pow(2).sum()
     if sharded and rank_size(group)[1] > 1:
         get_collectives(collectives).all_reduce(squares, group=as_group(group))  # ‖g‖² = Σ over the ranks' pieces
+    kept = [p.grad for p in whole if p.grad is not None]  # the same on every rank: counted once
+    for g in kept:
+        squares += g.detach().double().pow(2).sum()
+    grads += kept
     total = squares.sqrt().squeeze(0)
     factor = (max_norm / (total + eps)).clamp(max=1.0)
     for g in grads:

@@ -65,7 +65,7 @@ The same thing in PyTorch (``tests/test_parallel_fsdp.py`` trains both)::
 from __future__ import annotations
 
 import weakref
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from functools import partial
 
 import torch
@@ -74,13 +74,11 @@ import torch.nn as nn
 from ...collectives import get_collectives
 from ...memory import held_bytes
 from ...mesh import as_group, rank_size
-from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .averaging import broadcast_parameters
-from .clip import clip_grad_norm_
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
-from .units import CommThread, Unit, default_units, gather_whole, plan_units
+from .units import CommThread, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units
 
-__all__ = ["ShardedUnits", "Zero3Units", "Unit", "default_units"]
+__all__ = ["ShardedUnits", "Unit", "default_units"]
 
 
 class ShardedUnits(nn.Module):
@@ -102,11 +100,20 @@ class ShardedUnits(nn.Module):
         loss_scaler: fp16's :class:`~coursekit.parallel.data.LossScaler` (None: a dynamic one for fp16; False:
             none). Backward runs on the scaled loss; :meth:`unscale_and_check` (before the optimiser step)
             divides my segments' gradients back and all-reduces whether any rank overflowed.
+        replicate: trainable parameters to keep *whole* on every rank, outside every unit: names, or a function
+            ``(name, parameter) -> bool`` (:func:`~coursekit.parallel.data.kept_whole`; e.g. ``lambda n, p:
+            p.ndim == 1`` for norms and biases). Their gradients are averaged by an all-reduce at the end of
+            backward, as plain data parallelism does (FSDP2's nearest is ``fully_shard(ignored_params=...)``,
+            which leaves their gradients to you); they stay in their own dtype.
+
+    An optimiser may take :meth:`shard_parameters` or, as with FSDP2, ``model.parameters()``: after backward
+    those are the pieces of my segments (and the whole parameters), so stepping them steps the segments, and
+    ``zero_grad()`` over them clears the segments' gradients.
     """
 
     def __init__(self, module: nn.Module, units: list[str] | None = None, group=None, collectives="ring",
                  tracer=None, prefetch: bool = True, mp_policy: MixedPrecision | str | None = None,
-                 loss_scaler: LossScaler | bool | None = None):
+                 loss_scaler: LossScaler | bool | None = None, replicate=None):
         super().__init__()
         self.policy = as_policy(mp_policy)
         self.scaler = loss_scaler_for(self.policy, loss_scaler)
@@ -114,7 +121,8 @@ class ShardedUnits(nn.Module):
         self.module = broadcast_parameters(module, group=self.group)
         self.rank, self.world_size = rank_size(self.group)
         self.comm, self.prefetch = get_collectives(collectives), prefetch
-        plan = plan_units(module, default_units(module) if units is None else list(units))
+        self.whole = kept_whole(module, replicate)  # trainable, unsharded: gradients all-reduced
+        plan = plan_units(module, default_units(module) if units is None else list(units), self.whole)
         self.units = [Unit(n, m, named, self.rank, self.world_size, self.policy.param_dtype) for n, m, named in plan]
         self.root = self.units[-1] if plan and plan[-1][0] == "root" else None
         self.blocks = [u for u in self.units if u is not self.root]  # the units prefetched one by one
@@ -128,8 +136,9 @@ class ShardedUnits(nn.Module):
         self._thread = CommThread(tracer, asynchronous=prefetch)
         weakref.finalize(self, self._thread.close)
         self._sync, self._order = True, []
-        self.elements_all_gathered = self.elements_reduce_scattered = 0
-        self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + list(self.frozen.values()))
+        self.elements_all_gathered = self.elements_reduce_scattered = self.elements_all_reduced = 0
+        whole = list(self.frozen.values()) + list(self.whole.values())
+        self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + whole)
         for unit in self.units:
             self._free(unit)
         self.reset_peak()
@@ -140,8 +149,12 @@ class ShardedUnits(nn.Module):
         return peak
 
     def shard_parameters(self) -> list[nn.Parameter]:
-        """My segment of every unit: give these to the optimiser."""
-        return [u.shard for u in self.units]
+        """My segment of every unit, and the parameters kept whole (``replicate``): give these to the optimiser."""
+        return [u.shard for u in self.units] + list(self.whole.values())
+
+    def close(self) -> None:
+        """Stop and join the communication thread (also done when the model is collected, and at exit)."""
+        self._thread.close()
 
     # ---------------------------------------------------------------- gather, free, measure
     def _issue(self, unit: Unit) -> None:
@@ -181,6 +194,9 @@ class ShardedUnits(nn.Module):
     # ---------------------------------------------------------------- forward
     def forward(self, *args, **kwargs):
         self._order = []
+        for unit in self.units:  # zero_grad(set_to_none=True) over model.parameters() cleared my pieces' views:
+            if unit.shard.grad is not None and all(p.grad is None for p in unit.params):
+                unit.shard.grad = None  # drop the segment's gradient with them, or the next backward adds to it
         if self.policy.mixed and self.policy.cast_forward_inputs:
             args, kwargs = cast_inputs(args, kwargs, self.policy.param_dtype)
         if self.root is not None:
@@ -285,6 +301,11 @@ class ShardedUnits(nn.Module):
                 unit.shard.grad = unit.reduced if unit.shard.grad is None else unit.shard.grad + unit.reduced
                 unit.reduced, unit.flat_grad = None, None
                 self._expose_pieces(unit)  # the full gradient buffer is freed: only my segment stays
+        if self.whole:  # on the comm thread too: every rank's collectives in one order
+            whole, dtype = list(self.whole.values()), self.policy.reduce_dtype
+            self._thread.wait(self._thread.run("all-reduce whole", lambda: average_whole(
+                whole, self.comm.all_reduce, self.group, self.world_size, dtype)), "wait all-reduce whole")
+            self.elements_all_reduced += sum(p.numel() for p in whole)
 
     def _expose_pieces(self, unit: Unit) -> None:
         """Each parameter reads, until its next gather, as its piece of my segment; ``.grad`` as the same piece
@@ -301,7 +322,8 @@ class ShardedUnits(nn.Module):
         step). One all-reduce of a flag, since each rank sees only its segments. Without one: True."""
         if self.scaler is None:
             return True
-        return self.scaler.unscale_and_update([u.shard.grad for u in self.units], group=self.group)
+        grads = [u.shard.grad for u in self.units] + [p.grad for p in self.whole.values()]
+        return self.scaler.unscale_and_update(grads, group=self.group)
 
     @contextmanager
     def no_sync(self):
@@ -319,66 +341,10 @@ class ShardedUnits(nn.Module):
         if missing:
             raise RuntimeError(f"no gradient segment for unit(s) {missing}: run forward and backward first "
                                f"(or a reduce-scatter never ran).")
-        return gather_whole(self.units, lambda u: u.shard.grad, self.group)
+        return {**gather_whole(self.units, lambda u: u.shard.grad, self.group),
+                **{n: p.grad for n, p in self.whole.items() if p.grad is not None}}
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter, whole, frozen ones included (for the record only)."""
         whole = gather_whole(self.units, lambda u: u.shard.data, self.group)
-        return {**whole, **{n: p.data for n, p in self.frozen.items()}}
-
-
-@register("zero3_units")
-class Zero3Units(Strategy):
-    """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
-
-    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None, "clip_norm": None,
-               "loss_scaler": None}
-
-    def __init__(self, setup: Setup):
-        self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
-        self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
-        self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
-                                  setup.tracer, self.option("prefetch"), self.option("precision"),
-                                  self.option("loss_scaler"))
-        self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
-        self.peaks: list[int] = []
-
-    def backward_context(self, last: bool):
-        return nullcontext() if last else self.model.no_sync()
-
-    def step(self) -> None:
-        """fp16: unscale first and skip the step on an overflow (clipping must see true gradients, as with
-        ``GradScaler.unscale_``). Option ``clip_norm``: clip by the global norm -- one all-reduce of one
-        number (:mod:`.clip`)."""
-        if not self.model.unscale_and_check():
-            return
-        if self.option("clip_norm") is not None:
-            with self.span("comm", "all-reduce the gradient norm"):
-                norm = clip_grad_norm_(self.model.shard_parameters(), self.option("clip_norm"), group=self.group,
-                                       collectives=self.option("collectives"))
-            self.norms.append(norm.item())
-        super().step()
-
-    def zero_grad(self) -> None:
-        self.peaks.append(self.model.reset_peak())  # this step's peak; the next step starts afresh
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def gradients(self):
-        return self.model.full_gradients()
-
-    def parameters(self):
-        return self.model.full_parameters()
-
-    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
-        units = self.model.units
-        return {"params": [u.flat for u in units] + [u.shard for u in units] + list(self.model.frozen.values()),
-                "grads": [g for u in units for g in (u.flat_grad, u.shard.grad) if g is not None],
-                "optimizer": optimizer_tensors(self.optimizer)}
-
-    def counters(self) -> dict:
-        scaler = self.model.scaler
-        return {"peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
-                "loss_scale": None if scaler is None else scaler.scale, "skipped_steps": scaler.skipped if scaler else 0,
-                "inf_checks": scaler.inf_checks if scaler else 0,
-                "elements_all_gathered": self.model.elements_all_gathered,
-                "elements_reduce_scattered": self.model.elements_reduce_scattered}
+        return {**whole, **{n: p.data for n, p in {**self.frozen, **self.whole}.items()}}

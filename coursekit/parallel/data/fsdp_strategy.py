@@ -1,0 +1,78 @@
+"""ZeRO-3 by units in the training loop: ``"zero3_units"`` for :func:`coursekit.train.train`.
+
+:class:`~coursekit.parallel.data.fsdp.ShardedUnits` is the algorithm; this is the adapter the one training loop
+calls: its optimiser steps my segment of every unit (and the parameters kept whole), with fp16's loss scale
+and clipping by the global norm where asked.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+
+from ...strategy import Setup, Strategy, optimizer_tensors, register
+from .clip import clip_grad_norm_
+from .fsdp import ShardedUnits
+
+__all__ = ["Zero3Units"]
+
+
+@register("zero3_units")
+class Zero3Units(Strategy):
+    """:class:`ShardedUnits` in the training loop; the optimiser steps my segment of every unit."""
+
+    options = {"collectives": "ring", "units": None, "prefetch": True, "precision": None, "clip_norm": None,
+               "loss_scaler": None, "replicate": None}
+
+    def __init__(self, setup: Setup):
+        self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
+        self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
+        self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
+                                  setup.tracer, self.option("prefetch"), self.option("precision"),
+                                  self.option("loss_scaler"), self.option("replicate"))
+        self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
+        self.peaks: list[int] = []
+
+    def backward_context(self, last: bool):
+        return nullcontext() if last else self.model.no_sync()
+
+    def step(self) -> None:
+        """fp16: unscale first and skip the step on an overflow (clipping must see true gradients, as with
+        ``GradScaler.unscale_``). Option ``clip_norm``: clip by the global norm -- one all-reduce of one
+        number (:mod:`.clip`)."""
+        if not self.model.unscale_and_check():
+            return
+        if self.option("clip_norm") is not None:
+            with self.span("comm", "all-reduce the gradient norm"):
+                segments = [u.shard for u in self.model.units]
+                norm = clip_grad_norm_(segments, self.option("clip_norm"), group=self.group,
+                                       collectives=self.option("collectives"), whole=list(self.model.whole.values()))
+            self.norms.append(norm.item())
+        super().step()
+
+    def zero_grad(self) -> None:
+        self.peaks.append(self.model.reset_peak())  # this step's peak; the next step starts afresh
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def gradients(self):
+        return self.model.full_gradients()
+
+    def parameters(self):
+        return self.model.full_parameters()
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        units, whole = self.model.units, list(self.model.whole.values())
+        return {"params": [u.flat for u in units] + [u.shard for u in units] + list(self.model.frozen.values()) + whole,
+                "grads": [g for u in units for g in (u.flat_grad, u.shard.grad) if g is not None] +
+                         [p.grad for p in whole if p.grad is not None],
+                "optimizer": optimizer_tensors(self.optimizer)}
+
+    def counters(self) -> dict:
+        scaler = self.model.scaler
+        return {"peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
+                "loss_scale": None if scaler is None else scaler.scale, "skipped_steps": scaler.skipped if scaler else 0,
+                "inf_checks": scaler.inf_checks if scaler else 0,
+                "elements_all_gathered": self.model.elements_all_gathered,
+                "elements_reduce_scattered": self.model.elements_reduce_scattered,
+                "elements_all_reduced": self.model.elements_all_reduced}
