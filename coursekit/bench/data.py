@@ -13,7 +13,8 @@ Measures, on the same global batch (so the same work per step):
   all-reduce buckets of plain data parallelism only, ours and DDP's alike;
 * side by side, PyTorch's own on the same model and batches: DistributedDataParallel
   (the same bucket size), ZeroRedundancyOptimizer over DDP, FSDP2 fully_shard per block.
-  Targets: each coursekit variant <= 1.1x its PyTorch counterpart's step time;
+  Targets: each coursekit variant <= 1.1x its PyTorch counterpart's step time (the median of the ratios
+  paired by repeat: each repeat measures both in the same round);
 * the same in bf16 (``precision="bf16"``): bucketed and DDP under ``torch.autocast`` (fp32 weights), ZeRO-2 against
   ZeroRedundancyOptimizer over DDP under autocast, ZeRO-3 against FSDP2 with ``MixedPrecisionPolicy(bf16, fp32
   reduce)``; the same 1.1x targets.
@@ -69,7 +70,16 @@ COUNTERPARTS = [  # ours, theirs (keys of the rows)
 ]
 
 
+def _quiet_torch_notes() -> None:
+    """torch's notes on hooks these runs use on purpose (FSDP2's view output, a full backward hook without
+    input gradients): printed by every rank, they would bury the tables."""
+    import warnings
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
+
+
 def _run(rank, world_size, strategy, options, extra):
+    _quiet_torch_notes()
     # --bucket-elements sizes the all-reduce buckets of plain data parallelism (ours and DDP alike);
     # ZeRO keeps its own defaults (see coursekit.parallel.data.ZeroStrategy), unless extra names some.
     if strategy == "torch_ddp":
@@ -116,10 +126,11 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     for _ in range(max(1, options.repeats)):
         for i, (label, strategy, world_size, extra) in enumerate(VARIANTS):
             runs[i].append(measure(strategy, world_size, config, extra))
-    rows = {}
+    rows, index = {}, {}
     for i, (label, strategy, world_size, extra) in enumerate(VARIANTS):
         best = {key: statistics.median(r[key] for r in runs[i]) for key in runs[i][0]}
-        rows[strategy + str(extra.get("overlap", "")) + extra.get("precision", "")] = best
+        key = strategy + str(extra.get("overlap", "")) + extra.get("precision", "")
+        rows[key], index[key] = best, i
         base = rows["single"]["step"]
         hidden = "—" if best["hidden"] != best["hidden"] else f"{best['hidden']:.0%}"
         untraced = strategy == "single" or strategy.startswith("torch")  # torch's own report no spans
@@ -138,11 +149,17 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
           f"(target >= 50%: {'met' if met else 'NOT met'}).")
     targets = [("bucketed + overlapped hides ≥ 50% of communication behind backward", f"{overlapped['hidden']:.0%}",
                 met)]
-    print("\n| coursekit | PyTorch | step time ratio (target ≤ 1.10×) |\n|---|---|---|")
+    # Paired: each repeat's ratio of ours to theirs, both measured in the same round (a load that comes and goes
+    # hits both); the median of those ratios, and the lowest and highest as its spread. Two medians taken apart
+    # moved the DDP ratio from 1.05x to 1.15x between two runs of this benchmark on a quiet machine.
+    print("\n| coursekit | PyTorch | step time ratio, paired by repeat: median [lowest, highest] (target ≤ 1.10×) |"
+          "\n|---|---|---|")
     for ours, our_key, theirs, their_key in COUNTERPARTS:
-        ratio = rows[our_key]["step"] / rows[their_key]["step"]
-        print(f"| {ours} | {theirs} | {ratio:.2f}× |")
-        targets.append((f"{ours} ≤ 1.1× {theirs}", f"{ratio:.2f}×", ratio <= 1.1))
+        ratios = sorted(a["step"] / b["step"] for a, b in zip(runs[index[our_key]], runs[index[their_key]]))
+        ratio = statistics.median(ratios)
+        measured = f"{ratio:.2f}× [{ratios[0]:.2f}, {ratios[-1]:.2f}]"
+        print(f"| {ours} | {theirs} | {measured} |")
+        targets.append((f"{ours} ≤ 1.1× {theirs} (median of {len(ratios)} paired repeats)", measured, ratio <= 1.1))
     peak_parameter_bytes(config)
     return targets
 
@@ -152,6 +169,7 @@ def _four_blocks():
 
 
 def _peaks(rank, world_size, config):
+    _quiet_torch_notes()
     common = dict(model=_four_blocks, data=LanguageData(), steps=2, global_batch=config["global_batch"], record=False)
     peaks = {strategy: max(train(rank, world_size, strategy, **common)["peak_param_bytes"])
              for strategy in ("zero3_units", "torch_fsdp")}
