@@ -1,4 +1,4 @@
-# ci_parameters: {"TRAIN_STEPS": 80}
+# ci_parameters: {"TRAIN_STEPS": 40}
 # %% [markdown]
 # # 02 · Data parallelism: from gradient averaging to ZeRO sharding
 #
