@@ -395,7 +395,8 @@ for name, v in configs:
 # process with the whole batch; speed-ups are per-iteration ratios (median, lowest, highest), the bubble is
 # 1F1B's, measured as in section 4. One thread per rank, 2 ranks: one core each.
 
-# %%
+# %% tags=["nbval-skip"]
+# Skipped by nbval with the two tables after it (papermill runs all three): timings, nothing nbval compares.
 from coursekit.parallel.pipeline import pipeline_sweep
 from coursekit.viz.pipeline_sweep import draw_sweep
 
@@ -403,7 +404,7 @@ sweep = pipeline_sweep(SWEEP_M, batch=SWEEP_BATCH, width=SWEEP_WIDTH, iterations
 fig = draw_sweep(sweep)
 plt.show()
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "nbval-skip"]
 rows = {row["m"]: row for row in sweep.rows}
 print(f"MLP of 8 layers {SWEEP_WIDTH} wide, {SWEEP_BATCH} samples a step, 2 ranks; ms a step (median of "
       f"{SWEEP_ITERS}); speed-up over one process running the same micro-batches: median [lowest, highest]")
@@ -451,7 +452,7 @@ print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0
 # remedy is recomputation: keep only each stage's input and run the forward again in backward
 # (`torch.utils.checkpoint`), bytes down, time up:
 
-# %% tags=["nbval-ignore-output"]
+# %% tags=["nbval-ignore-output", "nbval-skip"]
 print(f"peak activation bytes per rank (rank 0 / rank 1), KiB; GPipe recomputed's step time beside GPipe's")
 print(f"{'m':>3} {'1F1B':>15} {'GPipe':>17} {'GPipe recomputed':>18}   {'GPipe':>7} {'recomputed':>11}")
 kib = lambda b: " / ".join(f"{v / 2**10:,.0f}" for v in b)  # noqa: E731
