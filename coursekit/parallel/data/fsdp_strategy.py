@@ -14,6 +14,7 @@ import torch
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .clip import clip_grad_norm_
 from .fsdp import ShardedUnits
+from .precision import scaler_counters
 
 __all__ = ["Zero3Units"]
 
@@ -69,10 +70,7 @@ class Zero3Units(Strategy):
                 "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
-        scaler = self.model.scaler
-        return {"peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
-                "loss_scale": None if scaler is None else scaler.scale, "skipped_steps": scaler.skipped if scaler else 0,
-                "inf_checks": scaler.inf_checks if scaler else 0,
+        return {**scaler_counters(self.model.scaler), "peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
                 "elements_all_gathered": self.model.elements_all_gathered,
                 "elements_reduce_scattered": self.model.elements_reduce_scattered,
                 "elements_all_reduced": self.model.elements_all_reduced}

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "autocast", "loss_scaler_for"]
+__all__ = ["MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "autocast", "loss_scaler_for", "scaler_counters"]
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -132,6 +132,14 @@ def loss_scaler_for(precision: MixedPrecision | str | None, loss_scaler: "LossSc
     if loss_scaler is None:
         return LossScaler() if as_policy(precision).param_dtype == torch.float16 else None
     return loss_scaler or None
+
+
+def scaler_counters(scaler: "LossScaler | None") -> dict:
+    """What a strategy reports of its loss scaler: the scale now, the steps skipped, the flag all-reduces
+    (None, 0, 0 without one)."""
+    if scaler is None:
+        return {"loss_scale": None, "skipped_steps": 0, "inf_checks": 0}
+    return {"loss_scale": scaler.scale, "skipped_steps": scaler.skipped, "inf_checks": scaler.inf_checks}
 
 
 def cast_inputs(args: tuple, kwargs: dict, dtype: torch.dtype) -> tuple[tuple, dict]:

@@ -16,7 +16,7 @@ from ... import collectives as _collectives
 from ...strategy import Setup, Strategy, register
 from .averaging import DataParallel, average_gradients, broadcast_parameters
 from .buckets import megabytes
-from .precision import autocast, loss_scaler_for
+from .precision import autocast, loss_scaler_for, scaler_counters
 
 __all__ = ["Replicated", "Naive", "Bucketed"]
 
@@ -48,9 +48,7 @@ class Replicated(Strategy):
             super().step()
 
     def counters(self) -> dict:
-        return {"loss_scale": None if self.scaler is None else self.scaler.scale,
-                "skipped_steps": 0 if self.scaler is None else self.scaler.skipped,
-                "inf_checks": 0 if self.scaler is None else self.scaler.inf_checks}
+        return scaler_counters(self.scaler)
 
 
 @register("naive")

@@ -11,6 +11,7 @@ import torch
 from ...strategy import Setup, Strategy, register
 from ...verify import FlatShard
 from .buckets import DDP_BUCKET_CAP_MB, megabytes
+from .precision import scaler_counters
 from .zero import ZeRO
 
 __all__ = ["ZeroStrategy"]
@@ -63,9 +64,7 @@ class ZeroStrategy(Strategy):
         return {"bucket_sizes": self.zero.bucket_sizes,
                 "elements_reduce_scattered": self.zero.elements_reduce_scattered,
                 "elements_all_gathered": self.zero.elements_all_gathered,
-                "inf_checks": self.zero.inf_checks,
-                "loss_scale": None if self.zero.scaler is None else self.zero.scaler.scale,
-                "skipped_steps": 0 if self.zero.scaler is None else self.zero.scaler.skipped}
+                **scaler_counters(self.zero.scaler)}
 
 
 for _stage in (1, 2, 3):
