@@ -666,9 +666,9 @@ print(f"\nZeRO-3 bf16 against FSDP2 bf16: largest difference of a step's loss {m
 
 # %% [markdown]
 # Every curve lands in the same place (the table's mean of the last 10 steps), and the right panel shows how far
-# apart on the way: bf16's rounding moves a step's loss by up to about 0.08 nats, most where the loss falls
-# fastest (a slightly different weight there is a visibly different loss); with a bf16 reduce the curve wanders
-# about as far (its dip near step 134 is the deepest of the bf16 runs). ZeRO-3 and FSDP2 with the same policy are the same run:
+# apart on the way: bf16's rounding moves a step's loss by up to about 0.08 nats (0.084 in the committed run,
+# at step 134, where every bf16 run with an fp32 reduce dips; which steps depend on the CPU's bf16 kernels);
+# with a bf16 reduce the curve wanders about as far (0.064 there). ZeRO-3 and FSDP2 with the same policy are the same run:
 # their losses agree in every step (the line under the table). The fp16 run whose scale started at 2²⁴
 # overflowed on its first steps: each skipped step halved the scale until the gradients fit (the table's
 # skipped steps, and the scale it ended at), so it trained that many steps fewer and stays behind. And fp16
