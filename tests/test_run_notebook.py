@@ -15,6 +15,7 @@ Planted bugs (seen failing):
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from queue import Empty
 
@@ -158,3 +159,38 @@ def test_nbval_kernels_talk_over_ipc_too(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_nbval_kernels_run_under_another_cpu_dispatch_than_make_notebooks():
+    """nbval compares the committed outputs under AVX2 kernels (the root conftest.py's OTHER_DISPATCH), so an output
+    that depends on the CPU's kernels fails here, on the machine that made it, not in a newcomer's clone on another
+    CPU (chapter 02's fp16 underflow table read 0.015% committed, 0.010% under AVX2). Planted bug, seen failing:
+    the conftest's start_kernel override removed (the kernel reads this machine's own, AVX512)."""
+    import platform
+    import queue
+
+    import nbval.kernel
+    import torch
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip("the dispatch names are x86's")
+    if "ATEN_CPU_CAPABILITY" not in os.environ and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip(f"this CPU's PyTorch dispatch is {torch.backends.cpu.get_cpu_capability()}: no AVX2 to choose")
+    km, kc = nbval.kernel.start_new_kernel(kernel_name="python3")
+    try:
+        kc.execute("import torch; print(torch.backends.cpu.get_cpu_capability())")
+        printed = []
+        while True:
+            try:
+                message = kc.get_iopub_msg(timeout=60)
+            except queue.Empty:
+                pytest.fail(f"the kernel printed nothing in 60 s (so far: {printed})")
+            if message["msg_type"] == "stream":
+                printed.append(message["content"]["text"])
+            if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle" and printed:
+                break
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    wanted = os.environ.get("ATEN_CPU_CAPABILITY", "avx2").upper()  # one set outside is kept (the conftest's docstring)
+    assert "".join(printed).strip() == wanted, f"nbval's kernel runs PyTorch's {''.join(printed).strip()} kernels"
