@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -65,6 +66,23 @@ class Span:
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+
+class _Token:
+    __slots__ = ("__weakref__",)
+
+
+class _OnCompletion:
+    """The Python that gloo's thread runs when a traced collective completes (see :meth:`Tracer.waited`)."""
+
+    __slots__ = ("tracer", "key", "token", "__weakref__")
+
+    def __init__(self, tracer: "Tracer", key: int):
+        self.tracer, self.key, self.token = tracer, key, _Token()
+
+    def __call__(self, future) -> "_Token":
+        self.tracer._completed(self.key)
+        return self.token  # held by the future then() returned, as long as the callback holds it
 
 
 class Tracer:
@@ -133,29 +151,39 @@ class Tracer:
         """
         if not self.enabled or work is None:
             return work
-        key, issued = id(work), self.now()
-        callback_done = work.get_future().then(lambda future: self._completed(key))  # the key: never keep work alive
+        key, issued = id(work), self.now()  # the key: never keep work alive
+        callback, released = _OnCompletion(self, key), threading.Event()
+        watch = weakref.ref(callback.token, lambda _: released.set())  # see waited()
+        callback_done = work.get_future().then(callback)
+        del callback
         with self._lock:
             self._pending[key] = (name, issued)
-            self._callbacks[key] = callback_done
+            self._callbacks[key] = (callback_done, watch, released)
         return work
 
     def waited(self, work) -> None:
         """Say that ``work.wait()`` just returned: the collective is over by now, whenever its callback runs.
 
-        Then wait for that callback too. It is Python, run on gloo's thread, which must take the GIL
-        for it; a rank that went on to ``destroy_process_group()`` and exit before it got the GIL left a
-        gloo thread needing the GIL of an interpreter shutting down, and Python 3.11 ends such a thread
-        in a way gloo's C++ turns into ``terminate called without an active exception`` (SIGABRT; once in
-        a fresh clone's ``make test``, tests/test_parallel_data_exit.py). Waiting here (``Future.wait``
-        releases the GIL) leaves no Python of ours on gloo's threads once the wait is over.
+        Then wait until gloo's thread has let go of every Python object of ours. A rank that goes on to
+        ``destroy_process_group()`` and exit while gloo's thread still needs the GIL -- for our callback, or
+        only to free it -- dies: Python 3.11 ends a thread that asks for the GIL of an interpreter shutting
+        down in a way gloo's C++ turns into ``terminate called without an active exception`` (SIGABRT; in
+        fresh clones' ``make test``, tests/test_parallel_data_exit.py). Waiting for the callback to *run*
+        is not enough: torch frees it afterwards, on gloo's thread, under the GIL, and the future ``then()``
+        returned holds its result, which is freed under the GIL wherever that future's last reference
+        goes. The callback returns its token, which it also holds, so the token dies with the later of
+        the two; its weak reference's callback then sets ``released``, still under that GIL. After
+        ``released.wait()`` gloo's thread has nothing of ours left to free.
         """
         if self.enabled and work is not None:
             self._completed(id(work))
             with self._lock:
-                callback_done = self._callbacks.pop(id(work), None)
-            if callback_done is not None:
-                callback_done.wait()
+                entry = self._callbacks.pop(id(work), None)
+            if entry is not None:
+                callback_done, watch, released = entry  # watch: a weak reference fires only while it lives
+                del entry, callback_done  # ours of the future then() returned: it may be freed here or on gloo's thread
+                released.wait()
+                del watch
 
     def _completed(self, key: int) -> None:
         end = self.now()

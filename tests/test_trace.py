@@ -76,32 +76,108 @@ def test_waiting_inside_backward_hides_nothing():
 
 
 class _LateCallbackWork:
-    """A collective whose completion callback runs only when the test says (as gloo's thread may, late)."""
+    """A collective as gloo's thread completes it, late: it runs the completion callback ``run_after`` s after
+    ``then()``, stores the result in the future ``then()`` returned (as torch's does), and lets go of the callback
+    ``free_after`` s later (torch frees it after running it, on gloo's thread)."""
 
-    def __init__(self):
-        self.callbacks = []
+    def __init__(self, tracer, run_after=0.01, free_after=0.02):
+        self.tracer, self.run_after, self.free_after = tracer, run_after, free_after
 
     def get_future(self):
         return self
 
     def then(self, callback):
-        self.callbacks.append(callback)
+        import threading
+        import time
+        import weakref
+
+        child = _Result()
+        held = [callback, child]
+        self.callback, self.child = weakref.ref(callback), weakref.ref(child)
+
+        def gloo_thread():
+            time.sleep(self.run_after)
+            self.ran_at = self.tracer.now()
+            held[1].set(held[0](None))
+            time.sleep(self.free_after)
+            held.clear()
+
+        threading.Thread(target=gloo_thread, daemon=True).start()
+        return child
+
+    def wait(self):
+        pass
+
+
+class _Result:
+    def __init__(self):
+        import threading
+
+        self.done, self.value = threading.Event(), None
+
+    def set(self, value):
+        self.value = value
+        self.done.set()
+
+    def wait(self):
+        self.done.wait()
+        return self.value
 
 
 def test_a_late_completion_callback_cannot_end_comm_after_the_wait():
     """Planted bug: the comm span ends when gloo's callback runs, which can be after wait() returned."""
-    import time
-
     tracer = Tracer(0)
-    work = tracer.comm(_LateCallbackWork(), "bucket 0")
+    work = tracer.comm(_LateCallbackWork(tracer), "bucket 0")
     with tracer.span("idle", "wait"):
-        tracer.waited(work)  # wait() returned
-    time.sleep(0.01)
-    for callback in work.callbacks:  # gloo's thread gets round to it only now
-        callback(None)
+        tracer.waited(work)  # wait() returned; gloo's thread gets round to the callback only after
     comm, idle = sorted(tracer.spans, key=lambda s: s.kind)
     assert (comm.kind, idle.kind) == ("comm", "idle") and len(tracer.spans) == 2, "one comm span, not two"
-    assert comm.end <= idle.end, f"comm ends at {comm.end:.4f} s, after the wait for it ended at {idle.end:.4f} s"
+    assert comm.end < work.ran_at, f"comm ends at {comm.end:.4f} s, when the callback ran, not when wait() returned"
+
+
+def test_waited_returns_only_once_gloos_thread_has_let_go_of_the_callback():
+    """After waited(), gloo's thread holds no Python object of the tracer's, so the rank may exit at once.
+
+    A gloo thread that still has to free one (under the GIL) while the interpreter shuts down kills the rank:
+    ``terminate called without an active exception`` (tests/test_parallel_data_exit.py, in fresh clones). Torch
+    runs the callback, completes the future ``then()`` returned, and only then frees the callback: planted bug,
+    seen failing, waiting for that future alone (the callback still held for 20 ms after waited() returned).
+    """
+    tracer = Tracer(0)
+    work = tracer.comm(_LateCallbackWork(tracer), "bucket 0")
+    tracer.waited(work)
+    assert work.callback() is None, "waited() returned while gloo's thread still held the completion callback"
+    assert work.child() is None, "the future then() returned outlives waited(): its result is freed under the GIL"
+
+
+def test_waited_on_real_gloo_work_leaves_nothing_of_ours_on_its_thread(monkeypatch):
+    """The same on gloo itself (a group of one in this process, 200 all-reduces): every completion callback
+    freed by the time waited() returns, every completion recorded once."""
+    import datetime
+    import tempfile
+    import weakref
+
+    from coursekit import trace
+
+    callbacks = []
+
+    class Recorded(trace._OnCompletion):
+        __slots__ = ()
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            callbacks.append(weakref.ref(self))
+
+    monkeypatch.setattr(trace, "_OnCompletion", Recorded)
+    group = dist.ProcessGroupGloo(dist.FileStore(tempfile.mktemp(), 1), 0, 1, datetime.timedelta(seconds=30))
+    tracer, alive = Tracer(0), 0
+    for _ in range(200):
+        work = tracer.comm(group.allreduce([torch.ones(1000)]), "all-reduce")
+        work.wait()
+        tracer.waited(work)
+        alive += callbacks[-1]() is not None
+    assert len(callbacks) == 200 and alive == 0, f"{alive} of 200 callbacks still held after waited() returned"
+    assert len(tracer.spans) == 200 and all(s.kind == "comm" for s in tracer.spans)
 
 
 def test_computing_together_counts_a_wait_as_a_wait_however_it_is_booked():
