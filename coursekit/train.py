@@ -19,6 +19,7 @@ a strategy on several axes asks for (:func:`coursekit.strategy.mesh_for`).
 
 from __future__ import annotations
 
+import difflib
 import sys
 import time
 from contextlib import nullcontext
@@ -37,7 +38,7 @@ from .strategy import STRATEGIES, Setup, Strategy, get_strategy, mesh_for
 from .trace import Tracer
 from .verify import record_step
 
-__all__ = ["train", "make_model", "make_optimizer_fn"]
+__all__ = ["train", "make_model", "make_optimizer_fn", "OptionError"]
 
 
 def make_model(model: str | Callable[[], nn.Module], seed: int):
@@ -62,8 +63,30 @@ def make_optimizer_fn(optimizer: str, lr: float):
     raise ValueError(f"optimizer={optimizer!r}: use 'adam' or 'sgd' (with momentum 0.9).")
 
 
-def _known_options() -> set[str]:
-    return {name for cls in STRATEGIES.values() for name in cls.options}
+class OptionError(TypeError, ValueError):
+    """An option the strategy does not read. A ``ValueError`` (the value of ``strategy`` and the options do not
+    go together) and, as Python says of any keyword a function does not take, a ``TypeError``."""
+
+
+def _takers(option: str) -> list[str]:
+    """The strategies that read ``option``, in the order they registered."""
+    return [name for name, cls in STRATEGIES.items() if option in cls.options]
+
+
+def _check_options(strategy: str, options: dict) -> None:
+    """Each option must be one ``strategy`` reads: another strategy's option, or a typo, is refused by name
+    (an option nobody reads would otherwise be ignored silently: ``precision="bf16"`` on ``"tensor"`` ran fp32)."""
+    takes = sorted(get_strategy(strategy).options)
+    here = f"strategy={strategy!r} takes " + (", ".join(f"{o}=" for o in takes) if takes else "no option")
+    for option in sorted(set(options) - set(takes)):
+        takers = _takers(option)
+        if takers:
+            raise OptionError(f"strategy={strategy!r} does not read {option}=: it is an option of "
+                              f"{', '.join(map(repr, takers))}. Drop it, or train with one of those; {here}.")
+        known = sorted({o for cls in STRATEGIES.values() for o in cls.options})
+        close = difflib.get_close_matches(option, known, n=1)
+        raise OptionError(f"train() got unknown option(s) [{option!r}]: no strategy reads it"
+                          f"{f' (did you mean {close[0]}=?)' if close else ''}; {here}.")
 
 
 def train(rank: int, world_size: int, strategy: str = "naive", model: str | Callable[[], nn.Module] = "mlp",
@@ -134,11 +157,7 @@ def _check_arguments(strategy: str, world_size: int, micro_batches: int, options
         raise TypeError("train() takes mesh= (a coursekit.mesh.Mesh), not group=: each strategy takes the axes it "
                         "needs from it by name, e.g. train(rank, world_size, 'zero2', mesh=Mesh({'dp': 2, 'tp': 2})) "
                         "runs ZeRO-2 along mesh['dp'].")
-    unknown = set(options) - _known_options()
-    if unknown:
-        raise TypeError(f"train() got unknown option(s) {sorted(unknown)}; the strategies take "
-                        f"{sorted(_known_options())}.")
-    get_strategy(strategy)
+    _check_options(strategy, options)
     if strategy == "single" and world_size != 1:
         raise ValueError("strategy='single' is the one-process reference: run it with world_size=1.")
     if micro_batches < 1:

@@ -11,13 +11,15 @@ from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, broad
 from coursekit.train import train
 from coursekit.verify import assert_equivalent, compare
 
+from strategy_options import config_for
+
 STRATEGIES = ("naive", "bucketed", "zero1", "zero2", "zero3")
 PSI_MLP = 5508  # tiny_mlp(): 16*64+64 + 64*64+64 + 64*4+4, divisible by 1, 2, 3, 4
 
 
 def _all_strategies(rank, world_size, configs):
     """Run every (strategy, kwargs) on the same ranks (one launch instead of many)."""
-    return [train(rank, world_size, strategy, **kwargs) for strategy, kwargs in configs]
+    return [train(rank, world_size, strategy, **config_for(strategy, kwargs)) for strategy, kwargs in configs]
 
 
 _references: dict = {}
@@ -27,7 +29,7 @@ def _reference(**kwargs):
     """The single-process run (cached: several tests compare against the same one)."""
     key = repr(sorted(kwargs.items()))
     if key not in _references:
-        _references[key] = train(0, 1, "single", **kwargs)["records"]
+        _references[key] = train(0, 1, "single", **config_for("single", kwargs))["records"]
     return _references[key]
 
 
@@ -85,8 +87,8 @@ def test_gradient_accumulation_communicates_once_per_step():
 def _traffic(rank, world_size, strategies):
     out = []
     for strategy in strategies:
-        result = train(rank, world_size, strategy, model="mlp", steps=2, global_batch=8, collectives="ring",
-                       count_traffic=True, record=False)
+        result = train(rank, world_size, strategy, **config_for(strategy, dict(
+            model="mlp", steps=2, global_batch=8, collectives="ring", count_traffic=True, record=False)))
         out.append((result["traffic"], result["memory"]))
     return out
 
@@ -131,8 +133,9 @@ def test_memory_shards_are_uneven_when_psi_does_not_divide():
 
 
 def _peaks(rank, world_size, bucket_elements):
-    runs = [train(rank, world_size, s, model="transformer", steps=2, global_batch=6, collectives="ring",
-                  record=False, bucket_elements=bucket_elements) for s in ("naive", "zero1", "zero2", "zero3")]
+    runs = [train(rank, world_size, s, **config_for(s, dict(model="transformer", steps=2, global_batch=6,
+                  collectives="ring", record=False, bucket_elements=bucket_elements)))
+            for s in ("naive", "zero1", "zero2", "zero3")]
     return [run["peak_memory"] for run in runs], runs[2]["bucket_sizes"]
 
 
@@ -189,8 +192,7 @@ def test_peak_memory_zero2_holds_its_shard_and_one_bucket_not_every_gradient():
 
 
 def _timeline(rank, world_size):
-    kw = dict(model="mlp", steps=2, global_batch=16, collectives="torch", record=False, trace=True,
-              bucket_elements=1000)
+    kw = dict(model="mlp", steps=2, global_batch=16, record=False, trace=True, bucket_elements=1000)
     return [train(rank, world_size, "bucketed", overlap=o, **kw)["spans"] for o in (True, False)]
 
 

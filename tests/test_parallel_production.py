@@ -6,14 +6,16 @@ import coursekit
 from coursekit.train import train
 from coursekit.verify import compare
 
+from strategy_options import config_for
+
 TIMEOUT = 300.0
 TORCH = ("torch_ddp", "torch_zero1", "torch_fsdp")
 OURS = {"torch_ddp": "bucketed", "torch_zero1": "zero1", "torch_fsdp": "zero3"}
 
 
 def _both(rank, world_size, config):
-    return [(train(rank, world_size, s, **config)["records"], train(rank, world_size, OURS[s], **config)["records"])
-            for s in TORCH]
+    return [(train(rank, world_size, s, **config_for(s, config))["records"],
+             train(rank, world_size, OURS[s], **config_for(OURS[s], config))["records"]) for s in TORCH]
 
 
 @pytest.mark.parametrize("world_size, model", [(2, "transformer"), (3, "mlp")])
@@ -24,7 +26,7 @@ def test_pytorchs_strategies_and_ours_equal_one_process(world_size, model):
     config = dict(model=model, steps=3, global_batch=7, optimizer="adam", lr=1e-3 if model == "transformer" else 1e-2,
                   bucket_cap_mb=0.01,
                   freeze=("pos_emb.weight",) if model == "transformer" else ())
-    reference = train(0, 1, "single", **config)["records"]
+    reference = train(0, 1, "single", **config_for("single", config))["records"]
     results = coursekit.launch(_both, world_size, config, timeout=TIMEOUT)
     for i, name in enumerate(TORCH):
         for who, j in ((name, 0), (OURS[name], 1)):

@@ -18,6 +18,8 @@ from coursekit.strategy import optimizer_tensors
 from coursekit.train import train
 from coursekit.verify import TOLERANCES, assert_equivalent, compare, record_step
 
+from strategy_options import config_for
+
 DATA = LanguageData()
 BATCH = 10  # not divisible by 3 or 4: the ranks' slices differ in size
 # name: (class, arguments, weight decay of group 0 (matrices) and group 1 (biases, norms), collectives)
@@ -466,7 +468,7 @@ def test_more_ranks_than_elements_leaves_some_segments_empty():
 
 
 def _strategies(rank, world_size, configs):
-    return [train(rank, world_size, strategy, **kwargs) for strategy, kwargs in configs]
+    return [train(rank, world_size, strategy, **config_for(strategy, kwargs)) for strategy, kwargs in configs]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -488,7 +490,7 @@ def test_strategy_in_the_training_loop_equals_one_process(world_size):
                ("torch_zero1", dict(mlp, optimizer="adam", lr=1e-2))]
     results = coursekit.launch(_strategies, world_size, configs, timeout=300)
     for i, (strategy, kwargs) in enumerate(configs):
-        reference = train(0, 1, "single", **kwargs)["records"]
+        reference = train(0, 1, "single", **config_for("single", kwargs))["records"]
         report = compare(reference, [results[r][i]["records"] for r in range(world_size)])
         assert report.ok, f"{strategy}, {kwargs['model']}/{kwargs['optimizer']} on {world_size} ranks: {report}"
     assert_equivalent([r[3]["records"] for r in results][0], [results[0][0]["records"]])  # ours = torch's

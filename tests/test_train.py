@@ -11,13 +11,14 @@ from coursekit.verify import compare
 
 TIMEOUT = 240.0
 DATA_PARALLEL = ("naive", "bucketed", "zero1", "zero2", "zero3")
-CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2, bucket_elements=2000)  # 7: uneven
+CONFIG = dict(model="mlp", steps=3, global_batch=7, optimizer="adam", lr=1e-2)  # 7: uneven
+BUCKETS = dict(bucket_elements=2000)  # for the strategies that read it
 
 
 def _on_the_dp_axis(rank, world_size):
     mesh = Mesh({"dp": 2, "tp": 2})
-    return mesh["dp"].ranks, [train(rank, world_size, s, mesh=mesh, **CONFIG)["records"]
-                              for s in DATA_PARALLEL]
+    return mesh["dp"].ranks, [train(rank, world_size, s, mesh=mesh, **CONFIG, **({} if s == "naive" else BUCKETS))
+                              ["records"] for s in DATA_PARALLEL]
 
 
 def test_data_parallelism_on_the_dp_axis_of_a_2x2_mesh_equals_one_process():
@@ -61,6 +62,25 @@ def test_unknown_options_and_strategies_say_what_exists():
         train(0, 1, "single", bucket_elemnts=10)
     with pytest.raises(ValueError, match="strategy='no_such_strategy'.*'zero3'"):
         train(0, 1, "no_such_strategy")
+
+
+@pytest.mark.parametrize("strategy, options, says", [
+    # a typo: no strategy reads it; the nearest option is named
+    ("naive", {"bucket_elemnts": 10}, r"unknown option\(s\) \['bucket_elemnts'\]: no strategy reads it "
+                                      r"\(did you mean bucket_elements=\?\); strategy='naive' takes collectives="),
+    # another strategy's option: the strategies that read it are named
+    ("naive", {"bucket_cap_mb": 1.0}, r"strategy='naive' does not read bucket_cap_mb=: it is an option of "
+                                      r"'bucketed', .*'zero1'"),
+    # precision= where the strategy computes in fp32 only: refused, not run in fp32
+    ("tensor", {"precision": "bf16"}, r"strategy='tensor' does not read precision=: it is an option of 'naive', "
+                                      r"'bucketed'.*strategy='tensor' takes no option"),
+    ("single", {"precision": "bf16"}, r"strategy='single' does not read precision="),
+])
+def test_an_option_the_strategy_does_not_read_is_refused_by_name(strategy, options, says):
+    """Planted bug, seen failing: options checked against every strategy's names together (as before): the
+    last three ran, ``"tensor"`` and ``"single"`` in fp32."""
+    with pytest.raises(ValueError, match=says):
+        train(0, 1, strategy, model="transformer", steps=1, **options)
 
 
 def _wrong_meshes(rank, world_size):

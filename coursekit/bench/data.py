@@ -84,10 +84,10 @@ def _run(rank, world_size, strategy, options, extra):
     # ZeRO keeps its own defaults (see coursekit.parallel.data.ZeroStrategy), unless extra names some.
     if strategy == "torch_ddp":
         buckets = {"bucket_cap_mb": megabytes(options["bucket_elements"])}
-    elif strategy.startswith(("zero", "torch")):
-        buckets = {}
-    else:
+    elif strategy == "bucketed":
         buckets = {"bucket_elements": options["bucket_elements"]}
+    else:  # one process and naive have no buckets; ZeRO's and torch's keep their defaults
+        buckets = {}
     return train(rank, world_size, strategy, model="transformer", steps=options["steps"],
                  global_batch=options["global_batch"], record=False, trace=True, **buckets, **extra)
 

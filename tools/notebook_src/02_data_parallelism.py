@@ -134,17 +134,18 @@ print(inspect.getsource(average_gradients))
 VARIANTS = ["naive", "bucketed", "zero1", "zero2", "zero3"]
 
 
-def run_all(rank, world_size, config):
-    return [train(rank, world_size, v, **config)["records"] for v in VARIANTS]
+def run_all(rank, world_size, config, bucket_elements):
+    # every variant but naive fills buckets: bucket_elements says how big
+    return [train(rank, world_size, v, **config, **({} if v == "naive" else {"bucket_elements": bucket_elements}))
+            ["records"] for v in VARIANTS]
 
 
 rows = []
 for optimizer_name, lr in (("adam", 1e-2), ("sgd", 0.1)):
-    config = dict(model="mlp", steps=PROOF_STEPS, global_batch=10, optimizer=optimizer_name, lr=lr,
-                  bucket_elements=2000)
+    config = dict(model="mlp", steps=PROOF_STEPS, global_batch=10, optimizer=optimizer_name, lr=lr)
     single = train(0, 1, "single", **config)["records"]
     for world_size in WORLD_SIZES:
-        runs = coursekit.launch(run_all, world_size, config, timeout=300)
+        runs = coursekit.launch(run_all, world_size, config, 2000, timeout=300)
         for i, variant in enumerate(VARIANTS):
             report = compare(single, [runs[r][i] for r in range(world_size)])
             worst = {kind: max(row["max_abs_diff"] for row in report.rows if row["kind"] == kind)
@@ -174,10 +175,9 @@ print(f"{sum(ok for *_, ok in rows)} of {len(rows)} runs equal to one process "
 # ZeRO shards).
 
 # %% tags=["nbval-check-output"]
-config = dict(model="transformer", steps=2, global_batch=6, lr=1e-3, freeze=("pos_emb.weight",),
-              bucket_elements=20_000)
+config = dict(model="transformer", steps=2, global_batch=6, lr=1e-3, freeze=("pos_emb.weight",))
 single = train(0, 1, "single", **config)["records"]
-runs = coursekit.launch(run_all, 3, config, timeout=300)
+runs = coursekit.launch(run_all, 3, config, 20_000, timeout=300)
 for i, variant in enumerate(VARIANTS):
     print(f"{variant:<9} tied head + frozen position embedding, 3 ranks:",
           "equal" if compare(single, [runs[r][i] for r in range(3)]).ok else "NOT equal")
@@ -203,16 +203,16 @@ for i, variant in enumerate(VARIANTS):
 # the rank got around to waiting) underneath.
 
 # %%
-def traced(rank, world_size, strategy, overlap):
+def traced(rank, world_size, strategy, options):
     return train(rank, world_size, strategy, model="transformer", steps=TIMELINE_STEPS, global_batch=GLOBAL_BATCH,
-                 collectives="torch", record=False, trace=True, overlap=overlap)["spans"]
+                 record=False, trace=True, **options)["spans"]
 
 
 timelines = {}
-for label, strategy, overlap in (("naive: one all-reduce per gradient, after backward", "naive", True),
-                                 ("bucketed, but waiting for backward to end", "bucketed", False),
-                                 ("bucketed, started from backward hooks (overlapped)", "bucketed", True)):
-    spans = coursekit.launch(traced, 2, strategy, overlap)[0]
+for label, strategy, options in (("naive: one all-reduce per gradient, after backward", "naive", {"collectives": "torch"}),
+                                 ("bucketed, but waiting for backward to end", "bucketed", {"overlap": False}),
+                                 ("bucketed, started from backward hooks (overlapped)", "bucketed", {"overlap": True})):
+    spans = coursekit.launch(traced, 2, strategy, options)[0]
     # the last two steps: from each rank's second-to-last forward on
     last_two = min(sorted(s.start for s in spans if s.kind == "forward" and s.rank == r)[-2] for r in (0, 1))
     timelines[label] = [s for s in spans if s.start >= last_two]
@@ -775,8 +775,10 @@ PAIRS = [("bucketed", "torch_ddp"), ("sharded_optimizer", "torch_zero1"), ("zero
 
 
 def side_by_side(rank, world_size):
-    config = dict(model="transformer", steps=PROOF_STEPS + 2, global_batch=9, bucket_cap_mb=0.1)
-    return {name: train(rank, world_size, name, **config) for pair in PAIRS for name in pair}
+    config = dict(model="transformer", steps=PROOF_STEPS + 2, global_batch=9)
+    buckets = {"bucket_cap_mb": 0.1}  # for the pairs that all-reduce buckets; ZeRO-3 gathers whole blocks instead
+    return {name: train(rank, world_size, name, **config, **(buckets if pair[0] != "zero3_units" else {}))
+            for pair in PAIRS for name in pair}
 
 
 production = coursekit.launch(side_by_side, 2, timeout=300)
