@@ -86,11 +86,24 @@ class Strategy:
     run_step: Callable | None = None
 
     def __init__(self, setup: Setup):
-        self.setup = setup
+        """Every strategy calls this first: then it replaces what it changes (its form of :attr:`model`, its
+        :attr:`group`, an optimiser of its own); an optimiser it does not give is built on first use."""
+        self.setup, self.tracer = setup, setup.tracer
         self.model = setup.model
         self.group = setup.group(self.axes[0])
-        self.tracer = setup.tracer
-        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+        self._optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The loop's optimiser over the trainable parameters of :attr:`model`, as the strategy left it (built once,
+        on first use); a strategy with its own (ZeRO's, a pipeline stage's) assigns it."""
+        if self._optimizer is None:
+            self._optimizer = self.setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = optimizer
 
     def option(self, name: str):
         return self.setup.options.get(name, self.options[name])

@@ -27,7 +27,7 @@ class Zero3Units(Strategy):
                "loss_scaler": None, "replicate": None}
 
     def __init__(self, setup: Setup):
-        self.setup, self.tracer, self.group = setup, setup.tracer, setup.group("dp")
+        super().__init__(setup)
         self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
         self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
                                   setup.tracer, self.option("prefetch"), self.option("precision"),

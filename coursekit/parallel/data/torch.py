@@ -183,8 +183,7 @@ class TorchFSDP(GradScaling):
         from torch.distributed.device_mesh import DeviceMesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
-        self.group = setup.group("dp")
+        super().__init__(setup)
         mesh = DeviceMesh.from_group(self.group or dist.group.WORLD, "cpu")
         policy = as_policy(self.option("precision"))
         inner = MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype,
@@ -195,7 +194,6 @@ class TorchFSDP(GradScaling):
         fully_shard(self.model, mesh=mesh, mp_policy=MixedPrecisionPolicy(
             param_dtype=policy.param_dtype, reduce_dtype=policy.reduce_dtype, output_dtype=policy.output_dtype,
             cast_forward_inputs=policy.cast_forward_inputs))
-        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
         self.meter, self.peaks = FSDP2ParameterBytes(self.model), []
         self.start_scaling()
 

@@ -36,8 +36,7 @@ class ZeroStrategy(Strategy):
                "loss_scaler": None}
 
     def __init__(self, setup: Setup):
-        self.setup, self.tracer = setup, setup.tracer
-        self.group = setup.group("dp")
+        super().__init__(setup)
         self.zero = ZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
                          collectives=self.option("collectives"), tracer=setup.tracer,
                          bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=self.option("bucket_elements"),

@@ -69,7 +69,8 @@ class Hybrid(Strategy):
         return mesh_shape(pp, world_size // inner, sp, tp)
 
     def __init__(self, setup: Setup):
-        self.setup, self.tracer, self.mesh = setup, setup.tracer, setup.mesh
+        super().__init__(setup)
+        self.mesh = setup.mesh
         dense = setup.model
         if not all(hasattr(dense, n) for n in ("tok_emb", "pos_emb", "blocks", "ln_f", "head")):
             raise ValueError("'hybrid' composes the parallelisms of the course transformer: train(..., "

@@ -193,8 +193,7 @@ class StagedStrategy(Strategy):
     axes = ("pp",)  # the ranks of the pipeline
 
     def __init__(self, setup: Setup, stages_per_rank: int = 1):
-        self.setup, self.tracer, self.model = setup, setup.tracer, setup.model
-        self.group = setup.group("pp")
+        super().__init__(setup)  # the group: the ranks of the pipeline
         self.rank, self.size = comm.get_rank(self.group), comm.get_world_size(self.group)
         self.n_stages = self.size * stages_per_rank
         sizes = self.option("layers_per_stage")

@@ -234,7 +234,6 @@ class SequenceTensorParallel(TensorParallel):
     def __init__(self, setup: Setup):
         super().__init__(setup)  # the group, the counters, the loss; the model is this one instead
         self.model = SequenceTensorParallelTransformer(self.setup.model, self.tp_group)
-        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
 
     def synchronize(self) -> None:
