@@ -21,9 +21,11 @@ from .live_memory import LiveMemory
 from .hierarchical import hierarchical_all_reduce
 from .parallel.pipeline import Schedule, ScheduleError, execute, make_schedule, plan, split, validate
 from .parallel.tensor import ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelSelfAttention
+from .source import show
 from .parallel.tensor import VocabParallelEmbedding, gather_dense, parallelize_transformer, vocab_parallel_cross_entropy
 
 __version__ = "0.1.0"
+
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend", "default_backend", "device", "__version__",
            "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData", "Tracer", "compare", "assert_equivalent",
@@ -35,4 +37,6 @@ __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
            "parallelize_transformer", "gather_dense", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
            # chapter 08: do the replicas agree, and where did a NaN come in
-           "check_replicas", "ReplicaReport", "nonfinite_ranks"]
+           "check_replicas", "ReplicaReport", "nonfinite_ranks",
+           # every chapter: the library's own code, shown
+           "show"]

@@ -24,7 +24,16 @@ from collections import Counter
 from contextlib import contextmanager
 from typing import Callable
 
-__all__ = ["AnswerHeldBack", "answer_to", "held_back", "is_held_back"]
+__all__ = ["AnswerHeldBack", "answer_to", "held_back", "is_held_back", "ANSWERS", "answer_of"]
+
+#: Library code that answers an exercise, by qualified name, kept out of the algorithm's file (a core carries no
+#: grading hook). A chapter never shows these (:func:`coursekit.show`); while exercise 05 is graded torch's
+#: collectives are switched off, so its layers, built on them, do not run either.
+ANSWERS: dict[str, str] = {
+    **{f"coursekit.parallel.tensor.core.{name}": "05_tensor_parallel"
+       for name in ("_Copy", "_Reduce", "copy_to_parallel_region", "reduce_from_parallel_region",
+                    "ColumnParallelLinear", "RowParallelLinear")},
+}
 
 _lock = threading.Lock()
 _held: Counter[str] = Counter()  # exercise -> how many blocks hold its answers back now
@@ -69,3 +78,12 @@ def held_back(exercise: str):
     finally:
         with _lock:
             _held[exercise] -= 1
+
+
+def answer_of(obj) -> str | None:
+    """The exercise ``obj`` (a function or class) answers, or None: marked ``@answer_to`` or listed in
+    :data:`ANSWERS` by its qualified name."""
+    marked = getattr(obj, "answers", None)
+    if isinstance(marked, str):
+        return marked
+    return ANSWERS.get(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")

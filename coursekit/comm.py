@@ -52,7 +52,7 @@ from .mesh import as_group
 from .traffic import Transfer, Traffic
 from .waiting import set_waiting
 
-__all__ = ["get_rank", "get_world_size", "send", "recv", "isend", "irecv", "record", "phase",
+__all__ = ["get_rank", "get_world_size", "send", "recv", "isend", "irecv", "all_reduce", "all_gather", "record", "phase",
            "control", "using", "current_transport", "has_ranks", "blocked", "Transfer", "Traffic",
            "simulate", "Simulation", "SimulatorError", "Deadlock"]
 
@@ -63,20 +63,26 @@ using = comm_state.using
 
 
 @contextmanager
-def record() -> Iterator[Traffic]:
-    """Record every transfer this rank sends inside the block.
+def record(traffic: Traffic | None = None) -> Iterator[Traffic]:
+    """Record every transfer this rank sends inside the block, and every collective it calls through comm
+    (:func:`all_reduce`, :func:`all_gather`); ``traffic``: go on filling an earlier record.
 
         with comm.record() as traffic:
             ring_all_reduce(tensor)
         return traffic          # from each rank; then Traffic.merge(results)
     """
-    traffic = Traffic(world_size=_world_size_or_none())
+    traffic = Traffic(world_size=_world_size_or_none()) if traffic is None else traffic
     previous = _state.recorders
     _state.recorders = previous + (traffic,)
+    process_wide = _state.transport is None  # real ranks: torch's collectives, from any thread (autograd's too)
+    if process_wide:
+        comm_state.collective_recorders.append(traffic)
     try:
         yield traffic
     finally:
         _state.recorders = previous
+        if process_wide:
+            comm_state.collective_recorders.remove(traffic)
 
 
 class phase:
@@ -351,5 +357,6 @@ def _world_size_or_none() -> int | None:
         return None
 
 
-# The simulator is the second transport; its names are part of comm's API.
+# The simulator is the second transport; its names are part of comm's API. So are torch's two counted collectives.
 from .simulator import Deadlock, Simulation, SimulatorError, simulate  # noqa: E402
+from .torch_collectives import all_gather, all_reduce  # noqa: E402

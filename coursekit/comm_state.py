@@ -38,6 +38,10 @@ class State(threading.local):
 
 state = State()
 
+#: The records every collective of ``torch.distributed`` called through ``comm`` goes into. Per process, not per
+#: thread: on real ranks a process is a rank, and autograd may run backward (and its all-reduces) on its own thread.
+collective_recorders: list = []
+
 KEEP = object()  # using(...)'s "leave this as it is"
 
 

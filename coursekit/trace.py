@@ -121,6 +121,14 @@ class Tracer:
         with self._lock:
             self.spans.append(Span(self.rank, kind, name, start, end))
 
+    def collectives(self, records) -> None:
+        """Each collective ``comm`` recorded (:class:`~coursekit.traffic.Collective`) as a ``comm`` span and an
+        ``idle`` one (the rank waits on it), named e.g. ``"all_reduce forward"``."""
+        for c in records:
+            start, end = (c.start_ns - self.origin_ns) * 1e-9, (c.end_ns - self.origin_ns) * 1e-9
+            for kind in ("comm", "idle"):
+                self.add(kind, f"{c.op} {c.direction}", start, end)
+
     @contextmanager
     def span(self, kind: str, name: str = "") -> Iterator[None]:
         """Record the time spent inside the ``with`` block as one span."""

@@ -1,4 +1,5 @@
-"""What was sent: one :class:`Transfer` per point-to-point message, and :class:`Traffic`, a run's worth of them.
+"""What was sent: one :class:`Transfer` per point-to-point message, one :class:`Collective` per call of torch's
+collectives through ``comm``, and :class:`Traffic`, a run's worth of them.
 
 :func:`coursekit.comm.record` fills a :class:`Traffic` with every message this
 rank sends; :meth:`Traffic.merge` joins the per-rank records into the whole
@@ -9,11 +10,11 @@ to another rank.
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Transfer", "Traffic"]
+__all__ = ["Transfer", "Collective", "CollectiveCounts", "Traffic"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,65 @@ class Transfer:
         return dict(self.meta).get(key, default)
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One call of a ``torch.distributed`` collective through ``comm`` (:func:`coursekit.comm.all_reduce`, ...).
+
+    ``numel``: the size of the reduced tensor, or of everything gathered (``b·s·h`` for a layer's activations,
+    not the bytes on the wire); ``direction``: ``"forward"``, or ``"backward"`` when autograd issued it;
+    ``start_ns``/``end_ns``: ``time.perf_counter_ns()`` around the blocking call.
+    """
+
+    op: str
+    direction: str
+    numel: int
+    itemsize: int
+    start_ns: int = 0
+    end_ns: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return (self.end_ns - self.start_ns) * 1e-9
+
+
+class CollectiveCounts:
+    """How many collectives, and of how many elements, keyed ``(op, direction)``: read from a list of
+    :class:`Collective` records (live: a record still being filled is read as it is now).
+
+        >>> counts = CollectiveCounts([Collective("all_reduce", "forward", 6, 4), Collective("all_reduce", "forward", 2, 4)])
+        >>> counts.calls["all_reduce", "forward"], counts.elements["all_reduce", "forward"]
+        (2, 8)
+    """
+
+    OPS, DIRECTIONS = ("all_reduce", "all_gather"), ("forward", "backward")
+
+    def __init__(self, records: list):
+        self.records = records
+
+    @property
+    def calls(self) -> Counter:
+        return Counter((c.op, c.direction) for c in self.records)
+
+    @property
+    def elements(self) -> Counter:
+        out: Counter = Counter()
+        for c in self.records:
+            out[c.op, c.direction] += c.numel
+        return out
+
+    @property
+    def seconds(self) -> float:
+        """Wall time spent inside the blocking calls."""
+        return sum(c.seconds for c in self.records)
+
+    def as_dict(self, prefix: str = "tp_") -> dict[str, int]:
+        """Flat counters, e.g. ``{"tp_all_reduce_forward_calls": 5, "tp_all_reduce_forward_elements": ...}``."""
+        calls, elements = self.calls, self.elements
+        return {f"{prefix}{op}_{direction}_{what}": counter[op, direction]
+                for op in self.OPS for direction in self.DIRECTIONS
+                for what, counter in (("calls", calls), ("elements", elements))}
+
+
 @dataclass
 class Traffic:
     """Every transfer recorded in one run, and the numbers a learner asks of it.
@@ -55,6 +115,7 @@ class Traffic:
 
     transfers: list = field(default_factory=list)
     world_size: int | None = None
+    collectives: list = field(default_factory=list)  # this rank's torch collectives through comm, in order
 
     # ---------------------------------------------------------------- building
     @classmethod
@@ -63,7 +124,12 @@ class Traffic:
         transfers = [t for part in parts if part is not None for t in part.transfers]
         sizes = [p.world_size for p in parts if p is not None and p.world_size]
         merged = cls(sorted(transfers, key=lambda t: (t.seq, t.src)), max(sizes) if sizes else None)
+        merged.collectives = [c for part in parts if part is not None for c in part.collectives]
         return merged
+
+    def collective_counts(self) -> CollectiveCounts:
+        """The collectives recorded, counted by ``(op, direction)`` (live while the record is being filled)."""
+        return CollectiveCounts(self.collectives)
 
     # ---------------------------------------------------------------- views
     @property

@@ -198,3 +198,30 @@ def test_files_and_functions_stay_short():
                     too_long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {length} lines "
                                     f"(at most {MAX_FUNCTION_LINES})")
     assert not too_long, "split by concept:\n  " + "\n  ".join(too_long)
+
+
+# One core per parallelism: the algorithm alone, for a learner to read top to bottom (torch, comm and the mesh).
+CORES = ("tensor",)  # data, pipeline and sequence follow (issue 40)
+CORE_MAX_LINES = 350
+INSTRUMENTS = ("coursekit.trace", "coursekit.memory", "coursekit.live_memory", "coursekit.traffic",
+               "coursekit.answers", "coursekit.grading", "coursekit.viz", "coursekit.widgets", "coursekit.bench",
+               "coursekit.verify", "coursekit.costmodel", "coursekit.netsim")
+
+
+@pytest.mark.parametrize("dim", CORES)
+def test_a_core_is_the_algorithm_alone(dim):
+    """Planted, seen failing: ``from ...trace import Tracer`` and ``import time`` in tensor's core."""
+    name = f"coursekit.parallel.{dim}.core"
+    assert name in modules(), f"coursekit/parallel/{dim}/core.py is missing: each parallelism has its core"
+    path = modules()[name]
+    lines = len(path.read_text().splitlines())
+    assert lines <= CORE_MAX_LINES, f"{path.relative_to(ROOT)}: {lines} lines (a core reads in one sitting: at most {CORE_MAX_LINES})"
+    instruments = [f"line {line}: {target}{f'.{what}' if what else ''}" for target, what, line in imports()[name]
+                   if within(target, INSTRUMENTS)]
+    tree = ast.parse(path.read_text())
+    instruments += [f"line {node.lineno}: time" for node in ast.walk(tree)
+                    if isinstance(node, (ast.Import, ast.ImportFrom))
+                    and any(a.name.split(".")[0] == "time" for a in node.names) | (getattr(node, "module", None) == "time")]
+    assert not instruments, (f"{path.relative_to(ROOT)} imports instruments (timing, tracing, counting, memory, grading, "
+                             f"plots); wrap the core from outside (its strategy.py or the comm layer) instead:\n  "
+                             + "\n  ".join(instruments))

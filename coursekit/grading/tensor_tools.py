@@ -9,10 +9,9 @@ the grader around the learner's forward and backward, with the layer it is in),
 the shape and the elements of the tensor passed, and the global ranks of the group
 it ran over (:func:`group_ranks`: a layer that ignores its ``group=`` is seen
 summing over the whole world). ``torch.distributed``'s own collectives are switched off
-while grading; these bound the real ones at import. (The library's own layers
-count theirs in :class:`coursekit.parallel.tensor.CommCounts`, totals per
-collective and direction: the grader needs each call's size, to tell weights
-gathered from activations.)
+while grading; these bound the real ones at import. (The library's own layers call
+``coursekit.comm.all_reduce``, counted in ``comm.record()`` by collective and direction: the grader
+needs each call's size and layer, to tell weights gathered from activations.)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from ...mesh import rank_size
 from ..pipeline import layers as dense_layers
 from ..pipeline.model import Embedding
 from ..sequence.layout import positions, shard_sequence
-from ..tensor.vocab import parallel_lm_logits
+from ..tensor import parallel_lm_logits
 
 __all__ = ["TensorParallelHead", "SequenceEmbedding", "SequenceBlock", "composed_layers"]
 

@@ -1,14 +1,11 @@
 """Tensor parallelism (chapter 05, Megatron-LM): one matrix multiplication split over the ranks of an axis.
 
-One module per concept, PyTorch's counterpart last:
-
-* ``comm`` -- the collectives of the operators, counted (:func:`count_communication`), and how every
-  size is cut (:func:`shard_sizes`, ``torch.tensor_split``'s rule);
-* ``layers`` -- the conjugate operators f and g, :class:`ColumnParallelLinear` and
-  :class:`RowParallelLinear`, the MLP and attention blocks built from them;
-* ``vocab`` -- the vocabulary-parallel embedding and cross-entropy;
-* ``model`` -- the course transformer parallelized (:func:`parallelize_transformer`) and gathered back
-  (:func:`gather_dense`); the strategies ``"tensor"`` and ``"dp_tp"`` (data x tensor on a mesh);
+* ``core`` -- the algorithm, to read top to bottom: the conjugate operators f and g,
+  :class:`ColumnParallelLinear` and :class:`RowParallelLinear`, the MLP and attention blocks, the
+  vocabulary-parallel embedding and cross-entropy, and how every size is cut (:func:`shard_sizes`);
+* ``strategy`` -- the course transformer built from them (:func:`parallelize_transformer`) and gathered back
+  (:func:`gather_dense`); the strategies ``"tensor"`` and ``"dp_tp"``; what a step issues, counted
+  (:func:`count_communication`) and as a formula (:func:`expected_counts`);
 * ``activations`` -- what one block keeps for backward per rank (:func:`tensor_parallel_saved_bytes`), beside
   Korthikanti et al.'s Table 2 (:func:`korthikanti_table2_bytes`);
 * ``versus`` -- P10 measured: tensor against model parallelism on the same wide MLP, 2 ranks;
@@ -17,26 +14,25 @@ One module per concept, PyTorch's counterpart last:
 Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
 """
 
-from .comm import CommCounts, count_communication, counted_all_gather, counted_all_reduce, shard_bounds, shard_sizes
-from .layers import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, ShardedLinear,
-                     copy_to_parallel_region, gather_from_parallel_region, reduce_from_parallel_region,
-                     split_to_parallel_region)
-from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
-from .model import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer, expected_counts,
-                    dense_name, gather_dense, parallelize_transformer, shard_dim)
+from .core import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, ShardedLinear,
+                   VocabParallelEmbedding, copy_to_parallel_region, gather_from_parallel_region, parallel_lm_logits,
+                   reduce_from_parallel_region, shard_bounds, shard_sizes, split_to_parallel_region,
+                   vocab_parallel_cross_entropy)
+from .strategy import (DataTensorParallel, ParallelBlock, TensorParallel, TensorParallelTransformer,
+                       count_communication, dense_name, expected_counts, gather_dense, parallelize_transformer,
+                       shard_dim)
 from .activations import korthikanti_table2_bytes, tensor_parallel_saved_bytes
 from .versus import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
                     torch_parallel_mlp, torch_parallelize_transformer)
 
-__all__ = ["CommCounts", "count_communication", "counted_all_reduce", "counted_all_gather",
-           "shard_sizes", "shard_bounds",
+__all__ = ["shard_sizes", "shard_bounds",
            "copy_to_parallel_region", "reduce_from_parallel_region", "gather_from_parallel_region",
            "split_to_parallel_region", "ShardedLinear", "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP",
            "ParallelSelfAttention",
            "VocabParallelEmbedding", "parallel_lm_logits", "vocab_parallel_cross_entropy",
            "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name", "shard_dim",
-           "expected_counts",
+           "count_communication", "expected_counts",
            "TensorParallel", "DataTensorParallel", "tensor_parallel_saved_bytes", "korthikanti_table2_bytes",
            "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
            "dense_qkv", "torch_parallelize_transformer", "comm_counts",

@@ -26,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import comm
-from .layers import ParallelMLP
+from .core import ParallelMLP
 
 __all__ = ["ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times", "VARIANTS"]
 

@@ -1,13 +1,12 @@
-"""The course transformer, tensor-parallel; and the ``"tensor"`` and ``"dp_tp"`` strategies (seed claims P5, P8).
+"""The course transformer built from the tensor-parallel layers of :mod:`~coursekit.parallel.tensor.core`, and the
+``"tensor"`` and ``"dp_tp"`` strategies that train it (seed claims P5, P8).
 
-:func:`parallelize_transformer` turns the dense ``tiny_transformer`` into its
-tensor-parallel form from the dense weights (every rank passes the same dense
-model); :func:`gather_dense` reassembles the dense tensors from the shards (for
-checking and checkpoints). Per transformer layer, forward issues 2 all-reduces
-of ``b·s·h`` elements (attention's and the MLP's **g**) and backward 2 (their
-**f**); the embedding adds one forward (its **g**), the tied head one backward
-(its **f**), and the vocabulary-parallel loss 3 of ``b·s`` forward
-(:func:`expected_counts` is that formula).
+:func:`parallelize_transformer` turns the dense ``tiny_transformer`` into its tensor-parallel form from the
+dense weights (every rank passes the same dense model); :func:`gather_dense` reassembles the dense tensors
+from the shards (for checking and checkpoints). Per transformer layer, forward issues 2 all-reduces of
+``b·s·h`` elements (attention's and the MLP's **g**) and backward 2 (their **f**); the embedding adds one
+forward (its **g**), the tied head one backward (its **f**), and the vocabulary-parallel loss 3 of ``b·s``
+forward (:func:`expected_counts` is that formula; :func:`count_communication` counts what a run issued).
 
     >>> def run(rank, world_size):
     ...     tp = parallelize_transformer(tiny_transformer(seed=0), tp_axis=None)   # the whole world
@@ -31,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -38,15 +39,30 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
+from ... import comm
 from ...mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, optimizer_tensors, register
+from ...traffic import Collective, CollectiveCounts, Traffic
 from ..data import average_gradients
-from .layers import (CommCounts, ParallelMLP, ParallelSelfAttention, ShardedLinear, count_communication,
-                     gather_from_parallel_region)
-from .vocab import VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
+from .core import (ParallelMLP, ParallelSelfAttention, ShardedLinear, VocabParallelEmbedding,
+                   gather_from_parallel_region, parallel_lm_logits, vocab_parallel_cross_entropy)
 
 __all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name",
-           "shard_dim", "expected_counts", "TensorParallel", "DataTensorParallel"]
+           "shard_dim", "count_communication", "expected_counts", "TensorParallel", "DataTensorParallel"]
+
+
+@contextmanager
+def count_communication() -> Iterator[CollectiveCounts]:
+    """Count the collectives issued inside the block, forward and backward, by ``(op, direction)``: a view of
+    the one record ``comm`` keeps (:func:`coursekit.comm.record`).
+
+        >>> with count_communication() as counts:             # doctest: +SKIP
+        ...     model.loss(x, y).backward()
+        >>> counts.calls["all_reduce", "backward"], counts.elements["all_reduce", "forward"]   # doctest: +SKIP
+        (5, 40052)
+    """
+    with comm.record() as traffic:
+        yield traffic.collective_counts()
 
 
 class ParallelBlock(nn.Module):
@@ -180,7 +196,7 @@ def _everyones_index(module: nn.Module, group, size: int) -> list[torch.Tensor]:
 
 
 def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: int,
-                    vocab: int | None = None, gathered_logits: bool = False) -> CommCounts:
+                    vocab: int | None = None, gathered_logits: bool = False) -> CollectiveCounts:
     """The formula: the collectives one forward and backward of the course transformer issue at ``degree``.
 
     Per layer 2 all-reduces of ``b·s·h`` forward and 2 backward; the embedding
@@ -189,19 +205,14 @@ def expected_counts(batch: int, seq: int, d_model: int, n_layers: int, degree: i
     issue in training), or (``gathered_logits``) one all-gather of ``b·s·V``
     (what a loss on whole logits would cost instead).
     """
-    counts = CommCounts()
     if degree == 1:
-        return counts
-    bsh = batch * seq * d_model
-    for _ in range(2 * n_layers + 1):
-        counts.add("all_reduce", "forward", bsh, 0.0)
-        counts.add("all_reduce", "backward", bsh, 0.0)
-    if gathered_logits:
-        counts.add("all_gather", "forward", batch * seq * vocab, 0.0)
-    else:
-        for _ in range(3):
-            counts.add("all_reduce", "forward", batch * seq, 0.0)
-    return counts
+        return CollectiveCounts([])
+    bsh, bs = batch * seq * d_model, batch * seq
+    layers = [Collective("all_reduce", direction, bsh, 4) for _ in range(2 * n_layers + 1)
+              for direction in ("forward", "backward")]
+    loss = ([Collective("all_gather", "forward", bs * vocab, 4)] if gathered_logits else
+            [Collective("all_reduce", "forward", bs, 4)] * 3)
+    return CollectiveCounts(layers + loss)
 
 
 # --------------------------------------------------------------------------
@@ -215,12 +226,11 @@ class TensorParallel(Strategy):
     axes = ("tp",)
 
     def __init__(self, setup: Setup):
-        self.setup, self.tracer = setup, setup.tracer
+        super().__init__(setup)
         self.tp_group, self.dp_axis = self._axes(setup)
         self.group = self.dp_axis.group if self.dp_axis is not None else None  # the loop's data-parallel group
         self.model = parallelize_transformer(_check_model(setup.model), self.tp_group)
-        self.optimizer = setup.optimizer_fn([p for p in self.model.parameters() if p.requires_grad])
-        self.counts = CommCounts(tracer=setup.tracer)  # with trace=True, every collective is a span
+        self.record = Traffic()  # the collectives of every micro-batch's forward and backward
 
     def _axes(self, setup: Setup):
         """The tensor-parallel group and the data-parallel axis (None: no data parallelism)."""
@@ -234,8 +244,14 @@ class TensorParallel(Strategy):
     def data_size(self) -> int:
         return 1 if self.dp_axis is None else self.dp_axis.size
 
+    @contextmanager
     def micro_batch_context(self, last: bool):
-        return count_communication(self.counts)  # forward and backward of each micro-batch
+        """Records the collectives of each micro-batch's forward and backward; traced, each is a span."""
+        first = len(self.record.collectives)
+        with comm.record(self.record):
+            yield
+        if self.tracer is not None:
+            self.tracer.collectives(self.record.collectives[first:])
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.model(inputs)  # this rank's logits, (b, s, V/t)
@@ -262,7 +278,8 @@ class TensorParallel(Strategy):
                 "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
-        return {**self.counts.as_dict(), "tp_comm_seconds": self.counts.seconds}
+        counts = self.record.collective_counts()
+        return {**counts.as_dict(), "tp_comm_seconds": counts.seconds}
 
 
 @register("dp_tp")

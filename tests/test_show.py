@@ -1,0 +1,53 @@
+"""``coursekit.show``: a chapter shows the library's own code, and never an exercise's answer."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import coursekit
+from coursekit import ring
+from coursekit.parallel.pipeline import schedules
+from coursekit.parallel.tensor import core
+from coursekit.source import AnswerNotShown
+
+
+def test_show_renders_what_runs():
+    shown = coursekit.show(core.ParallelSelfAttention)
+    assert repr(shown) == inspect.getsource(core.ParallelSelfAttention)
+    html = shown._repr_html_()
+    assert "<span" in html and "ParallelSelfAttention" in html  # highlighted in a notebook
+    assert repr(coursekit.show(coursekit.comm.phase)) == inspect.getsource(coursekit.comm.phase)
+
+
+@pytest.mark.parametrize("answer, exercise", [(ring.ring_reduce_scatter, "01_ring_allreduce"),
+                                              (ring.ring_all_reduce, "01_ring_allreduce"),
+                                              (ring, "01_ring_allreduce"),      # its helpers are the answer's body
+                                              (schedules, "04_pipeline_schedule"),
+                                              (core.copy_to_parallel_region, "05_tensor_parallel"),  # f
+                                              (core.ColumnParallelLinear, "05_tensor_parallel"),
+                                              (core, "05_tensor_parallel")])
+def test_an_exercise_answer_is_never_shown(answer, exercise):
+    """Planted, seen failing: no check (the wrapped function's source -- the answer -- was rendered)."""
+    with pytest.raises(AnswerNotShown, match=rf"answer to exercise {exercise}: it is not shown here\. Write it in "
+                                             rf"exercises/{exercise}\.ipynb"):
+        coursekit.show(answer)
+
+
+def test_show_of_something_without_source_says_what_it_takes():
+    with pytest.raises(TypeError, match="show\\(\\) renders a function, class, method or module"):
+        coursekit.show(3)
+
+
+def test_every_answer_listed_by_name_exists():
+    """A renamed answer would drop out of the list silently; planted, seen failing: ``_Copy`` renamed ``_F``."""
+    import importlib
+
+    from coursekit.answers import ANSWERS, answer_of
+
+    for qualified, exercise in ANSWERS.items():
+        module, _, name = qualified.rpartition(".")
+        obj = getattr(importlib.import_module(module), name, None)
+        assert obj is not None, f"{qualified} (an answer to {exercise}) is not in {module}: update coursekit.answers"
+        assert answer_of(obj) == exercise
