@@ -281,7 +281,7 @@ MICRO_BATCHES = 4
 
 def accumulate(rank, world_size):
     result = train(rank, world_size, "bucketed", model="transformer", steps=2, global_batch=16,
-                   micro_batches=MICRO_BATCHES, collectives="torch")
+                   micro_batches=MICRO_BATCHES)
     return result["records"], result["elements_reduced"], result["numel"]
 
 
