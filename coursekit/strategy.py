@@ -32,7 +32,7 @@ import torch.nn as nn
 
 from .mesh import Mesh, MeshAxis, as_group, rank_size
 from .models import loss_fn
-from .trace import Tracer
+from .trace import Tracer, span
 
 __all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "mesh_for", "optimizer_tensors"]
 
@@ -213,9 +213,7 @@ class Strategy:
 
     def span(self, kind: str, name: str) -> ContextManager:
         """A timeline span if tracing, else nothing; ``kind="comm"`` blocks and counts as waiting."""
-        if self.tracer is None:
-            return nullcontext()
-        return self.tracer.blocking(name) if kind == "comm" else self.tracer.span(kind, name)
+        return span(self.tracer, kind, name, waits=kind == "comm")
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -39,14 +39,14 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Span", "Tracer", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
+__all__ = ["Span", "Tracer", "span", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
            "computing_together"]
 
 KINDS = ("forward", "backward", "weight", "comm", "optimizer", "idle")
@@ -210,6 +210,14 @@ class Tracer:
             mine = list(self.spans)
         dist.all_gather_object(everyone, mine, group=group)
         return sorted((s for spans in everyone for s in spans), key=lambda s: s.start)
+
+
+def span(tracer: Tracer | None, kind: str, name: str = "", waits: bool = False):
+    """The one way an algorithm's wrapper draws a span: nothing without a ``tracer``; with ``waits`` the rank
+    blocks in it (``comm`` and ``idle`` both, :meth:`Tracer.blocking`), else one span of ``kind``."""
+    if tracer is None:
+        return nullcontext()
+    return tracer.blocking(name) if waits else tracer.span(kind, name)
 
 
 # ----------------------------------------------------------------------- analysis

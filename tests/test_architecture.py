@@ -201,7 +201,7 @@ def test_files_and_functions_stay_short():
 
 
 # One core per parallelism: the algorithm alone, for a learner to read top to bottom (torch, comm and the mesh).
-CORES = ("tensor",)  # data, pipeline and sequence follow (issue 40)
+CORES = ("tensor", "pipeline")  # data and sequence follow (issue 40)
 CORE_MAX_LINES = 350
 INSTRUMENTS = ("coursekit.trace", "coursekit.memory", "coursekit.live_memory", "coursekit.traffic",
                "coursekit.answers", "coursekit.grading", "coursekit.viz", "coursekit.widgets", "coursekit.bench",
@@ -225,3 +225,12 @@ def test_a_core_is_the_algorithm_alone(dim):
     assert not instruments, (f"{path.relative_to(ROOT)} imports instruments (timing, tracing, counting, memory, grading, "
                              f"plots); wrap the core from outside (its strategy.py or the comm layer) instead:\n  "
                              + "\n  ".join(instruments))
+
+
+def test_tensor_parallelism_reads_in_under_700_lines():
+    """README's reading path: the core, the collectives it calls, the mesh (picotron's tensor_parallel/ with its
+    process-group manager is about as long)."""
+    path = [PACKAGE / "parallel" / "tensor" / "core.py", PACKAGE / "torch_collectives.py", PACKAGE / "mesh.py"]
+    lines = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in path}
+    assert sum(lines.values()) < 700, f"the reading path of tensor parallelism grew to {sum(lines.values())} lines: {lines}"
+    assert all(name in (ROOT / "README.md").read_text() for name in lines), "README states the reading path"

@@ -10,7 +10,6 @@ for :func:`coursekit.train.train` as ``"zero1"``, ``"zero2"``, ``"zero3"`` (:mod
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Callable
 
 import torch
@@ -19,7 +18,7 @@ import torch.nn as nn
 from ...collectives import RING, Collectives, get_collectives
 from ...mesh import as_group, rank_size
 from ...strategy import optimizer_tensors
-from ...trace import Tracer
+from ...trace import Tracer, span
 from ...verify import FlatShard
 from ...memory import PeakMemory
 from .averaging import broadcast_parameters
@@ -178,9 +177,7 @@ class ZeRO(nn.Module):
         self.flat_param.untyped_storage().resize_(0)
 
     def _span(self, kind: str, name: str):
-        if self.tracer is None:
-            return nullcontext()
-        return self.tracer.blocking(name) if kind == "comm" else self.tracer.span(kind, name)
+        return span(self.tracer, kind, name, waits=kind == "comm")
 
     # ---------------------------------------------------------------- forward / backward
     def forward(self, *args, **kwargs):

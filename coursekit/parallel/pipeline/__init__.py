@@ -13,7 +13,10 @@ One module per concept, PyTorch's counterpart last:
 * ``balance`` -- unequal stages: :func:`stage_costs`, :func:`stage_times` (measured), :func:`imbalance`;
 * ``traffic`` -- :func:`pipeline_traffic`, a schedule's point-to-point bytes counted from its actions;
 * ``split_backward`` -- :func:`backward_input` (B) and :func:`backward_weight` (W): one backward in two pieces;
-* ``executor`` -- :func:`execute`, one executor for any valid schedule (``"pipeline"``, chapter 04);
+* ``core`` -- the algorithm alone, to read top to bottom: :func:`run_schedule`, one executor for any valid
+  schedule, action by action;
+* ``executor`` -- :func:`execute`, the core's executor measured (spans, activations kept) and the strategy
+  ``"pipeline"`` (chapter 04);
 * ``sweep`` -- :func:`pipeline_sweep`, P7 measured: 1F1B and GPipe against one process running the same
   micro-batches, for m in a list (speed-up beside the ideal, bubble beside the formula, activation bytes);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
@@ -31,6 +34,7 @@ from .measured import ACTION_NAME, MeasuredBubble, compute_op, measured_bubble
 from .balance import imbalance, stage_costs, stage_times
 from .traffic import PipelineTraffic, all_reduce_bytes, pipeline_traffic, pipeline_traffic_formula
 from .split_backward import WeightWork, backward_input, backward_weight
+from .core import Step, run_schedule
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
 from .sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired, pipeline_sweep,
@@ -45,6 +49,6 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "stage_costs", "stage_times", "imbalance",
            "PipelineTraffic", "pipeline_traffic", "pipeline_traffic_formula", "all_reduce_bytes",
            "WeightWork", "backward_input", "backward_weight",
-           "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule",
+           "run_schedule", "Step", "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule",
            "SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits",
            "sweep_steps", "SweepResult", "pipeline_sweep"]
