@@ -28,7 +28,7 @@ import torch
 
 from .collectives import owned_segment, segment_bounds
 
-__all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "expected_held_bytes", "shard_elements",
+__all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "exact_share", "expected_held_bytes", "shard_elements",
            "peak_held_bytes", "mixed_peak_held_bytes", "comm_elements", "max_parameters"]
 
 # bytes per parameter: (parameters, gradients, optimiser state)
@@ -89,28 +89,35 @@ class PeakMemory:
         return now
 
 
-def _check(stage: int, world_size: int, precision: str) -> tuple[int, int, int]:
+def _check(stage: int, world_size: int, precision) -> tuple[int, int, int]:
     if stage not in (0, 1, 2, 3):
         raise ValueError(f"stage must be 0 (plain data parallelism), 1, 2 or 3 (got {stage!r}).")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1 (got {world_size}).")
+    if isinstance(precision, tuple) and len(precision) == 3:
+        return precision
     if precision not in PRECISIONS:
         raise ValueError(f"precision={precision!r}: use one of {sorted(PRECISIONS)}.")
     return PRECISIONS[precision]
 
 
-def formula_bytes(psi: float, world_size: int = 1, stage: int = 0, precision: str = "fp32") -> dict[str, float]:
+def exact_share(total: float, parts: int) -> float:
+    """``total / parts``: an int when it divides, else a float -- bytes stay exact wherever they can."""
+    return total // parts if isinstance(total, int) and total % parts == 0 else total / parts
+
+
+def formula_bytes(psi: float, world_size: int = 1, stage: int = 0, precision="fp32") -> dict[str, float]:
     """Bytes per rank for ``psi`` parameters: ``{"params", "grads", "optimizer"}`` (stage 0 = plain DP).
 
-    Integers when ``psi`` divides evenly by ``world_size``.
+    The ZeRO paper's arithmetic, the one copy of it (the cost model's :func:`~coursekit.costmodel.
+    model_state_bytes` calls it): ``precision`` is a name of :data:`PRECISIONS` or the bytes per parameter
+    ``(parameters, gradients, optimiser state)``; stage s shards the last s of the three over ``world_size``.
     """
     p, g, k = _check(stage, world_size, precision)
 
     def share(bytes_per_param, sharded):
         total = bytes_per_param * psi
-        if not sharded:
-            return total
-        return total // world_size if isinstance(psi, int) and psi % world_size == 0 else total / world_size
+        return exact_share(total, world_size) if sharded else total
 
     return {"params": share(p, stage >= 3), "grads": share(g, stage >= 2), "optimizer": share(k, stage >= 1)}
 

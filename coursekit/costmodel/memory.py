@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..memory import PRECISIONS as CHAPTER02_PRECISIONS
+from ..memory import exact_share, formula_bytes
 from ..parallel.pipeline.planning import peak_activations_formula
 from .config import RECOMPUTE, Layout, ModelConfig
 from .params import layer_params, params_per_rank, stage_layers
@@ -37,13 +38,6 @@ __all__ = ["PRECISIONS", "ModelStateBytes", "model_state_bytes", "ActivationByte
 # (2, 2, 12: the ZeRO paper's K = 12, an fp32 copy + m + v), and Megatron-LM's mixed precision, which keeps
 # fp32 "main" gradients: 2 + 4 + 12 = 18 (theoretical_memory_usage.py; Korthikanti et al.'s Figure 1).
 PRECISIONS = {**CHAPTER02_PRECISIONS, "mixed_fp32_grads": (2, 4, 12)}
-
-
-def _exact(numerator, denominator):
-    """An int when it divides, else a float: bytes stay exact wherever they can."""
-    if isinstance(numerator, int) and numerator % denominator == 0:
-        return numerator // denominator
-    return numerator / denominator
 
 
 @dataclass(frozen=True)
@@ -92,13 +86,9 @@ def model_state_bytes(num_params: int, dp: int = 1, zero_stage: int = 0, precisi
         if degree < 1:
             raise ValueError(f"{name} must be >= 1 (got {degree}).")
     p, g, k = PRECISIONS[precision]
-    psi = _exact(num_params, tp * pp)
-
-    def share(bytes_per_param, sharded):
-        return _exact(bytes_per_param * psi, dp) if sharded else bytes_per_param * psi
-
+    states = formula_bytes(exact_share(num_params, tp * pp), dp, zero_stage, (p, g, k))  # chapter 02's formula
     live = (p + g) * largest_layer if zero_stage == 3 else 0
-    return ModelStateBytes(share(p, zero_stage >= 3), share(g, zero_stage >= 2), share(k, zero_stage >= 1), live)
+    return ModelStateBytes(states["params"], states["grads"], states["optimizer"], live)
 
 
 @dataclass(frozen=True)
@@ -155,13 +145,13 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     e, mask = bytes_per_element, (1 if dropout else 0)
     sbh = seq_len * micro_batch * hidden
     if recompute == "full":
-        return ActivationBytes(_exact(e * sbh, tp) if sequence_parallel else e * sbh, 0)
+        return ActivationBytes(exact_share(e * sbh, tp) if sequence_parallel else e * sbh, 0)
     unsplit, split = 4 * e + 2 * mask, 12 * e          # 10 and 24 at 2 bytes with dropout
     if sequence_parallel:
-        stored = _exact(sbh * (unsplit + split), tp)
+        stored = exact_share(sbh * (unsplit + split), tp)
     else:
-        stored = sbh * unsplit + _exact(sbh * split, tp)
-    scores = 0 if recompute == "selective" else _exact(heads * seq_len * seq_len * micro_batch * (2 * e + mask), tp)
+        stored = sbh * unsplit + exact_share(sbh * split, tp)
+    scores = 0 if recompute == "selective" else exact_share(heads * seq_len * seq_len * micro_batch * (2 * e + mask), tp)
     return ActivationBytes(stored, scores)
 
 
@@ -195,8 +185,8 @@ def logits_bytes(seq_len: int, micro_batch: int, hidden: int, vocab: int, tp: in
         raise ValueError(f"tp must be >= 1 (got {tp}).")
     sbh = seq_len * micro_batch * hidden
     inputs = 2 * bytes_per_element * sbh
-    inputs = _exact(inputs, tp) if sequence_parallel else inputs
-    return LogitsBytes(inputs, _exact(seq_len * micro_batch * vocab * logits_bytes_per_element, tp))
+    inputs = exact_share(inputs, tp) if sequence_parallel else inputs
+    return LogitsBytes(inputs, exact_share(seq_len * micro_batch * vocab * logits_bytes_per_element, tp))
 
 
 @dataclass(frozen=True)
@@ -300,5 +290,5 @@ def _stage_memory(config, layout, micro_batch, stage, precision, dropout, gather
         in_flight = layout.micro_batches if layout.schedule == "gpipe" else 1
         activations += in_flight * logits_bytes(s, micro_batch, h, config.vocab, layout.tp, layout.sequence_parallel,
                                                 e, 4).total
-    return GPUMemory(states.params, states.grads, states.optimizer, _exact(activations, layout.sp), states.live,
+    return GPUMemory(states.params, states.grads, states.optimizer, exact_share(activations, layout.sp), states.live,
                      stage)

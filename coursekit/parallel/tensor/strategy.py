@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from ... import collectives as _collectives
 from ... import comm
 from ...mesh import as_group, rank_size
-from ...strategy import Setup, Strategy, optimizer_tensors, register
+from ...strategy import Setup, Strategy, register
 from ...traffic import Collective, CollectiveCounts, Traffic
 from ..data import average_gradients
 from .core import (ParallelMLP, ParallelSelfAttention, ShardedLinear, VocabParallelEmbedding,
@@ -271,11 +271,6 @@ class TensorParallel(Strategy):
 
     def parameters(self):
         return gather_dense(self.model)
-
-    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
-        params = list(self.model.parameters())
-        return {"params": params, "grads": [p.grad for p in params if p.grad is not None],
-                "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
         counts = self.record.collective_counts()
