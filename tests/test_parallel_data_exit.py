@@ -30,7 +30,7 @@ search found instead is how the abort happens: each ``DataParallel`` hook held t
 parameters (a reference from C++ that the garbage collector cannot follow), so a wrapper was never freed --
 nor the buckets, the tracer, and a process group passed in as ``group=``, which therefore outlived
 ``destroy_process_group()`` with its gloo threads. Any work of that group still in flight at exit then
-aborts the rank. The fix (``parallel/data/averaging.py``): the hooks hold the wrapper weakly and are removed
+aborts the rank. The fix (``parallel/data/core.py``): the hooks hold the wrapper weakly and are removed
 when it is freed, so it dies with its last reference, as DDP's reducer does.
 
 Planted bug the exit test catches: that fix reverted (``register_post_accumulate_grad_hook(self._grad_ready)``)
@@ -74,7 +74,7 @@ def _train(rank: int, init_method: str, variant: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=TIMEOUT_S))
-    from coursekit.parallel.data import DataParallel
+    from coursekit.parallel.data import MeasuredDataParallel
     from coursekit.trace import Tracer
 
     torch.manual_seed(rank)  # different start: DataParallel broadcasts rank 0's weights
@@ -91,7 +91,7 @@ def _train(rank: int, init_method: str, variant: dict) -> None:
 
     tracer = Tracer().start() if variant["tracer"] else None
     group = dist.group.WORLD if variant["pass_group"] else None
-    model = DataParallel(Net(), bucket_cap_mb=1e-6, group=group, tracer=tracer)  # one bucket per parameter
+    model = MeasuredDataParallel(Net(), bucket_cap_mb=1e-6, group=group, tracer=tracer)  # one bucket per parameter
     assert len(model.buckets) == 6, [len(b.params) for b in model.buckets]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(4):

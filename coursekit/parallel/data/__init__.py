@@ -2,7 +2,8 @@
 
 One module per step, PyTorch's counterpart last:
 
-* ``averaging`` -- the same start (:func:`broadcast_parameters`), each rank its slice of the batch
+* ``core`` -- the algorithm alone, to read top to bottom: the same start (:func:`broadcast_parameters`), each
+  rank its slice of the batch
   (:func:`shard_batch`), gradients averaged after backward (:func:`average_gradients`, ``"naive"``) or
   bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``); ``replicated`` -- both in the
   training loop, with mixed precision under ``torch.autocast`` and fp16's loss scale;
@@ -27,8 +28,8 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for, scaler_counters
 from .flat import Bucket, lay_flat, make_buckets
-from .averaging import DataParallel, average_gradients, broadcast_parameters, shard_batch
-from .replicated import Bucketed, Naive, Replicated
+from .core import DataParallel, average_gradients, broadcast_parameters, shard_batch
+from .replicated import Bucketed, MeasuredDataParallel, Naive, Replicated
 from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, TorchZeRO1, grad_scaler,
                     optimizer_class_and_defaults)
 from .zero import ZeRO
@@ -40,7 +41,7 @@ from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerSt
 from .clip import clip_grad_norm_
 
 __all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
-           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "Replicated", "Naive", "Bucketed",
+           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",

@@ -1,8 +1,9 @@
 """Plain data parallelism in the training loop: ``"naive"`` and ``"bucketed"`` for :func:`coursekit.train.train`.
 
-:mod:`~coursekit.parallel.data.averaging` is the algorithm (every rank a replica, gradients averaged); this
-is the adapter the one training loop calls, with what both share: mixed precision as DDP is used with it
-(the forward under ``torch.autocast``, fp32 weights and gradients) and, for fp16, a loss scale.
+:mod:`~coursekit.parallel.data.core` is the algorithm (every rank a replica, gradients averaged); this is the
+adapter the one training loop calls, with what both share: mixed precision as DDP is used with it (the forward
+under ``torch.autocast``, fp32 weights and gradients) and, for fp16, a loss scale. :class:`MeasuredDataParallel`
+is the core's :class:`DataParallel` with its all-reduces drawn on the timeline and counted.
 """
 
 from __future__ import annotations
@@ -14,11 +15,37 @@ import torch.nn as nn
 
 from ... import collectives as _collectives
 from ...strategy import Setup, Strategy, register
-from .averaging import DataParallel, average_gradients, broadcast_parameters
+from ...trace import Tracer, span
+from .core import DataParallel, average_gradients, broadcast_parameters
 from .buckets import megabytes
 from .precision import autocast, loss_scaler_for, scaler_counters
 
-__all__ = ["Replicated", "Naive", "Bucketed"]
+__all__ = ["MeasuredDataParallel", "Replicated", "Naive", "Bucketed"]
+
+
+class MeasuredDataParallel(DataParallel):
+    """:class:`DataParallel`, measured from outside: each bucket's all-reduce a ``comm`` span from issue to
+    completion (as gloo's threads report it), the wait at the end of backward an ``idle`` one
+    (``tracer``: a :class:`~coursekit.trace.Tracer`), and ``elements_reduced``, the elements all-reduced."""
+
+    def __init__(self, module: nn.Module, *args, tracer: Tracer | None = None, **kwargs):
+        super().__init__(module, *args, **kwargs)
+        self.tracer, self.elements_reduced = tracer, 0
+
+    def launch(self, b: int) -> None:
+        super().launch(b)
+        bucket = self.buckets[b]
+        if self.tracer is not None and bucket.work is not None:
+            self.tracer.comm(bucket.work, f"bucket {b}")
+        self.elements_reduced += bucket.buffer.numel()
+
+    def wait(self, bucket) -> None:
+        super().wait(bucket)
+        if self.tracer is not None and bucket.work is not None:
+            self.tracer.waited(bucket.work)  # gloo's thread has let go of it (see Tracer.waited)
+
+    def waiting(self):
+        return span(self.tracer, "idle", "wait for all-reduce")
 
 
 class Replicated(Strategy):
@@ -80,9 +107,9 @@ class Bucketed(Replicated):
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
-        self.wrapped = DataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
-                                    tracer=self.tracer, overlap=self.option("overlap"),
-                                    bucket_elements=self.option("bucket_elements"))
+        self.wrapped = MeasuredDataParallel(self.model, bucket_cap_mb=self.option("bucket_cap_mb"), group=self.group,
+                                            tracer=self.tracer, overlap=self.option("overlap"),
+                                            bucket_elements=self.option("bucket_elements"))
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.autocast_forward(self.wrapped, inputs)

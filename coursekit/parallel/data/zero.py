@@ -21,7 +21,7 @@ from ...strategy import optimizer_tensors
 from ...trace import Tracer, span
 from ...verify import FlatShard
 from ...memory import PeakMemory
-from .averaging import broadcast_parameters
+from .core import broadcast_parameters
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 from .flat import lay_flat, make_buckets
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for

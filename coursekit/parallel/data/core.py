@@ -18,7 +18,8 @@ batch. This module builds that up in three steps:
 
 ZeRO, which shards what these replicate, is in :mod:`coursekit.parallel.data.zero`;
 the training loop that runs any of them is :func:`coursekit.train.train`
-(strategies ``"naive"`` and ``"bucketed"`` are registered in :mod:`~coursekit.parallel.data.replicated`).
+(strategies ``"naive"`` and ``"bucketed"`` are registered in :mod:`~coursekit.parallel.data.replicated`, which
+also draws the buckets' all-reduces on the timeline and counts them).
 
 Every function takes ``group=``: the data-parallel process group, or a mesh
 axis (``group=mesh["dp"]``, :mod:`coursekit.mesh`); None means all ranks.
@@ -42,7 +43,6 @@ import torch.nn as nn
 
 from ... import collectives as _collectives
 from ...mesh import as_group, rank_size
-from ...trace import Tracer
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 
 __all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel"]
@@ -165,19 +165,18 @@ class DataParallel(nn.Module):
             is never split; a larger one gets a bucket of its own. ``None``: one bucket for everything
             (the rule of every bucket in the course: :mod:`coursekit.parallel.data.buckets`).
         group: the data-parallel process group, or a mesh axis (``mesh["dp"]``).
-        tracer: optional :class:`coursekit.trace.Tracer`; all-reduces are recorded as ``comm`` spans.
         overlap: ``False`` starts every bucket only when backward has ended
             (the same buckets, waiting for the end of backward: the baseline overlap is measured against).
         bucket_elements: the bucket size as a number of elements instead (overrides ``bucket_cap_mb``).
     """
 
     def __init__(self, module: nn.Module, bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, group=None,
-                 tracer: Tracer | None = None, overlap: bool = True, *, bucket_elements: int | None = None):
+                 overlap: bool = True, *, bucket_elements: int | None = None):
         super().__init__()
         self.overlap = overlap
         group = as_group(group)
         self.module = broadcast_parameters(module, group=group)
-        self.group, self.tracer = group, tracer
+        self.group = group
         self.world_size = rank_size(group)[1]
         self.require_sync = True
         params = [p for p in module.parameters() if p.requires_grad]
@@ -185,7 +184,6 @@ class DataParallel(nn.Module):
             raise ValueError("the module has no trainable parameter: nothing to synchronise.")
         self.buckets = _make_buckets(params, bucket_capacity(bucket_cap_mb, params[0], bucket_elements=bucket_elements))
         self._where = {id(p): (b, i) for b, bucket in enumerate(self.buckets) for i, p in enumerate(bucket.params)}
-        self.elements_reduced = 0  # elements all-reduced so far (for exact counting in tests)
         self._pending = False  # gradients of this backward not yet averaged
         # The hooks live on the parameters (held from C++, where the garbage collector cannot see them), so they
         # hold this wrapper weakly: dropped, it is freed -- its buffers, its hooks and its group with it -- as
@@ -219,7 +217,7 @@ class DataParallel(nn.Module):
         bucket = self.buckets[b]
         bucket.ready.add(i)
         if len(bucket.ready) == len(bucket.params):
-            self._launch(b)
+            self.launch(b)
 
     def _attach(self, bucket: _Bucket, i: int, p: nn.Parameter) -> None:
         """Make ``p.grad`` a view into the bucket's buffer (copying a gradient made elsewhere)."""
@@ -230,18 +228,22 @@ class DataParallel(nn.Module):
             view.copy_(p.grad)
         p.grad = view
 
-    def _launch(self, b: int) -> None:
+    def launch(self, b: int) -> None:
+        """Start bucket ``b``'s all-reduce (``async_op=True``: gloo runs it on its own threads) and go on."""
         bucket = self.buckets[b]
         for i, p in enumerate(bucket.params):  # usually a no-op: the gradients already live in the buffer
             self._attach(bucket, i, p)
-        if self.world_size > 1:
-            bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
-            if self.tracer is not None:
-                self.tracer.comm(bucket.work, f"bucket {b}")
-        else:
-            bucket.work = None
-        self.elements_reduced += bucket.buffer.numel()
+        bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True) if self.world_size > 1 else None
         bucket.ready = set(range(len(bucket.params)))  # launched
+
+    def wait(self, bucket: _Bucket) -> None:
+        """Block until ``bucket``'s all-reduce is done."""
+        if bucket.work is not None:
+            bucket.work.wait()
+
+    def waiting(self):
+        """Around launching the buckets no hook completed and waiting for all: from here the rank only waits."""
+        return nullcontext()
 
     def finish_gradient_synchronization(self) -> None:
         """Start the buckets no hook completed, wait for every all-reduce, divide by the world size.
@@ -252,16 +254,12 @@ class DataParallel(nn.Module):
         """
         if self._synchronized and not self._pending:
             return  # this backward's gradients are averaged already: never divide twice
-        waiting = self.tracer.span("idle", "wait for all-reduce") if self.tracer else nullcontext()
-        with waiting:  # backward's compute is over: from here on this rank only waits
+        with self.waiting():  # backward's compute is over: from here on this rank only waits
             for b, bucket in enumerate(self.buckets):
                 if len(bucket.ready) < len(bucket.params):
-                    self._launch(b)
+                    self.launch(b)
             for bucket in self.buckets:
-                if bucket.work is not None:
-                    bucket.work.wait()
-                    if self.tracer is not None:
-                        self.tracer.waited(bucket.work)
+                self.wait(bucket)
         for bucket in self.buckets:
             bucket.buffer.div_(self.world_size)
             bucket.ready, bucket.work = set(), None
