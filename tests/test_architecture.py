@@ -18,7 +18,7 @@ PACKAGE = ROOT / "coursekit"
 
 # Algorithms (what a strategy, a collective or the launcher is) never import what draws, explains or grades them.
 PRESENTATION = ("coursekit.viz", "coursekit.widgets", "coursekit.grading", "coursekit.checks", "coursekit.bench",
-                "coursekit.cli", "coursekit.__main__", "coursekit.run_notebook")
+                "coursekit.experiments", "coursekit.cli", "coursekit.__main__", "coursekit.run_notebook")
 # The point-to-point layer is below every collective; the launcher is below every strategy.
 COMM = ("coursekit.comm", "coursekit.comm_state", "coursekit.simulator", "coursekit.traffic", "coursekit.waiting")
 COLLECTIVES = ("coursekit.collectives", "coursekit.collective_base", "coursekit.ring", "coursekit.hierarchical",
@@ -205,7 +205,7 @@ CORES = ("tensor", "pipeline", "data")  # sequence follows; ZeRO is still instru
 CORE_MAX_LINES = 350
 INSTRUMENTS = ("coursekit.trace", "coursekit.memory", "coursekit.live_memory", "coursekit.traffic",
                "coursekit.answers", "coursekit.grading", "coursekit.viz", "coursekit.widgets", "coursekit.bench",
-               "coursekit.verify", "coursekit.costmodel", "coursekit.netsim")
+               "coursekit.verify", "coursekit.costmodel", "coursekit.netsim", "coursekit.experiments")
 
 
 @pytest.mark.parametrize("dim", CORES)

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 from coursekit.bench.pipeline import analyse, main, winners, zb_targets
 from coursekit.bench.pipeline_sweep import sweep_table, sweep_targets, why_missed
-from coursekit.parallel.pipeline import SweepResult, bubble_formula, make_schedule, plan
+from coursekit.experiments import SweepResult
+from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
 from coursekit.trace import Span
 
 MS = 1e-3

@@ -13,7 +13,8 @@ import torch
 
 from coursekit import live_memory
 from coursekit.live_memory import LiveMemory, forward_backward_memory
-from coursekit.parallel.sequence import CAPACITY_METHODS, attention_peak, block_memory, capacity, longest_sequence
+from coursekit.experiments import CAPACITY_METHODS, attention_peak, block_memory, longest_sequence
+from coursekit.experiments import sequence_capacity as capacity
 
 F32 = 4
 

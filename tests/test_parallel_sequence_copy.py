@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import coursekit
-from coursekit.parallel.sequence import (CopyData, chunk_bounds, needs_other_chunk, per_position_loss,
+from coursekit.parallel.sequence import chunk_bounds
+from coursekit.experiments import (CopyData, needs_other_chunk, per_position_loss,
                                          train_one_process)
 from coursekit.train import train
 from coursekit.verify import compare

@@ -1,4 +1,4 @@
-"""The overlap measurement of ring attention (coursekit.parallel.sequence.overlap)."""
+"""The overlap measurement of ring attention (coursekit.experiments.ring_overlap)."""
 
 import math
 
@@ -6,7 +6,8 @@ import torch
 
 import coursekit
 from coursekit import comm
-from coursekit.parallel.sequence import hidden_share, ring_attention, ring_traffic, shard_sequence, transfers_alone
+from coursekit.experiments import hidden_share, transfers_alone
+from coursekit.parallel.sequence import ring_attention, ring_traffic, shard_sequence
 
 
 def test_the_transfers_alone_are_the_ring_forwards_transfers():

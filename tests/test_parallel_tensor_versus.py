@@ -1,9 +1,9 @@
-"""P10's comparison (coursekit.parallel.tensor.versus): the three variants do the same work on the same model."""
+"""P10's comparison (coursekit.experiments.tensor_versus_model): the three variants do the same work on the same model."""
 
 import pytest
 
 import coursekit
-from coursekit.parallel.tensor import VARIANTS, step_times
+from coursekit.experiments import VARIANTS, step_times
 
 
 def test_one_process_tensor_and_model_parallelism_compute_the_same_loss():

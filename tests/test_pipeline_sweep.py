@@ -1,14 +1,14 @@
-"""P7's m-sweep (coursekit.parallel.pipeline.sweep) at a tiny size: the baseline does the pipeline's work, the
+"""P7's m-sweep (coursekit.experiments.pipeline_sweep) at a tiny size: the baseline does the pipeline's work, the
 formulas are the papers', the activation counts are the schedules'. No timing is asserted: only what was run.
 
-Each test names the bug planted by hand (in coursekit/parallel/pipeline/sweep.py) to see it fail.
+Each test names the bug planted by hand (in coursekit/experiments/pipeline_sweep.py) to see it fail.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from coursekit.parallel.pipeline import SWEEP_VARIANTS, SweepResult, in_flight_waits, paired, pipeline_sweep
+from coursekit.experiments import SWEEP_VARIANTS, SweepResult, in_flight_waits, paired, pipeline_sweep
 from coursekit.trace import Span
 
 P, MS, BATCH, WIDTH, LAYERS = 2, (1, 2, 4), 8, 16, 4
@@ -96,7 +96,8 @@ def test_the_balanced_mlps_two_stages_do_the_same_arithmetic():
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from coursekit.parallel.pipeline import balanced_mlp, split
+    from coursekit.experiments import balanced_mlp
+    from coursekit.parallel.pipeline import split
 
     width, rows = 32, 4
     model = balanced_mlp(width, n_layers=4)

@@ -11,7 +11,7 @@ matplotlib.use("agg")
 
 import pytest  # noqa: E402
 
-from coursekit.parallel.pipeline import SweepResult  # noqa: E402
+from coursekit.experiments import SweepResult  # noqa: E402
 from coursekit.viz.pipeline_sweep import draw_sweep  # noqa: E402
 
 MS = (1, 2, 4, 8)

@@ -84,7 +84,7 @@ def sweep_targets(result) -> list[tuple[str, str, bool]]:
 
 def sweep_section(options) -> list[tuple[str, str, bool]]:
     """P7 measured (issue 29 §1): the m-sweep on the wide MLP, p = 2, its table, and its targets."""
-    from ..parallel.pipeline import pipeline_sweep
+    from ..experiments import pipeline_sweep
 
     if options.quick:  # a smoke run: a 4-layer MLP of --hidden 64, m up to 4, 2 iterations
         options.sweep_m, options.sweep_layers, options.sweep_iters = [1, 2, 4], 4, 2

@@ -10,7 +10,7 @@ Measures, on the same global batch (the same work per step):
 * one block's MLP and attention, forward and backward at degree 2: coursekit's layers
   (:mod:`coursekit.parallel.tensor`) against DTensor's ``parallelize_module`` (``ColwiseParallel``,
   ``RowwiseParallel``). Target: coursekit ≤ 1.2× DTensor's time;
-* P10 where it is true (:mod:`coursekit.parallel.tensor.versus`): 4 residual MLP blocks 1024 → 4096 → 1024
+* P10 where it is true (:mod:`coursekit.experiments.tensor_versus_model`): 4 residual MLP blocks 1024 → 4096 → 1024
   on 256 tokens, one process against tensor parallelism and model parallelism (2 + 2 blocks) on 2 ranks,
   the three back to back in each iteration (paired). Targets: tensor parallelism ≥ 1.6× one process, and
   faster than model parallelism (median paired ratios).
@@ -130,7 +130,7 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
 
 def wide_model(iterations: int) -> list[tuple[str, str, bool]]:
     """P10 on the wide MLP: step times of the three variants, paired ratios, and the two targets."""
-    from ..parallel.tensor import VARIANTS, step_times
+    from ..experiments import VARIANTS, step_times
 
     results = launch(step_times, 2, iterations, timeout=600)
     slowest = {v: [max(r[v][i] for r in results) for i in range(iterations)] for v in VARIANTS}

@@ -397,7 +397,7 @@ for name, v in configs:
 
 # %% tags=["nbval-skip"]
 # Skipped by nbval with the two tables after it (papermill runs all three): timings, nothing nbval compares.
-from coursekit.parallel.pipeline import pipeline_sweep
+from coursekit.experiments import pipeline_sweep
 from coursekit.viz.pipeline_sweep import draw_sweep
 
 sweep = pipeline_sweep(SWEEP_M, batch=SWEEP_BATCH, width=SWEEP_WIDTH, iterations=SWEEP_ITERS)

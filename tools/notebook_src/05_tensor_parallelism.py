@@ -465,7 +465,7 @@ for degree in even:
 
 # %% tags=["nbval-check-output"]
 from coursekit.live_memory import as_rank
-from coursekit.parallel.sequence import block_memory
+from coursekit.experiments import block_memory
 from coursekit.parallel.tensor import ParallelBlock
 
 
@@ -589,7 +589,7 @@ else:
 #
 # Now a model whose layers are wide enough that a rank's share of the arithmetic dwarfs the all-reduce
 # after it: 4 residual MLP blocks x + W₂·gelu(W₁·x), 1024 → 4096 → 1024 (Megatron's MLP shape, 8.4 million
-# weights a block), on 256 tokens (`coursekit.parallel.tensor.versus`). A block's forward is
+# weights a block), on 256 tokens (`coursekit.experiments.tensor_versus_model`). A block's forward is
 # 2 × 2 × 256 × 1024 × 4096 ≈ 4.3 GFLOP, split over 2 ranks, against one all-reduce of 256 × 1024 floats
 # (1 MiB). On 2 ranks of one thread each (one core each): one process running the whole model (the other rank
 # idle), tensor parallelism (every block a `ParallelMLP`), and model parallelism (blocks 1–2 on rank 0, 3–4
@@ -598,7 +598,7 @@ else:
 # (`tests/test_parallel_tensor_versus.py`).
 
 # %% tags=["nbval-ignore-output"]
-from coursekit.parallel.tensor import VARIANTS, step_times
+from coursekit.experiments import VARIANTS, step_times
 
 wide = coursekit.launch(step_times, 2, WIDE_ITERS)
 slowest = {v: [max(r[v][i] for r in wide) for i in range(WIDE_ITERS)] for v in VARIANTS}

@@ -46,11 +46,11 @@ import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
-from coursekit.parallel.sequence import (AttentionWork, CopyData, SequenceTensorParallelBlock, chunk_bounds,
-                                         chunk_local_losses, copy_task_losses, full_attention, needs_other_chunk,
-                                         megatron_sp_saved_bytes, megatron_sp_traffic, merge, per_position_loss,
-                                         ring_attention, ring_traffic, saved_bytes, shard_sequence, train_one_process,
-                                         ulysses_attention, ulysses_traffic)
+from coursekit.experiments import (CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
+                                   per_position_loss, train_one_process)
+from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, full_attention,
+                                         megatron_sp_saved_bytes, megatron_sp_traffic, merge, ring_attention,
+                                         ring_traffic, saved_bytes, shard_sequence, ulysses_attention, ulysses_traffic)
 from coursekit.train import train
 from coursekit.verify import compare
 
@@ -567,7 +567,7 @@ for name, layout, attend in (
 # until the peak exceeds the budget, then bisects, every candidate measured:
 
 # %% tags=["nbval-check-output"]
-from coursekit.parallel.sequence import capacity_table
+from coursekit.experiments import capacity_table
 
 table = capacity_table(int(CAPACITY_MIB * 2**20), world_size=2, step=CAPACITY_STEP)
 print(f"longest S (a multiple of {CAPACITY_STEP}) whose peak per rank stays within {CAPACITY_MIB:g} MiB: one causal "
@@ -600,7 +600,7 @@ for method, (longest, measured) in table.items():
 # for a block after computing the one it held; the mean over the 2 ranks of their medians.
 
 # %% tags=["nbval-ignore-output"]
-from coursekit.parallel.sequence import hidden_share
+from coursekit.experiments import hidden_share
 
 print("    S   chunk L   forward    transfers alone   waited after computing   hidden")
 shares = {}
@@ -777,7 +777,7 @@ for name, measured, course, paper in rows:  # measured: every rank's bytes
 # count as above), each rank of t run in turn in this process with a fake process group:
 
 # %% tags=["nbval-check-output"]
-from coursekit.parallel.sequence import block_memory
+from coursekit.experiments import block_memory
 
 peaks = block_memory(2, 32, sizes=(2, 4))
 course = {("dense", 1): tensor_parallel_saved_bytes(*sizes, d_ff, 1)}

@@ -17,11 +17,10 @@ One module per concept, PyTorch's counterpart last:
   schedule, action by action;
 * ``executor`` -- :func:`execute`, the core's executor measured (spans, activations kept) and the strategy
   ``"pipeline"`` (chapter 04);
-* ``sweep`` -- :func:`pipeline_sweep`, P7 measured: 1F1B and GPipe against one process running the same
-  micro-batches, for m in a list (speed-up beside the ideal, bubble beside the formula, activation bytes);
 * ``torch`` -- the same stages under ``torch.distributed.pipelining`` (``"torch_pipeline"``).
 
 Every name below is importable from here (``from coursekit.parallel.pipeline import make_schedule, plan``).
+P7 measured, the pipeline sweep, is an experiment: :mod:`coursekit.experiments.pipeline_sweep`.
 """
 
 from .comm import Channel, broadcast_loss, sum_tied_gradients, tied_parameters
@@ -37,8 +36,6 @@ from .split_backward import WeightWork, backward_input, backward_weight
 from .core import Step, run_schedule
 from .executor import ExecutorStats, PipelineParallel, execute
 from .torch import TorchPipeline, torch_schedule
-from .sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired, pipeline_sweep,
-                    same_work_step, sweep_steps)
 
 __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel",
            "Channel", "tied_parameters", "sum_tied_gradients", "broadcast_loss",
@@ -49,6 +46,4 @@ __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "Mod
            "stage_costs", "stage_times", "imbalance",
            "PipelineTraffic", "pipeline_traffic", "pipeline_traffic_formula", "all_reduce_bytes",
            "WeightWork", "backward_input", "backward_weight",
-           "run_schedule", "Step", "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule",
-           "SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits",
-           "sweep_steps", "SweepResult", "pipeline_sweep"]
+           "run_schedule", "Step", "ExecutorStats", "execute", "PipelineParallel", "TorchPipeline", "torch_schedule"]

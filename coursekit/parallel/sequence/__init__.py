@@ -11,12 +11,11 @@ One module per concept:
   :func:`all_to_all`, :func:`gather_sequence`;
 * ``split`` -- chunk-local attention, DeepSpeed Ulysses, and the strategies ``"ring_attention"``,
   ``"ulysses"`` and ``"chunk_local"``;
-* ``overlap`` -- when the ring's transfers hide behind its compute (L ≥ s·F/2B), measured;
-* ``accuracy`` -- what chunk-local attention costs (P9), on a copy task built so the cost cannot hide;
 * ``tensor`` -- Megatron-style sequence parallelism beside tensor parallelism (``"sequence_tensor"``);
 * ``data`` -- ring attention along a mesh's ``sp`` axis, the batch split along ``dp`` (``"sequence_data"``);
-* ``capacity`` -- memory per rank, measured exactly: one block's activation peak (dense, TP, TP + SP) and
-  the longest sequence each attention method fits under a budget.
+
+The chapter's measured experiments (the ring's overlap, chunk-local attention's accuracy, the longest sequence
+each method fits) are in :mod:`coursekit.experiments`.
 
 PyTorch's counterpart (``torch.distributed.tensor.experimental.context_parallel``) is run side by side in
 chapter 06 itself. Every name below is importable from here (``from coursekit.parallel.sequence import
@@ -32,14 +31,10 @@ from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
                     chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
                     ulysses_traffic)
-from .overlap import hidden_share, transfers_alone
-from .accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
-                       per_position_loss, train_one_process)
 from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, SequenceTensorParallelTransformer,
                      all_gather_sequence, gather_linear, megatron_sp_saved_bytes, megatron_sp_traffic,
                      reduce_scatter_sequence)
 from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
-from .capacity import CAPACITY_METHODS, attention_peak, block_memory, capacity_table, longest_sequence
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
            "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
@@ -47,10 +42,7 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_boun
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",
-           "CopyData", "needs_other_chunk", "train_one_process", "per_position_loss", "copy_task_losses",
-           "chunk_local_losses", "EVAL_STEP", "hidden_share", "transfers_alone",
            "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
            "megatron_sp_saved_bytes",
-           "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic",
-           "CAPACITY_METHODS", "block_memory", "attention_peak", "longest_sequence", "capacity_table"]
+           "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]

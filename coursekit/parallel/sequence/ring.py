@@ -127,7 +127,7 @@ class AttentionWork:
     and head: the size of the score blocks, what the time of attention is proportional to.
     ``largest_block`` is the largest score block (elements, all batches and heads) ever alive.
     ``waited``: seconds the forward waited for the next key/value block after computing the current one --
-    the part of the transfers the compute did not hide (:mod:`coursekit.parallel.sequence.overlap`).
+    the part of the transfers the compute did not hide (:mod:`coursekit.experiments.ring_overlap`).
     """
 
     computed: int = 0

@@ -8,10 +8,10 @@
   (:func:`count_communication`) and as a formula (:func:`expected_counts`);
 * ``activations`` -- what one block keeps for backward per rank (:func:`tensor_parallel_saved_bytes`), beside
   Korthikanti et al.'s Table 2 (:func:`korthikanti_table2_bytes`);
-* ``versus`` -- P10 measured: tensor against model parallelism on the same wide MLP, 2 ranks;
 * ``torch`` -- the same blocks under DTensor's ``parallelize_module``, to run side by side.
 
-Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
+P10 measured (tensor against model parallelism on a wide MLP) is an experiment:
+:mod:`coursekit.experiments.tensor_versus_model`. Every name below is importable from here (``from coursekit.parallel.tensor import ColumnParallelLinear``).
 """
 
 from .core import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RowParallelLinear, ShardedLinear,
@@ -22,7 +22,6 @@ from .strategy import (DataTensorParallel, ParallelBlock, TensorParallel, Tensor
                        count_communication, dense_name, expected_counts, gather_dense, parallelize_transformer,
                        shard_dim)
 from .activations import korthikanti_table2_bytes, tensor_parallel_saved_bytes
-from .versus import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .torch import (TorchMLP, TorchSelfAttention, comm_counts, dense_qkv, qkv_rank_order, torch_parallel_attention,
                     torch_parallel_mlp, torch_parallelize_transformer)
 
@@ -35,5 +34,4 @@ __all__ = ["shard_sizes", "shard_bounds",
            "count_communication", "expected_counts",
            "TensorParallel", "DataTensorParallel", "tensor_parallel_saved_bytes", "korthikanti_table2_bytes",
            "TorchMLP", "TorchSelfAttention", "torch_parallel_mlp", "torch_parallel_attention", "qkv_rank_order",
-           "dense_qkv", "torch_parallelize_transformer", "comm_counts",
-           "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times", "VARIANTS"]
+           "dense_qkv", "torch_parallelize_transformer", "comm_counts"]

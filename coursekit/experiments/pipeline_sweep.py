@@ -60,14 +60,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ...launch import launch
-from ...models import TeacherData, tiny_mlp
-from ...trace import Tracer
-from .comm import Channel
-from .executor import execute
-from .measured import compute_op, measured_bubble
-from .model import split
-from .schedules import make_schedule
+from ..launch import launch
+from ..models import TeacherData, tiny_mlp
+from ..trace import Tracer
+from ..parallel.pipeline.comm import Channel
+from ..parallel.pipeline.executor import execute
+from ..parallel.pipeline.measured import compute_op, measured_bubble
+from ..parallel.pipeline.model import split
+from ..parallel.pipeline.schedules import make_schedule
 
 __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps", "SweepResult",
            "pipeline_sweep"]

@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ... import comm
-from .core import ParallelMLP
+from .. import comm
+from ..parallel.tensor.core import ParallelMLP
 
 __all__ = ["ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times", "VARIANTS"]
 

@@ -24,10 +24,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from ... import comm
-from ...mesh import rank_size
-from .layout import shard_sequence
-from .ring import AttentionWork, ring_attention
+from .. import comm
+from ..mesh import rank_size
+from ..parallel.sequence.layout import shard_sequence
+from ..parallel.sequence.ring import AttentionWork, ring_attention
 
 __all__ = ["hidden_share", "transfers_alone"]
 

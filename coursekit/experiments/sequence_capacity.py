@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import torch
 
-from ...live_memory import ActivationMemory, LiveMemory, as_rank, forward_backward_memory
-from ...models import tiny_transformer
-from ..tensor import ParallelBlock
-from .layout import shard_sequence
-from .ring import full_attention, ring_attention
-from .split import ulysses_attention
-from .tensor import SequenceTensorParallelBlock
+from ..live_memory import ActivationMemory, LiveMemory, as_rank, forward_backward_memory
+from ..models import tiny_transformer
+from ..parallel.tensor import ParallelBlock
+from ..parallel.sequence.layout import shard_sequence
+from ..parallel.sequence.ring import full_attention, ring_attention
+from ..parallel.sequence.split import ulysses_attention
+from ..parallel.sequence.tensor import SequenceTensorParallelBlock
 
 __all__ = ["CAPACITY_METHODS", "block_memory", "attention_peak", "longest_sequence", "capacity_table"]
 

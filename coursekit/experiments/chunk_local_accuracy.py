@@ -24,8 +24,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .ring import chunk_bounds
-from .split import chunked_attention, sequence_forward
+from ..parallel.sequence.ring import chunk_bounds
+from ..parallel.sequence.split import chunked_attention, sequence_forward
 
 __all__ = ["CopyData", "needs_other_chunk", "train_one_process", "per_position_loss", "copy_task_losses",
            "chunk_local_losses", "EVAL_STEP"]
@@ -90,7 +90,7 @@ def train_one_process(data, n_chunks: int, steps: int = 150, batch: int = 32, lr
 
     Returns ``(model, losses)``: the model, and the training loss of every step.
     """
-    from ...models import loss_fn, tiny_transformer
+    from ..models import loss_fn, tiny_transformer
 
     model = tiny_transformer(seed=seed, vocab_size=data.vocab_size, max_seq_len=max_seq_len)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
@@ -139,7 +139,7 @@ def chunk_local_losses(chunks=(1, 2, 4, 8), steps: int = 150, batch: int = 32, l
     One process, the same model, data and optimiser for each; ``chunks=1`` is full attention.
     Each sequence is cut into chunks exactly as over that many ranks: the block-diagonal mask.
     """
-    from ...models import LanguageData
+    from ..models import LanguageData
 
     data, out = LanguageData(seq_len=seq_len, seed=seed), {}
     for n in chunks:

@@ -1,0 +1,26 @@
+"""The course's measured experiments: runs that show a seed claim, built on the algorithms and measured from outside.
+
+Each chapter imports its experiment from here; no algorithm imports one.
+
+* ``pipeline_sweep`` -- P7 measured (chapter 04): 1F1B and GPipe against one process running the same
+  micro-batches, for m in a list: speed-up beside the ideal, bubble beside the formula, activation bytes;
+* ``tensor_versus_model`` -- P10 measured (chapter 05): tensor against model parallelism on the same wide MLP;
+* ``chunk_local_accuracy`` -- what attention that stays inside its chunk loses on a copy task (chapter 06);
+* ``ring_overlap`` -- how much of ring attention's transfers its compute hides (chapter 06);
+* ``sequence_capacity`` -- the longest sequence each attention fits in a memory budget (chapter 06).
+"""
+
+from .pipeline_sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired,
+                             pipeline_sweep, same_work_step, sweep_steps)
+from .tensor_versus_model import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
+from .chunk_local_accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
+                                   per_position_loss, train_one_process)
+from .ring_overlap import hidden_share, transfers_alone
+from .sequence_capacity import CAPACITY_METHODS, attention_peak, block_memory, capacity_table, longest_sequence
+
+__all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps",
+           "SweepResult", "pipeline_sweep",
+           "VARIANTS", "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times",
+           "EVAL_STEP", "CopyData", "chunk_local_losses", "copy_task_losses", "needs_other_chunk", "per_position_loss",
+           "train_one_process", "hidden_share", "transfers_alone",
+           "CAPACITY_METHODS", "attention_peak", "block_memory", "capacity_table", "longest_sequence"]
