@@ -1,42 +1,63 @@
-"""The library's own answers to the exercises, and the switch a grader uses to hold them back.
+"""The library's own answers to the exercises, by name, and the switch a grader uses to hold them back.
 
-Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both
-(:mod:`coursekit.ring`), and exercise 02 tells learners to import them. Exercise 04
-asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it; exercise 06's merge and ring
-loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``. A learner who wraps the
-library's function has written nothing, so a function that answers an exercise
-is marked ``@answer_to(exercise, ...)``, and while a grader runs the learner's code
-for that exercise it holds the answers back (:func:`held_back`): calling one
-raises :class:`AnswerHeldBack`, whose message says what to write instead.
-Everywhere else -- chapters, other exercises, the grader's own references --
-the functions work as usual.
+Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both (:mod:`coursekit.ring`), and
+exercise 02 tells learners to import them. Exercise 04 asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it;
+exercise 06's merge and ring loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``;
+exercise 07's choice is what the planner computes. A learner who calls the library's function has written
+nothing, so every function that answers an exercise is listed here, in :data:`ANSWERS`, by its qualified name --
+the algorithm's own file carries no grading hook -- and while a grader runs the learner's code for that exercise
+it holds them back (:func:`held_back`): calling one raises :class:`AnswerHeldBack`, whose message says what to
+write instead. Everywhere else -- chapters, other exercises, the grader's own references -- they work as usual.
 
-The switch is per process and counts nesting, like ``grading.guard``'s: the
-simulator's ranks are threads of one process, each inside the block; real ranks
-enter it in their own process.
+Holding back swaps the function's code for a refusal, in place, for as long as the block lasts: every path to
+it is closed at once -- the name in its module, a re-export (``coursekit.ring_all_reduce``), a reference taken
+before grading began, a ``functools.wraps`` chain's ``__wrapped__``. The switch is per process and counts
+nesting, like ``grading.guard``'s: the simulator's ranks are threads of one process, each inside the block;
+real ranks enter it in their own process.
 """
 
 from __future__ import annotations
 
-import functools
+import importlib
 import threading
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable
 
-__all__ = ["AnswerHeldBack", "answer_to", "held_back", "is_held_back", "ANSWERS", "answer_of"]
+__all__ = ["AnswerHeldBack", "ANSWERS", "answer_of", "held_back", "is_held_back", "refuse"]
 
-#: Library code that answers an exercise, by qualified name, kept out of the algorithm's file (a core carries no
-#: grading hook). A chapter never shows these (:func:`coursekit.show`); while exercise 05 is graded torch's
-#: collectives are switched off, so its layers, built on them, do not run either.
-ANSWERS: dict[str, str] = {
-    **{f"coursekit.parallel.tensor.core.{name}": "05_tensor_parallel"
+_RING = "coursekit.ring."
+_SCHEDULES = "coursekit.parallel.pipeline.schedules."
+_SEQUENCE = "coursekit.parallel.sequence.ring."
+_PLANNER = "coursekit.costmodel.planner."
+_TENSOR = "coursekit.parallel.tensor.core."
+_ACTIONS = "write each rank's list of actions yourself"
+_CHOOSE = ("choose the degrees yourself from the numbers: evaluate(config, Layout(...), hardware, global_batch) "
+           "prices one layout -- its memory, its step time and why")
+
+#: qualified name -> (exercise, what the learner should write instead). The functions are held back while their
+#: exercise is graded; a class listed here (exercise 05's layers) by the listed functions it calls. None of them
+#: is shown in a chapter (:func:`coursekit.show`).
+ANSWERS: dict[str, tuple[str, str]] = {
+    _RING + "ring_reduce_scatter": ("01_ring_allreduce",
+                                    "write the reduce-scatter's G-1 steps yourself with coursekit.comm"),
+    _RING + "ring_all_gather": ("01_ring_allreduce", "write the all-gather's G-1 steps yourself with coursekit.comm"),
+    _RING + "ring_all_reduce": ("01_ring_allreduce",
+                                "write the reduce-scatter and the all-gather yourself with coursekit.comm"),
+    **{_SCHEDULES + name: ("04_pipeline_schedule", _ACTIONS)
+       for name in ("_schedule", "gpipe", "one_f_one_b", "interleaved_1f1b")},
+    **{_TENSOR + name: ("05_tensor_parallel", "write f, g and the two layers yourself with the exercise's collectives")
        for name in ("_Copy", "_Reduce", "copy_to_parallel_region", "reduce_from_parallel_region",
                     "ColumnParallelLinear", "RowParallelLinear")},
+    _SEQUENCE + "merge": ("06_ring_attention",
+                          "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)"),
+    _SEQUENCE + "ring_attention": ("06_ring_attention",
+                                   "write the ring loop yourself: block_attention, merge and PassRight, G steps"),
+    **{_PLANNER + name: ("07_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
 }
 
 _lock = threading.Lock()
-_held: Counter[str] = Counter()  # exercise -> how many blocks hold its answers back now
+_held: Counter[str] = Counter()                  # exercise -> how many blocks hold its answers back now
+_saved: dict[str, list[tuple[object, object]]] = {}  # exercise -> (function, its own code), while held back
 
 
 class AnswerHeldBack(RuntimeError):
@@ -47,43 +68,54 @@ def is_held_back(exercise: str) -> bool:
     return _held[exercise] > 0
 
 
-def answer_to(exercise: str, instead: str) -> Callable[[Callable], Callable]:
-    """Mark a library function as the answer to ``exercise``; ``instead`` says what the learner should write.
+def answer_of(obj) -> str | None:
+    """The exercise ``obj`` (a function or class of the library) answers, or None."""
+    entry = ANSWERS.get(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+    return entry[0] if entry else None
 
-        @answer_to("01_ring_allreduce", "write the reduce-scatter's G-1 steps with coursekit.comm")
-        def ring_reduce_scatter(tensor, group=None): ...
 
-    The function is unchanged (name, signature, docstring) except while
-    :func:`held_back` is active for ``exercise``.
-    """
-    def mark(fn: Callable) -> Callable:
-        @functools.wraps(fn)
-        def answer(*args, **kwargs):
-            if _held[exercise] > 0:
-                raise AnswerHeldBack(f"{fn.__module__}.{fn.__name__} was called: it is coursekit's own answer to "
-                                     f"exercise {exercise}, so it earns no credit there -- {instead}.")
-            return fn(*args, **kwargs)
-        answer.answers = exercise
-        return answer
-    return mark
+def refuse(qualified: str):
+    """What a held-back answer runs instead of its own code: raise :class:`AnswerHeldBack`, saying what to write."""
+    exercise, instead = ANSWERS[qualified]
+    raise AnswerHeldBack(f"{qualified} was called: it is coursekit's own answer to exercise {exercise}, so it earns "
+                         f"no credit there -- {instead}.")
+
+
+def _refusal(*args, **kwargs):  # a template: its constant "QUALIFIED" becomes each answer's name
+    __import__("coursekit.answers", fromlist=["refuse"]).refuse("QUALIFIED")
+
+
+def _functions(exercise: str) -> list[tuple[str, object]]:
+    """The functions listed for ``exercise`` (classes are held back by what they call)."""
+    out = []
+    for qualified, (owner, _) in ANSWERS.items():
+        module, _, name = qualified.rpartition(".")
+        obj = getattr(importlib.import_module(module), name)
+        if owner == exercise and callable(obj) and hasattr(obj, "__code__"):
+            out.append((qualified, obj))
+    return out
 
 
 @contextmanager
 def held_back(exercise: str):
-    """Inside the block, every function marked ``@answer_to(exercise, ...)`` raises :class:`AnswerHeldBack`."""
+    """Inside the block, every function :data:`ANSWERS` lists for ``exercise`` raises :class:`AnswerHeldBack`."""
     with _lock:
+        if _held[exercise] == 0:
+            saved = []
+            for qualified, fn in _functions(exercise):
+                code = _refusal.__code__
+                consts = tuple(qualified if c == "QUALIFIED" else c for c in code.co_consts)
+                saved.append((fn, fn.__code__))
+                # the refusal runs with the answer's own globals: it reaches this module through __import__
+                fn.__code__ = code.replace(co_consts=consts, co_name=fn.__code__.co_name,
+                                           co_qualname=fn.__code__.co_qualname)
+            _saved[exercise] = saved
         _held[exercise] += 1
     try:
         yield
     finally:
         with _lock:
             _held[exercise] -= 1
-
-
-def answer_of(obj) -> str | None:
-    """The exercise ``obj`` (a function or class) answers, or None: marked ``@answer_to`` or listed in
-    :data:`ANSWERS` by its qualified name."""
-    marked = getattr(obj, "answers", None)
-    if isinstance(marked, str):
-        return marked
-    return ANSWERS.get(f"{getattr(obj, '__module__', '')}.{getattr(obj, '__qualname__', '')}")
+            if _held[exercise] == 0:
+                for fn, code in _saved.pop(exercise):
+                    fn.__code__ = code

@@ -14,7 +14,6 @@ from __future__ import annotations
 import torch
 
 from . import comm
-from .answers import answer_to
 from .collective_base import LengthCheck, finish_all_reduce, flat_view, scratch_buffer, start_all_reduce
 
 __all__ = ["segment_bounds", "owned_segment", "ring_traffic", "ring_reduce_scatter", "ring_all_gather",
@@ -96,7 +95,6 @@ def _check(flat: torch.Tensor, name: str, group, size: int, rank: int, wanted: b
     return LengthCheck(flat, name, group, [(rank - 1) % size], [(rank + 1) % size])
 
 
-@answer_to("01_ring_allreduce", "write the reduce-scatter's G-1 steps yourself with coursekit.comm")
 def ring_reduce_scatter(tensor: torch.Tensor, group=None, *, check_lengths: bool = True) -> torch.Tensor:
     """Phase 1 of the ring ("share-reduce", R5). Returns this rank's fully reduced segment (a view).
 
@@ -157,7 +155,6 @@ def _reduce_scatter(flat: torch.Tensor, size: int, rank: int, group, check: Leng
     return mine
 
 
-@answer_to("01_ring_allreduce", "write the all-gather's G-1 steps yourself with coursekit.comm")
 def ring_all_gather(segment: torch.Tensor, out: torch.Tensor, group=None, *,
                     check_lengths: bool = True) -> torch.Tensor:
     """Phase 2 of the ring ("share-only", R6): every rank ends with every rank's segment in ``out``.
@@ -221,7 +218,6 @@ def _all_gather(segment: torch.Tensor, flat: torch.Tensor, size: int, rank: int,
         check.finish()
 
 
-@answer_to("01_ring_allreduce", "write the reduce-scatter and the all-gather yourself with coursekit.comm")
 def ring_all_reduce(tensor: torch.Tensor, group=None, *, check_lengths: bool = True) -> torch.Tensor:
     """Ring all-reduce = :func:`ring_reduce_scatter` then :func:`ring_all_gather`, in place (R5–R7).
 

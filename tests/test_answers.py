@@ -78,3 +78,37 @@ def test_nested_blocks_from_several_threads_release_only_when_the_last_leaves():
     for t in threads:
         t.join()
     assert not is_held_back("04_pipeline_schedule")
+
+
+def _answer_functions():
+    import importlib
+
+    from coursekit.answers import ANSWERS
+
+    for qualified, (exercise, _) in ANSWERS.items():
+        module, _, name = qualified.rpartition(".")
+        obj = getattr(importlib.import_module(module), name)
+        if hasattr(obj, "__code__"):
+            yield qualified, exercise, obj
+
+
+def test_every_path_to_a_held_back_answer_is_closed():
+    """Issue 42, item 2: ``@answer_to`` wrapped each answer with functools.wraps, so ``fn.__wrapped__`` was the
+    unguarded original and ``plan.__wrapped__(...)`` earned full marks. Now the function itself refuses: by its
+    name, through a reference taken before the block, and through any ``__wrapped__`` (planted, seen failing:
+    held_back left the code as it was -- every function ran)."""
+    import functools
+
+    found = list(_answer_functions())
+    assert {e for _, e, _ in found} == {"01_ring_allreduce", "04_pipeline_schedule", "05_tensor_parallel",
+                                        "06_ring_attention", "07_choose_a_layout"}
+    for qualified, exercise, fn in found:
+        taken_before = fn
+        wrapped = functools.wraps(fn)(lambda *a, **k: fn(*a, **k))  # a learner's own wrapper of it
+        assert getattr(fn, "__wrapped__", None) is None, f"{qualified} carries an unguarded __wrapped__"
+        with held_back(exercise):
+            for way in (fn, taken_before, wrapped, inspect.unwrap(wrapped)):
+                with pytest.raises(AnswerHeldBack, match=rf"{re.escape(qualified)} was called: it is coursekit's own "
+                                                         rf"answer to exercise {exercise}"):
+                    way(1, 2, 3)
+        assert fn.__code__.co_name == qualified.rpartition(".")[2]  # its own code back after the block

@@ -8,7 +8,7 @@ grader prices each layout with coursekit.costmodel.evaluate and holds it to plan
 Planted bugs, each seen failing (in coursekit/grading/choose_layout.py and choose_layout_feedback.py,
 and coursekit/costmodel/__init__.py's marking):
 * the learner's call outside ``held_back`` -> calls_plan and searches_layouts "valid_layout earned 3.0, not 0" (9/9);
-* plan, brute_force and layouts not marked ``@answer_to`` -> the same two, and the held-back test fails;
+* plan, brute_force and layouts not listed in ``coursekit.answers.ANSWERS`` -> the same two, and the held-back test fails;
 * every layout taken to fit -> no_zero_13b and no_micro_batches_125m "fits_in_memory earned 3.0, not 2";
 * the step time judged on layouts that do not fit -> the same two "near_best_step_time earned 3.0, not 2";
 * the tolerance 10 (1000%) -> tp_across_nodes "near_best_step_time earned 3.0, not 2";

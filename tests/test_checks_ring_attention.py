@@ -38,7 +38,7 @@ Planted bugs, each seen failing (in coursekit/grading/ring_attention.py):
   merge_not_normalised, merge_picks_larger "ring_equals_full_attention's feedback lacks 'your merge is wrong (see
   merge_exact)'"; the sent-nothing hint removed -> backward_sends_nothing "key_value_gradients's feedback lacks
   'PassRight.backward sent nothing'" (each said only "differs from full attention('s) by" before);
-* the library's merge and ring_attention not marked @answer_to (nor held back) -> wraps_the_library 12/12, not 0.
+* the library's merge and ring_attention not listed in coursekit.answers.ANSWERS (nor held back) -> wraps_the_library 12/12, not 0.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def test_every_answer_listed_by_name_exists():
 
     from coursekit.answers import ANSWERS, answer_of
 
-    for qualified, exercise in ANSWERS.items():
+    for qualified, (exercise, _) in ANSWERS.items():
         module, _, name = qualified.rpartition(".")
         obj = getattr(importlib.import_module(module), name, None)
         assert obj is not None, f"{qualified} (an answer to {exercise}) is not in {module}: update coursekit.answers"

@@ -21,7 +21,7 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, group_network, step_collectives)
 from .step import TrainingStepTime, step_time
-from .planner import (CHOOSE_YOURSELF, Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
+from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
                       plan, ranking_key, states_fit)
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
@@ -35,4 +35,4 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
            # the planner
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
-           "ranking_key", "CHOOSE_YOURSELF"]
+           "ranking_key"]

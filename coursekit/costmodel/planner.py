@@ -43,7 +43,6 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Iterator
 
-from ..answers import answer_to
 from .compute import bubble_fraction, compute_time
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
 from .memory import GPUMemory, memory_per_gpu, model_state_bytes
@@ -52,12 +51,10 @@ from .comm import communication_time
 from .reasons import layout_reasons
 from .step import TrainingStepTime, step_time
 
-__all__ = ["CHOOSE_YOURSELF", "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
+__all__ = ["Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key"]
 
 # Exercise 07 asks for a layout chosen from the numbers: while it is graded, the searches refuse (coursekit.answers).
-CHOOSE_YOURSELF = ("choose the degrees yourself from the numbers: evaluate(config, Layout(...), hardware, "
-                   "global_batch) prices one layout -- its memory, its step time and why")
 
 INTERLEAVED_CHUNKS = 2
 
@@ -199,7 +196,6 @@ def _members(config: ModelConfig, group: Layout, global_batch: int, space: Space
                       sequence_parallel=sp_on)
 
 
-@answer_to("07_choose_a_layout", CHOOSE_YOURSELF)
 def layouts(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int,
             space: Space = Space(), attention: str = "ring") -> Iterator[Layout]:
     """The search space: every valid layout of ``gpus`` GPUs for ``global_batch`` sequences (module docstring).
@@ -221,7 +217,6 @@ def ranking_key(candidate: Candidate) -> tuple:
              layout.recompute, layout.sequence_parallel))
 
 
-@answer_to("07_choose_a_layout", CHOOSE_YOURSELF)
 def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, space: Space = Space(),
                 **assumptions) -> list[Candidate]:
     """Every layout of :func:`layouts` evaluated, sorted by :func:`ranking_key` (fitting and fastest first)."""
@@ -257,7 +252,6 @@ def lower_bound(config: ModelConfig, group: Layout, hardware: Hardware, global_b
     return compute / (1 - smallest) + exposed
 
 
-@answer_to("07_choose_a_layout", CHOOSE_YOURSELF)
 def plan(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, top: int = 10,
          space: Space = Space(), **assumptions) -> list[Candidate]:
     """The ``top`` fastest layouts that fit, fastest first: ``brute_force(...)``'s fitting head, found by branch

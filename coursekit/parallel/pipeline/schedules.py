@@ -40,7 +40,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ...answers import answer_to
 
 __all__ = ["COMPUTE", "COMMUNICATION", "Action", "Schedule", "ScheduleError", "gpipe", "one_f_one_b",
            "interleaved_1f1b", "zb_h1", "SCHEDULES", "make_schedule", "add_communication", "message", "needs"]
@@ -113,12 +112,10 @@ def _check_sizes(p: int, m: int, v: int = 1) -> None:
             raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
 
 
-@answer_to("04_pipeline_schedule", "write each rank's list of actions yourself")
 def _schedule(name: str, p: int, m: int, v: int, compute: list[list[tuple[str, int, int]]]) -> Schedule:
     return add_communication(Schedule(name, p, m, v, [[Action(*c) for c in ops] for ops in compute]))
 
 
-@answer_to("04_pipeline_schedule", "write each rank's list of actions yourself")
 def gpipe(p: int, m: int) -> Schedule:
     """GPipe (Huang et al. 2019): all m forwards, then all m backwards, on each of p ranks."""
     _check_sizes(p, m)
@@ -126,7 +123,6 @@ def gpipe(p: int, m: int) -> Schedule:
                                         for r in range(p)])
 
 
-@answer_to("04_pipeline_schedule", "write each rank's list of actions yourself")
 def one_f_one_b(p: int, m: int) -> Schedule:
     """1F1B (Narayanan et al. 2021): p−1−r warm-up forwards on rank r, then alternate F and B, then drain.
 
@@ -144,7 +140,6 @@ def one_f_one_b(p: int, m: int) -> Schedule:
     return _schedule("1f1b", p, m, 1, compute)
 
 
-@answer_to("04_pipeline_schedule", "write each rank's list of actions yourself")
 def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     """Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): rank r holds stages r, r+p, …, r+(v−1)p.
 

@@ -53,7 +53,6 @@ from dataclasses import dataclass, field
 import torch
 
 from ... import comm
-from ...answers import answer_to
 from ...mesh import rank_size
 from .exchange import agree_lengths
 from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_bounds
@@ -67,7 +66,6 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "b
 # --------------------------------------------------------------------------
 # One block, and the merge.
 # --------------------------------------------------------------------------
-@answer_to("06_ring_attention", "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)")
 def merge(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor):
     """The online-softmax merge of two partial attention results over disjoint sets of keys.
 
@@ -357,7 +355,6 @@ class RingAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None
 
 
-@answer_to("06_ring_attention", "write the ring loop yourself: block_attention, merge and PassRight, G steps")
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                    layout: str = "contiguous", seq_len: int | None = None, group=None,
                    work: AttentionWork | None = None, kernel: str = "textbook") -> torch.Tensor:

@@ -2,7 +2,7 @@
 the loop. Everything would be exact, and nothing is the learner's: while the grader runs them, the library's answers
 to exercise 06 refuse (coursekit.answers), and every check says so.
 
-Seen scoring 12/12 before merge and ring_attention were marked @answer_to("06_ring_attention") and held back."""
+Seen scoring 12/12 before merge and ring_attention were listed as answers to 06_ring_attention and held back."""
 
 from coursekit.parallel.sequence import merge, ring_attention  # noqa: F401  (merge: the mistake)
 
