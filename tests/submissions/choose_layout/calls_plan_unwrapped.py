@@ -4,6 +4,8 @@ the function's own code, so there is nothing around it: the attempt is told, by 
 
 Planted, seen failing: held_back without the swap (as the unguarded original was) -> 9/9, "valid_layout earned 3.0"."""
 
+from calls_plan import LOSES, SCORE  # noqa: F401  (the same call: the same refusal and feedback)
+
 from coursekit.costmodel import plan
 
 
@@ -11,11 +13,3 @@ def choose_layout(scenario):
     unguarded = getattr(plan, "__wrapped__", plan)
     return unguarded(scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch)[0].layout
 
-
-SCORE = 0
-NOT_JUDGED = "not judged: choose_layout calls coursekit's own planner here (see valid_layout)"
-LOSES = {"valid_layout": (0, ("125m, 13b and 175b: coursekit.costmodel.planner.plan was called: it is coursekit's own answer to "
-                              "exercise 07_choose_a_layout", "evaluate(config, Layout(...), hardware, global_batch) "
-                              "prices one layout")),
-         "fits_in_memory": (0, "125m, 13b and 175b: " + NOT_JUDGED),
-         "near_best_step_time": (0, "125m, 13b and 175b: " + NOT_JUDGED)}
