@@ -27,7 +27,7 @@ __all__ = ["AnswerHeldBack", "ANSWERS", "answer_of", "held_back", "is_held_back"
 
 _RING = "coursekit.ring."
 _SCHEDULES = "coursekit.parallel.pipeline.schedules."
-_SEQUENCE = "coursekit.parallel.sequence.ring."
+_SEQUENCE = "coursekit.parallel.sequence.core."
 _PLANNER = "coursekit.costmodel.planner."
 _TENSOR = "coursekit.parallel.tensor.core."
 _ACTIONS = "write each rank's list of actions yourself"

@@ -34,7 +34,8 @@ functions, so the *same* code runs on both transports.
 Counting. ``with comm.record() as traffic:`` records every transfer this rank
 *sends* (phase, step, sender, receiver, elements, and whatever
 :func:`phase` added, e.g. the segment index). Ranks are global ranks: a link
-is a physical pair of processes. Merge the per-rank records returned from
+is a physical pair of processes. A record also keeps the seconds each phase's
+waits blocked (``traffic.waited``). Merge the per-rank records returned from
 ``launch`` with :meth:`Traffic.merge` to get the whole picture. When nothing
 is recording, a send costs one attribute test more than ``torch.distributed``.
 """
@@ -42,6 +43,7 @@ is recording, a send costs one attribute test more than ``torch.distributed``.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from time import perf_counter
 from typing import Any, Iterator
 
 import torch
@@ -218,10 +220,12 @@ def recv(tensor: torch.Tensor, src: int | None = None, group=None, *, group_src:
 class Work:
     """What :func:`isend`/:func:`irecv` return; ``wait()`` blocks until the transfer is done."""
 
-    __slots__ = ("_inner", "_what", "_group", "_peer", "_numel", "_done", "_tensor")
+    __slots__ = ("_inner", "_what", "_group", "_peer", "_numel", "_done", "_tensor", "_recorders", "_phase")
 
     def __init__(self, inner, what: str, group, peer: int, numel: int, tensor: torch.Tensor | None = None):
         self._inner, self._what, self._group, self._peer, self._numel = inner, what, group, peer, numel
+        # The records open when the transfer was posted also get the time its wait blocked, under its phase.
+        self._recorders, self._phase = _state.recorders, _state.phase
         # The buffer lives as long as its transfer's handle, as gloo's (and NCCL's) work objects keep it;
         # held here too, so that a transport whose work keeps nothing (a fake process group, counting
         # memory: coursekit.live_memory) frees it at the same moment.
@@ -234,11 +238,16 @@ class Work:
             # point-to-point work says "not completed" until it is waited on, so on gloo every
             # wait writes its note -- a few µs, measured, against the milliseconds a lost
             # deadlock costs to find.)
+            begin = perf_counter() if self._recorders else 0.0
             if self._inner.is_completed():
                 self._inner.wait()
             else:
                 with blocked(_note(self._what, self._group, self._peer, self._numel)):
                     self._inner.wait()
+            if self._recorders:
+                seconds = perf_counter() - begin
+                for traffic in self._recorders:
+                    traffic.note_wait(self._phase, seconds)
             # Keep _inner: releasing gloo's work object right after its wait was measured to
             # slow a ring by ~30%; it is released with this object, after the next step is posted.
             # The buffer is ours to drop once the transfer is done (a ring that keeps the handle

@@ -27,7 +27,7 @@ class State(threading.local):
     """This thread's communication state (one instance, :data:`state`, per process)."""
 
     transport: Any = None          # None: torch.distributed
-    recorders: tuple = ()          # Traffic objects (anything with .transfers.append) recording this thread's sends
+    recorders: tuple = ()          # Traffic objects (.transfers.append, .note_wait) recording this thread's sends
     phase: str | None = None
     step: int | None = None
     meta: tuple = ()               # extra (key, value) pairs from comm.phase(...)

@@ -74,6 +74,9 @@ class _Prefixed:
         phase = transfer.phase if transfer.kind == "control" else f"{self.stage} {transfer.phase}"
         self.traffic.transfers.append(replace(transfer, phase=phase))
 
+    def note_wait(self, phase, seconds: float) -> None:
+        self.traffic.note_wait(f"{self.stage} {phase}", seconds)
+
 
 class _stage:
     """``with _stage("inner"):`` labels the transfers of the block ``"inner <phase>"`` in every recorder."""

@@ -116,6 +116,8 @@ class Traffic:
     transfers: list = field(default_factory=list)
     world_size: int | None = None
     collectives: list = field(default_factory=list)  # this rank's torch collectives through comm, in order
+    #: seconds this rank's waits on isend/irecv blocked, by the phase the transfer was posted in (timing: not compared)
+    waited: dict = field(default_factory=dict, compare=False)
 
     # ---------------------------------------------------------------- building
     @classmethod
@@ -125,7 +127,14 @@ class Traffic:
         sizes = [p.world_size for p in parts if p is not None and p.world_size]
         merged = cls(sorted(transfers, key=lambda t: (t.seq, t.src)), max(sizes) if sizes else None)
         merged.collectives = [c for part in parts if part is not None for c in part.collectives]
+        for part in parts:
+            for name, seconds in ({} if part is None else part.waited).items():
+                merged.note_wait(name, seconds)
         return merged
+
+    def note_wait(self, phase: str | None, seconds: float) -> None:
+        """Add ``seconds`` a wait blocked to ``phase``'s (:class:`coursekit.comm.Work` calls it)."""
+        self.waited[phase] = self.waited.get(phase, 0.0) + seconds
 
     def collective_counts(self) -> CollectiveCounts:
         """The collectives recorded, counted by ``(op, direction)`` (live while the record is being filled)."""

@@ -201,7 +201,7 @@ def test_files_and_functions_stay_short():
 
 
 # One core per parallelism: the algorithm alone, for a learner to read top to bottom (torch, comm and the mesh).
-CORES = ("tensor", "pipeline", "data")  # sequence follows; ZeRO is still instrumented (issue 40)
+CORES = ("tensor", "pipeline", "data", "sequence")
 CORE_MAX_LINES = 350
 INSTRUMENTS = ("coursekit.trace", "coursekit.memory", "coursekit.live_memory", "coursekit.traffic",
                "coursekit.answers", "coursekit.grading", "coursekit.viz", "coursekit.widgets", "coursekit.bench",

@@ -78,6 +78,27 @@ def test_nothing_is_recorded_outside_record_and_nested_records_both_see_sends():
     assert outer.total == inner.total == 4 and len(outer.transfers) == 1
 
 
+def test_a_record_keeps_how_long_each_phases_waits_blocked():
+    """isend/irecv posted while recording: their waits' seconds go into every open record, under the phase the
+    transfer was posted in (ring attention's overlap is read from it). Posted outside a record: not timed.
+    Planted, seen failing: timing only irecv's waits -> rank 0's 'ping' (an isend) missing."""
+    def run(rank, world_size):
+        x = torch.ones(4)
+        outside = comm.isend(x, 1) if rank == 0 else comm.irecv(x, 0)
+        with comm.record() as traffic:
+            outside.wait()
+            with comm.phase("ping"):
+                work = comm.isend(x, 1) if rank == 0 else comm.irecv(x, 0)
+            work.wait()
+        return traffic
+
+    traffic = comm.simulate(run, 2).results
+    for rank in (0, 1):
+        assert list(traffic[rank].waited) == ["ping"] and traffic[rank].waited["ping"] > 0, traffic[rank].waited
+    merged = comm.Traffic.merge(traffic)
+    assert merged.waited["ping"] == traffic[0].waited["ping"] + traffic[1].waited["ping"]
+
+
 def _matmuls(rank, world_size):
     x, w = torch.randn(256, 256), torch.randn(256, 256) / 16
     for _ in range(3):

@@ -15,12 +15,13 @@ from coursekit import comm
 from coursekit.collectives import ring_all_reduce
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers the strategies)
-from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, chunked_attention,
+from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, attention_work, chunk_bounds, chunked_attention,
                                          full_attention, gather_sequence, megatron_sp_saved_bytes, merge, positions,
                                          ring_attention, saved_bytes, sequence_forward, shard_sequence,
                                          ulysses_attention)
 from coursekit.train import train
 from coursekit.verify import compare
+from ring_blocks import computed_per_step
 
 B, H, D = 2, 4, 8
 
@@ -112,22 +113,47 @@ def test_zigzag_balances_the_causal_work_that_the_contiguous_split_does_not():
     zig-zag every rank 2G+1 chunk pairs of (S/2G)². Planted bug, seen failing: the zig-zag layout giving
     rank r chunks 2r and 2r+1 (contiguous again: "[192, 448, 704, 960] == [576, 576, 576, 576]" fails)."""
     seq, world_size = 64, 4
-
-    def run(rank, size, layout):
-        work = AttentionWork()
-        q = torch.zeros(1, 1, seq // size, 2)
-        ring_attention(q, q, q, True, layout, seq, work=work)
-        return work.score_elements, work.skipped
-    contiguous = comm.simulate(run, world_size, "contiguous").results
-    zigzag = comm.simulate(run, world_size, "zigzag").results
+    contiguous = [attention_work(seq, rank, world_size, "contiguous") for rank in range(world_size)]
+    zigzag = [attention_work(seq, rank, world_size, "zigzag") for rank in range(world_size)]
     block, chunk = seq // world_size, seq // (2 * world_size)
-    assert [w for w, _ in contiguous] == [(r + 1) * block * block for r in range(world_size)]
-    assert [w for w, _ in zigzag] == [(2 * world_size + 1) * chunk * chunk] * world_size
-    assert [s for _, s in contiguous] == [world_size - 1 - r for r in range(world_size)]
-    assert [s for _, s in zigzag] == [2 * world_size - 1] * world_size  # of 4G chunk pairs
+    assert [w.score_elements for w in contiguous] == [(r + 1) * block * block for r in range(world_size)]
+    assert [w.score_elements for w in zigzag] == [(2 * world_size + 1) * chunk * chunk] * world_size
+    assert [w.skipped for w in contiguous] == [world_size - 1 - r for r in range(world_size)]
+    assert [w.skipped for w in zigzag] == [2 * world_size - 1] * world_size  # of 4G chunk pairs
     assert chunk_bounds(8, 2, "zigzag") == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
     with pytest.raises(ValueError, match="needs 8 chunks of at least one token"):
         chunk_bounds(5, 4, "zigzag")
+
+
+@pytest.mark.parametrize("world_size,seq,causal,layout", [(4, 64, True, "zigzag"), (4, 64, True, "contiguous"),
+                                                          (3, 17, True, "zigzag"), (3, 19, False, "contiguous"),
+                                                          (1, 5, True, "contiguous")])
+def test_the_work_counted_is_the_work_the_ring_computes(world_size, seq, causal, layout):
+    """attention_work counts, from outside the ring, what its forward computes: watched block by block
+    (tests/ring_blocks.py), per rank and per step, uneven lengths included. Planted, seen failing: the count
+    taking rank (r + s)'s keys at step s (the ring turning the other way) -> per-step lists differ."""
+    watched = computed_per_step(world_size, seq, causal, layout)
+    for rank in range(world_size):
+        work = attention_work(seq, rank, world_size, layout, causal)
+        assert work.per_step == watched[rank], (rank, work.per_step, watched[rank])
+        assert work.score_elements == sum(watched[rank])
+
+
+def test_a_strategy_counts_each_ring_call_on_its_own_rank():
+    """AttentionWork.count_call, as the strategies call it around ring_attention: batch x heads in the largest
+    block, the calls summed step by step."""
+    def run(rank, size):
+        work = AttentionWork()
+        q = shard_sequence(torch.zeros(2, 3, 12, 4), 2, rank, size, "zigzag")
+        for _ in range(2):
+            ring_attention(q, q, q, True, "zigzag", 12)
+            work.count_call(q, True, "zigzag", 12)
+        return work
+    works = comm.simulate(run, 2).results
+    for rank, work in enumerate(works):
+        one = attention_work(12, rank, 2, "zigzag")
+        assert work.per_step == [2 * n for n in one.per_step] and work.computed == 2 * one.computed
+        assert work.largest_block == 2 * 3 * 3 * 3  # b·h · (S/2G)²: chunks of 3 tokens
 
 
 def test_ulysses_equals_full_attention_with_all_to_all_traffic_as_the_formula():
@@ -429,3 +455,12 @@ def test_traffic_per_axis_names_every_axis_a_message_crossed():
     assert traffic_per_axis(Traffic(sent((0, 3, 5), (0, 7, 11), (0, 1, 2))), {"dp": 2, "sp": 2, "tp": 2}) == \
         {"dp": 0, "sp": 0, "tp": 2, "dp×sp×tp": 11, "sp×tp": 5}
     assert traffic_per_axis(Traffic(), {"dp": 2, "sp": 2}) == {"dp": 0, "sp": 0, "dp×sp": 0}
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    from coursekit.parallel.sequence import core, layout, work
+    for module in (core, layout, work):
+        failures, tried = doctest.testmod(module)
+        assert tried > 0 and failures == 0, module.__name__

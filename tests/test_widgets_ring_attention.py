@@ -14,9 +14,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import coursekit.widgets.ring_attention as explorer  # noqa: E402
-from coursekit import comm  # noqa: E402
-from coursekit.parallel.sequence import AttentionWork, chunk_bounds, ring_attention  # noqa: E402
+from coursekit.parallel.sequence import chunk_bounds  # noqa: E402
 from coursekit.viz.ring_attention import draw_rounds  # noqa: E402
+from ring_blocks import computed_per_step  # noqa: E402
 
 
 def _spy(monkeypatch):
@@ -85,18 +85,13 @@ def test_every_control_redraws_and_round_and_layout_change_what_is_drawn(monkeyp
 
 
 def _work_per_rank(world_size, seq_len, causal, layout):
-    """The library's own count, independently: ring attention with an AttentionWork per rank."""
-    def run(rank, size):
-        work = AttentionWork()
-        x = torch.zeros(1, 1, sum(b - a for a, b in chunk_bounds(seq_len, size, layout)[rank]), 2)
-        ring_attention(x, x, x, causal, layout, seq_len, work=work)
-        return work.per_step
-    return comm.simulate(run, world_size).results
+    """What the ring computed at each step, watched from outside (not the library's count)."""
+    return computed_per_step(world_size, seq_len, causal, layout)
 
 
 @pytest.mark.parametrize("world_size,seq_len,causal", [(4, 16, True), (3, 17, True), (3, 17, False)])
 def test_drawn_work_per_rank_is_the_librarys_count(world_size, seq_len, causal):
-    """Bars equal the library's AttentionWork.per_step summed over rounds 0…s, dashed outlines its whole total.
+    """Bars equal the blocks the ring computed, summed over rounds 0…s, dashed outlines its whole total.
     Planted: ``work_through`` sums ``per_step[:round_]`` (this round left out) -> '12 != 0' at round 0."""
     both = {lay: explorer.record_rounds(world_size, seq_len, causal, lay) for lay in ("zigzag", "contiguous")}
     want = {lay: _work_per_rank(world_size, seq_len, causal, lay) for lay in both}

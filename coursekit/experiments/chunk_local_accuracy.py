@@ -24,7 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..parallel.sequence.ring import chunk_bounds
+from ..parallel.sequence.layout import chunk_bounds
 from ..parallel.sequence.split import chunked_attention, sequence_forward
 
 __all__ = ["CopyData", "needs_other_chunk", "train_one_process", "per_position_loss", "copy_task_losses",

@@ -12,7 +12,8 @@ must be at least about F/B tokens long (s = 2, bf16) -- compute grows as L², th
 
 :func:`hidden_share` measures it on real ranks: the transfers of one forward alone (the same blocks sent
 to the same neighbours, nothing computed), then the forward with its compute, and how long the forward
-still waited for a block after computing the one it held (``AttentionWork.waited``). The hidden share is
+still waited for a block after computing the one it held (the record's ``waited`` seconds of the phase
+``"ring kv"``, timed by :class:`coursekit.comm.Work`). The hidden share is
 ``1 − waited / transfer``.
 """
 
@@ -27,7 +28,7 @@ import torch.distributed as dist
 from .. import comm
 from ..mesh import rank_size
 from ..parallel.sequence.layout import shard_sequence
-from ..parallel.sequence.ring import AttentionWork, ring_attention
+from ..parallel.sequence.core import ring_attention
 
 __all__ = ["hidden_share", "transfers_alone"]
 
@@ -64,12 +65,11 @@ def hidden_share(rank: int, world_size: int, seq_len: int, heads: int = 4, head_
         dist.barrier()
         transfer.append(transfers_alone(k.contiguous(), v.contiguous()))
         dist.barrier()
-        work = AttentionWork()
         begin = time.perf_counter()
-        with torch.no_grad():
-            ring_attention(q, k, v, True, "zigzag", seq_len, work=work, kernel=kernel)
+        with torch.no_grad(), comm.record() as traffic:
+            ring_attention(q, k, v, True, "zigzag", seq_len, kernel=kernel)
         forward.append(time.perf_counter() - begin)
-        waited.append(work.waited)
+        waited.append(traffic.waited.get("ring kv", 0.0))
     out = {"transfer": statistics.median(transfer), "forward": statistics.median(forward),
            "waited": statistics.median(waited)}
     out["hidden"] = max(0.0, 1.0 - out["waited"] / out["transfer"]) if out["transfer"] > 0 else float("nan")

@@ -31,7 +31,7 @@ from ..live_memory import ActivationMemory, LiveMemory, as_rank, forward_backwar
 from ..models import tiny_transformer
 from ..parallel.tensor import ParallelBlock
 from ..parallel.sequence.layout import shard_sequence
-from ..parallel.sequence.ring import full_attention, ring_attention
+from ..parallel.sequence.core import full_attention, ring_attention
 from ..parallel.sequence.split import ulysses_attention
 from ..parallel.sequence.tensor import SequenceTensorParallelBlock
 

@@ -5,7 +5,7 @@ only to collect every block, then runs one softmax over all G·L keys, gets all 
 the chapter replaces. What makes it ring attention is the work in between: each step scores the rank's L queries
 against the one block it holds (an L×L score block, nothing larger), merges that block's result into the running
 one (G−1 merges without a mask), and lets the block go: at most two blocks are held at once, the one computed
-with and the one arriving (``coursekit.parallel.sequence.ring``'s docstring promises as much). :class:`RankWork`
+with and the one arriving (``coursekit.parallel.sequence.core``'s docstring promises as much). :class:`RankWork`
 measures the three while the learner's forward runs on a rank:
 
 * score blocks through a :class:`torch.overrides.TorchFunctionMode` (the mode is per thread: one simulated rank's),

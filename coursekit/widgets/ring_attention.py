@@ -10,7 +10,7 @@ rank) and *listens* to it: while it runs, the module's own ``_mask``,
 ``block_attention`` and ``merge`` are wrapped so that every (query chunk, key
 chunk) pair the ring meets is noted with its round (skipped or computed), with
 each block's score maximum and the running log-sum-exp the merge leaves. The
-work per rank is the library's :class:`AttentionWork` count. One recording per
+work per rank is the library's :func:`attention_work` count. One recording per
 (G, S, causal, layout) is cached, so the round and query sliders redraw from it.
 """
 
@@ -26,8 +26,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from .. import comm
-from ..parallel.sequence import ring as _ring
-from ..parallel.sequence import AttentionWork, chunk_bounds, ring_attention
+from ..parallel.sequence import core as _ring
+from ..parallel.sequence import attention_work, chunk_bounds, ring_attention, shard_sequence
 from ..viz.ring_attention import LAYOUT_NAMES, draw_rounds, figsize
 
 HEAD_DIM = 8
@@ -50,7 +50,7 @@ class RingRounds:
 
     ``held[s][r]``: whose key/value block rank r held in round s. ``running_max[s, i]`` and
     ``running_lse[s, i]``: query i's running score maximum and log-sum-exp after round s
-    (``-inf`` before its first block). ``work[r]``: rank r's :class:`AttentionWork`.
+    (``-inf`` before its first block). ``work[r]``: rank r's :class:`~coursekit.parallel.sequence.AttentionWork`.
     """
 
     world_size: int
@@ -108,7 +108,10 @@ def _listening():
     def mask(q_pos, k_pos, causal):
         out = mask_fn(q_pos, k_pos, causal)
         if getattr(_here, "log", None) is not None:
-            _here.log.append(("pair", len(_here.work.per_step), q_pos, k_pos, isinstance(out, str)))
+            key = int(k_pos[0])
+            owner = next(r for r, chunks in enumerate(_here.bounds) if any(a <= key < b for a, b in chunks))
+            round_ = (_here.rank - owner) % len(_here.bounds)  # at step s rank r holds rank (r - s)'s keys
+            _here.log.append(("pair", round_, q_pos, k_pos, isinstance(out, str)))
         return out
 
     def block(q, k, v, mask=None, scale=None):
@@ -139,15 +142,16 @@ def record_rounds(world_size: int = 4, seq_len: int = 16, causal: bool = True, l
     """Run ring attention (forward) on G simulated ranks over :func:`tensors` and note every round."""
     q, k, v = tensors(seq_len, seed)
     bounds = chunk_bounds(seq_len, world_size, layout)
-    logs, works = [[] for _ in range(world_size)], [AttentionWork() for _ in range(world_size)]
+    logs = [[] for _ in range(world_size)]
+    works = [attention_work(seq_len, rank, world_size, layout, causal) for rank in range(world_size)]
 
     def run(rank, size):
-        _here.log, _here.work = logs[rank], works[rank]
+        _here.log, _here.rank, _here.bounds = logs[rank], rank, bounds
         try:
-            mine = [_ring.shard_sequence(t.view(1, 1, seq_len, HEAD_DIM), 2, rank, size, layout) for t in (q, k, v)]
-            return ring_attention(*mine, causal, layout, seq_len, work=works[rank])
+            mine = [shard_sequence(t.view(1, 1, seq_len, HEAD_DIM), 2, rank, size, layout) for t in (q, k, v)]
+            return ring_attention(*mine, causal, layout, seq_len)
         finally:
-            _here.log = _here.work = None
+            _here.log = None
 
     with _listening():
         comm.simulate(run, world_size)

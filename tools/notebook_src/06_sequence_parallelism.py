@@ -48,7 +48,7 @@ from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
 from coursekit.experiments import (CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
                                    per_position_loss, train_one_process)
-from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBlock, chunk_bounds, full_attention,
+from coursekit.parallel.sequence import (SequenceTensorParallelBlock, attention_work, chunk_bounds, full_attention,
                                          megatron_sp_saved_bytes, megatron_sp_traffic, merge, ring_attention,
                                          ring_traffic, saved_bytes, shard_sequence, ulysses_attention, ulysses_traffic)
 from coursekit.train import train
@@ -336,12 +336,9 @@ for world_size in range(2, RANKS + 1):
 
 # %% tags=["nbval-check-output"]
 def work_per_rank(layout, seq=64):
-    def run(rank, size):
-        work = AttentionWork()
-        x = torch.zeros(1, 1, seq // size, 2)
-        ring_attention(x, x, x, True, layout, seq, work=work)
-        return work.score_elements, work.per_step
-    return comm.simulate(run, RANKS).results
+    """Each rank's (score elements, per ring step): the chunk pairs the ring's forward walks, counted."""
+    counts = [attention_work(seq, rank, RANKS, layout, causal=True) for rank in range(RANKS)]
+    return [(work.score_elements, work.per_step) for work in counts]
 
 
 for layout in ("contiguous", "zigzag"):

@@ -112,8 +112,8 @@ class Hybrid(Strategy):
         return self.sp_axis.group, self.layout, self._ring
 
     def _ring(self, q, k, v):
-        return ring_attention(q, k, v, True, self.layout, self.seq_len, self.sp_axis.group, self.work,
-                              self.option("kernel"))
+        self.work.count_call(q, True, self.layout, self.seq_len, self.sp_axis.group)
+        return ring_attention(q, k, v, True, self.layout, self.seq_len, self.sp_axis.group, self.option("kernel"))
 
     def _optimizer_fn(self):
         """Chapter 02: the loop's optimizer, or (``zero=1``) the same sharded over ``dp``."""

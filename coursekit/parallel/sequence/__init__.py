@@ -3,7 +3,8 @@
 One module per concept:
 
 * ``layout`` -- who holds which tokens, contiguous or zig-zag (:func:`chunk_bounds`, :func:`shard_sequence`);
-* ``ring`` -- ring attention (online softmax, zig-zag layout, blockwise backward): :func:`ring_attention`;
+* ``core`` -- ring attention (online softmax, zig-zag layout, blockwise backward): :func:`ring_attention`;
+* ``work`` -- the attention each rank computes in it, counted from outside (:func:`attention_work`);
 * ``kernels`` -- one block of ring attention, the textbook score matrix or torch's fused CPU flash kernel;
 * ``exchange`` -- one tensor to every other rank (what the collectives below are made of), and
   :func:`agree_lengths`: every rank's token count, when ``seq_len=`` was not given;
@@ -23,8 +24,10 @@ ring_attention``).
 """
 
 # In this order: the strategies register with the training loop in the order chapter 06 meets them.
-from .ring import (LAYOUTS, AttentionWork, RingAttention, block_attention, block_mask, chunk_bounds, full_attention,
-                   merge, positions, ring_attention, ring_traffic, shard_sequence, split_bounds)
+from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_bounds
+from .core import (Ring, RingAttention, block_attention, block_mask, chunk_pairs, chunk_pieces, full_attention, merge,
+                   ring_attention, ring_traffic)
+from .work import AttentionWork, attention_work
 from .kernels import KERNELS, block_gradients, fused_block
 from .exchange import agree_lengths, exchange
 from .comm import all_to_all, gather_sequence
@@ -37,7 +40,8 @@ from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, Sequen
 from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
-           "block_attention", "block_mask", "AttentionWork", "RingAttention", "ring_attention", "ring_traffic", "full_attention",
+           "block_attention", "block_mask", "Ring", "chunk_pieces", "chunk_pairs", "AttentionWork", "attention_work",
+           "RingAttention", "ring_attention", "ring_traffic", "full_attention",
            "KERNELS", "fused_block", "block_gradients", "exchange", "agree_lengths", "all_to_all", "gather_sequence",
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",

@@ -16,7 +16,7 @@ import torch
 
 from ...mesh import rank_size
 from .exchange import exchange
-from .ring import positions
+from .layout import positions
 
 __all__ = ["all_to_all", "gather_sequence"]
 

@@ -1,6 +1,6 @@
 """One block of ring attention, two ways: the textbook score matrix, or torch's fused flash kernel.
 
-Ring attention (:mod:`coursekit.parallel.sequence.ring`) computes one (query chunk, key chunk) block at a
+Ring attention (:mod:`coursekit.parallel.sequence.core`) computes one (query chunk, key chunk) block at a
 time and merges the blocks with the online softmax. What one block costs in memory depends on how it is
 computed:
 
@@ -18,7 +18,7 @@ computed:
 
 Only a block on the diagonal (a chunk against itself) is partly masked under a causal mask, and it is
 square, so the fused kernel's ``is_causal`` (top-left aligned) is exactly that mask; every other block is
-either entirely visible or skipped (:func:`~coursekit.parallel.sequence.ring.block_mask`).
+either entirely visible or skipped (:func:`~coursekit.parallel.sequence.core.block_mask`).
 
 The fused kernel is torch's CPU kernel: on another device, use ``kernel="textbook"`` (the GPU kernels
 that return a log-sum-exp, e.g. ``_scaled_dot_product_efficient_attention``, have other signatures and

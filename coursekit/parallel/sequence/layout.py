@@ -2,7 +2,7 @@
 
 ``contiguous``: G chunks, rank r the r-th. ``zigzag`` (ring attention's load balance): 2G chunks, rank r
 chunks r and 2G−1−r, an early and a late one, so that under a causal mask every rank computes the same
-number of (query chunk, key chunk) pairs (:mod:`coursekit.parallel.sequence.ring`).
+number of (query chunk, key chunk) pairs (:mod:`coursekit.parallel.sequence.core`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the local tokens unchanged. Attention is the one place where tokens meet:
 * **chunk-local** (:func:`chunked_attention`): each rank attends only within its own chunk. No
   communication, and *not* the same model: a token near the start of a chunk loses its context —
   what P9 means by "splitting a sequence may reduce accuracy" (:mod:`.accuracy` measures it).
-* **ring attention** (:mod:`coursekit.parallel.sequence.ring`; Liu et al. 2023): key/value blocks
+* **ring attention** (:mod:`coursekit.parallel.sequence.core`; Liu et al. 2023): key/value blocks
   travel around the ring, merged by the online softmax. Exact.
 * **all-to-all, DeepSpeed Ulysses** (:func:`ulysses_attention`; Jacobs et al. 2023): re-shard q, k, v
   from sequence-split to head-split, run ordinary attention on whole sequences of H/G heads, and
@@ -53,7 +53,9 @@ from ... import collectives as _collectives
 from ... import comm
 from ...mesh import rank_size
 from ...strategy import Setup, Strategy, register
-from .ring import AttentionWork, chunk_bounds, positions, ring_attention, shard_sequence
+from .core import ring_attention
+from .layout import chunk_bounds, positions, shard_sequence
+from .work import AttentionWork
 from .comm import all_to_all, gather_sequence
 from .exchange import agree_lengths, exchange
 
@@ -276,8 +278,10 @@ class RingAttentionStrategy(SequenceParallel):
         self.layout = self.option("layout")
 
     def attention(self, seq_len: int) -> Callable:
-        return lambda q, k, v: ring_attention(q, k, v, True, self.layout, seq_len, self.sp_group, self.work,
-                                              self.option("kernel"))
+        def attention(q, k, v):
+            self.work.count_call(q, True, self.layout, seq_len, self.sp_group)
+            return ring_attention(q, k, v, True, self.layout, seq_len, self.sp_group, self.option("kernel"))
+        return attention
 
 
 @register("ulysses")

@@ -46,7 +46,7 @@ from ...mesh import rank_size
 from ...strategy import Setup, register
 from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
 from .exchange import exchange
-from .ring import chunk_bounds, positions, split_bounds
+from .layout import chunk_bounds, positions, split_bounds
 
 __all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",

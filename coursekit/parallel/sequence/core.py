@@ -23,7 +23,8 @@ later key: a (query chunk, key chunk) pair entirely in the future is skipped.
 Cut contiguously, rank 0 skips all but one block and rank G−1 none: the ring
 waits for the slowest. **Zig-zag** (``layout="zigzag"``): cut the sequence in
 2G chunks and give rank r chunks r and 2G−1−r; every rank then computes
-2G+1 of the (2G)² chunk pairs — balanced (:func:`chunk_bounds`, :class:`AttentionWork`).
+2G+1 of the (2G)² chunk pairs — balanced (:func:`chunk_bounds`; counted by
+:func:`~coursekit.parallel.sequence.work.attention_work`).
 
 **Backward, blockwise too** (:class:`RingAttention`): nothing of size S×S is
 saved. Each block is computed with its (S/G)² score matrix by default, or by torch's fused kernel
@@ -46,10 +47,6 @@ backward ``(4G−2)·n`` (:func:`ring_traffic`).
 
 from __future__ import annotations
 
-import math
-import time
-from dataclasses import dataclass, field
-
 import torch
 
 from ... import comm
@@ -59,7 +56,7 @@ from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_boun
 from .kernels import block_gradients, check_kernel, fused_block
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
-           "AttentionWork", "split_bounds", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
+           "split_bounds", "Ring", "chunk_pieces", "chunk_pairs", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
 
 
 
@@ -117,34 +114,29 @@ def full_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return scores.softmax(dim=-1) @ v
 
 
-@dataclass
-class AttentionWork:
-    """Attention work done on one rank: chunk pairs computed and skipped, score elements computed.
-
-    ``score_elements`` adds ``L_q·L_k`` for each computed (query chunk, key chunk) pair, per batch
-    and head: the size of the score blocks, what the time of attention is proportional to.
-    ``largest_block`` is the largest score block (elements, all batches and heads) ever alive.
-    ``waited``: seconds the forward waited for the next key/value block after computing the current one --
-    the part of the transfers the compute did not hide (:mod:`coursekit.experiments.ring_overlap`).
-    """
-
-    computed: int = 0
-    skipped: int = 0
-    score_elements: int = 0
-    largest_block: int = 0
-    per_step: list = field(default_factory=list)  # score elements computed at each ring step (forward)
-    waited: float = 0.0
-
-    def add(self, q_len: int, k_len: int, batch_heads: int) -> None:
-        self.computed += 1
-        self.score_elements += q_len * k_len
-        self.largest_block = max(self.largest_block, q_len * k_len * batch_heads)
-
-
 # --------------------------------------------------------------------------
 # The ring.
 # --------------------------------------------------------------------------
-class _Ring:
+def chunk_pieces(bounds: list[tuple[int, int]]) -> list[tuple[slice, torch.Tensor]]:
+    """One rank's chunks (``chunk_bounds(...)[rank]``) as (slice of its local tokens, their global positions)."""
+    out, start = [], 0
+    for a, b in bounds:
+        out.append((slice(start, start + b - a), torch.arange(a, b)))
+        start += b - a
+    return out
+
+
+def chunk_pairs(mine: list, theirs: list, causal: bool):
+    """Yield every (query chunk, key chunk) pair of two ranks' chunks, in order: ``(query slice, key slice,
+    mask)``, slices of each rank's local tokens, ``mask`` as :func:`block_mask` decides it (``"skip"``: all
+    future). ``mine``, ``theirs``: the two ranks' :func:`chunk_pieces`. What the ring computes, and what
+    :func:`~coursekit.parallel.sequence.work.attention_work` counts."""
+    for qs, q_pos in mine:
+        for ks, k_pos in theirs:
+            yield qs, ks, block_mask(q_pos, k_pos, causal)
+
+
+class Ring:
     """What forward and backward share: this rank's neighbours, its chunks, everyone's block lengths."""
 
     def __init__(self, local_len: int, seq_len: int | None, layout: str, group):
@@ -167,7 +159,6 @@ class _Ring:
                              f"{self.bounds[self.rank]}); pass seq_len= the whole length, and shard with "
                              f"shard_sequence(x, dim, rank, size, {layout!r}).")
         self.right, self.left = (self.rank + 1) % self.size, (self.rank - 1) % self.size
-        self.positions = [positions(seq_len, r, self.size, layout) for r in range(self.size)]
 
     def owner(self, step: int) -> int:
         """Whose key/value block this rank holds at ``step``."""
@@ -175,11 +166,7 @@ class _Ring:
 
     def pieces(self, rank: int) -> list[tuple[slice, torch.Tensor]]:
         """``rank``'s chunks as (slice of its local tokens, their global positions)."""
-        out, start = [], 0
-        for a, b in self.bounds[rank]:
-            out.append((slice(start, start + b - a), torch.arange(a, b)))
-            start += b - a
-        return out
+        return chunk_pieces(self.bounds[rank])
 
     def exchange(self, tensors: tuple, incoming_len: int, name: str, step: int):
         """Post the sends of ``tensors`` (a block's keys and values, or their gradients: one message each, so
@@ -214,30 +201,21 @@ def _along(t: torch.Tensor, slices: list[slice], dim: int = -2) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
 
-def _blocks(ring: _Ring, src: int, causal: bool, kernel: str, tally: dict | None = None):
+def _blocks(ring: Ring, src: int, causal: bool, kernel: str):
     """Yield what this rank computes against ``src``'s keys: ``(query slices, key slices, mask)`` blocks.
 
-    ``tally`` (if given) collects the ``(L_q, L_k)`` of every chunk pair computed (``"pairs"``) and the
-    number skipped (``"skipped"``), for :class:`AttentionWork`. Textbook: one block per chunk pair, yielded
-    right after its mask is decided (the order chapter 06's widget draws). Fused: the pairs grouped into as
-    few kernel calls as the mask allows -- all of this rank's own tokens in one causal call (they are in
-    increasing order), and the chunks that see the same whole key chunks in one call -- the same
-    arithmetic, fewer calls and merges.
+    Textbook: one block per chunk pair not skipped, yielded right after its mask is decided (the order
+    chapter 06's widget draws). Fused: the pairs grouped into as few kernel calls as the mask allows -- all
+    of this rank's own tokens in one causal call (they are in increasing order), and the chunks that see the
+    same whole key chunks in one call -- the same arithmetic, fewer calls and merges.
     """
-    tally = {"pairs": [], "skipped": 0} if tally is None else tally
-    mine, visible = ring.pieces(ring.rank), []
-    for qs, q_pos in mine:
-        sees = []
-        for ks, k_pos in ring.pieces(src):
-            mask = block_mask(q_pos, k_pos, causal)
-            if isinstance(mask, str):
-                tally["skipped"] += 1
-                continue
-            tally["pairs"].append((qs.stop - qs.start, ks.stop - ks.start))
-            sees.append(ks)
-            if kernel == "textbook":
-                yield [qs], [ks], mask
-        visible.append((qs, sees))
+    mine, seen_by = ring.pieces(ring.rank), {}
+    for qs, ks, mask in chunk_pairs(mine, ring.pieces(src), causal):
+        if isinstance(mask, str):  # "skip": every key in the query's future
+            continue
+        seen_by.setdefault((qs.start, qs.stop), []).append(ks)
+        if kernel == "textbook":
+            yield [qs], [ks], mask
     if kernel == "textbook":
         return
     if src == ring.rank:  # one causal call over my tokens (causal=False: one call over all of them)
@@ -245,15 +223,14 @@ def _blocks(ring: _Ring, src: int, causal: bool, kernel: str, tally: dict | None
         yield every, every, "causal" if causal else None
         return
     groups: dict[tuple, list[slice]] = {}  # another rank's chunks are wholly past or future: no partial mask
-    for qs, sees in visible:
-        if sees:
-            groups.setdefault(tuple((ks.start, ks.stop) for ks in sees), []).append(qs)
+    for (a, b), sees in seen_by.items():
+        groups.setdefault(tuple((ks.start, ks.stop) for ks in sees), []).append(slice(a, b))
     for key, qss in groups.items():
         yield qss, [slice(a, b) for a, b in key], None
 
 
-def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWork | None, kernel: str):
-    batch_heads = math.prod(q.shape[:-2])
+def _forward(ring: Ring, q, k, v, causal: bool, scale: float, kernel: str):
+    """G steps: attend to the block held, merge it in (online softmax), while the next block travels."""
     o = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     seen: set[int] = set()  # the query chunks (by first local token) that have met a block already
@@ -262,8 +239,7 @@ def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWo
         src = ring.owner(step)
         if step < ring.size - 1:  # the next block travels while this one is computed
             incoming, works = ring.exchange(kv, ring.lengths[ring.owner(step + 1)], "ring kv", step)
-        tally = {"pairs": [], "skipped": 0}
-        for qss, kss, mask in _blocks(ring, src, causal, kernel, tally):
+        for qss, kss, mask in _blocks(ring, src, causal, kernel):
             attend = block_attention if kernel == "textbook" else fused_block  # see .kernels
             o_blk, lse_blk = attend(_along(q, qss), _along(kv[0], kss), _along(kv[1], kss), mask, scale)
             at = 0
@@ -277,21 +253,13 @@ def _forward(ring: _Ring, q, k, v, causal: bool, scale: float, work: AttentionWo
                     o[..., qs, :], lse[..., qs] = o_i, lse_i
                     seen.add(qs.start)
             del o_blk, lse_blk, o_i, lse_i  # before the next block's result is made
-        if work is not None:
-            work.skipped += tally["skipped"]
-            for q_len, k_len in tally["pairs"]:
-                work.add(q_len, k_len, batch_heads)
-            work.per_step.append(sum(a * b for a, b in tally["pairs"]))
         if step < ring.size - 1:
-            begin = time.perf_counter()
             _wait(works)
-            if work is not None:
-                work.waited += time.perf_counter() - begin
             kv = incoming
     return o, lse
 
 
-def _backward(ring: _Ring, q, k, v, o, lse, grad, causal: bool, scale: float, kernel: str):
+def _backward(ring: Ring, q, k, v, o, lse, grad, causal: bool, scale: float, kernel: str):
     """FlashAttention's backward, block by block: P = exp(q kᵀ·scale − lse), dS = P ∘ (dO vᵀ − rowsum(dO ∘ o)).
 
     The key/value blocks go around the ring again, and beside them their gradient accumulators ``dkv``: at
@@ -339,11 +307,11 @@ class RingAttention(torch.autograd.Function):
     """Ring attention forward and backward; saves only q, k, v, the output and its log-sum-exp (O(S/G))."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, layout, seq_len, group, work, kernel="textbook"):
+    def forward(ctx, q, k, v, causal, layout, seq_len, group, kernel="textbook"):
         check_kernel(kernel, q.device)
-        ring = _Ring(q.shape[-2], seq_len, layout, group)
+        ring = Ring(q.shape[-2], seq_len, layout, group)
         scale = q.shape[-1] ** -0.5
-        o, lse = _forward(ring, q.detach(), k.detach(), v.detach(), causal, scale, work, kernel)
+        o, lse = _forward(ring, q.detach(), k.detach(), v.detach(), causal, scale, kernel)
         ctx.ring, ctx.causal, ctx.scale, ctx.kernel = ring, causal, scale, kernel
         ctx.save_for_backward(q, k, v, o, lse)
         return o
@@ -352,22 +320,21 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = _backward(ctx.ring, q, k, v, o, lse, grad.contiguous(), ctx.causal, ctx.scale, ctx.kernel)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
                    layout: str = "contiguous", seq_len: int | None = None, group=None,
-                   work: AttentionWork | None = None, kernel: str = "textbook") -> torch.Tensor:
+                   kernel: str = "textbook") -> torch.Tensor:
     """Exact attention over the whole sequence when every rank of ``group`` holds one piece of it.
 
     ``q, k, v``: ``(..., L, d_head)``, this rank's tokens as :func:`shard_sequence` cuts them with
     ``layout``. ``seq_len``: the whole length; without it the ranks first tell each other their lengths
-    (one counted exchange, :func:`~coursekit.parallel.sequence.exchange.agree_lengths`). ``work``: an
-    :class:`AttentionWork` to count this rank's attention work into. ``kernel``: how each block is
+    (one counted exchange, :func:`~coursekit.parallel.sequence.exchange.agree_lengths`). ``kernel``: how each block is
     computed, ``"textbook"`` (its score matrix in memory) or ``"fused"`` (torch's CPU flash kernel, no
     score matrix; :mod:`~coursekit.parallel.sequence.kernels`). Call it on every rank of ``group``.
     """
-    return RingAttention.apply(q, k, v, causal, layout, seq_len, group, work, kernel)
+    return RingAttention.apply(q, k, v, causal, layout, seq_len, group, kernel)
 
 
 def ring_traffic(numel: int, size: int) -> dict[str, int]:
