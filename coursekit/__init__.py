@@ -7,18 +7,18 @@ every strategy plugs into.
 """
 
 from .launch import ClusterClosed, Cluster, LaunchTimeout, RankError, launch, resolve_backend
-from .devices import default_backend, device
+from .comm.devices import default_backend, device
 from . import comm
 from .collectives import master_all_reduce, naive_all_reduce, ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from .mesh import Mesh, rank_size
+from .comm.mesh import Mesh, rank_size
 from .models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
-from .trace import Tracer
-from .verify import assert_equivalent, compare
-from .replicas import ReplicaReport, check_replicas, nonfinite_ranks
+from .measure.trace import Tracer
+from .measure.verify import assert_equivalent, compare
+from .measure.replicas import ReplicaReport, check_replicas, nonfinite_ranks
 from .train import train
-from .memory import PeakMemory
-from .live_memory import LiveMemory
-from .hierarchical import hierarchical_all_reduce
+from .measure.memory import PeakMemory
+from .measure.live_memory import LiveMemory
+from .collectives.hierarchical import hierarchical_all_reduce
 from .parallel.pipeline import Schedule, ScheduleError, execute, make_schedule, plan, split, validate
 from .parallel.tensor import ColumnParallelLinear, RowParallelLinear, ParallelMLP, ParallelSelfAttention
 from .source import show

@@ -1,6 +1,6 @@
 """The library's own answers to the exercises, by name, and the switch a grader uses to hold them back.
 
-Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both (:mod:`coursekit.ring`), and
+Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both (:mod:`coursekit.collectives.ring`), and
 exercise 02 tells learners to import them. Exercise 04 asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it;
 exercise 06's merge and ring loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``;
 exercise 07's choice is what the planner computes. A learner who calls the library's function has written
@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 __all__ = ["AnswerHeldBack", "ANSWERS", "answer_of", "held_back", "is_held_back", "refuse"]
 
-_RING = "coursekit.ring."
+_RING = "coursekit.collectives.ring."
 _SCHEDULES = "coursekit.parallel.pipeline.schedules."
 _SEQUENCE = "coursekit.parallel.sequence.core."
 _PLANNER = "coursekit.costmodel.planner."

@@ -65,7 +65,7 @@ def _smoke_all_reduce(rank: int, world_size: int) -> float:
     import torch
     import torch.distributed as dist
 
-    from .devices import device
+    from .comm.devices import device
 
     value = torch.tensor([rank + 1.0], device=device())
     dist.all_reduce(value)

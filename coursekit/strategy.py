@@ -6,7 +6,7 @@ synchronise, how to step, and what it holds and sent. Each chapter's module
 defines its strategies as small subclasses of :class:`Strategy` and registers
 them by name with :func:`register`; the loop never changes.
 
-Groups come from one :class:`~coursekit.mesh.Mesh` handed in (``train(..., mesh=mesh)``): each strategy
+Groups come from one :class:`~coursekit.comm.mesh.Mesh` handed in (``train(..., mesh=mesh)``): each strategy
 names the axes it takes (:attr:`Strategy.axes`: ``("dp",)`` for data parallelism, ``("tp",)``,
 ``("dp", "tp")`` ...) and reads each by name (``setup.group("dp")``); no strategy builds a mesh.
 Without a mesh, a strategy on one axis runs it over every rank; one on several axes says which
@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .mesh import Mesh, MeshAxis, as_group, rank_size
+from .comm.mesh import Mesh, MeshAxis, as_group, rank_size
 from .models import loss_fn
-from .trace import Tracer, span
+from .measure.trace import Tracer, span
 
 __all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "mesh_for", "optimizer_tensors"]
 
@@ -41,7 +41,7 @@ __all__ = ["Setup", "Strategy", "STRATEGIES", "register", "get_strategy", "mesh_
 class Setup:
     """What the loop hands a strategy to build itself from.
 
-    ``mesh`` is the run's :class:`~coursekit.mesh.Mesh` (None: no mesh, every axis is all ranks); a strategy
+    ``mesh`` is the run's :class:`~coursekit.comm.mesh.Mesh` (None: no mesh, every axis is all ranks); a strategy
     takes the axes it needs from it by name with :meth:`axis` or :meth:`group`. ``options`` holds the
     strategy's own keyword arguments given to ``train`` (e.g. ``bucket_cap_mb`` for ``"bucketed"``); a
     strategy reads those it knows.
@@ -194,11 +194,11 @@ class Strategy:
 
     # ---------------------------------------------------------------- what the harness and the accounting see
     def gradients(self):
-        """This rank's gradients, as :func:`coursekit.verify.record_step` takes them."""
+        """This rank's gradients, as :func:`coursekit.measure.verify.record_step` takes them."""
         return {n: p.grad.detach().clone() for n, p in self.model.named_parameters() if p.grad is not None}
 
     def parameters(self):
-        """This rank's parameters, as :func:`coursekit.verify.record_step` takes them."""
+        """This rank's parameters, as :func:`coursekit.measure.verify.record_step` takes them."""
         return self.model
 
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -250,7 +250,7 @@ def mesh_for(name: str, world_size: int, options: dict, mesh: Mesh | None = None
         shape = cls.default_mesh(world_size, options)
         return None if shape is None else Mesh(shape)
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh= takes a coursekit.mesh.Mesh (e.g. Mesh({{'dp': 2, 'tp': 2}})), not "
+        raise TypeError(f"mesh= takes a coursekit.comm.mesh.Mesh (e.g. Mesh({{'dp': 2, 'tp': 2}})), not "
                         f"{type(mesh).__name__}: strategy={name!r} takes the axes {list(cls.axes)} from it by name.")
     missing = [axis for axis in cls.axes if axis not in mesh.axes]
     if missing:

@@ -3,11 +3,11 @@
 :func:`train` runs ``steps`` optimiser steps on one rank with the strategy
 named (``"single"``, ``"naive"``, ``"bucketed"``, ``"zero1"`` … — see
 :data:`coursekit.strategy.STRATEGIES`) and records what the equivalence
-harness (:mod:`coursekit.verify`), the timelines (:mod:`coursekit.trace`) and
+harness (:mod:`coursekit.measure.verify`), the timelines (:mod:`coursekit.measure.trace`) and
 the memory accounting need. A strategy plugs in through the small interface
 of :class:`coursekit.strategy.Strategy`; adding one never changes this loop.
 
-The process groups come from one :class:`~coursekit.mesh.Mesh` (``mesh=``): each strategy takes
+The process groups come from one :class:`~coursekit.comm.mesh.Mesh` (``mesh=``): each strategy takes
 the axes it needs by name, and when none is given this loop is the one place that builds the mesh
 a strategy on several axes asks for (:func:`coursekit.strategy.mesh_for`).
 
@@ -30,13 +30,13 @@ import torch.nn as nn
 
 from . import comm
 from . import parallel  # noqa: F401  (registers the strategies of every chapter)
-from .devices import device
-from .memory import PeakMemory
-from .mesh import Mesh
+from .comm.devices import device
+from .measure.memory import PeakMemory
+from .comm.mesh import Mesh
 from .parallel.data import shard_batch
 from .strategy import STRATEGIES, Setup, Strategy, get_strategy, mesh_for
-from .trace import Tracer
-from .verify import record_step
+from .measure.trace import Tracer
+from .measure.verify import record_step
 
 __all__ = ["train", "make_model", "make_optimizer_fn", "OptionError"]
 
@@ -106,7 +106,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         global_batch: samples per optimiser step over the data-parallel ranks (need not divide by them).
         micro_batches: gradient accumulation: each rank splits its slice into this many micro-batches
             and communicates once per step.
-        mesh: the :class:`~coursekit.mesh.Mesh` to run on; the strategy takes the axes it needs by name
+        mesh: the :class:`~coursekit.comm.mesh.Mesh` to run on; the strategy takes the axes it needs by name
             (:attr:`Strategy.axes <coursekit.strategy.Strategy.axes>`): ``"dp"`` for data parallelism
             (``"naive"``, ``"bucketed"``, ``"zero1"`` …), ``"tp"`` for ``"tensor"``, ``"sp"`` for
             ``"ring_attention"``, ``"pp"`` for ``"pipeline"``, both ``"dp"`` and ``"tp"`` for ``"dp_tp"``,
@@ -123,15 +123,15 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
         **options: the strategy's own options, e.g. ``collectives="ring"`` or ``"torch"``,
             ``bucket_cap_mb=0.1`` (or ``bucket_elements=25_000``) and ``overlap=True`` for ``"bucketed"``.
 
-    Returns a dict with ``records`` (one :func:`coursekit.verify.record_step` per step),
+    Returns a dict with ``records`` (one :func:`coursekit.measure.verify.record_step` per step),
     ``losses``, ``spans`` (if ``trace``; every rank's, on the shared clock), ``memory`` (bytes
     held after the last step, by kind), ``peak_memory`` (the most held at any measured moment, by
-    kind, and ``total``: see :class:`coursekit.memory.PeakMemory`), ``step_times``, ``traffic``
+    kind, and ``total``: see :class:`coursekit.measure.memory.PeakMemory`), ``step_times``, ``traffic``
     and the strategy's counters.
     """
     _check_arguments(strategy, world_size, micro_batches, options)
     net, default_data = make_model(model, seed)
-    net, data = net.to(device()), data or default_data  # the rank's GPU under NCCL (coursekit.devices), else the CPU
+    net, data = net.to(device()), data or default_data  # the rank's GPU under NCCL (coursekit.comm.devices), else the CPU
     if data is None:
         raise ValueError("pass data= (an object with batch(step, batch_size)) when model is a function.")
     for name, p in net.named_parameters():
@@ -154,7 +154,7 @@ def train(rank: int, world_size: int, strategy: str = "naive", model: str | Call
 def _check_arguments(strategy: str, world_size: int, micro_batches: int, options: dict) -> None:
     """What ``train`` refuses before it builds anything, each error saying what to pass instead."""
     if "group" in options:
-        raise TypeError("train() takes mesh= (a coursekit.mesh.Mesh), not group=: each strategy takes the axes it "
+        raise TypeError("train() takes mesh= (a coursekit.comm.mesh.Mesh), not group=: each strategy takes the axes it "
                         "needs from it by name, e.g. train(rank, world_size, 'zero2', mesh=Mesh({'dp': 2, 'tp': 2})) "
                         "runs ZeRO-2 along mesh['dp'].")
     _check_options(strategy, options)

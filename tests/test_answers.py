@@ -11,7 +11,7 @@ from coursekit.answers import AnswerHeldBack, held_back, is_held_back
 from coursekit.comm import simulate
 from coursekit.parallel.pipeline import gpipe, one_f_one_b
 from coursekit.parallel.pipeline.schedules import interleaved_1f1b
-from coursekit.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from coursekit.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 
 def test_answers_work_when_nothing_holds_them_back():
@@ -38,7 +38,7 @@ def test_the_rings_are_held_back_for_exercise_01_only(call):
     with held_back("01_ring_allreduce"):
         for refused in call():
             assert isinstance(refused, AnswerHeldBack)
-            assert re.search(r"coursekit\.ring\.ring_\w+ was called: it is coursekit's own answer to exercise "
+            assert re.search(r"coursekit\.collectives\.ring\.ring_\w+ was called: it is coursekit's own answer to exercise "
                              r"01_ring_allreduce.*yourself with coursekit\.comm", str(refused)), refused
         assert one_f_one_b(2, 2).n_ranks == 2  # another exercise's answer still works
     assert not any(isinstance(r, AnswerHeldBack) for r in call())  # and after the block, again

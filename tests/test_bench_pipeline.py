@@ -8,7 +8,7 @@ from coursekit.bench.pipeline import analyse, main, winners, zb_targets
 from coursekit.bench.pipeline_sweep import sweep_table, sweep_targets, why_missed
 from coursekit.experiments import SweepResult
 from coursekit.parallel.pipeline import bubble_formula, make_schedule, plan
-from coursekit.trace import Span
+from coursekit.measure.trace import Span
 
 MS = 1e-3
 

@@ -17,7 +17,7 @@ import coursekit
 from coursekit import LaunchTimeout, RankError
 from coursekit.capstone import Config, one_process_losses, run
 from coursekit.capstone import checkpoint
-from coursekit.mesh import Mesh
+from coursekit.comm.mesh import Mesh
 from coursekit.models import LanguageData, tiny_transformer
 from coursekit.parallel.hybrid import mesh_shape
 from coursekit.parallel.tensor import gather_dense, parallelize_transformer

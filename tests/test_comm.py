@@ -250,7 +250,7 @@ DEADLOCKS = [
 def test_every_real_deadlock_is_reported_the_same_by_the_simulator(program, world_size, report):
     """Planted bug: a simulator whose sends never wait (buffered) finds no deadlock in the send cases."""
     from coursekit.grading.feedback import notes_from_timeout
-    from coursekit.simulator import describe_waits
+    from coursekit.comm.simulator import describe_waits
 
     with pytest.raises(comm.Deadlock) as simulated:
         comm.simulate(program, world_size)
@@ -264,7 +264,11 @@ def test_every_real_deadlock_is_reported_the_same_by_the_simulator(program, worl
 def test_docstring_examples_run():
     import doctest
 
-    from coursekit import collectives, ring, simulator, traffic, walkthrough
+    from coursekit import collectives
+    from coursekit.collectives import ring
+    from coursekit.comm import simulator
+    from coursekit.comm import traffic
+    from coursekit.collectives import walkthrough
 
     for module in (comm, collectives, ring, simulator, traffic, walkthrough):
         failures, tried = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

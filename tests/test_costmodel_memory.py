@@ -19,7 +19,7 @@ from coursekit.costmodel import (Layout, ModelConfig, activation_bytes_per_layer
                                  pipeline_activation_bytes)
 from coursekit.costmodel import memory as costmodel_memory
 from coursekit.costmodel import params as costmodel_params
-from coursekit.memory import formula_bytes
+from coursekit.measure.memory import formula_bytes
 from coursekit.models import tiny_transformer
 
 GiB = 2 ** 30
@@ -134,7 +134,7 @@ def test_deepspeeds_estimators_t5_3b():
 
 @pytest.mark.parametrize("psi", [104_832, 5508, 1_000_003])
 def test_fp32_and_mixed_equal_chapter_02s_formula(psi):
-    """The same arithmetic as coursekit.memory.formula_bytes (chapter 02), for every stage and 1-5 ranks."""
+    """The same arithmetic as coursekit.measure.memory.formula_bytes (chapter 02), for every stage and 1-5 ranks."""
     for precision in ("fp32", "mixed"):
         for n in range(1, 6):
             for stage in range(4):

@@ -1,7 +1,7 @@
 """The cost model against what is measured (issue 27, section 2): model states, chapters 02-05; activations, 04-06.
 
 Model states: the course transformer (104,832 parameters, fp32 Adam) trained one step, measured by
-``coursekit.memory.PeakMemory`` inside ``coursekit.train.train`` (storage actually allocated). Activations:
+``coursekit.measure.memory.PeakMemory`` inside ``coursekit.train.train`` (storage actually allocated). Activations:
 what autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``, each storage once): chapter
 04's executor records it per (stage, micro-batch); for chapter 05's block and Korthikanti et al.'s own layer
 (built here) the tests count it.

@@ -1,7 +1,7 @@
 """The cost model's communication per step equals what this course's strategies count when they run (issue 27, §2).
 
 Two kinds of evidence: the chapters' own traffic formulas, which their tests prove equal to the counted
-traffic (``coursekit.memory.comm_elements`` in tests/test_parallel_data.py, ``expected_counts`` in
+traffic (``coursekit.measure.memory.comm_elements`` in tests/test_parallel_data.py, ``expected_counts`` in
 tests/test_parallel_tensor.py, ``megatron_sp_traffic``, ``ulysses_traffic``, ``sequence_data_traffic`` in
 tests/test_parallel_sequence.py), checked at 2-4 ranks on the course transformer; and one launch of 2 ranks
 that runs ZeRO-1, ZeRO-3, tensor, pipeline, ring-attention and Ulysses training steps and counts what was sent
@@ -18,12 +18,12 @@ import pytest
 import coursekit
 import coursekit.parallel.pipeline  # noqa: F401  (registers "pipeline")
 from coursekit.costmodel import Layout, ModelConfig, communication_bytes, step_collectives
-from coursekit.memory import comm_elements
+from coursekit.measure.memory import comm_elements
 from coursekit.models import tiny_transformer
 from coursekit.parallel.sequence import megatron_sp_traffic, sequence_data_traffic, ulysses_traffic
 from coursekit.parallel.tensor import expected_counts
 from coursekit.train import train
-from coursekit.traffic import Traffic
+from coursekit.comm.traffic import Traffic
 
 COURSE = ModelConfig.course()
 PSI = sum(p.numel() for p in tiny_transformer().parameters())   # 104,832: divisible by 2, 3 and 4

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import coursekit
-from coursekit.devices import MIXED, default_backend, device, device_for, uses_nccl
+from coursekit.comm.devices import MIXED, default_backend, device, device_for, uses_nccl
 
 
 def _gpus(monkeypatch, n: int) -> None:

@@ -1,6 +1,6 @@
 """Hierarchical all-reduce on a real 2 × 2 mesh: equal to dist.all_reduce, traffic per level exact.
 
-Each test names the bug it was seen failing on (planted in coursekit/hierarchical.py, then restored).
+Each test names the bug it was seen failing on (planted in coursekit/collectives/hierarchical.py, then restored).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 import coursekit
 from coursekit import comm, netsim
-from coursekit.hierarchical import hierarchical_all_reduce, hierarchical_traffic
+from coursekit.collectives.hierarchical import hierarchical_all_reduce, hierarchical_traffic
 
 SIZES = (1001, 7, 4)     # uneven (1001 = 501 + 500 per node, shards of 251/250), tiny, even
 
@@ -18,7 +18,7 @@ SIZES = (1001, 7, 4)     # uneven (1001 = 501 + 500 per node, shards of 251/250)
 def _mesh_run(rank, world_size, sizes):
     import torch.distributed as dist
 
-    from coursekit.mesh import Mesh
+    from coursekit.comm.mesh import Mesh
 
     mesh = Mesh({"node": 2, "local": 2})
     out = []

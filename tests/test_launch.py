@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 
 from coursekit import Cluster, ClusterClosed, LaunchTimeout, RankError, launch
-from coursekit._launcher.diagnose import STACK_DUMP_S
-from coursekit._launcher.inbox import POLL_S
-from coursekit._launcher.teardown import TEARDOWN_MAX_S
+from coursekit.launch.diagnose import STACK_DUMP_S
+from coursekit.launch.inbox import POLL_S
+from coursekit.launch.teardown import TEARDOWN_MAX_S
 from launch_support import child_processes
 
 # Time bounds come from the launcher's own constants, never from this machine's speed: they are liveness
@@ -97,7 +97,7 @@ def test_deadlock_times_out_names_ranks_and_leaves_no_orphans():
     def mismatched(rank, world_size):
         t = torch.zeros(4)
         if rank == 1:
-            from coursekit.waiting import waiting_on
+            from coursekit.comm.waiting import waiting_on
 
             with waiting_on("recv from rank 0"):
                 dist.recv(t, src=0)  # rank 0 never sends
@@ -202,7 +202,7 @@ def test_fifty_sequential_launches_leak_no_processes_or_fds():
 def test_keyboard_interrupt_stops_every_rank(tmp_path):
     """Ctrl-C once both ranks run (they say so with a file each); tests/test_launch_interrupt.py has one
     test per stage. Planted bug: collect() caught KeyboardInterrupt around its wait and had no checkpoint
-    (coursekit._launcher.interrupts.check): the interrupt surfaced only at the launch's timeout."""
+    (coursekit.launch.interrupts.check): the interrupt surfaced only at the launch's timeout."""
     ready = [tmp_path / f"rank-{rank}" for rank in (0, 1)]
     sent = []
 
@@ -389,7 +389,7 @@ def test_tqdm_on_rank_zero_redraws_with_the_prefix_after_every_carriage_return()
 
 
 def test_another_ranks_line_ends_an_unfinished_redraw_first():
-    from coursekit._launcher.live import LiveEcho
+    from coursekit.launch.live import LiveEcho
 
     out, err = Screen(), Screen()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -531,7 +531,7 @@ def test_a_rank_that_died_is_blamed_before_the_peer_whose_recv_its_death_broke()
 
 
 def test_no_rank_leaves_the_join_before_every_rank_has_joined():
-    """coursekit._launcher.group.all_joined on a real TCPStore, three "ranks" as threads: two that have joined wait
+    """coursekit.launch.group.all_joined on a real TCPStore, three "ranks" as threads: two that have joined wait
     for the third, then all three go on. Without it a rank could die (a gloo abort in a learner's first send)
     while a peer was still connecting, and the peer printed "Gloo connectFullMesh failed ... Connection closed
     by peer" from C++: 3 times in 30 launches of 8 ranks beside two CPU hogs, 0 times with it. Planted bug, seen
@@ -539,7 +539,7 @@ def test_no_rank_leaves_the_join_before_every_rank_has_joined():
     import threading
     from datetime import timedelta
 
-    from coursekit._launcher.group import all_joined
+    from coursekit.launch.group import all_joined
 
     server = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     done = []

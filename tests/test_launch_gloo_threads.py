@@ -1,4 +1,4 @@
-"""Every gloo event-loop thread of a rank runs under SCHED_BATCH (coursekit.gloo_threads).
+"""Every gloo event-loop thread of a rank runs under SCHED_BATCH (coursekit.comm.gloo_threads).
 
 Planted bugs, each seen failing here: the call after ``init_process_group`` removed
 (test 1: "gloo_tcp_loop ... policy 0"), the call at the end of ``Mesh.__init__`` removed
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import coursekit
-from coursekit.gloo_threads import LOOP_THREAD, batch_gloo_loop_threads
+from coursekit.comm.gloo_threads import LOOP_THREAD, batch_gloo_loop_threads
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread scheduling is Linux's")
 

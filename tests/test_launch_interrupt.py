@@ -19,9 +19,9 @@ import time
 import pytest
 
 from coursekit import Cluster, launch
-from coursekit._launcher import inbox, rank as rank_module
-from coursekit._launcher.inbox import POLL_S
-from coursekit._launcher.teardown import TEARDOWN_MAX_S
+from coursekit.launch import inbox, rank as rank_module
+from coursekit.launch.inbox import POLL_S
+from coursekit.launch.teardown import TEARDOWN_MAX_S
 from launch_support import child_processes, wait_for_files
 
 # Each test sends SIGINT: it must raise here even when pytest was started with SIGINT ignored (make test &).
@@ -187,7 +187,7 @@ def test_a_rank_that_gets_sigint_before_it_ignores_it_lives_on(monkeypatch):
     it ignores SIGINT, must not die of a KeyboardInterrupt of its own (the parent would blame the rank).
     Planted bug (the code before this test): ranks started with SIGINT unblocked: "RankError: rank 0 ...
     closed its pipe and exited (exit code 1)"."""
-    from coursekit._launcher import start
+    from coursekit.launch import start
 
     real_rank_main = start.rank_main
 

@@ -4,7 +4,7 @@ The parent is a subprocess that starts ranks (a launch, a Cluster; forked or
 spawned) which write their pid to a file and then block. Once every file is
 there the test SIGKILLs the parent, so no teardown of ours can run: only the
 kernel's parent-death signal can end the ranks. The promise is
-``DIES_WITH_PARENT_WITHIN_S`` (coursekit/_launcher/rank_signals.py); the test
+``DIES_WITH_PARENT_WITHIN_S`` (coursekit/launch/rank_signals.py); the test
 allows ten times that.
 """
 
@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from coursekit import Cluster
-from coursekit._launcher.rank_signals import DIES_WITH_PARENT_WITHIN_S
+from coursekit.launch.rank_signals import DIES_WITH_PARENT_WITHIN_S
 from launch_support import wait_for_files
 
 ORPHAN_BOUND_S = 10 * DIES_WITH_PARENT_WITHIN_S
@@ -91,7 +91,7 @@ def test_no_rank_outlives_a_killed_parent(tmp_path, how, start_method):
 
 RACE = """
 import os, sys, time, coursekit
-from coursekit._launcher import rank as rank_module
+from coursekit.launch import rank as rank_module
 
 pid_file = sys.argv[1]
 real_die_with_parent = rank_module.die_with_parent

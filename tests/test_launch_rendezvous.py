@@ -1,4 +1,4 @@
-"""Where a launch's ranks meet: a TCPStore that rank 0 serves, never the parent (coursekit._launcher.group).
+"""Where a launch's ranks meet: a TCPStore that rank 0 serves, never the parent (coursekit.launch.group).
 
 Planted bug, seen failing here: the store's server created in the parent, on the socket it opened, with
 every rank a client (as a launcher agent would): "the parent gained threads while a Cluster ran: 1".

@@ -1,4 +1,4 @@
-"""Live memory, exact (issue 26 §3, §5): coursekit.live_memory's tracker, one block's peak per rank, and the
+"""Live memory, exact (issue 26 §3, §5): coursekit.measure.live_memory's tracker, one block's peak per rank, and the
 longest sequence under a budget.
 
 Every expected number is counted here from sizes: the tracker against hand-counted layers, the block's plateau
@@ -11,8 +11,8 @@ import doctest
 import pytest
 import torch
 
-from coursekit import live_memory
-from coursekit.live_memory import LiveMemory, forward_backward_memory
+from coursekit.measure import live_memory
+from coursekit.measure.live_memory import LiveMemory, forward_backward_memory
 from coursekit.experiments import CAPACITY_METHODS, attention_peak, block_memory, longest_sequence
 from coursekit.experiments import sequence_capacity as capacity
 
@@ -158,7 +158,7 @@ def test_as_rank_is_one_rank_of_many_and_refuses_inside_another_group():
 
 
 def test_doctests():
-    """The examples in coursekit/live_memory.py run as written (a Linear's 24 and 56 bytes; as_rank)."""
+    """The examples in coursekit/measure/live_memory.py run as written (a Linear's 24 and 56 bytes; as_rank)."""
     for module in (live_memory, capacity):
         failures, tried = doctest.testmod(module)
         assert failures == 0 and (tried or module is capacity), f"{module.__name__}: {failures} of {tried}"

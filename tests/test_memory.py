@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from coursekit.memory import (PeakMemory, comm_elements, expected_held_bytes, formula_bytes, held_bytes,
+from coursekit.measure.memory import (PeakMemory, comm_elements, expected_held_bytes, formula_bytes, held_bytes,
                               max_parameters, shard_elements)
 
 

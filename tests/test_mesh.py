@@ -1,11 +1,11 @@
-"""coursekit.mesh: the groups of every axis equal torch's init_device_mesh, and they work."""
+"""coursekit.comm.mesh: the groups of every axis equal torch's init_device_mesh, and they work."""
 
 import pytest
 import torch
 
 import coursekit
 from coursekit import comm
-from coursekit.mesh import Mesh, MeshAxis, as_group, coordinates_of, rank_size
+from coursekit.comm.mesh import Mesh, MeshAxis, as_group, coordinates_of, rank_size
 
 TIMEOUT = 180.0
 SHAPES = [{"dp": 4}, {"dp": 2, "tp": 2}, {"dp": 1, "tp": 4}, {"dp": 4, "tp": 1}, {"dp": 2, "pp": 1, "tp": 2}]
@@ -90,7 +90,7 @@ def test_a_mesh_needs_ranks():
 def test_docstring_example():
     import doctest
 
-    from coursekit import mesh
+    from coursekit.comm import mesh
 
     failures, tried = doctest.testmod(mesh)
     assert tried > 0 and failures == 0

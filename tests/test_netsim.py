@@ -11,7 +11,7 @@ import pytest
 
 from coursekit import netsim
 from coursekit.netsim import Network, collective_time, collective_trace, simulate_time
-from coursekit.traffic import Traffic, Transfer
+from coursekit.comm.traffic import Traffic, Transfer
 
 ALPHA, BW = 10e-6, 50e9          # 10 µs, 50 GB/s
 NET = Network(bandwidth=BW, latency=ALPHA)

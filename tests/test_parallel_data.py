@@ -5,11 +5,11 @@ import torch
 
 import coursekit
 from coursekit.collectives import owned_segment, ring_traffic, segment_bounds
-from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
+from coursekit.measure.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.data import DataParallel, ZeRO, average_gradients, broadcast_parameters, shard_batch
 from coursekit.train import train
-from coursekit.verify import assert_equivalent, compare
+from coursekit.measure.verify import assert_equivalent, compare
 
 from strategy_options import config_for
 

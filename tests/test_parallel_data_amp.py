@@ -27,7 +27,7 @@ import coursekit
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import LossScaler, shard_batch
 from coursekit.train import train
-from coursekit.verify import compare, record_step
+from coursekit.measure.verify import compare, record_step
 
 BATCH = 7
 STRATEGIES = ("naive", "bucketed", "sharded_optimizer", "torch_ddp")

@@ -7,7 +7,7 @@ import torch.distributed as dist
 import coursekit
 from coursekit.models import TeacherData, loss_fn, tiny_mlp, tiny_transformer, LanguageData
 from coursekit.parallel.data import DataParallel, shard_batch
-from coursekit.verify import TOLERANCES
+from coursekit.measure.verify import TOLERANCES
 
 TIMEOUT = 180.0
 

@@ -75,7 +75,7 @@ def _train(rank: int, init_method: str, variant: dict) -> None:
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD,
                             timeout=timedelta(seconds=TIMEOUT_S))
     from coursekit.parallel.data import MeasuredDataParallel
-    from coursekit.trace import Tracer
+    from coursekit.measure.trace import Tracer
 
     torch.manual_seed(rank)  # different start: DataParallel broadcasts rank 0's weights
 

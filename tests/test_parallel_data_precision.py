@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import coursekit
-from coursekit.memory import mixed_peak_held_bytes
+from coursekit.measure.memory import mixed_peak_held_bytes
 from coursekit.models import loss_fn
 from coursekit.parallel.data import MixedPrecision, as_policy, shard_batch
 from coursekit.train import make_model, train
-from coursekit.verify import compare, record_step
+from coursekit.measure.verify import compare, record_step
 
 STEPS, BATCH = 3, 7
 
@@ -190,7 +190,7 @@ def test_peak_bytes_per_stage_are_the_mixed_precision_formulas(precision):
             assert peak["grads"] == expected[stage], \
                 f"rank {r}, ZeRO-{stage} {precision}: gradient peak {peak['grads']} != {expected[stage]}"
             library = mixed_peak_held_bytes(psi, world_size, r, stage, sizes, reduce_bytes=4 if cast else 2)
-            assert {k: peak[k] for k in library} == library, f"rank {r}, ZeRO-{stage}: coursekit.memory's formula"
+            assert {k: peak[k] for k in library} == library, f"rank {r}, ZeRO-{stage}: coursekit.measure.memory's formula"
 
 
 def grad_scaler_reference(world_size: int, init_scale: float, steps: int):

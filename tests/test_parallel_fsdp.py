@@ -13,9 +13,9 @@ import coursekit
 from coursekit.collectives import owned_segment, segment_bounds
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import FSDP2ParameterBytes, ShardedUnits, ZeRO, default_units, shard_batch
-from coursekit.trace import hidden_fraction
+from coursekit.measure.trace import hidden_fraction
 from coursekit.train import make_optimizer_fn, train
-from coursekit.verify import compare, record_step
+from coursekit.measure.verify import compare, record_step
 
 TIMEOUT = 300.0
 ADAM = dict(model="transformer", global_batch=7, optimizer="adam", lr=1e-3)  # 7: divisible by no N in 2..4

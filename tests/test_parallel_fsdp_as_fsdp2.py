@@ -25,7 +25,7 @@ import coursekit
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import CommThread, ShardedUnits, clip_grad_norm_, shard_batch
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 BATCH, STEPS = 7, 3  # 7 divides by no world size in 2..4
 

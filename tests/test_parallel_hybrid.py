@@ -17,7 +17,7 @@ from coursekit import Mesh, train
 from coursekit.models import LanguageData, tiny_transformer
 from coursekit.parallel.hybrid import check_degrees, mesh_shape
 from coursekit.parallel.pipeline import layer_costs, partition
-from coursekit.verify import assert_equivalent
+from coursekit.measure.verify import assert_equivalent
 
 
 def model():

@@ -15,10 +15,10 @@ import coursekit
 import coursekit.parallel.pipeline.model  # noqa: F401  (registers "model")
 from coursekit.models import TeacherData, tiny_mlp, tiny_transformer
 from coursekit.parallel.pipeline import layer_costs, layers, partition, split
-from coursekit.trace import Span
+from coursekit.measure.trace import Span
 from coursekit.train import train
-from coursekit.traffic import Traffic
-from coursekit.verify import NamedPart, compare
+from coursekit.comm.traffic import Traffic
+from coursekit.measure.verify import NamedPart, compare
 from pipeline_support import run_all
 
 TIMEOUT = 120.0

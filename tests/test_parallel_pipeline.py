@@ -11,8 +11,8 @@ import coursekit.parallel.pipeline  # noqa: F401  (registers "pipeline")
 from coursekit.models import TeacherData, tiny_mlp
 from coursekit.parallel.pipeline import Action, Schedule, ScheduleError, make_schedule, plan
 from coursekit.train import train
-from coursekit.traffic import Traffic
-from coursekit.verify import compare
+from coursekit.comm.traffic import Traffic
+from coursekit.measure.verify import compare
 from pipeline_support import run_all
 
 TIMEOUT = 120.0

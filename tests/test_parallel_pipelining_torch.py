@@ -9,7 +9,7 @@ import pytest
 import coursekit
 from coursekit.models import TeacherData, tiny_mlp
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 from pipeline_support import run_all
 
 TIMEOUT = 120.0

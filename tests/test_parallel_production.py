@@ -4,7 +4,7 @@ import pytest
 
 import coursekit
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 from strategy_options import config_for
 

@@ -20,7 +20,7 @@ from coursekit.parallel.sequence import (AttentionWork, SequenceTensorParallelBl
                                          ring_attention, saved_bytes, sequence_forward, shard_sequence,
                                          ulysses_attention)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 from ring_blocks import computed_per_step
 
 B, H, D = 2, 4, 8
@@ -402,7 +402,7 @@ def test_sequence_times_data_on_a_2x2_mesh_trains_like_one_process_gradients_red
     ("{'sp': 1427088} != {'sp': 1419648}": 3 steps × 5 samples × (G−1)·S·V = 7440 more); the record's gather of
     the logits counted as traffic (the same 7440 more)."""
     from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
-    from coursekit.traffic import Traffic
+    from coursekit.comm.traffic import Traffic
 
     reference = train(0, 1, "single", **SP_TP_CONFIG)["records"]
     results = coursekit.launch(_train_sequence_data, 4, timeout=120)
@@ -445,7 +445,7 @@ def test_traffic_per_axis_names_every_axis_a_message_crossed():
     0→3 changes sp and tp ("sp×tp"), 0→7 all three. Planted bug, seen failing: a message across both axes counted
     under the first axis that differs ("{'dp': 1007, ..., 'dp×sp': 0} == {'dp': 7, ..., 'dp×sp': 1000}")."""
     from coursekit.parallel.sequence import traffic_per_axis
-    from coursekit.traffic import Traffic, Transfer
+    from coursekit.comm.traffic import Traffic, Transfer
 
     def sent(*links, kind="payload"):
         return [Transfer("x", 0, src, dst, numel, 4, kind) for src, dst, numel in links]

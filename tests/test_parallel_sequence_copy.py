@@ -14,7 +14,7 @@ from coursekit.parallel.sequence import chunk_bounds
 from coursekit.experiments import (CopyData, needs_other_chunk, per_position_loss,
                                          train_one_process)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 
 def test_the_second_half_repeats_the_first():

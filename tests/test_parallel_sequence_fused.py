@@ -12,7 +12,7 @@ import coursekit
 from coursekit import comm
 from coursekit.parallel.sequence import full_attention, ring_attention, ring_traffic, shard_sequence
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 HEADS, HEAD_DIM = 2, 8
 

@@ -15,7 +15,7 @@ from coursekit.models import tiny_transformer
 from coursekit.parallel.sequence import (positions, ring_attention, saved_bytes, sequence_forward, shard_sequence,
                                          ulysses_attention)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 B, S, V = 2, 32, 16       # samples, tokens per sample (divisible by 2G = 8 for zig-zag at G = 4), vocabulary
 STRATEGIES = {"ring zigzag": ("ring_attention", "zigzag"), "ring contiguous": ("ring_attention", "contiguous"),

@@ -16,7 +16,7 @@ import torch
 import coursekit
 from coursekit import comm
 from coursekit.costmodel import activation_bytes_per_layer
-from coursekit.mesh import Mesh
+from coursekit.comm.mesh import Mesh
 from coursekit.models import tiny_transformer
 from coursekit.parallel.sequence import (SequenceTensorParallelBlock, megatron_sp_saved_bytes, saved_bytes,
                                          shard_sequence)

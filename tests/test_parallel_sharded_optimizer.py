@@ -11,12 +11,12 @@ import torch.distributed as dist
 
 import coursekit
 from coursekit.collectives import TORCH, owned_segment, segment_bounds
-from coursekit.memory import held_bytes
+from coursekit.measure.memory import held_bytes
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import ShardedOptimizer, average_gradients, shard_batch
 from coursekit.strategy import optimizer_tensors
 from coursekit.train import train
-from coursekit.verify import TOLERANCES, assert_equivalent, compare, record_step
+from coursekit.measure.verify import TOLERANCES, assert_equivalent, compare, record_step
 
 from strategy_options import config_for
 

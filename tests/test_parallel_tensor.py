@@ -6,12 +6,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import coursekit
-from coursekit.mesh import Mesh, rank_size
+from coursekit.comm.mesh import Mesh, rank_size
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.tensor import (count_communication, expected_counts, gather_dense, parallelize_transformer,
                                        shard_sizes, split_to_parallel_region, vocab_parallel_cross_entropy)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 TIMEOUT = 240.0
 BATCH, STEPS = 3, 3

@@ -12,9 +12,9 @@ import pytest
 import coursekit
 from coursekit.models import TeacherData, tiny_mlp
 from coursekit.parallel.pipeline import bubble_formula, imbalance, one_f_one_b, plan, stage_costs, stage_times
-from coursekit.trace import Span
+from coursekit.measure.trace import Span
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 
 def test_a_stage_one_and_a_half_times_heavier_sets_the_pace():

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 from coursekit.parallel.pipeline import bubble_formula, measured_bubble, one_f_one_b, plan  # noqa: E402
-from coursekit.trace import Span  # noqa: E402
+from coursekit.measure.trace import Span  # noqa: E402
 from coursekit.viz.pipeline import draw_plan_and_measured  # noqa: E402
 
 MS = 1e-3

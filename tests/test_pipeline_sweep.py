@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from coursekit.experiments import SWEEP_VARIANTS, SweepResult, in_flight_waits, paired, pipeline_sweep
-from coursekit.trace import Span
+from coursekit.measure.trace import Span
 
 P, MS, BATCH, WIDTH, LAYERS = 2, (1, 2, 4), 8, 16, 4
 

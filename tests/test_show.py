@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import coursekit
-from coursekit import ring
+from coursekit.collectives import ring
 from coursekit.parallel.pipeline import schedules
 from coursekit.parallel.tensor import core
 from coursekit.source import AnswerNotShown

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import coursekit
-from coursekit.trace import Span, Tracer, busy_time, hidden_fraction, overlap_length, union_length
+from coursekit.measure.trace import Span, Tracer, busy_time, hidden_fraction, overlap_length, union_length
 
 
 def test_span_records_and_rejects_unknown_kinds():
@@ -157,7 +157,7 @@ def test_waited_on_real_gloo_work_leaves_nothing_of_ours_on_its_thread(monkeypat
     import tempfile
     import weakref
 
-    from coursekit import trace
+    from coursekit.measure import trace
 
     callbacks = []
 
@@ -185,7 +185,7 @@ def test_computing_together_counts_a_wait_as_a_wait_however_it_is_booked():
     idle span inside one forward span, or as a gap between two forward spans, the share both compute at once is
     0.8 either way (issue 26 §2: chapter 05's comparison must not depend on where a strategy books its waits).
     Planted bug, seen failing: idle spans inside a forward counted as computing (1.0 for the first booking)."""
-    from coursekit.trace import computing_together
+    from coursekit.measure.trace import computing_together
 
     rank0 = [Span(0, "forward", "", 0.0, 10.0)]
     inside = rank0 + [Span(1, "forward", "", 0.0, 10.0), Span(1, "idle", "all-reduce", 4.0, 6.0)]
@@ -203,7 +203,7 @@ def test_a_weight_gradient_is_compute_and_can_hide_communication():
     while rank 1 computes its W, both compute (share 1.0); a send under rank 1's W is hidden (1.0).
 
     Planted bug, seen failing: ``weight`` left out of the compute kinds (``computing_together``: 0.0 for 1.0)."""
-    from coursekit.trace import COMPUTE_KINDS, KINDS, computing_together
+    from coursekit.measure.trace import COMPUTE_KINDS, KINDS, computing_together
 
     assert "weight" in KINDS and "weight" in COMPUTE_KINDS
     spans = [Span(0, "forward", "F1@s0", 0.0, 2.0), Span(1, "weight", "W0@s1", 0.0, 2.0),

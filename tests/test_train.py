@@ -4,10 +4,10 @@ import pytest
 import torch.distributed as dist
 
 import coursekit
-from coursekit.mesh import Mesh
+from coursekit.comm.mesh import Mesh
 from coursekit.strategy import STRATEGIES, Strategy, get_strategy, mesh_for, register
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 TIMEOUT = 240.0
 DATA_PARALLEL = ("naive", "bucketed", "zero1", "zero2", "zero3")

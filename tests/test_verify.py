@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
-from coursekit.verify import (FlatShard, TOLERANCES, assert_equivalent, compare, reassemble, record_step,
+from coursekit.measure.verify import (FlatShard, TOLERANCES, assert_equivalent, compare, reassemble, record_step,
                               reference_run)
 
 

@@ -6,7 +6,7 @@ import pytest
 matplotlib.use("agg")
 
 import coursekit
-from coursekit.mesh import Mesh
+from coursekit.comm.mesh import Mesh
 from coursekit.viz.mesh import describe, draw_mesh, mesh_layout
 from coursekit.widgets.mesh import mesh_explorer
 

@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from coursekit.parallel.pipeline import gpipe, interleaved_1f1b, measured_bubble, one_f_one_b, plan, zb_h1  # noqa: E402
-from coursekit.trace import Span  # noqa: E402
+from coursekit.measure.trace import Span  # noqa: E402
 from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, draw_plans  # noqa: E402
 
 CASES = [gpipe(3, 4), one_f_one_b(4, 8), interleaved_1f1b(2, 4, 2), zb_h1(3, 5), one_f_one_b(1, 2)]

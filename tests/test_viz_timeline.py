@@ -4,7 +4,7 @@ import matplotlib
 
 matplotlib.use("agg")
 
-from coursekit.trace import Span
+from coursekit.measure.trace import Span
 from coursekit.viz.timeline import COLOURS, draw_timeline, draw_timelines
 
 SPANS = [Span(0, "forward", "", 0.000, 0.010), Span(0, "backward", "", 0.010, 0.030),
@@ -44,7 +44,7 @@ def test_every_kind_has_a_colour_and_w_is_drawn_as_in_the_plan():
 
     Planted bugs, seen failing: no colour for ``weight`` (``KeyError: 'weight'`` drawing a W span); ``weight``
     always in the legend (in the timeline without W)."""
-    from coursekit.trace import KINDS
+    from coursekit.measure.trace import KINDS
     from coursekit.viz.pipeline import OP_COLOURS
 
     assert set(COLOURS) == set(KINDS)

@@ -7,7 +7,7 @@ with the tail of the longer one before it).
 
 import multiprocessing
 
-from coursekit import waiting
+from coursekit.comm import waiting
 
 
 def _attached():

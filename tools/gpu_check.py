@@ -12,7 +12,7 @@ whose lengths do not divide evenly by the world size:
   ZB-H1), tensor parallelism, ring attention (sequence parallelism), and dp × tp, tp × pp on 4 GPUs -- each
   loss curve equal to one process's on the CPU (relative 1e-4: GPU kernels add in other orders).
 
-The process group is ``"cpu:gloo,cuda:nccl"`` (:mod:`coursekit.devices`): CUDA tensors over NCCL, the few CPU
+The process group is ``"cpu:gloo,cuda:nccl"`` (:mod:`coursekit.comm.devices`): CUDA tensors over NCCL, the few CPU
 tensors of the bookkeeping over gloo. About 2 minutes on a machine with 4 GPUs.
 
     make gpu-check                                   # on a machine with >= 2 GPUs; without: "skipped: no GPU"
@@ -112,12 +112,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-ranks", type=int, default=4)
     parser.add_argument("--steps", type=int, default=20, help="steps of each capstone layout")
     options = parser.parse_args(argv)
-    gpus = coursekit.devices.gpu_count()
+    gpus = coursekit.comm.devices.gpu_count()
     if options.backend == "nccl" and gpus < 2:
         print(f"skipped: no GPU (found {gpus}; NCCL needs at least 2). On this machine the course runs on CPU ranks "
               f"with gloo (make test); to try this script's checks there: python tools/gpu_check.py --backend gloo")
         return 0
-    backend = coursekit.devices.MIXED if options.backend == "nccl" else "gloo"
+    backend = coursekit.comm.devices.MIXED if options.backend == "nccl" else "gloo"
     top = min(options.max_ranks, gpus) if options.backend == "nccl" else options.max_ranks
     failures = []
     for world_size in range(2, top + 1):

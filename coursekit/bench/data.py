@@ -37,7 +37,7 @@ from ..launch import launch
 from ..models import LanguageData, tiny_transformer
 from ..parallel.data.buckets import megabytes
 from ..train import train
-from ..trace import busy_time, hidden_fraction
+from ..measure.trace import busy_time, hidden_fraction
 
 VARIANTS = [  # label, strategy, world size, extra arguments
     ("one process", "single", 1, {}),

@@ -21,7 +21,7 @@ one exit 4-14 ms, depending on what else the machine did. So judge the target
 on a quiet machine: the output says the load average before and after.
 
 Then what the launcher's ``SCHED_BATCH`` for gloo's event-loop threads buys
-(:mod:`coursekit.gloo_threads`): in one launch, every iteration runs a
+(:mod:`coursekit.comm.gloo_threads`): in one launch, every iteration runs a
 4 KiB exchange with each neighbour (``isend``/``irecv``, as a ring step does) and
 a 1 MiB ``dist.all_reduce`` twice, once with the loop threads switched back to
 ``SCHED_OTHER`` and once under ``SCHED_BATCH`` (barrier before each, slowest
@@ -36,7 +36,7 @@ import os
 import statistics
 import time
 
-from ..gloo_threads import gloo_loop_threads
+from ..comm.gloo_threads import gloo_loop_threads
 from ..launch import Cluster, launch
 from .allreduce import paired_ratio
 

@@ -21,7 +21,7 @@ import os
 import sys
 from datetime import timedelta
 
-from ..devices import default_backend
+from ..comm.devices import default_backend
 from .run import Config, check, run
 
 __all__ = ["main", "parse", "in_torchrun"]

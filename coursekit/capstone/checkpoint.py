@@ -37,7 +37,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-from ..mesh import Mesh
+from ..comm.mesh import Mesh
 
 __all__ = ["device_mesh", "state_dict", "save", "load", "latest", "incomplete", "KILL_ENV"]
 

@@ -1,6 +1,6 @@
 """The capstone's training run: one function, any layout, the same on ``torchrun`` and in a notebook.
 
-:func:`run` is what every rank executes. It builds the one :class:`~coursekit.mesh.Mesh` of the job from the
+:func:`run` is what every rank executes. It builds the one :class:`~coursekit.comm.mesh.Mesh` of the job from the
 degrees (``pp, dp, sp, tp``, tp innermost), the course transformer and its data from the seed, and hands all of
 it to the one training loop (:func:`coursekit.train.train`) with the composed strategy ``"hybrid"``
 (:mod:`coursekit.parallel.hybrid`) -- or, for ``--zero 2`` and ``3`` of a whole model, chapter 02's
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..mesh import Mesh
+from ..comm.mesh import Mesh
 from ..models import LanguageData, tiny_transformer
 from ..parallel.hybrid import check_degrees, mesh_shape
 from ..train import train

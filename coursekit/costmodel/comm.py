@@ -25,7 +25,7 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   ``2(D−1)/D·Ψ``; ZeRO-1 a reduce-scatter + an all-gather (the same volume); ZeRO-2 reduce-scatters in every
   backward (``m`` times) and all-gathers once; ZeRO-3 all-gathers the parameters before every forward and
   backward and reduce-scatters every backward: ``3m(D−1)/D·Ψ``, the ZeRO paper's 3Ψ against 2Ψ
-  (Rajbhandari et al. 2020, section 7) -- :func:`coursekit.memory.comm_elements`, chapter 02.
+  (Rajbhandari et al. 2020, section 7) -- :func:`coursekit.measure.memory.comm_elements`, chapter 02.
 * **tp** -- per micro-batch and layer, 2 all-reduces of ``b·s·h`` forward (after attention's and the MLP's
   row-parallel layers) and 2 backward (the column-parallel inputs' gradients): Megatron-LM's ``f``/``g``
   (Shoeybi et al. 2019, Figure 3); the vocabulary-parallel embedding 1 forward, the tied head 1 backward,

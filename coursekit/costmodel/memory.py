@@ -3,7 +3,7 @@
 Three terms, one function each, then :func:`memory_per_gpu` for a whole :class:`~.config.Layout`:
 
 * :func:`model_state_bytes` -- parameters, gradients and Adam's state per rank (Rajbhandari et al. 2020,
-  section 3.1 and Figure 1), ZeRO stages 1-3 over ``dp``; chapter 02's :mod:`coursekit.memory` is the
+  section 3.1 and Figure 1), ZeRO stages 1-3 over ``dp``; chapter 02's :mod:`coursekit.measure.memory` is the
   same arithmetic for one data-parallel group and measures it.
 * :func:`activation_bytes_per_layer` -- what one transformer layer keeps for its backward (Korthikanti
   et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 2), and
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..memory import PRECISIONS as CHAPTER02_PRECISIONS
-from ..memory import exact_share, formula_bytes
+from ..measure.memory import PRECISIONS as CHAPTER02_PRECISIONS
+from ..measure.memory import exact_share, formula_bytes
 from ..parallel.pipeline.planning import peak_activations_formula
 from .config import RECOMPUTE, Layout, ModelConfig
 from .params import layer_params, params_per_rank, stage_layers

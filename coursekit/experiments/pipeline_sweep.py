@@ -62,7 +62,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..launch import launch
 from ..models import TeacherData, tiny_mlp
-from ..trace import Tracer
+from ..measure.trace import Tracer
 from ..parallel.pipeline.comm import Channel
 from ..parallel.pipeline.executor import execute
 from ..parallel.pipeline.measured import compute_op, measured_bubble

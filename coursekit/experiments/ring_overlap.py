@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from .. import comm
-from ..mesh import rank_size
+from ..comm.mesh import rank_size
 from ..parallel.sequence.layout import shard_sequence
 from ..parallel.sequence.core import ring_attention
 

@@ -1,7 +1,7 @@
 """Memory per rank, measured: one block's activation peak (dense, TP, TP + SP), and the longest sequence under a budget.
 
-Both measure with :mod:`coursekit.live_memory`: every tensor the ops create, counted from birth to free, on
-each rank in turn in this process (:func:`~coursekit.live_memory.as_rank`: a fake process group, so the
+Both measure with :mod:`coursekit.measure.live_memory`: every tensor the ops create, counted from birth to free, on
+each rank in turn in this process (:func:`~coursekit.measure.live_memory.as_rank`: a fake process group, so the
 shapes are each rank's and nothing is sent). Exact and deterministic: the same bytes every run.
 
 :func:`block_memory` -- one pre-norm block of the course transformer, forward then backward, per rank:
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ..live_memory import ActivationMemory, LiveMemory, as_rank, forward_backward_memory
+from ..measure.live_memory import ActivationMemory, LiveMemory, as_rank, forward_backward_memory
 from ..models import tiny_transformer
 from ..parallel.tensor import ParallelBlock
 from ..parallel.sequence.layout import shard_sequence

@@ -29,7 +29,7 @@ import tempfile
 from typing import Any, Callable, Hashable
 
 from ..launch import LaunchTimeout, RankError, launch
-from ..simulator import Deadlock, SimulatorError, describe_waits, simulate
+from ..comm.simulator import Deadlock, SimulatorError, describe_waits, simulate
 from .feedback import NOT_IMPLEMENTED, describe_timeout, explain, is_stub
 from .guard import guarded
 from .rank_deaths import death_summary

@@ -19,7 +19,7 @@ The learner writes two functions:
 
 Each check trains on real ranks (``torch.distributed``'s collectives switched
 off: everything goes through ``coursekit.comm`` and is counted), compares with
-one process on the same global batch through :mod:`coursekit.verify`, and
+one process on the same global batch through :mod:`coursekit.measure.verify`, and
 counts the traffic against its formula. What runs on each rank, and the one process it is compared with, is
 :mod:`.data_parallel_runs`, the hints at a mistake :mod:`.data_parallel_hints`; judging and scoring are here.
 """
@@ -29,7 +29,7 @@ from __future__ import annotations
 from .. import comm
 from ..collectives import owned_segment, segment_bounds
 from ..models import tiny_mlp
-from ..verify import compare
+from ..measure.verify import compare
 from .data_parallel_hints import accumulation_hint, gradient_hint, moved_weights
 from .data_parallel_runs import accumulation_rank, hooks_rank, reference, zero2_rank
 from .registry import check

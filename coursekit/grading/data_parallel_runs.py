@@ -1,7 +1,7 @@
 """What runs on each rank in exercise 02, and the one-process answers it is compared with.
 
 Each rank function trains one case around the learner's function and returns ``(records, traffic, moved)``
-(and, for ZeRO-2, what stays allocated): the step records of :mod:`coursekit.verify`, what went through
+(and, for ZeRO-2, what stays allocated): the step records of :mod:`coursekit.measure.verify`, what went through
 ``coursekit.comm`` during backward (or the reduce-scatter), and the parameters the learner's hooks changed
 during backward. A case is ``(model name, frozen parameters, world size, steps, global batch)``.
 """
@@ -16,7 +16,7 @@ from .. import comm
 from ..collectives import owned_segment, ring_all_gather, segment_bounds
 from ..models import LanguageData, TeacherData, loss_fn, tiny_mlp, tiny_transformer
 from ..parallel.data import shard_batch
-from ..verify import FlatShard, record_step, reference_run
+from ..measure.verify import FlatShard, record_step, reference_run
 
 __all__ = ["setup", "reference", "hooks_rank", "micro_batches", "accumulation_rank", "micro_batch_means",
            "zero2_rank"]

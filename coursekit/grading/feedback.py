@@ -18,7 +18,7 @@ import traceback
 from typing import Iterable
 
 from ..launch import LaunchTimeout
-from ..simulator import describe_waits
+from ..comm.simulator import describe_waits
 from .scoring import CheckFailed, NotDone
 
 __all__ = ["explain", "learner_line", "learner_line_of", "notes_from_timeout", "describe_timeout"]

@@ -36,8 +36,8 @@ import re
 import torch
 
 from ..launch import launch
-from ..simulator import Deadlock, SimulatorError, describe_waits, simulate
-from ..verify import compare
+from ..comm.simulator import Deadlock, SimulatorError, describe_waits, simulate
+from ..measure.verify import compare
 from .feedback import NOT_IMPLEMENTED, explain, is_stub
 from .find_the_bug_options import judge_diagnosis
 from .find_the_bug_programs import (GLOBAL_BATCH, STEPS, data_parallel_rank, data_parallel_reference, replica_rank,

@@ -28,11 +28,12 @@ import io
 
 import torch
 
-from .. import comm, comm_state
+from .. import comm
+from ..comm import state as comm_state
 from ..collectives import ring_all_reduce
 from ..models import TeacherData, loss_fn, tiny_mlp
 from ..parallel.data import average_gradients
-from ..verify import Report, compare, record_step, reference_run
+from ..measure.verify import Report, compare, record_step, reference_run
 from .model_parallel_ranks import returned_value
 from .ring_judge import ring_input
 from .watch import Watch
@@ -191,7 +192,7 @@ def replica_reference(initial: torch.nn.Module, drawn: list[list[list[int]]], st
 
 
 def replicas_compared(results: list[dict]) -> Report:
-    """Every rank's weights before the first step against rank 0's (:func:`coursekit.verify.compare`): the first
+    """Every rank's weights before the first step against rank 0's (:func:`coursekit.measure.verify.compare`): the first
     parameter that differs, and on which rank."""
     def start(model):
         return [record_step(None, 0.0, {}, model)]

@@ -17,7 +17,7 @@ rank 1 ("GPU 2"). The learner writes both halves of one micro-batch's forward an
 Each check runs the learner's halves in the strict simulator first (a deadlock is named at once), then on two
 real ranks (``torch.distributed``'s collectives and raw send/recv switched off: everything goes through
 ``coursekit.comm`` and is counted), and compares with one process training the whole network on the same
-batches (:mod:`coursekit.verify`: the loss, every gradient, every weight after each step).
+batches (:mod:`coursekit.measure.verify`: the loss, every gradient, every weight after each step).
 
 What a rank does is watched through a thin layer over ``coursekit.comm``'s transport (:mod:`.watch`, run by
 :mod:`.model_parallel_ranks`): where each message goes, and whether the activations sent still required grad.
@@ -36,7 +36,7 @@ import math
 
 from ..launch import launch
 from ..models import TeacherData, loss_fn
-from ..verify import compare, reference_run
+from ..measure.verify import compare, reference_run
 from .model_parallel_ranks import WHAT, WORLD, boundary_width, make_model, make_optimizer, two_stage_rank
 from .registry import check
 from .scoring import CheckFailed, partial_credit

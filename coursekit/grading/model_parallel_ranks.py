@@ -2,7 +2,7 @@
 
 :func:`two_stage_rank` trains one case with ``first_stage`` on rank 0 and
 ``second_stage`` on rank 1 and returns, per rank, the step records
-(:mod:`coursekit.verify`), what each micro-batch sent, what the harness had to
+(:mod:`coursekit.measure.verify`), what each micro-batch sent, what the harness had to
 rescue and what ``second_stage`` returned. Each message goes through a
 :class:`StageWatch` (:mod:`.watch`), which refuses one to the wrong rank or one that
 is not a tensor, so that the feedback names it instead of a deadlock. When the
@@ -26,7 +26,7 @@ import torch
 from .. import comm
 from ..models import TeacherData, loss_fn, tiny_mlp
 from ..parallel.pipeline import split
-from ..verify import NamedPart, record_step
+from ..measure.verify import NamedPart, record_step
 from .watch import Watch
 
 __all__ = ["WORLD", "ROLE", "WHAT", "make_model", "make_optimizer", "boundary_width", "StageWatch",

@@ -216,7 +216,7 @@ def equals_one_process(submission, ctx):
     """Run by the course's executor (p = 2, m = 4 and p = 3, m = 5), training equals one process."""
     from ..launch import LaunchTimeout, RankError, launch
     from ..train import train
-    from ..verify import compare
+    from ..measure.verify import compare
 
     def judge(schedule, p, m):
         try:  # the ranks run only the course's executor (which broadcasts the loss): no guard needed

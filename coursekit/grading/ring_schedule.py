@@ -24,8 +24,8 @@ from typing import Callable, NamedTuple
 import torch
 
 from .. import comm
-from ..ring import owned_segment, ring_all_gather, ring_reduce_scatter
-from ..walkthrough import seed_label
+from ..collectives.ring import owned_segment, ring_all_gather, ring_reduce_scatter
+from ..collectives.walkthrough import seed_label
 
 __all__ = ["diagnose", "first_difference", "trace"]
 

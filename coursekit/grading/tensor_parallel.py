@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import torch
 
-from ..mesh import groups_along
+from ..comm.mesh import groups_along
 from .feedback import is_stub
 from .guard import forbid_torch_collectives
 from .registry import check

@@ -9,7 +9,7 @@ and every collective called with the group it ran over (:mod:`.tensor_tools`), f
 :mod:`.tensor_parallel` to judge. A part that raises costs only itself: its error is
 returned, with the learner's line, and what it had recorded before.
 
-With ``tp`` set the ranks are a :class:`~coursekit.mesh.Mesh` ``{"dp": world / tp, "tp": tp}``: the layers
+With ``tp`` set the ranks are a :class:`~coursekit.comm.mesh.Mesh` ``{"dp": world / tp, "tp": tp}``: the layers
 get this rank's tensor-parallel group (a process group, as a mesh's ``mesh.group("tp")``), and each group
 its own inputs, so that a layer summing over the whole world instead mixes two groups' numbers.
 """
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..mesh import Mesh
+from ..comm.mesh import Mesh
 from .feedback import learner_line_of
 from .tensor_tools import group_ranks, phase, recording, shard_range
 

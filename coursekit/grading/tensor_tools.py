@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..mesh import as_group, rank_size
+from ..comm.mesh import as_group, rank_size
 from ..parallel.tensor import shard_sizes
 
 __all__ = ["shard_range", "all_reduce", "all_gather", "phase", "recording", "Call", "group_ranks"]
@@ -58,7 +58,7 @@ def shard_range(total: int, group=None) -> tuple[int, int]:
 
 
 def group_ranks(group=None) -> tuple[int, ...]:
-    """The global ranks of ``group`` (a process group, a :class:`~coursekit.mesh.MeshAxis`, None: the whole world).
+    """The global ranks of ``group`` (a process group, a :class:`~coursekit.comm.mesh.MeshAxis`, None: the whole world).
 
         >>> group_ranks()             # one process
         (0,)

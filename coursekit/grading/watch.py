@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from .. import comm, comm_state
+from .. import comm
+from ..comm import state as comm_state
 
 __all__ = ["Watch"]
 

@@ -60,7 +60,7 @@ The closed forms (``N`` elements of ``b`` bytes, one link level)
 
       T_ring = 2·(G−1)·(α + ⌈N/G⌉·b/B)       (bandwidth term ≈ 2·N·b/B, flat in G)
 
-* **hierarchical** (:mod:`coursekit.hierarchical`, ``k`` GPUs per node, ``n = G/k`` nodes): the
+* **hierarchical** (:mod:`coursekit.collectives.hierarchical`, ``k`` GPUs per node, ``n = G/k`` nodes): the
   inner ring's ``2(k−1)`` steps over the node links, each set by the largest
   segment ``⌈N/k⌉``; the ``k`` outer rings (one per local rank, at the same
   time) take ``2(n−1)`` steps over the network, set by the largest shard's

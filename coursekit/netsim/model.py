@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..traffic import Traffic, Transfer
+from ..comm.traffic import Traffic, Transfer
 
 __all__ = ["Network", "StepTime", "Timing", "simulate_time", "closed_form_time", "COLLECTIVES"]
 

@@ -12,8 +12,9 @@ from typing import Callable
 
 import torch
 
-from .. import comm, comm_state
-from ..traffic import Traffic, Transfer
+from .. import comm
+from ..comm import state as comm_state
+from ..comm.traffic import Traffic, Transfer
 from .model import COLLECTIVES, Network, StepTime, Timing, closed_form_time
 
 __all__ = ["RankGroup", "node_groups", "collective_trace", "collective_time", "crossover"]
@@ -22,7 +23,7 @@ __all__ = ["RankGroup", "node_groups", "collective_trace", "collective_time", "c
 # ----------------------------------------------------------------- recording the trace
 def _collectives() -> dict[str, Callable]:
     from ..collectives import master_all_reduce, naive_all_reduce, ring_all_reduce
-    from ..hierarchical import hierarchical_all_reduce
+    from ..collectives.hierarchical import hierarchical_all_reduce
 
     return {"master": master_all_reduce, "naive": naive_all_reduce, "ring": ring_all_reduce,
             "hierarchical": hierarchical_all_reduce}
@@ -66,7 +67,7 @@ class RankGroup:
     """A process group of the dry run: its members' global ranks, in group order.
 
     What :func:`collective_trace` passes as ``group=`` (e.g. a node's GPUs to
-    :func:`coursekit.hierarchical.hierarchical_all_reduce`); the dry-run
+    :func:`coursekit.collectives.hierarchical.hierarchical_all_reduce`); the dry-run
     transport understands it as ``torch.distributed`` understands a process group.
     """
 

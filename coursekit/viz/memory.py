@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from ..memory import formula_bytes
+from ..measure.memory import formula_bytes
 
 KIND_COLOURS = {"params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52"}
 STAGE_LABELS = {0: "DP", 1: "ZeRO-1", 2: "ZeRO-2", 3: "ZeRO-3"}

@@ -7,7 +7,7 @@
     >>> fig = draw_mesh(world_size=8, tp=4, gpus_per_node=2)
 
 The groups are those of ``Mesh({"dp": world_size // tp, "tp": tp})`` (the same
-grid and the same rule, :mod:`coursekit.mesh`; tested against a real mesh):
+grid and the same rule, :mod:`coursekit.comm.mesh`; tested against a real mesh):
 tensor parallelism is the innermost axis, so its ranks are neighbours. A
 tensor group that spans two nodes all-reduces activations over the network
 at every layer: the figure marks it in red.
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.patches import Rectangle
 
-from ..mesh import groups_along
+from ..comm.mesh import groups_along
 
 
 def mesh_layout(world_size: int, tp: int, gpus_per_node: int) -> dict:

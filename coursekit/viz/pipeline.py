@@ -148,7 +148,7 @@ def draw_plans(plans: list[Plan], titles: list[str] | None = None):
 def draw_plan_and_measured(plan: Plan, spans: list, title: str | None = None):
     """The planned schedule (full-stage units) above the measured Gantt chart of the same run (ms).
 
-    ``spans`` are :class:`coursekit.trace.Span` from the executor, one step. Each axis has its own clock:
+    ``spans`` are :class:`coursekit.measure.trace.Span` from the executor, one step. Each axis has its own clock:
     the plan in units, the run in ms; where the measured boxes keep the plan's shape, the executor follows
     its schedule. The plan has its own legend (every colour it uses); the measured chart the timeline's.
     The measured title gives the bubble over the plan's window (first compute action to last,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from ..trace import KINDS, Span, hidden_fraction
+from ..measure.trace import KINDS, Span, hidden_fraction
 
 COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "weight": "#C44E52", "comm": "#DD8452",
            "optimizer": "#8172B3", "idle": "#DDDDDD"}
@@ -23,7 +23,7 @@ COLOURS = {"forward": "#4C72B0", "backward": "#55A868", "weight": "#C44E52", "co
 
 def draw_timeline(spans: list[Span], ax=None, title: str | None = None, start: float | None = None,
                   end: float | None = None, scale: float = 1e3, hidden_share: bool = True):
-    """Draw ``spans`` (from :meth:`coursekit.trace.Tracer.gather`); times shown in ms by default.
+    """Draw ``spans`` (from :meth:`coursekit.measure.trace.Tracer.gather`); times shown in ms by default.
 
     ``start``/``end`` (seconds) crop the view, e.g. to the last steps. The title adds the share of
     communication hidden behind backward; ``hidden_share=False`` leaves it out where it means nothing

@@ -10,7 +10,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from IPython.display import display
 
-from ..memory import formula_bytes, max_parameters
+from ..measure.memory import formula_bytes, max_parameters
 from ..viz.memory import STAGE_LABELS, draw_memory_formula
 
 

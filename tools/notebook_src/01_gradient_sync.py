@@ -15,8 +15,8 @@
 # The runs and timings here are real `torch.distributed` ranks (processes talking through gloo on the
 # CPU, or NCCL on GPUs); the counts at many world sizes come from the simulator, which runs the same
 # code in one process, and the cluster's times from a network model that replays that code's traces.
-# Naive and master live in `coursekit/collectives.py`, the ring in `coursekit/ring.py`, all built only
-# from [point-to-point](../docs/glossary.md#point-to-point) `send`/`recv` (`coursekit/comm.py`, which also counts every transfer): read them
+# Naive and master live in `coursekit/collectives/__init__.py`, the ring in `coursekit/collectives/ring.py`, all built only
+# from [point-to-point](../docs/glossary.md#point-to-point) `send`/`recv` (`coursekit/comm/__init__.py`, which also counts every transfer): read them
 # next to this notebook.
 
 # %% tags=["parameters"]
@@ -41,8 +41,8 @@ from coursekit.bench.allreduce import algbw, busbw, measure
 from coursekit.collectives import (master_all_reduce, naive_all_reduce, owned_segment, replay, ring_all_reduce,
                                    ring_traffic, segment_bounds)
 from coursekit.collectives import ring_walkthrough
-from coursekit.hierarchical import hierarchical_all_reduce, hierarchical_traffic
-from coursekit.mesh import Mesh
+from coursekit.collectives.hierarchical import hierarchical_all_reduce, hierarchical_traffic
+from coursekit.comm.mesh import Mesh
 from coursekit.netsim import (Network, calibrate, closed_form_time, collective_time, collective_trace, crossover,
                               fit_alpha_beta, simulate_time)
 from coursekit.viz.collectives import size_label, draw_ring_step, plot_rank_load, plot_timings, plot_traffic
@@ -469,7 +469,7 @@ plt.show()
 #
 # ## Hierarchical all-reduce: rings inside nodes, rings of shards across them
 #
-# What large clusters do beyond one flat ring (`coursekit/hierarchical.py`, built from the ring above
+# What large clusters do beyond one flat ring (`coursekit/collectives/hierarchical.py`, built from the ring above
 # on a [mesh](../docs/glossary.md#mesh)'s two [axes](../docs/glossary.md#axis)): **reduce-scatter inside each node** (local rank `l` ends with the node's sum
 # of [shard](../docs/glossary.md#shard) `(l+1) mod k`), **all-reduce of the shards across nodes** (`k` rings at once, one per local
 # rank, each over its own network link), **all-gather inside each node**. Per GPU it sends

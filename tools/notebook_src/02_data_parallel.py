@@ -51,7 +51,7 @@ from coursekit.grading import check_data_parallel
 from coursekit.collectives import ring_all_reduce, ring_reduce_scatter
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.data import shard_batch
-from coursekit.verify import compare, record_step, reference_run
+from coursekit.measure.verify import compare, record_step, reference_run
 
 # %% [markdown]
 # ## Part 1: gradient averaging with hooks

@@ -39,11 +39,11 @@ import torch
 
 import coursekit
 from coursekit import comm
-from coursekit.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
+from coursekit.measure.memory import comm_elements, expected_held_bytes, formula_bytes, peak_held_bytes
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.data import average_gradients, shard_batch
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 from coursekit.viz.memory import draw_memory
 from coursekit.viz.timeline import draw_timelines
 from coursekit.widgets.memory import memory_explorer
@@ -120,7 +120,7 @@ print(inspect.getsource(average_gradients))
 # %% [markdown]
 # ## The proof: every variant equals one process
 #
-# `coursekit.train` runs one training loop with any variant. `coursekit.verify.compare`
+# `coursekit.train` runs one training loop with any variant. `coursekit.measure.verify.compare`
 # (the equivalence harness every later chapter uses) checks, step by step, the forward output (rank
 # outputs concatenated), the loss of the global batch, every gradient (reassembled from the shards
 # under ZeRO) and every parameter after the optimiser step, against one process on the same global
@@ -228,7 +228,7 @@ plt.show()
 # waited.
 
 # %%
-from coursekit.trace import busy_time, hidden_fraction, overlap_length
+from coursekit.measure.trace import busy_time, hidden_fraction, overlap_length
 
 
 def per_step(spans, kind, steps=2):
@@ -428,7 +428,7 @@ for stage, strategy in enumerate(labels):
 #
 # At the peak, DP and ZeRO-1 hold all 4Ψ bytes of gradients (the end of backward); ZeRO-2 holds its
 # segments plus the bucket being reduced. The formula for that peak is 4·max_b(size_b + Σ_{k≤b} seg_k)
-# (`coursekit.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
+# (`coursekit.measure.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
 # (`"zero3"`) treats the whole model as one unit, so during forward and backward it holds a full copy
 # of the parameters on top of its segments: its parameter peak is *above* plain DP's. Real
 # ZeRO-3 / [FSDP](../docs/glossary.md#fsdp) gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.data.ShardedUnits`)
@@ -497,11 +497,11 @@ print(f"whole model at once (\"zero3\"), by the formula (not measured here): pea
 # cast to fp32 bucket by bucket just before they are reduced — summing G bf16 numbers in bf16 rounds at
 # every step of the ring — and that cast copy of one bucket is part of the peak. Below: the same ZeRO
 # stages as above, fp32 against bf16 with an fp32 and with a bf16 reduce, on the same ranks; bars at the peak, black ticks from the formulas
-# (`coursekit.memory.peak_held_bytes` and `mixed_peak_held_bytes`). The tests also check ZeRO-3 in bf16
+# (`coursekit.measure.memory.peak_held_bytes` and `mixed_peak_held_bytes`). The tests also check ZeRO-3 in bf16
 # against FSDP2 with the same policy, step by step (`tests/test_parallel_data_precision.py`).
 
 # %% tags=["nbval-check-output"]
-from coursekit.memory import mixed_peak_held_bytes
+from coursekit.measure.memory import mixed_peak_held_bytes
 
 print("1 + 2**-9 in bf16:", (torch.tensor(1.0, dtype=torch.bfloat16) + 2**-9).item(),
       "  in fp32:", (torch.tensor(1.0) + 2**-9).item())
@@ -840,7 +840,7 @@ print("the four give the same bits as each other:", all(torch.equal(g, flat["tor
 # with `torch.equal`): on its toy model, measured through an adapter outside this course, 12,524 of 29,376
 # step-0 gradient elements and 119 of the updated weights differ from one process's, for `ShardedUnits` and
 # FSDP2 in exactly the same elements. The course's harness compares to float32's rounding instead
-# (`coursekit.verify.TOLERANCES`), as the copies with `allclose` do.
+# (`coursekit.measure.verify.TOLERANCES`), as the copies with `allclose` do.
 
 # %% [markdown]
 # ## What we have

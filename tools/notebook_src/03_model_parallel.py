@@ -71,7 +71,7 @@ from coursekit import comm
 from coursekit.grading import check_model_parallel
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.pipeline import split
-from coursekit.verify import NamedPart, compare, record_step, reference_run
+from coursekit.measure.verify import NamedPart, compare, record_step, reference_run
 
 # %% [markdown]
 # ## Rank 0: the hidden layer

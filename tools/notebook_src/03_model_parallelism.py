@@ -40,9 +40,9 @@ import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, TeacherData, count_parameters, tiny_mlp, tiny_transformer
 from coursekit.parallel.pipeline import layer_costs, layers, partition, split, stage_costs  # registers "model"
-from coursekit.trace import busy_time, overlap_length, union_length
+from coursekit.measure.trace import busy_time, overlap_length, union_length
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 from coursekit.viz.timeline import draw_timelines
 
 print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
@@ -82,7 +82,7 @@ for rank, stage in enumerate(split(net, 2)):
 # ## The proof: equal to one process
 #
 # Two ranks train the two-layer network for `PROOF_STEPS` Adam steps; one process trains the whole network
-# on the same batches. `coursekit.verify.compare` checks at every step the output (computed on rank 1),
+# on the same batches. `coursekit.measure.verify.compare` checks at every step the output (computed on rank 1),
 # the loss, every gradient and every weight after the step, each on the rank that holds it.
 
 # %%

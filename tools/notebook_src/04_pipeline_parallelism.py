@@ -48,7 +48,7 @@ import coursekit
 from coursekit.parallel.pipeline import (SCHEDULES, bubble_formula, make_schedule, measured_bubble,
                                          peak_activations_formula, plan, validate, ScheduleError)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 from coursekit.viz.pipeline import draw_plan, draw_plan_and_measured, draw_plans
 
 torch.set_num_threads(1)  # one thread per process, as every rank has: the single-process baseline is comparable
@@ -188,7 +188,7 @@ schedule_explorer("1f1b", p=PLAN_RANKS, m=PLAN_MICRO_BATCHES, v=2)
 # The course transformer (embedding | block | block | final norm + head) cut into stages, run by the
 # executor on RUN_RANKS ranks. First the check: for every schedule and every micro-batch count it accepts
 # (those it refuses, if any, are printed last, with the reason), the loss, every gradient and every weight after
-# every step equal one process's on the same global batch to rounding (within `coursekit.verify`'s
+# every step equal one process's on the same global batch to rounding (within `coursekit.measure.verify`'s
 # tolerances) — the tied embedding/head included (its gradient is the sum of its uses on the first and the
 # last stage).
 

@@ -48,7 +48,7 @@ from coursekit.parallel.tensor import (ColumnParallelLinear, ParallelMLP, Parall
                                        VocabParallelEmbedding, count_communication, expected_counts, gather_dense,
                                        parallelize_transformer, shard_sizes, vocab_parallel_cross_entropy)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 torch.set_num_threads(1)  # one thread per process, as every rank has
 
@@ -225,7 +225,7 @@ for rank, (shape, loss_diff, grad_diff, elements) in enumerate(coursekit.launch(
 # `train(rank, world_size, "tensor", model="transformer")` turns the dense course transformer into its
 # tensor-parallel form on every rank (vocabulary, heads and MLP split; norms and the position embedding
 # replicated), trains it, and records the output, the loss, every gradient and every weight, reassembled
-# from the shards (`gather_dense`). `coursekit.verify.compare` checks each against one process at every
+# from the shards (`gather_dense`). `coursekit.measure.verify.compare` checks each against one process at every
 # step. Degree 3 does not divide the vocabulary (16 → 6, 5, 5 rows) nor the heads (4 → 2, 1, 1): the shards
 # are uneven and the model is still exactly the same one.
 
@@ -458,13 +458,13 @@ for degree in even:
 # most bytes alive at one moment, transients included: a matmul's output beside its all-reduced copy, the
 # gradients flowing back beside everything the forward kept. `block_memory` measures both for one block,
 # exactly: every tensor the ops create is counted from its creation until it is freed
-# (`coursekit.live_memory.LiveMemory`; the parameters, their gradients and the block's input left out, its
+# (`coursekit.measure.live_memory.LiveMemory`; the parameters, their gradients and the block's input left out, its
 # output counted: the next block's input), and each rank of $t$ runs in turn in this process with a *fake*
 # process group (`as_rank`: the collectives move nothing, the shapes are each rank's). Beside it, the block's
 # parameters on one rank:
 
 # %% tags=["nbval-check-output"]
-from coursekit.live_memory import as_rank
+from coursekit.measure.live_memory import as_rank
 from coursekit.experiments import block_memory
 from coursekit.parallel.tensor import ParallelBlock
 
@@ -539,7 +539,7 @@ for rank in range(2):
 # simultaneously". The timelines below are one step of model parallelism (chapter 03: layers on 2 ranks) and
 # of tensor parallelism (degree 2), measured on the same model and batch. From each, the share of the
 # forward and backward passes (from the first forward's start to the last backward's end) during which *both*
-# ranks compute at once (`coursekit.trace.computing_together`). A wait counts as a wait however it is booked:
+# ranks compute at once (`coursekit.measure.trace.computing_together`). A wait counts as a wait however it is booked:
 # tensor parallelism's all-reduces are idle spans *inside* a forward or backward, model parallelism's receives
 # fall *between* them, and counting time "inside a forward" would credit the first with its waits
 # (`tests/test_trace.py` books one wait both ways and gets the same share):
@@ -551,7 +551,7 @@ draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, 
 plt.show()
 
 
-from coursekit.trace import computing_together
+from coursekit.measure.trace import computing_together
 
 runs = {"model": model_spans, "tensor": tensor_spans}
 computing = {name: computing_together(spans) for name, spans in runs.items()}

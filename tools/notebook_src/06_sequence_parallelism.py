@@ -52,7 +52,7 @@ from coursekit.parallel.sequence import (SequenceTensorParallelBlock, attention_
                                          megatron_sp_saved_bytes, megatron_sp_traffic, merge, ring_attention,
                                          ring_traffic, saved_bytes, shard_sequence, ulysses_attention, ulysses_traffic)
 from coursekit.train import train
-from coursekit.verify import compare
+from coursekit.measure.verify import compare
 
 torch.set_num_threads(1)
 
@@ -558,9 +558,9 @@ for name, layout, attend in (
 #
 # Here the longest sequence is **measured**, not extrapolated. `capacity_table` counts the peak of one causal
 # attention call, forward and backward, on each rank exactly: every tensor the ops create, from its creation
-# until it is freed (`coursekit.live_memory.LiveMemory`; the rank's inputs q, k, v and the output's gradient
+# until it is freed (`coursekit.measure.live_memory.LiveMemory`; the rank's inputs q, k, v and the output's gradient
 # left out), each of the 2 ranks run in turn in this process with a *fake* process group
-# (`coursekit.live_memory.as_rank`: the collectives move nothing, the shapes are each rank's). It doubles S
+# (`coursekit.measure.live_memory.as_rank`: the collectives move nothing, the shapes are each rank's). It doubles S
 # until the peak exceeds the budget, then bisects, every candidate measured:
 
 # %% tags=["nbval-check-output"]
@@ -769,7 +769,7 @@ for name, measured, course, paper in rows:  # measured: every rank's bytes
 # What a rank keeps for backward is its plateau; what must fit is its **peak**, transients included: the
 # gathered inputs, the pieces of a reduce-scatter, the gradients flowing back beside what the forward kept.
 # `block_memory` measures both, exactly, per rank: one forward and backward of the block, every tensor the
-# ops create counted from creation until it is freed (`coursekit.live_memory`: parameters, their gradients
+# ops create counted from creation until it is freed (`coursekit.measure.live_memory`: parameters, their gradients
 # and the block's input left out, its output counted — the next block's input — so the plateau is the same
 # count as above), each rank of t run in turn in this process with a fake process group:
 
@@ -831,7 +831,7 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
-from coursekit.traffic import Traffic
+from coursekit.comm.traffic import Traffic
 
 
 def train_sp_dp(rank, world_size):

@@ -35,9 +35,9 @@ import coursekit.parallel.pipeline  # noqa: F401  (registers the "pipeline" stra
 from coursekit.costmodel import (Hardware, Layout, ModelConfig, Space, activation_bytes_per_layer, axis_network,
                                  bubble_fraction, communication_bytes, communication_time, compute_flops, evaluate,
                                  logits_bytes, model_state_bytes, num_params, plan)
-from coursekit.mesh import coordinates_of
+from coursekit.comm.mesh import coordinates_of
 from coursekit.models import tiny_transformer
-from coursekit.traffic import Traffic
+from coursekit.comm.traffic import Traffic
 from coursekit.train import train
 from coursekit.viz.costmodel import PRESETS, calculator_candidates, draw_calculator, layout_label
 
@@ -58,7 +58,7 @@ torch.set_num_threads(1)
 # torchtitan and the cost model put the ranks on the mesh in the order **pp, dp, sp, tp** (outermost first, tp
 # innermost): neighbouring ranks differ in tp. So "**dp 8, tp 2, cp 2, pp 2**" (torchtitan calls sp *cp*,
 # context parallel) is 8 · 2 · 2 · 2 = 64 GPUs, and a rank's number written in that mixed radix is where it sits
-# (`coursekit.mesh.coordinates_of`, chapter 05's mesh):
+# (`coursekit.comm.mesh.coordinates_of`, chapter 05's mesh):
 
 # %% tags=["nbval-check-output"]
 axes = {"pp": 2, "dp": 8, "sp": 2, "tp": 2}
@@ -117,7 +117,7 @@ for label, kw in (("no parallelism", {}), ("tp 8", {"tp": 8}), ("tp 8 + sp", {"t
 # sp; 34/8 = 4.25 selective -- Table 2's rows.
 #
 # **Against this course's runs.** One training step of the course transformer on 2 ranks (fp32 Adam, so 16
-# bytes a parameter as 4 + 4 + 8): chapter 02's four ZeRO stages, measured by `coursekit.memory` inside
+# bytes a parameter as 4 + 4 + 8): chapter 02's four ZeRO stages, measured by `coursekit.measure.memory` inside
 # `train` (the storage actually allocated, after the step); chapter 04's 1F1B pipeline on 2 stages,
 # micro-batches of b = 4 sequences of s = 31 tokens, measured by what autograd saves; and the traffic each
 # sends, counted message by message (chapter 01's counter).

@@ -212,7 +212,7 @@ except comm.SimulatorError as error:
 # explanation; the launcher adds which rank died and how. The simulator, running the same function, says it in a
 # sentence, before any process could die.
 #
-# **coursekit**'s collectives check lengths before any payload moves (`coursekit.collective_base.LengthCheck`:
+# **coursekit**'s collectives check lengths before any payload moves (`coursekit.collectives.base.LengthCheck`:
 # each rank tells its peers its `(length, dtype)` first):
 
 # %%
@@ -419,7 +419,7 @@ print(f"broadcast first: largest gap to the reference {gap:.2g}; seeded by rank:
 # **Reading it back**: a loss curve that falls is no proof; only the comparison says the run is the reference's
 # training. In a real job there is no one-process reference at scale, but the replicas can always be compared with
 # each other: `check_replicas(model)` after the first step (or the broadcast) finds a missing broadcast at once,
-# naming the first parameter whose copies differ. (`coursekit.verify.compare`, chapter 02, does the comparison
+# naming the first parameter whose copies differ. (`coursekit.measure.verify.compare`, chapter 02, does the comparison
 # against a reference, step by step.)
 #
 # ## 8. A NaN on one rank spreads to every rank

@@ -43,7 +43,7 @@ import torch
 import coursekit
 from coursekit.capstone import Config, check, one_process_losses, run
 from coursekit.capstone import checkpoint
-from coursekit.mesh import coordinates_of
+from coursekit.comm.mesh import coordinates_of
 from coursekit.parallel.hybrid import mesh_shape
 
 torch.set_num_threads(1)

@@ -23,7 +23,7 @@ from typing import Iterable
 import torch
 
 from ...collectives import get_collectives
-from ...mesh import as_group, rank_size
+from ...comm.mesh import as_group, rank_size
 
 __all__ = ["clip_grad_norm_"]
 

@@ -22,7 +22,7 @@ the training loop that runs any of them is :func:`coursekit.train.train`
 also draws the buckets' all-reduces on the timeline and counts them).
 
 Every function takes ``group=``: the data-parallel process group, or a mesh
-axis (``group=mesh["dp"]``, :mod:`coursekit.mesh`); None means all ranks.
+axis (``group=mesh["dp"]``, :mod:`coursekit.comm.mesh`); None means all ranks.
 Which collective does the work is switchable (:data:`coursekit.collectives.RING`,
 chapter 01's ring, every element counted; or ``TORCH``, gloo/NCCL's own). The
 bucketed version always uses torch's ``async_op=True`` all-reduce, because
@@ -42,7 +42,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ... import collectives as _collectives
-from ...mesh import as_group, rank_size
+from ...comm.mesh import as_group, rank_size
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 
 __all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel"]

@@ -72,8 +72,8 @@ import torch
 import torch.nn as nn
 
 from ...collectives import get_collectives
-from ...memory import held_bytes
-from ...mesh import as_group, rank_size
+from ...measure.memory import held_bytes
+from ...comm.mesh import as_group, rank_size
 from .core import broadcast_parameters
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
 from .units import CommThread, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units

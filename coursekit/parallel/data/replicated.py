@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ... import collectives as _collectives
 from ...strategy import Setup, Strategy, register
-from ...trace import Tracer, span
+from ...measure.trace import Tracer, span
 from .core import DataParallel, average_gradients, broadcast_parameters
 from .buckets import megabytes
 from .precision import autocast, loss_scaler_for, scaler_counters
@@ -26,7 +26,7 @@ __all__ = ["MeasuredDataParallel", "Replicated", "Naive", "Bucketed"]
 class MeasuredDataParallel(DataParallel):
     """:class:`DataParallel`, measured from outside: each bucket's all-reduce a ``comm`` span from issue to
     completion (as gloo's threads report it), the wait at the end of backward an ``idle`` one
-    (``tracer``: a :class:`~coursekit.trace.Tracer`), and ``elements_reduced``, the elements all-reduced."""
+    (``tracer``: a :class:`~coursekit.measure.trace.Tracer`), and ``elements_reduced``, the elements all-reduced."""
 
     def __init__(self, module: nn.Module, *args, tracer: Tracer | None = None, **kwargs):
         super().__init__(module, *args, **kwargs)

@@ -70,7 +70,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ...collectives import Collectives, get_collectives, owned_segment, segment_bounds
-from ...mesh import as_group, rank_size
+from ...comm.mesh import as_group, rank_size
 from ...strategy import Setup, register
 from .replicated import Bucketed
 from .torch import optimizer_class_and_defaults

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ...memory import held_bytes
+from ...measure.memory import held_bytes
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .buckets import DDP_BUCKET_CAP_MB
 from .precision import as_policy, autocast, loss_scaler_for
@@ -136,7 +136,7 @@ class FSDP2ParameterBytes:
 
     What it counts, through FSDP2's own (private, torch 2.13) objects: every parameter's padded shard, every
     all-gather output in flight and every unsharded parameter still allocated; a freed buffer (its storage
-    resized to 0, as FSDP2 frees) counts nothing, a view nothing extra (:func:`coursekit.memory.held_bytes`).
+    resized to 0, as FSDP2 frees) counts nothing, a view nothing extra (:func:`coursekit.measure.memory.held_bytes`).
 
         >>> meter = FSDP2ParameterBytes(model)       # after fully_shard   # doctest: +SKIP
         >>> loss_fn(model(x), y).backward(); meter.reset()   # this step's peak

@@ -21,7 +21,8 @@ from contextlib import nullcontext
 import torch
 import torch.nn as nn
 
-from ... import comm, comm_state
+from ... import comm
+from ...comm import state as comm_state
 from ...collectives import TORCH, owned_segment, segment_bounds
 
 __all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole"]

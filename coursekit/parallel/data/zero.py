@@ -16,11 +16,11 @@ import torch
 import torch.nn as nn
 
 from ...collectives import RING, Collectives, get_collectives
-from ...mesh import as_group, rank_size
+from ...comm.mesh import as_group, rank_size
 from ...strategy import optimizer_tensors
-from ...trace import Tracer, span
-from ...verify import FlatShard
-from ...memory import PeakMemory
+from ...measure.trace import Tracer, span
+from ...measure.verify import FlatShard
+from ...measure.memory import PeakMemory
 from .core import broadcast_parameters
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 from .flat import lay_flat, make_buckets
@@ -54,7 +54,7 @@ class ZeRO(nn.Module):
       (a ``post_accumulate_grad`` hook) the bucket is reduce-scattered *during
       backward*, my segment is added to my gradient shard and the full bucket
       is freed. So at its peak a rank holds its shard plus the buckets
-      backward is filling -- not Ψ gradients (:class:`coursekit.memory.PeakMemory`
+      backward is filling -- not Ψ gradients (:class:`coursekit.measure.memory.PeakMemory`
       measures it). Every backward communicates (gradient accumulation adds
       the reduced segments), as DeepSpeed's ZeRO-2 does.
     * stage 3: stage 2's gradients, and between steps a rank holds only its
@@ -334,13 +334,13 @@ class ZeRO(nn.Module):
 
     # ---------------------------------------------------------------- for the harness and the accounting
     def grad_shard(self) -> list[FlatShard]:
-        """My segments of the averaged gradient (what my optimiser used), for :func:`coursekit.verify.compare`."""
+        """My segments of the averaged gradient (what my optimiser used), for :func:`coursekit.measure.verify.compare`."""
         if any(piece.grad is None for piece in self.pieces):
             raise RuntimeError("no gradient segment yet: call step() first.")
         return [FlatShard(self.layout, b.start, piece.grad) for b, piece in zip(self.buckets, self.pieces)]
 
     def param_shard(self) -> list[FlatShard]:
-        """My segments of the parameters, for :func:`coursekit.verify.compare` (frozen ones whole, once)."""
+        """My segments of the parameters, for :func:`coursekit.measure.verify.compare` (frozen ones whole, once)."""
         frozen = {n: p.data for n, p in self.module.named_parameters() if not p.requires_grad}
         return [FlatShard(self.layout, b.start, piece.data, frozen if k == 0 else {})
                 for k, (b, piece) in enumerate(zip(self.buckets, self.pieces))]

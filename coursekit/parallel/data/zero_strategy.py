@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ...strategy import Setup, Strategy, register
-from ...verify import FlatShard
+from ...measure.verify import FlatShard
 from .buckets import DDP_BUCKET_CAP_MB, megabytes
 from .precision import scaler_counters
 from .zero import ZeRO

@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from ..pipeline import layers as dense_layers
 from ..pipeline.model import Embedding
 from ..sequence.layout import positions, shard_sequence

@@ -32,10 +32,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from ...models import loss_fn
 from ...strategy import Setup, Strategy, register
-from ...verify import NamedPart
+from ...measure.verify import NamedPart
 from ..data import ShardedOptimizer, optimizer_class_and_defaults
 from ..pipeline import PipelineParallel, layer_costs, partition
 from ..sequence import AttentionWork, ring_attention, shard_sequence

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from ...strategy import Setup, register
-from ...trace import span
+from ...measure.trace import span
 from .comm import Channel, broadcast_loss, sum_tied_gradients
 from .core import Step, run_schedule
 from .model import StagedStrategy

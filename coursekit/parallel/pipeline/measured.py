@@ -71,7 +71,7 @@ def compute_op(span) -> str | None:
 def measured_bubble(spans: list) -> MeasuredBubble:
     """Idle share of one measured step over the plan's window, and the tail after it (see the module).
 
-    ``spans``: one step of :meth:`coursekit.trace.Tracer.gather` from the pipeline executor. The busy time
+    ``spans``: one step of :meth:`coursekit.measure.trace.Tracer.gather` from the pipeline executor. The busy time
     is the compute actions' spans (``F``, ``B``, ``W``); a receive's wait inside the window is bubble, as
     it is in the plan. A trace with no compute action gives a bubble of NaN.
     """

@@ -36,7 +36,7 @@ import torch.nn as nn
 from ... import comm
 from ...models import MLP, Transformer
 from ...strategy import Setup, Strategy, register
-from ...verify import NamedPart
+from ...measure.verify import NamedPart
 from .comm import Channel, broadcast_loss, sum_tied_gradients, tied_parameters
 
 __all__ = ["layers", "layer_costs", "partition", "split", "StagedStrategy", "ModelParallel", "Channel",

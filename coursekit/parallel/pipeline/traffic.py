@@ -18,7 +18,7 @@ The formula it is checked against (p ranks, v stages per rank, m micro-batches o
 
 At a fixed global batch a step's pipeline traffic does not depend on m (more, smaller messages), and
 interleaving multiplies it by (p·v − 1)/(p − 1). Data parallelism's all-reduce of the same model
-(:func:`coursekit.memory.comm_elements`: 2(G − 1)Ψ elements) grows with the parameters instead -- and a
+(:func:`coursekit.measure.memory.comm_elements`: 2(G − 1)Ψ elements) grows with the parameters instead -- and a
 stage boundary moves b·s·h elements between *two* neighbours, once each way, where the all-reduce involves
 every rank: that is why pipeline stages are what goes across the slow links between nodes.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from ...memory import comm_elements
+from ...measure.memory import comm_elements
 from .schedules import Schedule, message
 
 __all__ = ["PipelineTraffic", "pipeline_traffic", "pipeline_traffic_formula", "all_reduce_bytes"]

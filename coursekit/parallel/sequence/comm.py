@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from .exchange import exchange
 from .layout import positions
 

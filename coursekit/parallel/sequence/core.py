@@ -50,7 +50,7 @@ from __future__ import annotations
 import torch
 
 from ... import comm
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from .exchange import agree_lengths
 from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_bounds
 from .kernels import block_gradients, check_kernel, fused_block

@@ -6,7 +6,7 @@ once: the ``dp`` axis cuts the global batch into D slices (chapter 02's :func:`s
 (Liu et al. 2023) among themselves; each computes the loss on its own tokens (no logits gathered). After
 backward, each rank's gradient holds its tokens' share of its slice's loss: the global gradient is their
 sum over all D·G ranks, divided by D (the slices' losses are averaged). So the gradients are all-reduced
-**once**, over the flattened ``dp×sp`` group (:meth:`coursekit.mesh.Mesh.flatten`; torchtitan flattens
+**once**, over the flattened ``dp×sp`` group (:meth:`coursekit.comm.mesh.Mesh.flatten`; torchtitan flattens
 ``mesh["dp", "cp"]`` the same way, Megatron-LM has its data-and-context-parallel group), not summed over
 ``sp`` and then averaged over ``dp``: one ring of D·G ranks sends ``2(DG−1)·Ψ`` in all, two rings
 ``2(G−1)·Ψ·D + 2(D−1)·Ψ·G``; at D = G = 2, 6Ψ against 8Ψ.
@@ -24,7 +24,7 @@ axis        forward and backward                          gradients (one ring of
 ``dp×sp``   nothing                                        the D links between slices (when G > 1)
 ==========  ============================================  ===========================================
 
-(``b``: a slice's samples, ``Ψ``: parameters; rank ``r`` of a ring sends :func:`coursekit.ring.ring_traffic`'s
+(``b``: a slice's samples, ``Ψ``: parameters; rank ``r`` of a ring sends :func:`coursekit.collectives.ring.ring_traffic`'s
 share, ``2(DG−1)/(DG)·Ψ`` when D·G divides Ψ; :func:`sequence_data_traffic`.) :func:`traffic_per_axis`
 splits what :func:`coursekit.comm.record` counted by the axes each message travelled along.
 
@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import torch
 
-from ...mesh import coordinates_of
-from ...ring import ring_traffic
+from ...comm.mesh import coordinates_of
+from ...collectives.ring import ring_traffic
 from ...strategy import Setup, register
-from ...traffic import Traffic
+from ...comm.traffic import Traffic
 from .split import RingAttentionStrategy
 
 __all__ = ["SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]
@@ -109,7 +109,7 @@ def sequence_data_traffic(batch: int, seq_len: int, d_model: int, n_layers: int,
 
     ``batch`` is the global batch, cut into slices as :func:`shard_batch` cuts it (the first ``batch % dp``
     one sample larger). Ring attention along ``sp``; the gradients' ring all-reduce over the ``dp·sp`` ranks
-    of the flattened group, rank ``r`` sending :func:`coursekit.ring.ring_traffic`'s share to rank ``r + 1``,
+    of the flattened group, rank ``r`` sending :func:`coursekit.collectives.ring.ring_traffic`'s share to rank ``r + 1``,
     counted under the axes that link crosses.
     """
     slices = [len(part) for part in torch.arange(batch).tensor_split(dp)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ... import comm
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 
 __all__ = ["exchange", "agree_lengths"]
 

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 
 from ... import collectives as _collectives
 from ... import comm
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from ...strategy import Setup, Strategy, register
 from .core import ring_attention
 from .layout import chunk_bounds, positions, shard_sequence

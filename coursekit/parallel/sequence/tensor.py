@@ -42,7 +42,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import collectives as _collectives
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from ...strategy import Setup, register
 from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
 from .exchange import exchange

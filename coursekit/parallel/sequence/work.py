@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 from .core import chunk_pairs, chunk_pieces
 from .layout import chunk_bounds
 

@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ... import comm
-from ...mesh import rank_size
+from ...comm.mesh import rank_size
 
 __all__ = ["shard_sizes", "shard_bounds", "copy_to_parallel_region", "reduce_from_parallel_region",
            "gather_from_parallel_region", "split_to_parallel_region", "ShardedLinear", "ColumnParallelLinear",

@@ -40,9 +40,9 @@ import torch.nn.functional as F
 
 from ... import collectives as _collectives
 from ... import comm
-from ...mesh import as_group, rank_size
+from ...comm.mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, register
-from ...traffic import Collective, CollectiveCounts, Traffic
+from ...comm.traffic import Collective, CollectiveCounts, Traffic
 from ..data import average_gradients
 from .core import (ParallelMLP, ParallelSelfAttention, ShardedLinear, VocabParallelEmbedding,
                    gather_from_parallel_region, parallel_lm_logits, vocab_parallel_cross_entropy)

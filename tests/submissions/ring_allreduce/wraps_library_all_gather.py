@@ -15,7 +15,7 @@ EXERCISE = "01_ring_allreduce"
 # edge_cases: the reduce-scatter's G = 4, N = 2 is right, the all-gather's N = 3 wrong; of the preconditions the
 # all-gather's two (N = 0, one rank) fail and cost: 1 right of 2 cases + 2 failed preconditions = 1/4.
 SCORE = 4.25  # reduce_scatter_correct 3 + edge_cases 1/4 + hidden_variants 1 (its reduce-scatter half)
-_AG = ("coursekit.ring.ring_all_gather was called: it is coursekit's own answer to exercise 01_ring_allreduce, "
+_AG = ("coursekit.collectives.ring.ring_all_gather was called: it is coursekit's own answer to exercise 01_ring_allreduce, "
        "so it earns no credit there -- write the all-gather's G-1 steps yourself with coursekit.comm")
 LOSES = {
     "all_gather_correct": (0, "every case (4 of them): " + _AG),

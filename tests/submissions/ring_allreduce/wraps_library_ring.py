@@ -15,8 +15,8 @@ EXERCISE = "01_ring_allreduce"
 # fails, the one-rank and length-0 preconditions too, so nothing is earned.
 SCORE = 0
 _OWN = "is coursekit's own answer to exercise 01_ring_allreduce, so it earns no credit there"
-_RS = "coursekit.ring.ring_reduce_scatter was called: it " + _OWN
-_AG = "coursekit.ring.ring_all_gather was called: it " + _OWN
+_RS = "coursekit.collectives.ring.ring_reduce_scatter was called: it " + _OWN
+_AG = "coursekit.collectives.ring.ring_all_gather was called: it " + _OWN
 _WRITE_RS = "write the reduce-scatter's G-1 steps yourself with coursekit.comm"
 _WRITE_AG = "write the all-gather's G-1 steps yourself with coursekit.comm"
 LOSES = {

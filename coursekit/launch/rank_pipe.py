@@ -16,7 +16,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..waiting import attach
+from ..comm.waiting import attach
 
 
 class Channel:
@@ -66,6 +66,6 @@ def connect_to_parent(conn: Connection, status: Any, stack: Connection) -> Chann
     channel = Channel(conn)
     sys.stdout = PipeWriter(channel, "stdout")
     sys.stderr = PipeWriter(channel, "stderr")
-    attach(status)  # coursekit.waiting notes now land where the parent can read them
+    attach(status)  # coursekit.comm.waiting notes now land where the parent can read them
     faulthandler.register(signal.SIGUSR1, file=stack.fileno(), all_threads=True)  # see diagnose.split_threads
     return channel

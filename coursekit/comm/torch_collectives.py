@@ -3,8 +3,8 @@
 ``comm.all_reduce`` and ``comm.all_gather`` take torch's arguments and call torch's (gloo here, NCCL on GPUs),
 not chapter 01's ring: tensor parallelism all-reduces *activations* on the critical path of every layer --
 small messages nothing overlaps -- and its loss needs a MAX, which the ring does not do. What they add is the
-count: each call goes into every recording :class:`~coursekit.traffic.Traffic` (``with comm.record()``) as one
-:class:`~coursekit.traffic.Collective` (which, forward or backward, elements, start and end), so a test or a
+count: each call goes into every recording :class:`~coursekit.comm.traffic.Traffic` (``with comm.record()``) as one
+:class:`~coursekit.comm.traffic.Collective` (which, forward or backward, elements, start and end), so a test or a
 figure reads how many were issued without the operators counting anything themselves.
 """
 
@@ -15,7 +15,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import comm_state
+from . import state as comm_state
 from .mesh import as_group, rank_size
 from .traffic import Collective
 from .waiting import set_waiting

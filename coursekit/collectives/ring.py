@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from . import comm
-from .collective_base import LengthCheck, finish_all_reduce, flat_view, scratch_buffer, start_all_reduce
+from .. import comm
+from .base import LengthCheck, finish_all_reduce, flat_view, scratch_buffer, start_all_reduce
 
 __all__ = ["segment_bounds", "owned_segment", "ring_traffic", "ring_reduce_scatter", "ring_all_gather",
            "ring_all_reduce"]

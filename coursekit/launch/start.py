@@ -15,7 +15,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..waiting import STATUS_BYTES
+from ..comm.waiting import STATUS_BYTES
 from .gang import Gang
 from .group import open_rendezvous
 from .rank import RankSpec, rank_main

@@ -11,8 +11,16 @@
 Each rank is a separate process with ``torch.distributed`` initialised: gloo on
 the CPU, or NCCL with ``cuda:rank`` when there are enough GPUs. Nothing here
 knows about any parallelism strategy; it only starts ranks, collects what they
-return and print, and cleans up. (The parts live in :mod:`coursekit._launcher`,
-one job per module.)
+return and print, and cleans up. The parts live beside this file, one job per
+module. In the order a launch uses them: :mod:`.start` has the one long-lived
+:mod:`.starter` thread fork (or spawn) the ranks into a :class:`~.gang.Gang`;
+each rank runs :mod:`.rank`, sets its signals in :mod:`.rank_signals` and joins
+the process group in :mod:`.group`, talking back through :mod:`.rank_pipe`. The
+parent reads their messages in :mod:`.inbox`, shows what they print with
+:mod:`.live` or :mod:`.echo` (:mod:`.lines`, :mod:`.tail`), explains a timeout or
+a crash with :mod:`.diagnose` and stops every process in :mod:`.teardown`;
+:mod:`.interrupts` sees that a Ctrl-C reaches the caller, :mod:`.errors` holds
+what a launch raises. Only this file is imported from outside the package.
 
 What the ranks print
 --------------------
@@ -55,7 +63,7 @@ Why each launch is safe to repeat
   lives in rank 0, never in the parent: with a store server thread in the
   parent, a child forked while that thread held a lock hung forever in its
   own store client (seen here in about one launch in ten). Details, and why
-  not a ``FileStore`` (it polls every 10 ms): ``coursekit/_launcher/group.py``.
+  not a ``FileStore`` (it polls every 10 ms): ``coursekit/launch/group.py``.
 * Finished ranks stay alive until *every* rank is done, so a slow peer's pending
   ``recv`` is not turned into "connection reset" by an early exit.
 * Timeout: a rank still running at the deadline is asked for its Python stack
@@ -65,13 +73,13 @@ Why each launch is safe to repeat
   each also asks the kernel to kill it the moment its parent dies (Linux
   ``PR_SET_PDEATHSIG``), so not even a crashed kernel leaves a rank behind.
   One long-lived thread starts every rank, because that signal follows the
-  *thread* that forked a rank (see ``coursekit/_launcher/rank_signals.py``).
+  *thread* that forked a rank (see ``coursekit/launch/rank_signals.py``).
 * Ctrl-C (the notebook's stop button) always reaches the caller as
   ``KeyboardInterrupt``, with every rank stopped, whichever stage it lands in:
   CPython drops what a signal handler raises inside at-fork callbacks and
   finalizers, so the launcher counts each interrupt and raises it again if it
   was swallowed; and starting or killing a rank is never cut in half
-  (``coursekit/_launcher/interrupts.py``). A caller that *ignores* SIGINT
+  (``coursekit/launch/interrupts.py``). A caller that *ignores* SIGINT
   (a script started in the background by a non-interactive shell, ``nohup``)
   is left as it is: Ctrl-C does nothing there, as for any program, and the
   launch ends at its result, an error or its timeout, its ranks stopped either
@@ -84,16 +92,16 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from ._launcher.echo import Echo, OrderedEcho, check_output_mode
-from ._launcher.errors import ClusterClosed, LaunchTimeout, RankError
-from ._launcher.gang import Gang
-from ._launcher.group import check_environment
-from ._launcher.inbox import collect, drain
-from ._launcher.interrupts import watched
-from ._launcher.live import LiveEcho
-from ._launcher.start import start_gang
-from ._launcher.teardown import close, stop
-from .devices import MIXED, default_backend, gpu_count, uses_nccl
+from .echo import Echo, OrderedEcho, check_output_mode
+from .errors import ClusterClosed, LaunchTimeout, RankError
+from .gang import Gang
+from .group import check_environment
+from .inbox import collect, drain
+from .interrupts import watched
+from .live import LiveEcho
+from .start import start_gang
+from .teardown import close, stop
+from ..comm.devices import MIXED, default_backend, gpu_count, uses_nccl
 
 __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "resolve_backend"]
 
@@ -102,7 +110,7 @@ def resolve_backend(backend: str, world_size: int) -> str:
     """``"auto"`` -> ``"cpu:gloo,cuda:nccl"`` when at least ``world_size`` GPUs are visible, else ``"gloo"``.
 
     With GPUs, one process group carries CUDA tensors over NCCL and CPU tensors over gloo
-    (:mod:`coursekit.devices`), so code written for the CPU keeps working. ``"nccl"`` asks for NCCL alone (CPU
+    (:mod:`coursekit.comm.devices`), so code written for the CPU keeps working. ``"nccl"`` asks for NCCL alone (CPU
     tensors then fail). Raises ``ValueError`` with what to do for impossible requests.
     """
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
@@ -178,7 +186,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
     backend = resolve_backend(backend, world_size)  # also checks world_size
     echo = _new_echo(output, world_size)  # also checks output=, before any process starts
     env = check_environment(env)
-    with watched():  # a Ctrl-C anywhere in here reaches the caller (see coursekit/_launcher/interrupts.py)
+    with watched():  # a Ctrl-C anywhere in here reaches the caller (see coursekit/launch/interrupts.py)
         gang = start_gang(world_size, backend, start_method, (fn, args, kwargs), init_timeout=timeout, env=env)
         ok = False
         try:
@@ -241,7 +249,7 @@ class Cluster:
         payload = cloudpickle.dumps((fn, args, kwargs))
         with watched():
             try:
-                for conn in self._gang.conns:  # each rank is waiting in _serve (coursekit/_launcher/rank.py)
+                for conn in self._gang.conns:  # each rank is waiting in _serve (coursekit/launch/rank.py)
                     conn.send(payload)
                 results = collect(self._gang, echo, timeout)
             except BaseException as error:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import comm_state
+from . import state as comm_state
 from .gloo_threads import batch_gloo_loop_threads
 
 __all__ = ["Mesh", "MeshAxis", "as_group", "rank_size", "groups_along", "coordinates_of"]
@@ -108,7 +108,7 @@ class Mesh:
                 if me in ranks:
                     self._axes[name] = MeshAxis(name, len(ranks), ranks.index(me), ranks, group)
         self._flat: dict[tuple[str, ...], MeshAxis] = {}
-        batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see coursekit.gloo_threads)
+        batch_gloo_loop_threads()  # each new gloo group has its own event-loop thread (see coursekit.comm.gloo_threads)
 
     def __getitem__(self, name: str) -> MeshAxis:
         if name not in self._axes:

@@ -33,9 +33,9 @@ tensors raise a clear error instead of hanging or aborting gloo. The price is
 one extra message latency per call: noticeable for tiny tensors, negligible
 for large ones.
 
-Where the code lives: the ring in :mod:`coursekit.ring`, the shared helpers
-(buffers, the length check) in :mod:`coursekit.collective_base`, the worked
-example in :mod:`coursekit.walkthrough`; all are importable from here.
+Where the code lives: the ring in :mod:`coursekit.collectives.ring`, the shared helpers
+(buffers, the length check) in :mod:`coursekit.collectives.base`, the worked
+example in :mod:`coursekit.collectives.walkthrough`; all are importable from here.
 :data:`RING` and :data:`TORCH` say which collectives a strategy uses.
 """
 
@@ -45,8 +45,8 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from . import comm
-from .collective_base import LengthCheck, finish_all_reduce, scratch_buffer, start_all_reduce
+from .. import comm
+from .base import LengthCheck, finish_all_reduce, scratch_buffer, start_all_reduce
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_traffic, segment_bounds
 
 __all__ = ["naive_all_reduce", "master_all_reduce", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",

@@ -122,7 +122,7 @@ class Tracer:
             self.spans.append(Span(self.rank, kind, name, start, end))
 
     def collectives(self, records) -> None:
-        """Each collective ``comm`` recorded (:class:`~coursekit.traffic.Collective`) as a ``comm`` span and an
+        """Each collective ``comm`` recorded (:class:`~coursekit.comm.traffic.Collective`) as a ``comm`` span and an
         ``idle`` one (the rank waits on it), named e.g. ``"all_reduce forward"``."""
         for c in records:
             start, end = (c.start_ns - self.origin_ns) * 1e-9, (c.end_ns - self.origin_ns) * 1e-9

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from . import comm
+from .. import comm
 from .ring import ring_all_reduce
 
 __all__ = ["seed_label", "RingStep", "replay", "ring_walkthrough"]

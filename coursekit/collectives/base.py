@@ -4,7 +4,7 @@ Gloo aborts the whole process when a message does not fit its receive buffer,
 so before any payload moves the collectives tell their peers their
 ``(length, dtype)`` (:class:`LengthCheck`) and raise a clear error on a
 mismatch. The naive and master all-reduces (:mod:`coursekit.collectives`) and
-the ring (:mod:`coursekit.ring`) all use these helpers.
+the ring (:mod:`coursekit.collectives.ring`) all use these helpers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from . import comm
+from .. import comm
 
 __all__ = ["flat_view", "start_all_reduce", "finish_all_reduce", "scratch_buffer", "LengthCheck"]
 

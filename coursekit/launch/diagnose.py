@@ -1,6 +1,6 @@
 """Saying what went wrong with a rank: what a stuck one was doing at the timeout, how a dead one died.
 
-For a stuck rank, the note comes from :mod:`coursekit.waiting` (the
+For a stuck rank, the note comes from :mod:`coursekit.comm.waiting` (the
 communication layer writes it before it blocks) and the stack from
 ``faulthandler``, which each rank set up to dump its frames on ``SIGUSR1``
 into a pipe of its own.
@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from ..waiting import read_note
+from ..comm.waiting import read_note
 from .gang import Gang
 
 STACK_DUMP_S = 0.3  # how long a timeout waits for the stuck ranks' faulthandler dumps
@@ -60,7 +60,7 @@ def how_it_died(rank: int, code: int | None) -> str:
 def _is_launcher_file(path: str) -> bool:
     """The launcher's own frames (rank_main and friends) say nothing about the learner's bug."""
     path = path.replace(os.sep, "/")
-    return "coursekit/_launcher/" in path or path.endswith("coursekit/launch.py")
+    return "coursekit/launch/" in path
 
 
 def read_stack(reader) -> str:

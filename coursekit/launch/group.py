@@ -23,8 +23,8 @@ import socket
 import sys
 from datetime import timedelta
 
-from ..waiting import waiting_on
-from ..gloo_threads import batch_gloo_loop_threads
+from ..comm.waiting import waiting_on
+from ..comm.gloo_threads import batch_gloo_loop_threads
 
 HOST = "127.0.0.1"  # every rank of a launch runs on this machine
 
@@ -114,4 +114,4 @@ def join_process_group(rank: int, world_size: int, backend: str, rendezvous: soc
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=wait, device_id=device_id)
         all_joined(store, world_size, wait)
-    batch_gloo_loop_threads()  # see coursekit.gloo_threads: gloo about twice as fast on a busy CPU
+    batch_gloo_loop_threads()  # see coursekit.comm.gloo_threads: gloo about twice as fast on a busy CPU

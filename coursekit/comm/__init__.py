@@ -48,8 +48,8 @@ from typing import Any, Iterator
 
 import torch
 
-from . import comm_state
-from .comm_state import state as _state
+from . import state as comm_state
+from .state import state as _state
 from .mesh import as_group
 from .traffic import Transfer, Traffic
 from .waiting import set_waiting
@@ -178,7 +178,7 @@ def _note(what: str, group, peer: int, numel: int) -> str:
 
 
 class blocked:
-    """``with blocked(note):`` while a call may block: the note goes where the launcher reads it (:mod:`coursekit.waiting`)
+    """``with blocked(note):`` while a call may block: the note goes where the launcher reads it (:mod:`coursekit.comm.waiting`)
     and into this thread's state, where the simulator reads it for its deadlock report."""
 
     __slots__ = ("note",)
@@ -228,7 +228,7 @@ class Work:
         self._recorders, self._phase = _state.recorders, _state.phase
         # The buffer lives as long as its transfer's handle, as gloo's (and NCCL's) work objects keep it;
         # held here too, so that a transport whose work keeps nothing (a fake process group, counting
-        # memory: coursekit.live_memory) frees it at the same moment.
+        # memory: coursekit.measure.live_memory) frees it at the same moment.
         self._tensor = tensor
         self._done = False
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, NamedTuple
 
 import torch  # noqa: F401  (the docstring examples use it)
 
-from . import comm_state
+from . import state as comm_state
 from .traffic import Traffic
 
 __all__ = ["simulate", "Simulation", "SimulatorError", "Deadlock", "describe_waits"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import cloudpickle
 
-from ..waiting import set_waiting
+from ..comm.waiting import set_waiting
 from .group import join_process_group, set_environment
 from .rank_pipe import Channel, connect_to_parent
 from .rank_signals import die_with_parent, ignore_ctrl_c
@@ -29,7 +29,7 @@ class RankSpec:
     backend: str         # "gloo" or "nccl", already resolved
     rendezvous: Any      # the listening socket rank 0 serves the launch's store from (see .group)
     conn: Any            # this rank's end of its pipe to the parent
-    status: Any          # shared bytes for the "waiting on" note (coursekit.waiting)
+    status: Any          # shared bytes for the "waiting on" note (coursekit.comm.waiting)
     stack: Any           # the pipe faulthandler writes this rank's stack to when the parent asks
     threads: int         # for torch.set_num_threads: 1 after fork (see coursekit.launch)
     payload: Any

@@ -3,17 +3,17 @@
 What large clusters do beyond one flat ring. With ``n`` nodes of ``k`` GPUs
 (``Mesh({"node": n, "local": k})``, global rank = ``node·k + local``):
 
-1. **inner reduce-scatter** (chapter 01's :func:`~coursekit.ring.ring_reduce_scatter`
+1. **inner reduce-scatter** (chapter 01's :func:`~coursekit.collectives.ring.ring_reduce_scatter`
    on ``inner``, the node's GPUs): local rank ``l`` ends with the node's sum
    of shard ``(l + 1) % k``, ``≈ N/k`` elements;
-2. **outer all-reduce** (:func:`~coursekit.ring.ring_all_reduce` of that
+2. **outer all-reduce** (:func:`~coursekit.collectives.ring.ring_all_reduce` of that
    shard on ``outer``, the GPUs with the same local rank on every node): the
    shard now holds the sum over all ``G = n·k`` GPUs;
-3. **inner all-gather** (:func:`~coursekit.ring.ring_all_gather` on ``inner``):
+3. **inner all-gather** (:func:`~coursekit.collectives.ring.ring_all_gather` on ``inner``):
    every GPU gets every finished shard.
 
     >>> import torch, coursekit
-    >>> from coursekit.mesh import Mesh
+    >>> from coursekit.comm.mesh import Mesh
     >>> def step(rank, world_size):
     ...     mesh = Mesh({"node": 2, "local": 2})
     ...     grad = torch.full((5,), float(rank + 1))
@@ -51,8 +51,9 @@ from dataclasses import replace
 
 import torch
 
-from . import comm, comm_state
-from .collective_base import finish_all_reduce, start_all_reduce
+from .. import comm
+from ..comm import state as comm_state
+from .base import finish_all_reduce, start_all_reduce
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, segment_bounds
 
 __all__ = ["hierarchical_all_reduce", "hierarchical_traffic"]
@@ -99,7 +100,7 @@ def hierarchical_all_reduce(tensor: torch.Tensor, inner=None, outer=None) -> tor
 
     ``inner``: the group of this rank's node (``mesh["local"]``); ``outer``:
     the group of the ranks with this rank's local index on every node
-    (``mesh["node"]``). Either may be a :class:`~coursekit.mesh.MeshAxis`, a
+    (``mesh["node"]``). Either may be a :class:`~coursekit.comm.mesh.MeshAxis`, a
     process group, or (in :mod:`coursekit.netsim`'s dry run) a rank list
     group. Each rank's outer group must hold the ranks whose inner index
     equals its own, so that they carry the same shard.

@@ -22,7 +22,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from ..waiting import read_note
+from ..comm.waiting import read_note
 from .diagnose import describe_waiting, how_it_died
 from .echo import Echo
 from .errors import LaunchTimeout, RankError

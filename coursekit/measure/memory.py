@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .collectives import owned_segment, segment_bounds
+from ..collectives import owned_segment, segment_bounds
 
 __all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "exact_share", "expected_held_bytes", "shard_elements",
            "peak_held_bytes", "mixed_peak_held_bytes", "comm_elements", "max_parameters"]
