@@ -12,7 +12,7 @@ import torch
 import coursekit
 from coursekit.collectives import owned_segment, segment_bounds
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
-from coursekit.parallel.data import FSDP2ParameterBytes, ShardedUnits, ZeRO, default_units, shard_batch
+from coursekit.parallel.data import FSDP2ParameterBytes, MeasuredZeRO, ShardedUnits, default_units, shard_batch
 from coursekit.measure.trace import hidden_fraction
 from coursekit.train import make_optimizer_fn, train
 from coursekit.measure.verify import compare, record_step
@@ -117,8 +117,8 @@ def test_between_steps_a_parameter_reads_as_its_piece_of_my_segment():
 
 # --------------------------------------------------------------------------------------- peak parameter bytes
 def _zero3_whole_model_peak(rank, world_size):
-    """Today's ZeRO-3 (one unit: the whole model), its parameter bytes at their peak (ZeRO's own meter)."""
-    zero = ZeRO(_four_blocks(), lambda ps: torch.optim.Adam(ps, lr=1e-3), stage=3)
+    """Today's ZeRO-3 (one unit: the whole model), its parameter bytes at their peak (measured from outside)."""
+    zero = MeasuredZeRO(_four_blocks(), lambda ps: torch.optim.Adam(ps, lr=1e-3), stage=3)
     x, y, w = shard_batch(*LanguageData().batch(0, 7), rank, world_size)
     (loss_fn(zero(x), y) * w).backward()
     zero.step()

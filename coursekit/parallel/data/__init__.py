@@ -8,7 +8,8 @@ One module per step, PyTorch's counterpart last:
   bucket by bucket during it (:class:`DataParallel`, ``"bucketed"``); ``replicated`` -- both in the
   training loop, with mixed precision under ``torch.autocast`` and fp16's loss scale;
 * ``zero`` -- :class:`ZeRO` stages 1-3: optimiser state, gradients, then parameters sharded;
-  ``zero_strategy`` -- it in the training loop (``"zero1"``, ``"zero2"``, ``"zero3"``);
+  ``zero_strategy`` -- it measured from outside (:class:`MeasuredZeRO`) and in the training loop
+  (``"zero1"``, ``"zero2"``, ``"zero3"``);
 * ``units``, ``fsdp`` and ``fsdp_strategy`` -- ZeRO-3 one unit at a time (:class:`ShardedUnits`,
   ``"zero3_units"``): the units and the thread that gathers the next one; the wrapper that runs them; it in
   the training loop;
@@ -33,7 +34,7 @@ from .replicated import Bucketed, MeasuredDataParallel, Naive, Replicated
 from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, TorchZeRO1, grad_scaler,
                     optimizer_class_and_defaults)
 from .zero import ZeRO
-from .zero_strategy import ZeroStrategy
+from .zero_strategy import MeasuredZeRO, ZeroStrategy
 from .units import CommThread, Job, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units
 from .fsdp import ShardedUnits
 from .fsdp_strategy import Zero3Units
@@ -42,7 +43,7 @@ from .clip import clip_grad_norm_
 
 __all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
            "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
-           "ZeRO", "ZeroStrategy",
+           "ZeRO", "MeasuredZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
            "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults",

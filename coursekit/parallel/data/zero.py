@@ -18,9 +18,6 @@ import torch.nn as nn
 from ...collectives import RING, Collectives, get_collectives
 from ...comm.mesh import as_group, rank_size
 from ...strategy import optimizer_tensors
-from ...measure.trace import Tracer, span
-from ...measure.verify import FlatShard
-from ...measure.memory import PeakMemory
 from .core import broadcast_parameters
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 from .flat import lay_flat, make_buckets
@@ -54,8 +51,8 @@ class ZeRO(nn.Module):
       (a ``post_accumulate_grad`` hook) the bucket is reduce-scattered *during
       backward*, my segment is added to my gradient shard and the full bucket
       is freed. So at its peak a rank holds its shard plus the buckets
-      backward is filling -- not Ψ gradients (:class:`coursekit.measure.memory.PeakMemory`
-      measures it). Every backward communicates (gradient accumulation adds
+      backward is filling -- not Ψ gradients (:class:`~.zero_strategy.MeasuredZeRO`
+      measures it, from outside). Every backward communicates (gradient accumulation adds
       the reduced segments), as DeepSpeed's ZeRO-2 does.
     * stage 3: stage 2's gradients, and between steps a rank holds only its
       segments of the parameters. **all-gather** before the forward pass, free
@@ -91,7 +88,7 @@ class ZeRO(nn.Module):
     """
 
     def __init__(self, module: nn.Module, optimizer_fn: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-                 stage: int = 1, group=None, collectives: str | Collectives = "ring", tracer: Tracer | None = None,
+                 stage: int = 1, group=None, collectives: str | Collectives = "ring",
                  bucket_cap_mb: float | None = DDP_BUCKET_CAP_MB, *, bucket_elements: int | None = None,
                  mp_policy: MixedPrecision | str | None = None, loss_scaler: LossScaler | bool | None = None):
         super().__init__()
@@ -100,12 +97,11 @@ class ZeRO(nn.Module):
                              f"got {stage!r}.")
         group = as_group(group)
         self.module = broadcast_parameters(module, group=group)
-        self.stage, self.group, self.tracer = stage, group, tracer
+        self.stage, self.group = stage, group
         self.shard_grads = stage >= 2   # reduce-scatter during backward, keep only my segments of the gradients
         self.shard_params = stage == 3  # keep only my segments of the parameters between uses
         self.comm = get_collectives(collectives)
         self.rank, self.world_size = rank_size(group)
-        self.peak = PeakMemory()        # noted inside backward, where the gradient peak is
         self.policy = as_policy(mp_policy)
         # None: dynamic loss scaling for fp16, none otherwise; False: none at all (to see what fp16 loses without)
         self.scaler = loss_scaler_for(self.policy, loss_scaler)
@@ -118,8 +114,6 @@ class ZeRO(nn.Module):
                        for b in self.buckets]
         self.optimizer = optimizer_fn([piece for piece in self.pieces if piece.numel()])
         self.flat_grad: torch.Tensor | None = None  # stage 1's full gradient buffer
-        self.elements_reduce_scattered = 0
-        self.elements_all_gathered = 0
         self._next = 0          # stage 2-3: the next bucket to reduce-scatter in this backward
         self._steps = 0         # optimiser steps taken (the first one checks the ring's lengths)
         self._in_backward = False
@@ -155,29 +149,26 @@ class ZeRO(nn.Module):
         return [b.hi - b.lo for b in self.buckets]
 
     # ---------------------------------------------------------------- parameters (stage 3)
-    def _gather_params(self) -> None:
+    def _gather_params(self) -> bool:
+        """Stage 3: the full parameters back from every rank's segments; True if they had been freed."""
         storage = self.flat_param.untyped_storage()
-        if storage.nbytes() == 0:
-            storage.resize_(self.numel * self.flat_param.element_size())
-            # write through .data: autograd must not see this as an in-place change of a saved tensor
-            self._all_gather(self.flat_param.data)
-            self.peak.note(self.held_tensors())  # the full parameters are here: stage 3's parameter peak
+        if storage.nbytes() != 0:
+            return False
+        storage.resize_(self.numel * self.flat_param.element_size())
+        # write through .data: autograd must not see this as an in-place change of a saved tensor
+        self._all_gather(self.flat_param.data)
+        return True
 
     def _all_gather(self, flat: torch.Tensor) -> None:
         """Put my (updated) segments in place, then gather everyone's, bucket by bucket, into ``flat``."""
-        with self._span("comm", "all-gather params"):
-            for bucket, piece in zip(self.buckets, self.pieces):
-                mine = flat[bucket.start:bucket.stop]
-                if mine.data_ptr() != piece.data.data_ptr():
-                    mine.copy_(piece.data)
-                self.comm.all_gather(mine, flat[bucket.lo:bucket.hi], group=self.group, **self._checks())
-        self.elements_all_gathered += self.numel
+        for bucket, piece in zip(self.buckets, self.pieces):
+            mine = flat[bucket.start:bucket.stop]
+            if mine.data_ptr() != piece.data.data_ptr():
+                mine.copy_(piece.data)
+            self.comm.all_gather(mine, flat[bucket.lo:bucket.hi], group=self.group, **self._checks())
 
     def _free_params(self) -> None:
         self.flat_param.untyped_storage().resize_(0)
-
-    def _span(self, kind: str, name: str):
-        return span(self.tracer, kind, name, waits=kind == "comm")
 
     # ---------------------------------------------------------------- forward / backward
     def forward(self, *args, **kwargs):
@@ -239,20 +230,25 @@ class ZeRO(nn.Module):
     @torch.no_grad()
     def _reduce_scatter_bucket(self, b: int) -> None:
         """Stage 2-3, during backward: sum bucket ``b`` over the ranks, add my segment to my shard, free it."""
+        self._sum_bucket(b)
+        self._free_bucket(b)
+
+    def _sum_bucket(self, b: int) -> None:
+        """Reduce-scatter bucket ``b``: my segment of the sum, added to my gradient shard."""
         bucket, piece = self.buckets[b], self.pieces[b]
         if bucket.grad is None:
             bucket.grad = torch.zeros(bucket.hi - bucket.lo, dtype=self.flat_param.dtype,
                                       device=self.flat_param.device)
-        with self._span("comm", f"reduce-scatter bucket {b}"):
-            mine = self.comm.reduce_scatter(self._to_reduce(bucket.grad), group=self.group, **self._checks())
-        self.elements_reduce_scattered += bucket.hi - bucket.lo
+        mine = self.comm.reduce_scatter(self._to_reduce(bucket.grad), group=self.group, **self._checks())
         mine = mine.to(piece.dtype)  # mixed precision: the master's dtype (no copy when they agree)
         piece.grad = mine.clone() if piece.grad is None else piece.grad.add_(mine)
-        self.peak.note(self.held_tensors())  # the full bucket and my segment exist together: the moment to measure
+
+    def _free_bucket(self, b: int) -> None:
+        """Drop the full bucket ``b`` (and its cast copy): from here on a rank keeps only its segment."""
         self._reducing = None
-        for j in bucket.members:
+        for j in self.buckets[b].members:
             self.params[j].grad = None
-        bucket.grad = None
+        self.buckets[b].grad = None
         self._next = b + 1
 
     # ---------------------------------------------------------------- the step
@@ -269,26 +265,32 @@ class ZeRO(nn.Module):
             if self.flat_grad is None:
                 raise RuntimeError("ZeRO.step() before any backward pass: call model(inputs), loss.backward() "
                                    "first.")
-            with self._span("comm", "reduce-scatter grads"):
-                for bucket, piece in zip(self.buckets, self.pieces):
-                    # a view into the full gradient buffer, which stage 1 keeps
-                    reduced = self.comm.reduce_scatter(self._to_reduce(self.flat_grad[bucket.lo:bucket.hi]),
-                                                       group=self.group, **self._checks())
-                    # fp32: a view into the full buffer, which stage 1 keeps; mixed: a copy, so the cast buffer goes
-                    piece.grad = reduced.to(piece.dtype, copy=self.policy.mixed)
-                    piece.grad.div_(self.world_size)
-                    self.peak.note(self.held_tensors())  # a cast buffer and the result exist together
-                    self._reducing = None
-            self.elements_reduce_scattered += self.numel
-        with self._span("optimizer", "step"):
-            if self._unscale_and_check():
-                self.optimizer.step()
-        self.peak.note(self.held_tensors())  # the optimiser state exists from the first step on
+            self._reduce_scatter_grads()
+        self._optimizer_step()
         if self.shard_params:
             self._free_params()  # gathered again at the next forward
         else:
             self._all_gather(self.flat_param)
         self._steps += 1
+
+    def _reduce_scatter_grads(self) -> None:
+        """Stage 1, at the step: reduce-scatter every bucket of the full gradient buffer, averaged."""
+        for b in range(len(self.buckets)):
+            self._average_segment(b)
+            self._reducing = None
+
+    def _average_segment(self, b: int) -> None:
+        bucket, piece = self.buckets[b], self.pieces[b]
+        # a view into the full gradient buffer, which stage 1 keeps
+        reduced = self.comm.reduce_scatter(self._to_reduce(self.flat_grad[bucket.lo:bucket.hi]),
+                                           group=self.group, **self._checks())
+        # fp32: a view into the full buffer, which stage 1 keeps; mixed: a copy, so the cast buffer goes
+        piece.grad = reduced.to(piece.dtype, copy=self.policy.mixed)
+        piece.grad.div_(self.world_size)
+
+    def _optimizer_step(self) -> None:
+        if self._unscale_and_check():
+            self.optimizer.step()
 
     def _unscale_and_check(self) -> bool:
         """With a loss scaler: divide my segments' gradients by the scale and tell whether to step.
@@ -332,19 +334,7 @@ class ZeRO(nn.Module):
         for piece in self.pieces:
             piece.grad = None
 
-    # ---------------------------------------------------------------- for the harness and the accounting
-    def grad_shard(self) -> list[FlatShard]:
-        """My segments of the averaged gradient (what my optimiser used), for :func:`coursekit.measure.verify.compare`."""
-        if any(piece.grad is None for piece in self.pieces):
-            raise RuntimeError("no gradient segment yet: call step() first.")
-        return [FlatShard(self.layout, b.start, piece.grad) for b, piece in zip(self.buckets, self.pieces)]
-
-    def param_shard(self) -> list[FlatShard]:
-        """My segments of the parameters, for :func:`coursekit.measure.verify.compare` (frozen ones whole, once)."""
-        frozen = {n: p.data for n, p in self.module.named_parameters() if not p.requires_grad}
-        return [FlatShard(self.layout, b.start, piece.data, frozen if k == 0 else {})
-                for k, (b, piece) in enumerate(zip(self.buckets, self.pieces))]
-
+    # ---------------------------------------------------------------- what a rank holds
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
         """The tensors this rank holds, by kind: ``params``, ``grads``, ``optimizer``."""
         frozen = [p for p in self.module.parameters() if not p.requires_grad]

@@ -1,20 +1,67 @@
 """ZeRO in the training loop: ``"zero1"``, ``"zero2"``, ``"zero3"`` for :func:`coursekit.train.train`.
 
-:class:`~coursekit.parallel.data.zero.ZeRO` is the algorithm; this is the adapter the one training loop
-calls (its optimiser steps my segments; ``step`` also communicates), and the defaults each stage runs with.
+:class:`~coursekit.parallel.data.zero.ZeRO` is the algorithm; :class:`MeasuredZeRO` measures it from outside
+(spans, elements moved, the memory peak at the moments it can occur), and :class:`ZeroStrategy` is the adapter
+the one training loop calls (its optimiser steps my segments; ``step`` also communicates), with the defaults
+each stage runs with.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...strategy import Setup, Strategy, register
+from ...measure.memory import PeakMemory
+from ...measure.trace import Tracer, span
 from ...measure.verify import FlatShard
+from ...strategy import Setup, Strategy, register
 from .buckets import DDP_BUCKET_CAP_MB, megabytes
 from .precision import scaler_counters
 from .zero import ZeRO
 
-__all__ = ["ZeroStrategy"]
+__all__ = ["MeasuredZeRO", "ZeroStrategy"]
+
+
+class MeasuredZeRO(ZeRO):
+    """:class:`ZeRO`, measured: a span around each collective and the optimiser step (``tracer``), the
+    elements reduce-scattered and all-gathered, and :attr:`peak`, the tensors held at each moment the peak
+    can occur -- a bucket summed beside my segment (stages 2-3, inside backward), a cast bucket beside its
+    result (stage 1), the full parameters gathered (stage 3), the optimiser state after a step."""
+
+    def __init__(self, *args, tracer: Tracer | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tracer, self.peak = tracer, PeakMemory()
+        self.elements_reduce_scattered = self.elements_all_gathered = 0
+
+    def _gather_params(self) -> bool:
+        gathered = super()._gather_params()
+        if gathered:
+            self.peak.note(self.held_tensors())  # the full parameters are here: stage 3's parameter peak
+        return gathered
+
+    def _all_gather(self, flat: torch.Tensor) -> None:
+        with span(self.tracer, "comm", "all-gather params", waits=True):
+            super()._all_gather(flat)
+        self.elements_all_gathered += self.numel
+
+    def _sum_bucket(self, b: int) -> None:
+        with span(self.tracer, "comm", f"reduce-scatter bucket {b}", waits=True):
+            super()._sum_bucket(b)
+        self.elements_reduce_scattered += self.buckets[b].hi - self.buckets[b].lo
+        self.peak.note(self.held_tensors())  # the full bucket and my segment exist together: the moment to measure
+
+    def _reduce_scatter_grads(self) -> None:
+        with span(self.tracer, "comm", "reduce-scatter grads", waits=True):
+            super()._reduce_scatter_grads()
+        self.elements_reduce_scattered += self.numel
+
+    def _average_segment(self, b: int) -> None:
+        super()._average_segment(b)
+        self.peak.note(self.held_tensors())  # a cast buffer and the result exist together
+
+    def _optimizer_step(self) -> None:
+        with span(self.tracer, "optimizer", "step"):
+            super()._optimizer_step()
+        self.peak.note(self.held_tensors())  # the optimiser state exists from the first step on
 
 
 class ZeroStrategy(Strategy):
@@ -37,10 +84,11 @@ class ZeroStrategy(Strategy):
 
     def __init__(self, setup: Setup):
         super().__init__(setup)
-        self.zero = ZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
-                         collectives=self.option("collectives"), tracer=setup.tracer,
-                         bucket_cap_mb=self.option("bucket_cap_mb"), bucket_elements=self.option("bucket_elements"),
-                         mp_policy=self.option("precision"), loss_scaler=self.option("loss_scaler"))
+        self.zero = MeasuredZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
+                                 collectives=self.option("collectives"), tracer=setup.tracer,
+                                 bucket_cap_mb=self.option("bucket_cap_mb"),
+                                 bucket_elements=self.option("bucket_elements"), mp_policy=self.option("precision"),
+                                 loss_scaler=self.option("loss_scaler"))
         self.model, self.optimizer = self.zero, self.zero.optimizer
         self.peak = self.zero.peak  # noted inside backward too (the loop adds its own moments)
 
@@ -51,10 +99,18 @@ class ZeroStrategy(Strategy):
         self.zero.zero_grad()
 
     def gradients(self) -> list[FlatShard]:
-        return self.zero.grad_shard()
+        """My segments of the averaged gradient (what my optimiser used), for :func:`coursekit.measure.verify.compare`."""
+        zero = self.zero
+        if any(piece.grad is None for piece in zero.pieces):
+            raise RuntimeError("no gradient segment yet: call step() first.")
+        return [FlatShard(zero.layout, b.start, piece.grad) for b, piece in zip(zero.buckets, zero.pieces)]
 
     def parameters(self) -> list[FlatShard]:
-        return self.zero.param_shard()
+        """My segments of the parameters, for :func:`coursekit.measure.verify.compare` (frozen ones whole, once)."""
+        zero = self.zero
+        frozen = {n: p.data for n, p in zero.module.named_parameters() if not p.requires_grad}
+        return [FlatShard(zero.layout, b.start, piece.data, frozen if k == 0 else {})
+                for k, (b, piece) in enumerate(zip(zero.buckets, zero.pieces))]
 
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
         return self.zero.held_tensors()
