@@ -21,6 +21,8 @@ Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
   0"; rank 0's stuck send not explained -> replica_received_on_rank_1_only "feedback lacks 'rank 2 never receives
   what rank 0 sends it'";
 * make_replica judged on 2 ranks only -> replica_sent_to_rank_1_only "program_c_fixed earned 3.0, not 1.5";
+* rank 0's start taken as built, not as its seed draws it -> replica_weights_averaged "program_c_fixed earned 3.0,
+  not 0" (it earned 12/12: issue 42, item 3);
 * the stub not recognised before ranks start -> test_stub_is_not_done (status "fail", not "not done").
 """
 
@@ -33,8 +35,9 @@ from grading_support import assert_graded, attempts, load
 import coursekit
 from coursekit.grading import check_find_the_bug
 from coursekit.grading.find_the_bug_options import ANSWERS, OPTIONS
-from coursekit.grading.find_the_bug_programs import (data_parallel_rank, replica_rank, replica_reference,
-                                                     replicas_compared, ring_rank)
+from coursekit.grading.find_the_bug_programs import (data_parallel_rank, drawn_replica, replica_rank,
+                                                     replica_reference, replicas_compared, ring_rank,
+                                                     start_difference)
 
 ATTEMPTS = attempts("find_the_bug")
 PARTS = ("diagnosis", "train_step", "ring_sum", "make_replica")
@@ -109,6 +112,17 @@ def test_program_c_runs_and_differs_from_one_process_first_in_rank_1s_starting_w
     start = replicas_compared(results).first
     assert (start.kind, start.name, start.rank) == ("param", "0.weight", 1)
     assert results[0]["drawn"] != results[1]["drawn"]     # each rank its own samples, as the options say
+
+
+def test_the_grader_draws_rank_0s_replica_as_the_broken_program_does():
+    """The start program C's grader holds rank 0 to is the notebook's: rank 0 of broken_make_replica, built in a
+    rank, equals drawn_replica(0) exactly (and rank 1's differs). Planted, seen failing: drawn_replica seeded
+    with 1000 + rank + 1 -> "('0.weight', ...)"."""
+    results = coursekit.launch(replica_rank, 2, solution()["broken_make_replica"], timeout=20)
+    assert start_difference(drawn_replica(0), results[0]["initial"]) is None, \
+        start_difference(drawn_replica(0), results[0]["initial"])
+    assert start_difference(drawn_replica(1), results[1]["initial"]) is None
+    assert start_difference(drawn_replica(0), results[1]["initial"]) is not None
 
 
 def test_the_same_attempt_gets_the_same_report():

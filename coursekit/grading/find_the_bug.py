@@ -11,7 +11,9 @@ broadcast of the initial weights). For each, the learner
 * names the bug: ``diagnosis = {"program_a": "B", ...}``, one of four readings of the report
   (:mod:`.find_the_bug_options`; one point each, a wrong reading told why it is wrong), and
 * fixes the one function of it the harness calls (:mod:`.find_the_bug_programs`): three points each, one case
-  per world size, graded by running the fix against a one-process reference.
+  per world size, graded by running the fix against a one-process reference. Program C's reference starts from
+  rank 0's replica as its seed draws it (:func:`~.find_the_bug_programs.drawn_replica`), not as the fix left
+  it: replicas that agree on weights no rank drew (averaged over the ranks) are told so.
 
 Programs B and C run first on the strict simulator, inside a one-rank launch (a deadlock, or a message that
 leaves the ring, is found at once, in the same words every time), then on real ranks (:func:`coursekit.launch`),
@@ -40,8 +42,9 @@ from ..comm.simulator import Deadlock, SimulatorError, describe_waits, simulate
 from ..measure.verify import compare
 from .feedback import NOT_IMPLEMENTED, explain, is_stub
 from .find_the_bug_options import judge_diagnosis
-from .find_the_bug_programs import (GLOBAL_BATCH, STEPS, data_parallel_rank, data_parallel_reference, replica_rank,
-                                    replica_reference, replica_start_rank, replicas_compared, ring_rank)
+from .find_the_bug_programs import (GLOBAL_BATCH, REPLICA_SEED, STEPS, data_parallel_rank, data_parallel_reference,
+                                    drawn_replica, replica_rank, replica_reference, replica_start_rank,
+                                    replicas_compared, ring_rank, start_difference)
 from .guard import guarded
 from .registry import check
 from .ring_judge import ring_input
@@ -291,6 +294,13 @@ def _judge_c(ctx, submission, size) -> str | None:
         return (f"world size {size}: the replicas start equal, but make_replica sends nothing: their weights "
                 f"agree only because they were drawn from one seed. A checkpoint loaded on rank 0, or one random "
                 f"draw more on one rank, splits them again: send rank 0's weights")
+    moved = start_difference(drawn_replica(0), results[0]["initial"])
+    if moved is not None:
+        name, expected, got = moved
+        return (f"world size {size}: the replicas start equal, but rank 0's weights are not the ones it drew: its "
+                f"{name!r} is {got:.6g} where its seed ({REPLICA_SEED}) drew {expected:.6g}. They were averaged over "
+                f"the ranks, or changed some other way, so training starts from weights no rank drew. Keep rank 0's "
+                f"replica as it is and send rank 0's own weights to the others")
     report = compare(replica_reference(results[0]["initial"], [r["drawn"] for r in results]),
                      [r["records"] for r in results], check_output=False)
     return None if report.ok else f"world size {size}: {report.first}"

@@ -40,7 +40,7 @@ from .watch import Watch
 
 __all__ = ["LR", "STEPS", "GLOBAL_BATCH", "POOL", "LOCAL_BATCH", "LIBRARY_PHASES", "RingMistake", "RingWatch",
            "data_parallel_rank", "data_parallel_reference", "ring_rank", "replica_start_rank", "replica_rank",
-           "replica_reference", "replicas_compared"]
+           "replica_reference", "replicas_compared", "REPLICA_SEED", "drawn_replica", "start_difference"]
 
 LR = 0.1
 STEPS = 2             # optimiser steps of programs A and C
@@ -147,6 +147,31 @@ def ring_rank(rank, world_size, ring_sum, numel, watched=True):
 
 
 # ----------------------------------------------------------------------------- program C
+REPLICA_SEED = 1000   # program C: rank r seeds its own random stream with 1000 + r, then builds its replica
+
+
+def drawn_replica(rank: int) -> torch.nn.Module:
+    """The replica rank ``rank`` draws in program C -- its seed, then the model, as ``broken_make_replica`` does --
+    built here without touching this process's random stream. Rank 0's is where training must start."""
+    with torch.random.fork_rng():
+        torch.manual_seed(REPLICA_SEED + rank)
+        return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+
+
+def start_difference(expected: torch.nn.Module, got: torch.nn.Module) -> tuple[str, float, float] | None:
+    """The first parameter of ``got`` that is not exactly ``expected``'s: (name, expected value, got value) at the
+    element that differs most; None when every parameter is equal."""
+    mine = dict(got.named_parameters())
+    for name, want in expected.named_parameters():
+        have = mine.get(name)
+        if have is None or have.shape != want.shape:
+            return name, float("nan"), float("nan")
+        if not torch.equal(have.detach(), want.detach()):
+            at = (have.detach() - want.detach()).abs().argmax()
+            return name, want.detach().reshape(-1)[at].item(), have.detach().reshape(-1)[at].item()
+    return None
+
+
 def replica_start_rank(rank, world_size, make_replica):
     """Only ``make_replica`` (for the simulator: it finds a broadcast that deadlocks at once). No training here: a
     matrix multiply in the simulator's threads, in a process forked from one that multiplied matrices before,
