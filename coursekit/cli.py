@@ -111,11 +111,12 @@ def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> s
     try:
         from .run_notebook import execute_notebook
 
-        # The kernel's own log stays quiet (errors only): its start-up warning about unencrypted TCP on
-        # localhost is not for a learner grading an exercise; what the learner's cells print is kept.
+        # The kernel's own log is not for a learner grading an exercise -- its start-up warning about
+        # unencrypted TCP on localhost, its "KeyboardInterrupt caught in kernel" when an interrupt lands between
+        # cells -- only its crashes: what the learner's cells print and raise reaches the table anyway.
         execute_notebook(str(copy), str(tmp / ("executed-" + path.name)), kernel_name="python3",
                          cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False,
-                         extra_arguments=["--IPKernelApp.log_level=ERROR"])
+                         extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except Exception as error:  # the learner's notebook may fail anywhere: grade what ran
         first = str(error).strip().splitlines()
         return "the notebook stopped with an error before the end: " + (first[-1] if first else type(error).__name__)

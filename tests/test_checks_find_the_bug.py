@@ -23,6 +23,10 @@ Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
 * make_replica judged on 2 ranks only -> replica_sent_to_rank_1_only "program_c_fixed earned 3.0, not 1.5";
 * rank 0's start taken as built, not as its seed draws it -> replica_weights_averaged "program_c_fixed earned 3.0,
   not 0" (it earned 12/12: issue 42, item 3);
+* words instead of letters taken as unanswered -> diagnosis_in_words "names_each_bug's feedback lacks 'program_a:
+  a letter is expected'" (it was told to replace each "?"); a length error other than the loss's 1 element left to
+  the library's words -> loss_padded_to_match "program_a_fixed's feedback lacks 'a collective runs on rank 0
+  only'" (it was told "did one rank build its gradients differently?": issue 42, item 6);
 * the stub not recognised before ranks start -> test_stub_is_not_done (status "fail", not "not done").
 """
 

@@ -244,6 +244,22 @@ def test_cli_grades_an_untouched_exercise_zero_without_touching_it():
     assert "IPKernelApp" not in todo.stdout + todo.stderr, todo.stdout + todo.stderr
 
 
+@pytest.mark.notebook
+def test_cli_keeps_the_kernels_log_from_the_learner(tmp_path):
+    """An error the kernel logs about itself (one grading printed "[IPKernelApp] ERROR | KeyboardInterrupt caught
+    in kernel." after its score table, issue 42 item 7) is not the learner's: only the cells' outputs and the
+    table are shown. Planted, seen failing: the kernel's log level back at ERROR -> the line in stderr."""
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        'get_ipython().kernel.log.error("KeyboardInterrupt caught in kernel.")\nprint("the learner\'s line")')])
+    path = tmp_path / "04_pipeline_schedule.ipynb"
+    nbformat.write(notebook, path)
+    graded = _cli(path)
+    assert "IPKernelApp" not in graded.stdout + graded.stderr, graded.stdout + graded.stderr
+    assert "0 / 10 points" in graded.stdout, graded.stdout + graded.stderr
+
+
 def test_cli_missing_notebook_or_unknown_exercise(capsys):
     assert grade_notebook([str(ROOT / "exercises" / "nope.ipynb")]) == 2
     assert grade_notebook([str(ROOT / "README.md")]) == 2  # no checks for an exercise called "README"

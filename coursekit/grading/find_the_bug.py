@@ -40,6 +40,7 @@ import torch
 from ..launch import launch
 from ..comm.simulator import Deadlock, SimulatorError, describe_waits, simulate
 from ..measure.verify import compare
+from ..models import tiny_mlp
 from .feedback import NOT_IMPLEMENTED, explain, is_stub
 from .find_the_bug_options import judge_diagnosis
 from .find_the_bug_programs import (GLOBAL_BATCH, REPLICA_SEED, STEPS, data_parallel_rank, data_parallel_reference,
@@ -149,7 +150,7 @@ def _reference_a():
     return data_parallel_reference()
 
 
-_LENGTHS = re.compile(r"has (\d+) elements of \S+ but rank \d+ has (\d+) elements")
+_LENGTHS = re.compile(r"rank (\d+) has (\d+) elements of \S+ but rank (\d+) has (\d+) elements")
 _STUCK = re.compile(r"rank (\d+) (?:waits in|is busy)")
 
 
@@ -157,18 +158,37 @@ def _said_a(text: str, size: int) -> str | None:
     """Program A's mistake, from what the ranks reported: a length error between the loss's all-reduce (1 element)
     and a gradient's, or ranks stuck in a collective the others never called."""
     lengths = _LENGTHS.search(text)
-    if lengths and min(int(n) for n in lengths.groups()) == 1:
-        large = max(int(n) for n in lengths.groups())
-        return (f"world size {size}: the loss all-reduce still runs on rank 0 only: rank 0's all-reduce of the "
-                f"loss (1 element) met the others' all-reduce of a gradient ({large} elements), and the length "
-                f"check stopped them. Every rank must call every collective, in the same order: all-reduce the "
-                f"loss outside `if rank == 0:` and keep only the print inside")
+    if lengths:  # the library's own hint (a gradient built differently?) is the reading this exercise warns about
+        held = {int(lengths[1]): int(lengths[2]), int(lengths[3]): int(lengths[4])}  # rank -> elements
+        same = ("Every rank must call every collective, in the same order: all-reduce the loss outside "
+                "`if rank == 0:` and keep only the print inside")
+        if min(held.values()) == 1:
+            return (f"world size {size}: the loss all-reduce still runs on rank 0 only: rank 0's all-reduce of the "
+                    f"loss (1 element) met the others' all-reduce of a gradient ({max(held.values())} elements), "
+                    f"and the length check stopped them. {same}")
+        other = next((r for r in held if r != 0), None)
+        if 0 in held and other is not None and held[other] in _gradient_sizes():
+            return (f"world size {size}: a collective runs on rank 0 only: rank 0 called an all-reduce of "
+                    f"{held[0]} elements where another rank called one of {held[other]}, a gradient's, and the "
+                    f"length check stopped them. Padding the loss to another length does not help: the ranks still "
+                    f"call different collectives (the loss all-reduce inside `if rank == 0:`), and at a gradient's "
+                    f"length one would be summed into the other. {same}")
+        a, b = sorted(held.values())
+        return (f"world size {size}: the ranks called different collectives at the same moment: an all-reduce of "
+                f"{a} elements met one of {b}. A collective called on some ranks only (the loss all-reduce inside "
+                f"`if rank == 0:`?) shifts every call after it. {same}")
     stuck = sorted({int(r) for r in _STUCK.findall(text)})
     if "still running after" in text and stuck and len(stuck) < size:
         ranks = ", ".join(map(str, stuck))
         return (f"{text}\nThe other ranks had returned: a collective still runs on rank {ranks} only (the loss "
                 f"all-reduce?). Every rank must call every collective; keep only the print inside `if rank == 0:`")
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _gradient_sizes() -> frozenset[int]:
+    """The element counts of program A's gradients (its model's parameters): any other length is the loss's."""
+    return frozenset(p.numel() for p in tiny_mlp(seed=0).parameters())
 
 
 def _loss_problem(size, results, step) -> str | None:

@@ -75,10 +75,14 @@ def judge_diagnosis(answers: dict) -> tuple[list[str | None], bool]:
     outcomes, answered = [], False
     for program, options in OPTIONS.items():
         given = str(answers.get(program, "?")).strip().upper()
-        if given not in options:
+        if given in ("?", ""):
             outcomes.append(f"{program}: not answered: give one of {', '.join(options)} (got {answers.get(program)!r})")
             continue
         answered = True
+        if given not in options:
+            outcomes.append(f"{program}: a letter is expected, one of {', '.join(options)}: the reading you choose "
+                            f"from the options printed under the program (got {answers.get(program)!r})")
+            continue
         if given == ANSWERS[program]:
             outcomes.append(None)
         else:
