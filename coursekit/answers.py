@@ -23,7 +23,8 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 
-__all__ = ["AnswerHeldBack", "ANSWERS", "answer_of", "held_back", "is_held_back", "refuse"]
+__all__ = ["AnswerHeldBack", "ANSWERS", "WHOLE_NOTEBOOK", "answer_of", "held_back", "hold_for_this_process",
+           "is_held_back", "refuse", "released"]
 
 _RING = "coursekit.collectives.ring."
 _SCHEDULES = "coursekit.parallel.pipeline.schedules."
@@ -54,6 +55,11 @@ ANSWERS: dict[str, tuple[str, str]] = {
                                    "write the ring loop yourself: block_attention, merge and PassRight, G steps"),
     **{_PLANNER + name: ("07_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
 }
+
+#: Exercises whose answer a notebook could compute in any cell and hand back from the graded function (exercise 07's
+#: layouts: one call of the planner per scenario, stored). ``coursekit grade`` holds their answers back from the
+#: notebook's first cell (:func:`hold_for_this_process`), not only while the graded function runs.
+WHOLE_NOTEBOOK = ("07_choose_a_layout",)
 
 _lock = threading.Lock()
 _held: Counter[str] = Counter()                  # exercise -> how many blocks hold its answers back now
@@ -119,3 +125,32 @@ def held_back(exercise: str):
             if _held[exercise] == 0:
                 for fn, code in _saved.pop(exercise):
                     fn.__code__ = code
+
+
+_process_holds: list = []  # the blocks hold_for_this_process entered: never left, while the process lives
+
+
+def hold_for_this_process(exercise: str) -> None:
+    """Hold ``exercise``'s answers back for the rest of this process: ``coursekit grade`` runs this first in the
+    kernel of a notebook of :data:`WHOLE_NOTEBOOK`, so no cell can call them and keep the result for later."""
+    block = held_back(exercise)
+    block.__enter__()
+    _process_holds.append(block)
+
+
+@contextmanager
+def released(exercise: str):
+    """Inside the block ``exercise``'s answers run as themselves even where they are held back: the grader's own
+    reference (exercise 07's best layout), computed while the learner's whole notebook is held."""
+    with _lock:
+        held = list(_saved.get(exercise, []))
+        refusals = [(fn, fn.__code__) for fn, _ in held]
+        for fn, code in held:
+            fn.__code__ = code
+    try:
+        yield
+    finally:
+        with _lock:
+            if _held[exercise] > 0:
+                for fn, refusal in refusals:
+                    fn.__code__ = refusal

@@ -93,18 +93,29 @@ def grade_notebook(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="coursekit-grade-") as tmp:
         report_path = Path(tmp) / "report.json"
-        note = _execute_copy(path, Path(tmp), report_path, options.timeout)
+        note = _execute_copy(path, Path(tmp), report_path, options.timeout, exercise)
         report = grading.saved_report(exercise, report_path, note)
     print(report.table())
     return 0 if report.full_marks else 1
 
 
-def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> str:
-    """Run a copy of ``path`` in ``tmp``, its grading cells writing to ``report_path``; a note if it stopped early."""
+def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float, exercise: str = "") -> str:
+    """Run a copy of ``path`` in ``tmp``, its grading cells writing to ``report_path``; a note if it stopped early.
+
+    For an exercise of :data:`coursekit.answers.WHOLE_NOTEBOOK` the copy starts with one more cell, which holds
+    the library's answers back for the whole kernel: a cell that calls one stops the notebook, saying so."""
+    from .answers import WHOLE_NOTEBOOK
     from .grading import REPORT_ENV
 
     copy = tmp / path.name
     shutil.copyfile(path, copy)  # the learner's file is only ever read
+    if exercise in WHOLE_NOTEBOOK:
+        import nbformat
+
+        notebook = nbformat.read(copy, as_version=4)
+        notebook.cells.insert(0, nbformat.v4.new_code_cell(
+            f"import coursekit.answers\ncoursekit.answers.hold_for_this_process({exercise!r})"))
+        nbformat.write(notebook, copy)
     previous = os.environ.get(REPORT_ENV)
     os.environ[REPORT_ENV] = str(report_path)
     os.environ.setdefault("MPLBACKEND", "agg")
@@ -118,14 +129,19 @@ def _execute_copy(path: Path, tmp: Path, report_path: Path, timeout: float) -> s
                          cwd=str(tmp), execution_timeout=int(timeout), progress_bar=False, log_output=False,
                          extra_arguments=["--IPKernelApp.log_level=CRITICAL"])
     except Exception as error:  # the learner's notebook may fail anywhere: grade what ran
-        first = str(error).strip().splitlines()
-        return "the notebook stopped with an error before the end: " + (first[-1] if first else type(error).__name__)
+        return stopped_note(error)
     finally:
         if previous is None:
             os.environ.pop(REPORT_ENV, None)
         else:
             os.environ[REPORT_ENV] = previous
     return ""
+
+
+def stopped_note(error: BaseException) -> str:
+    """The line the score table shows when the notebook stopped before its end: the error's last line."""
+    lines = str(error).strip().splitlines()
+    return "the notebook stopped with an error before the end: " + (lines[-1] if lines else type(error).__name__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,23 +29,75 @@ and coursekit/costmodel/__init__.py's marking):
 
 from __future__ import annotations
 
-import pytest
-from grading_support import assert_graded, attempts, load
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-from coursekit.answers import AnswerHeldBack, is_held_back
+import pytest
+from grading_support import SUBMISSIONS, assert_graded, attempts, load
+
+from coursekit.answers import AnswerHeldBack, held_back, is_held_back
 from coursekit.costmodel import Layout, brute_force, evaluate, layouts, plan
 from coursekit.grading import check_choose_layout
+from coursekit.cli import stopped_note
+from coursekit.grading import saved_report
 from coursekit.grading.choose_layout import EXERCISE, SCENARIOS, TOLERANCE, best
+
+ROOT = Path(__file__).resolve().parents[1]
 
 ATTEMPTS = attempts("choose_layout")
 
 
+def graded_as_coursekit_grade_runs_it(name: str):
+    """Load attempt ``name`` and grade it as ``coursekit grade`` runs exercise 07's notebook: the planner held back
+    from the first cell (coursekit.answers.WHOLE_NOTEBOOK). An attempt whose cell calls it stops there: the report
+    is the one the CLI makes of a notebook that stopped (every check not run, the error's line as its note)."""
+    with held_back(EXERCISE):
+        try:
+            module = load("choose_layout", name)
+        except AnswerHeldBack as stopped:
+            return sys.modules[f"submissions.choose_layout.{name}"], saved_report(EXERCISE, Path("/nonexistent"),
+                                                                                 stopped_note(stopped))
+        return module, check_choose_layout(module.choose_layout, verbose=False)
+
+
 @pytest.mark.parametrize("name", ATTEMPTS)
 def test_attempt_gets_its_score_and_feedback(name):
-    module = load("choose_layout", name)
-    report = check_choose_layout(module.choose_layout, verbose=False)
+    module, report = graded_as_coursekit_grade_runs_it(name)
     assert report.max_score == 9
     assert_graded(report, module)
+    for phrase in getattr(module, "NOTEBOOK_STOPS", ()):
+        assert phrase in report.note, f"{name}: the note lacks {phrase!r}\n{report.table()}"
+
+
+@pytest.mark.notebook
+@pytest.mark.parametrize("planned_in_a_cell", [True, False], ids=["planned_in_a_cell", "chosen_by_hand"])
+def test_coursekit_grade_holds_the_planner_back_from_the_first_cell(planned_in_a_cell, tmp_path):
+    """Through the CLI, in a real kernel: a cell that plans before grading stops the notebook, 0/9, the planner
+    named; a hand-chosen layout still earns 9/9 there (the grader's own best is released for it). Planted, seen
+    failing: no first cell -> 9/9 for the planned table; best() not released -> near_best_step_time 0 for both."""
+    import nbformat
+
+    solution = load("choose_layout", "_cl_solution").solution
+    if planned_in_a_cell:
+        cell = (SUBMISSIONS / "choose_layout" / "plans_before_grading.py").read_text()
+    else:
+        chosen = {key: solution(s) for key, s in SCENARIOS.items()}
+        cell = ("from coursekit.costmodel import Layout\n"
+                f"CHOSEN = {{{', '.join(f'{k!r}: {v!r}' for k, v in chosen.items())}}}\n"
+                "def choose_layout(scenario):\n    return CHOSEN[scenario.key]\n")
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell), nbformat.v4.new_code_cell(
+        "from coursekit.grading import check_choose_layout\ncheck_choose_layout(choose_layout);")])
+    path = tmp_path / f"{EXERCISE}.ipynb"
+    nbformat.write(notebook, path)
+    graded = subprocess.run([sys.executable, "-m", "coursekit", "grade", str(path)], capture_output=True, text=True,
+                            timeout=600, env=dict(os.environ, MPLBACKEND="agg"), cwd=ROOT)
+    if planned_in_a_cell:
+        assert "0 / 9 points" in graded.stdout and "coursekit.costmodel.planner.plan was called" in graded.stdout, \
+            graded.stdout + graded.stderr
+    else:
+        assert "9 / 9 points" in graded.stdout, graded.stdout + graded.stderr
 
 
 def test_stub_is_not_done():

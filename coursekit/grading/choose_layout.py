@@ -28,9 +28,9 @@ one the planner ranks by, so the same attempt always gets the same score and fee
 walks; :mod:`coursekit.answers`) is held back while ``choose_layout`` runs: a scenario whose layout comes from
 it is not judged, and ``valid_layout`` says so. ``evaluate`` (one layout's memory, time and reasons),
 ``memory_per_gpu`` and ``step_time`` stay the learner's: they are the calculator the choice is made with. The
-grader's own best is computed outside that block, once per scenario (:func:`best`). A layout computed by
-``plan`` *before* grading (in a cell, then returned) cannot be told from one chosen by hand: held back is a
-rule for the function, not a proof.
+grader's own best is computed outside that block, once per scenario (:func:`best`). ``coursekit grade`` holds
+the planner back from the notebook's first cell (:data:`coursekit.answers.WHOLE_NOTEBOOK`): a layout planned in
+a cell and returned later stops the notebook there, with the same sentence.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from ..answers import AnswerHeldBack, held_back
+from ..answers import AnswerHeldBack, held_back, released
 from ..costmodel import Candidate, Hardware, Layout, ModelConfig, check_layout, evaluate, plan
 from .choose_layout_feedback import describe, memory_advice, slow_advice
 from .registry import check
@@ -84,9 +84,10 @@ INSTEAD = ("choose the degrees yourself from the numbers: evaluate(scenario.conf
 
 @lru_cache(maxsize=None)
 def best(scenario: Scenario) -> Candidate:
-    """The planner's fastest layout that fits: the reference each choice's step time is held to (never held back:
-    the grader calls it outside the learner's block)."""
-    return plan(scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch, top=1)[0]
+    """The planner's fastest layout that fits: the reference each choice's step time is held to (released: under
+    ``coursekit grade`` the planner is held back from the notebook's first cell, see :data:`~coursekit.answers.WHOLE_NOTEBOOK`)."""
+    with released(EXERCISE):
+        return plan(scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch, top=1)[0]
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@
 # pipeline has `m ≥ p`); it fits in 80 GB (`memory_per_gpu`); and its step time is within 10% of the
 # planner's best (`plan(...)[0]`). The feedback names what does not fit (which memory term, and what shrinks
 # it) or what is slow (the bubble at this `m`, a tp group crossing nodes, the exposed dp collectives).
-# The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded: choose with
-# the numbers. `evaluate` -- one layout's memory, step time and reasons -- is your calculator.
+# The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded, and from the
+# first cell under `coursekit grade`: choose with the numbers. `evaluate` -- one layout's memory, step time and reasons -- is your calculator.
 # From a terminal: `coursekit grade exercises/07_choose_a_layout.ipynb`.
 
 # %% tags=["parameters"]
