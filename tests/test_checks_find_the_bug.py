@@ -38,7 +38,7 @@ from grading_support import assert_graded, attempts, load
 
 import coursekit
 from coursekit.grading import check_find_the_bug
-from coursekit.grading.find_the_bug_options import ANSWERS, OPTIONS
+from coursekit.grading.find_the_bug_options import ANSWERS, OPTIONS, judge_diagnosis
 from coursekit.grading.find_the_bug_programs import (data_parallel_rank, drawn_replica, replica_rank,
                                                      replica_reference, replicas_compared, ring_rank,
                                                      start_difference)
@@ -71,12 +71,22 @@ def test_every_typical_mistake_has_an_attempt():
             "replica_one_seed_for_all", "replica_sent_to_rank_1_only", "replica_broadcast_parameters"} <= set(ATTEMPTS)
 
 
-def test_each_question_has_one_answer_and_every_other_option_says_why_not():
-    assert set(ANSWERS) == set(OPTIONS)
+def test_the_options_do_not_give_the_answer_away():
+    """One right letter per program, a different one each time; the right option is never the longest and every
+    option is within 10% of its program's mean length; every wrong letter of a program gets the same sentence.
+    (Issue 42, item 5: the right option was always the longest, and B, C, D in turn.) Planted, seen failing: the
+    right option of program_a made the longest -> 'program_a: the right option is the longest'."""
+    assert set(ANSWERS) == set(OPTIONS) and len(set(ANSWERS.values())) == len(ANSWERS)
     for program, options in OPTIONS.items():
         assert set(options) == {"A", "B", "C", "D"}, program
-        for letter, option in options.items():
-            assert bool(option.why_not) == (letter != ANSWERS[program]), (program, letter)
+        lengths = {letter: len(text) for letter, text in options.items()}
+        right = lengths.pop(ANSWERS[program])
+        assert right < max(lengths.values()), f"{program}: the right option is the longest"
+        mean = (right + sum(lengths.values())) / 4
+        assert all(abs(n - mean) <= 0.1 * mean for n in [right, *lengths.values()]), (program, lengths, right)
+        said = {judge_diagnosis({program: letter})[0][list(OPTIONS).index(program)].split(" is not it: ")[1]
+                for letter in lengths}
+        assert len(said) == 1, f"{program}: the wrong letters are told different things: {said}"
 
 
 # ----------------------------------------------------------------------------- what the notebook says

@@ -9,7 +9,7 @@ not on two (a ring that sends to the wrong neighbour), program C runs and is sil
 broadcast of the initial weights). For each, the learner
 
 * names the bug: ``diagnosis = {"program_a": "B", ...}``, one of four readings of the report
-  (:mod:`.find_the_bug_options`; one point each, a wrong reading told why it is wrong), and
+  (:mod:`.find_the_bug_options`; one point each, a wrong reading told where in the report to look), and
 * fixes the one function of it the harness calls (:mod:`.find_the_bug_programs`): three points each, one case
   per world size, graded by running the fix against a one-process reference. Program C's reference starts from
   rank 0's replica as its seed draws it (:func:`~.find_the_bug_programs.drawn_replica`), not as the fix left

@@ -14,8 +14,8 @@
 #    the other readings are what the report seems to say at first sight), and
 # 2. **fix it**: copy the broken function, change what is wrong, and keep the rest as it is.
 #
-# **Grading** (`check_find_the_bug`): one point per program for the diagnosis (a wrong letter is told why it
-# is wrong); three points per fix, which runs on real ranks at the world sizes where the bug shows (fixes of B
+# **Grading** (`check_find_the_bug`): one point per program for the diagnosis (a wrong letter is told where in
+# the report to look); three points per fix, which runs on real ranks at the world sizes where the bug shows (fixes of B
 # and C on the strict simulator first, where a deadlock is found at once) and is compared with one process
 # doing the same work. The feedback says what is still wrong. As in the other exercises, `torch.distributed`'s collectives are switched off while your fix runs:
 # send with `coursekit.comm` and sum with `coursekit.collectives.ring_all_reduce`, as the broken programs do.
@@ -159,7 +159,7 @@ print(options_text("program_c"))
 
 # %%
 # BEGIN SOLUTION
-diagnosis = {"program_a": "B", "program_b": "C", "program_c": "D"}
+diagnosis = {"program_a": "D", "program_b": "A", "program_c": "B"}
 # EXERCISE: diagnosis = {"program_a": "?", "program_b": "?", "program_c": "?"}
 # END SOLUTION
 
@@ -172,7 +172,7 @@ diagnosis = {"program_a": "B", "program_b": "C", "program_c": "D"}
 
 # %%
 def train_step(rank, world_size, model, optimizer, inputs, targets):
-    """broken_train_step, fixed: every rank returns the global batch's mean loss; only rank 0 prints it."""
+    """broken_train_step, fixed."""
 # BEGIN SOLUTION
     optimizer.zero_grad()
     loss = loss_fn(model(inputs), targets)
@@ -212,7 +212,7 @@ def ring_sum(rank, world_size, tensor):
 
 
 def make_replica(rank, world_size):
-    """broken_make_replica, fixed: every rank's replica starts from rank 0's weights; each rank keeps its seed."""
+    """broken_make_replica, fixed."""
 # BEGIN SOLUTION
     torch.manual_seed(1000 + rank)                   # kept: each rank still draws its own samples
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
