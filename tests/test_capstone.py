@@ -143,9 +143,16 @@ def test_a_torchrun_rank_leaves_without_the_interpreters_shutdown(tmp_path):
 
 
 def test_a_refused_layout_exits_2_before_any_rank_starts(capsys):
-    """3 × 2 degrees for 4 ranks: the sentence says what to change; nothing is launched (exit status 2)."""
+    """3 × 2 degrees for 4 ranks: the sentence says what to change in the library's words, and the command line adds
+    its flags; nothing is launched (exit status 2). Planted, seen failing: the CLI printing the error alone ->
+    "(command line: --sp, --tp)" missing."""
     assert main(["--dp", "3", "--tp", "2", "--sp", "2"]) == 2
-    assert "ring attention over tensor-parallel heads" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "tp = 2 and sp = 2 together: ring attention over tensor-parallel heads" in err, err
+    assert err.rstrip().endswith("(command line: --sp, --tp)"), err
+    assert main(["--dp", "2", "--microbatches", "4", "--batch", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "global_batch = 4 over dp = 2" in err and "(command line: --dp, --microbatches, --batch)" in err, err
 
 
 def test_a_refused_layout_under_torchrun(tmp_path):

@@ -127,7 +127,7 @@ def test_a_job_killed_while_saving_resumes_from_the_last_complete_checkpoint(ref
 
 def test_refused_before_anything_starts():
     from coursekit.capstone import check
-    with pytest.raises(ValueError, match="--zero 0 to checkpoint"):
+    with pytest.raises(ValueError, match="zero = 0 to checkpoint"):
         check(Config(dp=2, zero=1, checkpoint_dir="/tmp/x"))
-    with pytest.raises(ValueError, match="--resume needs --checkpoint-dir"):
+    with pytest.raises(ValueError, match="resume = True needs checkpoint_dir"):
         check(Config(resume=True))

@@ -97,9 +97,9 @@ SIZES = dict(n_heads=4, n_layers=2, vocab_size=16, seq_len=31, global_batch=8, m
     (dict(world_size=3, tp=3), "does not divide the model's 4 attention heads"),
     (dict(world_size=8, pp=8), "has 4 layers to cut"),
     (dict(world_size=16, sp=16), "only 31 tokens"),
-    (dict(world_size=8, dp=8), "fewer than --microbatches 2"),
-    (dict(world_size=2, pp=2, zero=2), "--zero 1"),
-    (dict(world_size=2, pp=2, schedule="gpipe", stages_per_rank=2), "need --schedule interleaved"),
+    (dict(world_size=8, dp=8), "fewer than micro_batches = 2"),
+    (dict(world_size=2, pp=2, zero=2), "use zero = 1"),
+    (dict(world_size=2, pp=2, schedule="gpipe", stages_per_rank=2), "needs schedule = 'interleaved'"),
 ])
 def test_check_degrees_says_what_to_change(degrees, words):
     """Each bad layout is refused before anything starts, with the sentence that says what to change.

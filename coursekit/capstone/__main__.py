@@ -18,13 +18,28 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from datetime import timedelta
 
 from ..comm.devices import default_backend
 from .run import Config, check, run
 
-__all__ = ["main", "parse", "in_torchrun"]
+__all__ = ["main", "parse", "in_torchrun", "FLAGS", "with_flags"]
+
+#: The library's name of each setting -> its flag: the library's errors say ``tp = 3``, the command line adds ``--tp``.
+FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero", "schedule": "--schedule",
+         "stages_per_rank": "--stages-per-rank", "micro_batches": "--microbatches", "global_batch": "--batch",
+         "layers": "--layers", "d_model": "--d-model", "heads": "--heads", "steps": "--steps",
+         "checkpoint_dir": "--checkpoint-dir", "resume": "--resume"}
+
+
+def with_flags(error: Exception) -> str:
+    """``error``'s sentence, and the flags of the settings it names (``tp = 3 ... (command line: --tp)``)."""
+    text = str(error)
+    named = [flag for name, flag in FLAGS.items()   # "tp = 3", "checkpoint_dir": a setting, not a word of a sentence
+             if re.search(rf"(?<![\w-]){name}(?=\s?=(?!=))" if "_" not in name else rf"(?<![\w-]){name}\b", text)]
+    return f"{text} (command line: {', '.join(named)})" if named else text
 
 
 def parse(argv: list[str] | None = None) -> Config:
@@ -80,7 +95,7 @@ def _torchrun(config: Config) -> int:
         check(config, world)
     except ValueError as error:
         if rank == 0:
-            print(f"coursekit train: {error}", file=sys.stderr)
+            print(f"coursekit train: {with_flags(error)}", file=sys.stderr)
         return 2
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
@@ -108,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(config)
     except ValueError as error:
-        print(f"coursekit train: {error}", file=sys.stderr)
+        print(f"coursekit train: {with_flags(error)}", file=sys.stderr)
         return 2
     import coursekit
 

@@ -77,16 +77,16 @@ def check(config: Config, world_size: int | None = None) -> None:
                   global_batch=config.batch, micro_batches=config.microbatches, schedule=config.schedule,
                   stages_per_rank=config.stages_per_rank, zero=config.zero)
     if config.d_model % config.heads:
-        raise ValueError(f"--d-model {config.d_model} is not a multiple of --heads {config.heads}.")
+        raise ValueError(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}.")
     if (4 * config.d_model) % config.tp:
-        raise ValueError(f"--tp {config.tp} does not divide the MLP's {4 * config.d_model} features.")
+        raise ValueError(f"tp = {config.tp} does not divide the MLP's {4 * config.d_model} features.")
     if config.steps < 1:
-        raise ValueError(f"--steps {config.steps}: train at least one step.")
+        raise ValueError(f"steps = {config.steps}: train at least one step.")
     if config.checkpoint_dir and config.zero:
-        raise ValueError(f"--checkpoint-dir with --zero {config.zero}: ZeRO's optimizer state is a flat shard of "
-                         f"its own layout, which this course does not checkpoint; use --zero 0 to checkpoint.")
+        raise ValueError(f"checkpoint_dir with zero = {config.zero}: ZeRO's optimizer state is a flat shard of its "
+                         f"own layout, which this course does not checkpoint; use zero = 0 to checkpoint.")
     if config.resume and not config.checkpoint_dir:
-        raise ValueError("--resume needs --checkpoint-dir (where to find the checkpoint).")
+        raise ValueError("resume = True needs checkpoint_dir (where to find the checkpoint).")
 
 
 def _model(config: Config):

@@ -10,7 +10,8 @@ micro-batch, the slowest.
 
 :func:`check_degrees` says, in one sentence each, what does not fit -- the degrees against the world size, the
 heads, the layers, the sequence, the batch, the schedule's micro-batches -- so a bad layout never reaches the
-ranks (where it would hang or abort).
+ranks (where it would hang or abort). It speaks the library's words (``tp = 3``, ``micro_batches``); the
+command line ``coursekit train`` adds its flags (``--tp``, ``--microbatches``) to the same sentence.
 """
 
 from __future__ import annotations
@@ -41,41 +42,43 @@ def check_degrees(world_size: int, pp: int = 1, dp: int = 1, sp: int = 1, tp: in
     degrees = {"pp": pp, "dp": dp, "sp": sp, "tp": tp}
     for name, size in degrees.items():
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ValueError(f"--{name} {size!r}: each degree is a whole number >= 1 (1: that axis is not split).")
+            raise ValueError(f"{name} = {size!r}: each degree is a whole number >= 1 (1: that axis is not split).")
     product = pp * dp * sp * tp
     if product != world_size:
-        raise ValueError(f"pp × dp × sp × tp = {pp} × {dp} × {sp} × {tp} = {product}, but the job has {world_size} "
-                         f"ranks: make the degrees multiply to {world_size} (e.g. --dp {world_size // (pp * sp * tp)}"
-                         f" with the others as given, if that divides).")
+        rest = world_size // (pp * sp * tp) if world_size % (pp * sp * tp) == 0 else 0
+        raise ValueError(f"pp = {pp}, dp = {dp}, sp = {sp}, tp = {tp} multiply to {product}, but the job has "
+                         f"{world_size} ranks: make the degrees multiply to {world_size}"
+                         + (f" (e.g. dp = {rest} with the others as given)." if rest else "."))
     if tp > 1 and sp > 1:
-        raise ValueError("--tp and --sp together: ring attention over tensor-parallel heads is not in this course "
-                         "(chapter 06's sequence parallelism runs on whole-model replicas). Use one of them, with "
-                         "--dp and --pp as you like.")
+        raise ValueError(f"tp = {tp} and sp = {sp} together: ring attention over tensor-parallel heads is not in "
+                         f"this course (chapter 06's sequence parallelism runs on whole-model replicas). Use one of "
+                         f"them, with dp and pp as you like.")
     if n_heads % tp:
-        raise ValueError(f"--tp {tp} does not divide the model's {n_heads} attention heads: each rank takes whole "
+        raise ValueError(f"tp = {tp} does not divide the model's {n_heads} attention heads: each rank takes whole "
                          f"heads. Use a tp that divides {n_heads}.")
     if vocab_size % tp:
-        raise ValueError(f"--tp {tp} does not divide the vocabulary of {vocab_size}: use a tp that divides it.")
+        raise ValueError(f"tp = {tp} does not divide the vocabulary of {vocab_size}: use a tp that divides it.")
     stages = pp * stages_per_rank
     if stages > n_layers + 2:
-        raise ValueError(f"--pp {pp} with {stages_per_rank} stage(s) per rank needs {stages} stages, but the model has "
-                         f"{n_layers + 2} layers to cut (embedding, {n_layers} blocks, head): use more --layers or "
-                         f"a smaller pp.")
+        raise ValueError(f"pp = {pp} with stages_per_rank = {stages_per_rank} needs {stages} stages, but the model "
+                         f"has {n_layers + 2} layers to cut (embedding, {n_layers} blocks, head): use more layers "
+                         f"or a smaller pp.")
     if sp > 1 and seq_len < 2 * sp:
-        raise ValueError(f"--sp {sp}: the zig-zag split gives each rank two chunks of the sequence, but a sample has "
-                         f"only {seq_len} tokens; use --sp at most {seq_len // 2}.")
+        raise ValueError(f"sp = {sp}: the zig-zag split gives each rank two chunks of the sequence, but a sample "
+                         f"has only {seq_len} tokens; use sp at most {seq_len // 2}.")
     if global_batch is not None and micro_batches is not None and global_batch < dp * micro_batches:
-        raise ValueError(f"--batch {global_batch} over --dp {dp} gives a slice of {global_batch // dp} samples, "
-                         f"fewer than --microbatches {micro_batches}: use a batch of at least {dp * micro_batches}.")
+        raise ValueError(f"global_batch = {global_batch} over dp = {dp} gives a slice of {global_batch // dp} "
+                         f"samples, fewer than micro_batches = {micro_batches}: use a batch of at least "
+                         f"{dp * micro_batches}.")
     if schedule not in SCHEDULES:
-        raise ValueError(f"--schedule {schedule!r}: use one of {sorted(SCHEDULES)}.")
+        raise ValueError(f"schedule = {schedule!r}: use one of {sorted(SCHEDULES)}.")
     if stages_per_rank > 1 and schedule != "interleaved":
-        raise ValueError(f"{stages_per_rank} stages per rank need --schedule interleaved (got {schedule!r}).")
+        raise ValueError(f"stages_per_rank = {stages_per_rank} needs schedule = 'interleaved' (got {schedule!r}).")
     if pp > 1 and micro_batches is not None:
         make_schedule(schedule, pp, micro_batches, stages_per_rank)  # its own sentence if m does not fit
     if zero not in (0, 1, 2, 3):
-        raise ValueError(f"--zero {zero!r}: use 0 (none), 1, 2 or 3.")
+        raise ValueError(f"zero = {zero!r}: use 0 (none), 1, 2 or 3.")
     if zero >= 2 and (pp, sp, tp) != (1, 1, 1):
-        raise ValueError(f"--zero {zero} shards the gradients{' and parameters' if zero == 3 else ''} of one whole "
-                         f"model: in this course it runs on pure data parallelism (--pp 1 --sp 1 --tp 1). With "
-                         f"pipeline, sequence or tensor parallelism use --zero 1 (the optimizer state sharded over dp).")
+        raise ValueError(f"zero = {zero} shards the gradients{' and parameters' if zero == 3 else ''} of one whole "
+                         f"model: in this course it runs on pure data parallelism (pp = sp = tp = 1). With pipeline, "
+                         f"sequence or tensor parallelism use zero = 1 (the optimizer state sharded over dp).")
