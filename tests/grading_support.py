@@ -42,6 +42,25 @@ def load(exercise: str, name: str):
     return sys.modules[module_name]
 
 
+def load_as_graded(exercise: str, folder: str, name: str):
+    """``(module, note)``: attempt ``name`` loaded as ``coursekit grade`` runs its notebook. For an exercise of
+    ``coursekit.answers.WHOLE_NOTEBOOK`` the library's answers are held back from the first cell, so an attempt
+    whose own code calls one stops there: ``note`` is then the line the CLI prints (else None), and the module is
+    what ran of it. Loaded afresh each time (a stopped module is never reused half-run). Call it inside
+    ``held_back(exercise)`` for those exercises, and grade inside the same block."""
+    from coursekit.answers import WHOLE_NOTEBOOK, AnswerHeldBack
+    from coursekit.cli import stopped_note
+
+    if exercise not in WHOLE_NOTEBOOK:
+        return load(folder, name), None
+    module_name = f"submissions.{folder}.{name}"
+    sys.modules.pop(module_name, None)
+    try:
+        return load(folder, name), None
+    except AnswerHeldBack as stopped:
+        return sys.modules[module_name], stopped_note(stopped)
+
+
 def assert_graded(report, attempt, not_run: float = 0.0) -> None:
     """``report`` says what ``attempt`` states it must: each check in ``LOSES`` earns its points with its phrases,
     every other check full marks, the whole ``SCORE``. ``not_run``: points of checks left out (``only=``) that

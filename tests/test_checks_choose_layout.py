@@ -35,12 +35,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from grading_support import SUBMISSIONS, assert_graded, attempts, load
+from grading_support import SUBMISSIONS, assert_graded, attempts, load, load_as_graded
 
 from coursekit.answers import AnswerHeldBack, held_back, is_held_back
 from coursekit.costmodel import Layout, brute_force, evaluate, layouts, plan
 from coursekit.grading import check_choose_layout
-from coursekit.cli import stopped_note
 from coursekit.grading import saved_report
 from coursekit.grading.choose_layout import EXERCISE, SCENARIOS, TOLERANCE, best
 
@@ -54,11 +53,9 @@ def graded_as_coursekit_grade_runs_it(name: str):
     from the first cell (coursekit.answers.WHOLE_NOTEBOOK). An attempt whose cell calls it stops there: the report
     is the one the CLI makes of a notebook that stopped (every check not run, the error's line as its note)."""
     with held_back(EXERCISE):
-        try:
-            module = load("choose_layout", name)
-        except AnswerHeldBack as stopped:
-            return sys.modules[f"submissions.choose_layout.{name}"], saved_report(EXERCISE, Path("/nonexistent"),
-                                                                                 stopped_note(stopped))
+        module, stopped = load_as_graded(EXERCISE, "choose_layout", name)
+        if stopped is not None:
+            return module, saved_report(EXERCISE, Path("/nonexistent"), stopped)
         return module, check_choose_layout(module.choose_layout, verbose=False)
 
 
