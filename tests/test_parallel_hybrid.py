@@ -11,6 +11,7 @@ Planted bugs, seen failing (each named at its test):
 from __future__ import annotations
 
 import pytest
+import torch
 
 import coursekit
 from coursekit import Mesh, train
@@ -112,3 +113,39 @@ def test_check_degrees_says_what_to_change(degrees, words):
 
 def test_check_degrees_accepts_a_layout_that_fits():
     check_degrees(8, pp=2, dp=2, tp=2, **SIZES)
+
+
+def _applied(rank, world_size, shape, zero):
+    """The four applications by hand on this rank's mesh: what each returned, described."""
+    from coursekit.parallel.data import ShardedOptimizer
+    from coursekit.parallel.hybrid import (DataParallelPipeline, SequenceBlock, apply_dp, apply_pp, apply_sp,
+                                           apply_tp)
+    from coursekit.parallel.pipeline import PipelineParallel
+    from coursekit.parallel.sequence import ring_attention
+
+    mesh, dense = Mesh(shape), model()
+    tp = apply_tp(dense, mesh)
+    sp = apply_sp(tp, mesh, lambda q, k, v: ring_attention(q, k, v, True, "zigzag", 16, mesh["sp"].group))
+    pp = apply_pp(sp, mesh, lambda params: torch.optim.SGD(params, lr=0.1), [2, 4] if shape["pp"] == 2 else [6])
+    dp = apply_dp(pp, mesh, (torch.optim.SGD, {"lr": 0.1}) if zero else None)
+    return {"tp is the model": tp is dense, "sp is its input": sp is tp,
+            "sequence blocks": sum(isinstance(m, SequenceBlock) for m in sp.modules()),
+            "pipeline": isinstance(pp, PipelineParallel), "stages": sorted(pp.mine),
+            "data": isinstance(dp, DataParallelPipeline) and dp.pipe is pp, "batch ranks": dp.batch_axis.size,
+            "zero1": isinstance(pp.optimizer, ShardedOptimizer)}
+
+
+@pytest.mark.parametrize("shape, zero", [(dict(pp=2, dp=1, sp=2, tp=1), False), (dict(pp=1, dp=2, sp=1, tp=2), True)],
+                         ids=["pp2xsp2", "dp2xtp2-zero1"])
+def test_each_application_takes_the_model_and_the_mesh_and_returns_the_model(shape, zero):
+    """apply_tp, apply_sp, apply_pp, apply_dp in torchtitan's order, called by hand as Hybrid calls them: an axis of
+    degree 1 leaves the model as it is; sp > 1 gives the blocks ring attention; the pipeline keeps this rank's
+    stage; dp sums over dp × sp and, with ZeRO-1, shards the optimizer. (Numbers: the layouts above, through
+    Hybrid, which runs exactly these.)"""
+    out = coursekit.launch(_applied, 4, shape, zero, timeout=120)
+    for rank, got in enumerate(out):
+        assert got["tp is the model"] == (shape["tp"] == 1) and got["sp is its input"] == (shape["sp"] == 1), got
+        assert got["sequence blocks"] == (4 if shape["sp"] > 1 else 0), got
+        assert got["pipeline"] and got["data"] and got["zero1"] == zero, got
+        assert got["stages"] == [rank // (4 // shape["pp"])], (rank, got)
+        assert got["batch ranks"] == shape["dp"] * shape["sp"], got

@@ -2,13 +2,16 @@
 
 * ``degrees`` -- the mesh's four axes in torchtitan's order, and every check a layout must pass before it runs;
 * ``layers`` -- the course transformer as layers for a pipeline, in its tensor- or sequence-parallel form;
-* ``strategy`` -- ``"hybrid"`` for :func:`coursekit.train.train`: tensor, sequence, pipeline, then data
-  parallelism applied in turn.
+* ``apply`` -- the composition: ``apply_tp``, ``apply_sp``, ``apply_pp``, ``apply_dp`` in torchtitan's order,
+  each taking the model and the mesh and returning the model;
+* ``strategy`` -- ``"hybrid"`` for :func:`coursekit.train.train`: the four applied in turn, then trained.
 """
 
 from .degrees import AXES, check_degrees, mesh_shape
 from .layers import SequenceBlock, SequenceEmbedding, TensorParallelHead, composed_layers
+from .apply import DataParallelPipeline, apply_dp, apply_pp, apply_sp, apply_tp
 from .strategy import Hybrid
 
-__all__ = ["AXES", "check_degrees", "mesh_shape", "composed_layers", "SequenceBlock", "SequenceEmbedding",
+__all__ = ["AXES", "check_degrees", "mesh_shape", "composed_layers", "apply_tp", "apply_sp", "apply_pp", "apply_dp",
+           "DataParallelPipeline", "SequenceBlock", "SequenceEmbedding",
            "TensorParallelHead", "Hybrid"]

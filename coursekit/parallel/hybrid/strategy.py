@@ -1,7 +1,8 @@
 """``"hybrid"``: pipeline × data × sequence × tensor parallelism on one mesh -- the capstone's strategy.
 
-Each parallelism of the course is applied in turn to the course transformer, each on its own mesh axis,
-and the pipeline executor of chapter 04 runs whatever results:
+Each parallelism of the course is applied in turn to the course transformer, each on its own mesh axis, by the
+four functions of :mod:`.apply` -- each takes the model and the mesh and returns the model -- and the pipeline
+executor of chapter 04 runs whatever results:
 
 1. ``apply_tp``: with ``tp > 1`` the model becomes its Megatron form on ``mesh["tp"]`` (chapter 05);
 2. ``apply_sp``: with ``sp > 1`` every attention becomes ring attention on ``mesh["sp"]`` and each rank keeps
@@ -24,24 +25,21 @@ data-parallel reduce; sums commute, so the order does not matter. Each rank repo
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ... import collectives as _collectives
 from ...comm.mesh import rank_size
 from ...models import loss_fn
 from ...strategy import Setup, Strategy, register
 from ...measure.verify import NamedPart
-from ..data import ShardedOptimizer, optimizer_class_and_defaults
-from ..pipeline import PipelineParallel, layer_costs, partition
+from ..data import optimizer_class_and_defaults
+from ..pipeline import layer_costs, partition
 from ..sequence import AttentionWork, ring_attention, shard_sequence
-from ..tensor import dense_name, gather_dense, parallelize_transformer, shard_dim, vocab_parallel_cross_entropy
+from ..tensor import dense_name, gather_dense, shard_dim, vocab_parallel_cross_entropy
+from .apply import apply_dp, apply_pp, apply_sp, apply_tp
 from .degrees import AXES, check_degrees, mesh_shape
-from .layers import composed_layers
 
 __all__ = ["Hybrid"]
 
@@ -86,42 +84,25 @@ class Hybrid(Strategy):
             raise ValueError(f"zero={self.option('zero')}: 'hybrid' shards the optimizer state (zero=1) or nothing; "
                              f"ZeRO-2 and -3 of a whole model are the strategies 'zero2' and 'zero3'.")
         self.group = self.dp_axis.group  # the loop's data-parallel group
-        self.batch_axis = self.mesh.flatten(("dp", "sp"))  # collective: every rank builds the strategy
-        self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
         self.layout, self.seq_len, self.work = self.option("layout"), 0, AttentionWork()
         self.elements_reduced = 0
         sizes = partition(layer_costs(dense, "params"), self.pp * v)  # from the dense model: alike on every rank
-        self.base = self.apply_tp(dense)
-        named = composed_layers(self.base, tensor=self.tp > 1, sequence=self.apply_sp())
-        stages = nn.Sequential(OrderedDict((name.replace(".", "_"), layer) for name, layer in named))
+        # The four applications (.apply), in torchtitan's order; each takes the model and the mesh.
+        self.base = apply_tp(dense, self.mesh)
+        model = apply_sp(self.base, self.mesh, self._ring, self.layout)
+        self.pipe = apply_pp(model, self.mesh, self.setup.optimizer_fn, sizes, schedule=schedule,
+                             stages_per_rank=v, tracer=self.tracer)
+        zero1 = optimizer_class_and_defaults(self.setup) if self.option("zero") == 1 else None
+        self.data = apply_dp(self.pipe, self.mesh, zero1, self.option("collectives"))
+        self.batch_axis = self.data.batch_axis
         names = {id(p): dense_name(n) for n, p in self.base.named_parameters()}
-        self.pipe = PipelineParallel(Setup(stages, self._optimizer_fn(), self.mesh, self.tracer,
-                                           {"schedule": schedule, "stages_per_rank": v, "layers_per_stage": sizes}))
         self.own = [(names[id(p)], p) for _, p in self.pipe.own]  # this rank's parameters, named as in the dense model
         self.optimizer = self.pipe.optimizer
 
-    # ---------------------------------------------------------------- the four applications
-    def apply_tp(self, dense: nn.Module) -> nn.Module:
-        """Chapter 05: the Megatron form on ``mesh["tp"]`` (``tp = 1``: the dense model itself)."""
-        return parallelize_transformer(dense, self.tp_axis) if self.tp > 1 else dense
-
-    def apply_sp(self):
-        """Chapter 06: ``(group, layout, attention)`` for the sequence layers, or None when ``sp = 1``."""
-        if self.sp == 1:
-            return None
-        return self.sp_axis.group, self.layout, self._ring
-
     def _ring(self, q, k, v):
+        """Chapter 06's ring attention over ``mesh["sp"]``, its work counted (what :func:`apply_sp` gives the blocks)."""
         self.work.count_call(q, True, self.layout, self.seq_len, self.sp_axis.group)
         return ring_attention(q, k, v, True, self.layout, self.seq_len, self.sp_axis.group, self.option("kernel"))
-
-    def _optimizer_fn(self):
-        """Chapter 02: the loop's optimizer, or (``zero=1``) the same sharded over ``dp``."""
-        if self.option("zero") == 0:
-            return self.setup.optimizer_fn
-        cls, defaults = optimizer_class_and_defaults(self.setup)
-        return lambda params: ShardedOptimizer(params, cls, group=self.dp_axis, collectives=self.option("collectives"),
-                                               **defaults)
 
     # ---------------------------------------------------------------- one step
     @property
@@ -148,16 +129,11 @@ class Hybrid(Strategy):
         return loss_fn(output, targets)
 
     def synchronize(self) -> None:
-        """Chapter 02: one all-reduce of every gradient over ``dp × sp``, then divided by ``dp``."""
-        params = [p for _, p in self.own if p.grad is not None]
-        if self.batch_axis.size == 1 or not params:
-            return
+        """Chapter 02: one all-reduce of every gradient over ``dp × sp``, then divided by ``dp`` (:func:`apply_dp`)."""
         with self.span("comm", "all-reduce grads over dp×sp"):
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            self.all_reduce(flat, group=self.batch_axis.group)
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad.copy_(g.view_as(p) / self.dp)
-        self.elements_reduced += flat.numel()
+            flat = self.data.synchronize([p for _, p in self.own])
+        if flat is not None:
+            self.elements_reduced += flat.numel()
 
     def global_loss(self, local_loss: float) -> float:
         """Σ over ``dp × sp`` of this rank's loss / dp: the sp shares add up, the dp slices average."""
