@@ -36,6 +36,7 @@ the last step. Elements sent per attention call, over all ranks, with
 backward ``(4G−2)·n`` (:func:`ring_traffic`).
 
     >>> from coursekit import comm
+    >>> from coursekit.parallel.sequence import shard_sequence
     >>> def run(rank, world_size):
     ...     q = k = v = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))   # the whole sequence
     ...     mine = [shard_sequence(t, 2, rank, world_size) for t in (q, k, v)]               # this rank's chunk
@@ -52,11 +53,11 @@ import torch
 from ... import comm
 from ...comm.mesh import rank_size
 from .exchange import agree_lengths
-from .layout import LAYOUTS, chunk_bounds, positions, shard_sequence, split_bounds
+from .layout import chunk_bounds
 from .kernels import block_gradients, check_kernel, fused_block
 
-__all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "merge", "block_mask", "block_attention",
-           "split_bounds", "Ring", "chunk_pieces", "chunk_pairs", "RingAttention", "ring_attention", "ring_traffic", "full_attention"]
+__all__ = ["merge", "block_mask", "block_attention", "full_attention", "chunk_pieces", "chunk_pairs", "Ring",
+           "RingAttention", "ring_attention", "ring_traffic"]
 
 
 
