@@ -153,6 +153,9 @@ def test_a_refused_layout_exits_2_before_any_rank_starts(capsys):
     assert main(["--dp", "2", "--microbatches", "4", "--batch", "4"]) == 2
     err = capsys.readouterr().err
     assert "global_batch = 4 over dp = 2" in err and "(command line: --dp, --microbatches, --batch)" in err, err
+    assert main(["--zero", "5"]) == 2 and "zero = 5: use 0 (none), 1, 2 or 3. (command line: --zero)" in \
+        capsys.readouterr().err   # one check, the library's: argparse no longer has its own choices
+    assert main(["--schedule", "1f2b"]) == 2 and "schedule = '1f2b': use one of" in capsys.readouterr().err
 
 
 def test_a_refused_layout_under_torchrun(tmp_path):

@@ -107,12 +107,17 @@ def test_check_degrees_says_what_to_change(degrees, words):
 
     Planted bug, seen failing: the tp/sp check removed (no error for sp2 × tp2).
     """
+    rest = dict(degrees)
+    world_size = rest.pop("world_size")
+    shape = {axis: rest.pop(axis) for axis in ("pp", "dp", "sp", "tp") if axis in rest}
     with pytest.raises(ValueError, match=words):
-        check_degrees(**{**SIZES, **degrees})
+        check_degrees(shape, world_size, **{**SIZES, **rest})
 
 
 def test_check_degrees_accepts_a_layout_that_fits():
-    check_degrees(8, pp=2, dp=2, tp=2, **SIZES)
+    check_degrees(mesh_shape(pp=2, dp=2, tp=2), 8, **SIZES)
+    with pytest.raises(ValueError, match=r"mesh axes \['cp'\]"):
+        check_degrees({"cp": 2, "dp": 2}, 4, **SIZES)
 
 
 def _applied(rank, world_size, shape, zero):

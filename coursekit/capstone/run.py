@@ -60,19 +60,24 @@ class Config:
     extra: dict = field(default_factory=dict)
 
     @property
+    def shape(self) -> dict[str, int]:
+        """The mesh ``{"pp": …, "dp": …, "sp": …, "tp": …}``: the one form the layout is checked and built in."""
+        return mesh_shape(self.pp, self.dp, self.sp, self.tp)
+
+    @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.sp * self.tp
 
     @property
     def layout(self) -> str:
         """``"dp2×tp2"``: the degrees above 1 (``"single"`` when all are 1), ZeRO appended."""
-        name = "×".join(f"{a}{d}" for a, d in mesh_shape(self.pp, self.dp, self.sp, self.tp).items() if d > 1)
+        name = "×".join(f"{a}{d}" for a, d in self.shape.items() if d > 1)
         return (name or "single") + (f" zero{self.zero}" if self.zero else "")
 
 
 def check(config: Config, world_size: int | None = None) -> None:
     """Refuse a layout that cannot run, before any rank starts (see :func:`~coursekit.parallel.hybrid.check_degrees`)."""
-    check_degrees(world_size or config.world_size, config.pp, config.dp, config.sp, config.tp, n_heads=config.heads,
+    check_degrees(config.shape, world_size or config.world_size, n_heads=config.heads,
                   n_layers=config.layers, vocab_size=config.vocab, seq_len=config.seq_len - 1,
                   global_batch=config.batch, micro_batches=config.microbatches, schedule=config.schedule,
                   stages_per_rank=config.stages_per_rank, zero=config.zero)
@@ -110,7 +115,7 @@ def _data(config: Config) -> LanguageData:
 def run(rank: int, world_size: int, config: Config) -> dict:
     """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured."""
     check(config, world_size)
-    mesh = Mesh(mesh_shape(config.pp, config.dp, config.sp, config.tp))
+    mesh = Mesh(config.shape)
     pure_zero = config.zero >= 2
     strategy = f"zero{config.zero}" if pure_zero else "hybrid"
     options = {} if pure_zero else {"zero": config.zero, "schedule": config.schedule,

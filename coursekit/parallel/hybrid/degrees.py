@@ -7,8 +7,10 @@ micro-batch, the slowest.
 
     >>> mesh_shape(dp=2, tp=2)
     {'pp': 1, 'dp': 2, 'sp': 1, 'tp': 2}
+    >>> check_degrees(mesh_shape(dp=2, tp=2), 4, n_heads=4, n_layers=2, vocab_size=16, seq_len=31)   # fits: None
 
-:func:`check_degrees` says, in one sentence each, what does not fit -- the degrees against the world size, the
+:func:`check_degrees` takes the mesh's shape -- the one form a layout has from the command line to the ranks --
+and says, in one sentence each, what does not fit -- the degrees against the world size, the
 heads, the layers, the sequence, the batch, the schedule's micro-batches -- so a bad layout never reaches the
 ranks (where it would hang or abort). It speaks the library's words (``tp = 3``, ``micro_batches``); the
 command line ``coursekit train`` adds its flags (``--tp``, ``--microbatches``) to the same sentence.
@@ -28,18 +30,23 @@ def mesh_shape(pp: int = 1, dp: int = 1, sp: int = 1, tp: int = 1) -> dict[str, 
     return {"pp": pp, "dp": dp, "sp": sp, "tp": tp}
 
 
-def check_degrees(world_size: int, pp: int = 1, dp: int = 1, sp: int = 1, tp: int = 1, *, n_heads: int,
-                  n_layers: int, vocab_size: int, seq_len: int, global_batch: int | None = None,
-                  micro_batches: int | None = None,
+def check_degrees(shape: dict[str, int], world_size: int, *, n_heads: int, n_layers: int, vocab_size: int,
+                  seq_len: int, global_batch: int | None = None, micro_batches: int | None = None,
                   schedule: str = "1f1b", stages_per_rank: int = 1, zero: int = 0) -> None:
-    """Raise ``ValueError`` naming the first degree that does not fit, and what would.
+    """Raise ``ValueError`` naming the first degree of the mesh ``shape`` that does not fit, and what would.
+
+    ``shape``: ``{axis: degree}`` over :data:`AXES` (an axis left out is 1), as :func:`mesh_shape` makes it.
 
     ``n_layers`` are the transformer's blocks (a pipeline cuts ``n_layers + 2`` layers: embedding, blocks,
     head); ``seq_len`` the tokens of one sample; ``global_batch`` the samples of one step. Without
     ``global_batch`` and ``micro_batches`` (a strategy being built, before the loop says them) the batch
     and the schedule's micro-batches are not checked (the pipeline checks its schedule at its first step).
     """
-    degrees = {"pp": pp, "dp": dp, "sp": sp, "tp": tp}
+    unknown = set(shape) - set(AXES)
+    if unknown:
+        raise ValueError(f"mesh axes {sorted(unknown)}: a composed layout has the axes {list(AXES)}.")
+    degrees = {axis: shape.get(axis, 1) for axis in AXES}
+    pp, dp, sp, tp = degrees.values()
     for name, size in degrees.items():
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise ValueError(f"{name} = {size!r}: each degree is a whole number >= 1 (1: that axis is not split).")

@@ -76,7 +76,8 @@ class Hybrid(Strategy):
         self.dp_axis, self.sp_axis, self.tp_axis = self.mesh["dp"], self.mesh["sp"], self.mesh["tp"]
         self.pp, self.dp, self.sp, self.tp = (self.mesh.size(a) for a in AXES)
         v, schedule = self.option("stages_per_rank"), self.option("schedule")
-        check_degrees(dist.get_world_size(), self.pp, self.dp, self.sp, self.tp, n_heads=dense.blocks[0].attn.n_heads,
+        shape = dict(zip(self.mesh.axes, self.mesh.shape))  # the form the capstone checked it in, before the ranks
+        check_degrees(shape, dist.get_world_size(), n_heads=dense.blocks[0].attn.n_heads,
                       n_layers=len(dense.blocks), vocab_size=dense.tok_emb.num_embeddings,
                       seq_len=dense.max_seq_len, schedule=schedule, stages_per_rank=v,
                       zero=self.option("zero"))
