@@ -204,5 +204,6 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 06 | sequence parallelism: exact and inexact | P9 |
 # | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
 # | 08 | debugging distributed programs: hangs, crashes, mismatched collectives and silent divergence, made on purpose and diagnosed | R2 |
+# | 09 | the capstone: one trainer for every layout, pipeline × data × sequence × tensor on one mesh, under `torchrun` | P1, P8, P9 |
 #
 # Next: `01_gradient_sync.ipynb`.
