@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .comm.mesh import Mesh, MeshAxis, as_group, rank_size
+from .comm.traffic import Traffic
 from .models import loss_fn
 from .measure.trace import Tracer, span
 
@@ -92,6 +93,9 @@ class Strategy:
         self.model = setup.model
         self.group = setup.group(self.axes[0])
         self._optimizer: torch.optim.Optimizer | None = None
+        #: What the steps sent (the loop records forward, backward, synchronize and step into it; not the
+        #: gathers for the record): the counters a strategy reports are read from here.
+        self.record = Traffic()
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

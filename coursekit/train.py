@@ -177,11 +177,12 @@ def _loop(runner: Strategy, data, steps: range, global_batch: int, micro_batches
         for step in steps:  # the data of a step is a function of its number: a resumed run reads on
             begin = time.perf_counter()
             batch = [t.to(device()) for t in data.batch(step, global_batch)]
-            outputs, local_loss = _forward_backward(runner, *batch, micro_batches)
-            peak.note(runner.held_tensors())
-            runner.synchronize()
-            peak.note(runner.held_tensors())
-            runner.step()
+            with comm.record(runner.record):  # what the step sends: the strategy's counters read it
+                outputs, local_loss = _forward_backward(runner, *batch, micro_batches)
+                peak.note(runner.held_tensors())
+                runner.synchronize()
+                peak.note(runner.held_tensors())
+                runner.step()
             loss = runner.global_loss(local_loss)  # the same on every rank
             out["losses"].append(loss)
             if record:  # gradients after the step: optimisers do not change .grad

@@ -46,11 +46,14 @@ from typing import Callable, NamedTuple
 import torch
 
 from .. import comm
+from ..comm.mesh import rank_size
+from ..comm.torch_collectives import counted as comm_counted
 from .base import LengthCheck, finish_all_reduce, scratch_buffer, start_all_reduce
 from .ring import owned_segment, ring_all_gather, ring_all_reduce, ring_reduce_scatter, ring_traffic, segment_bounds
 
 __all__ = ["naive_all_reduce", "master_all_reduce", "ring_reduce_scatter", "ring_all_gather", "ring_all_reduce",
-           "segment_bounds", "owned_segment", "ring_traffic", "Collectives", "RING", "TORCH", "get_collectives",
+           "segment_bounds", "owned_segment", "ring_traffic", "Collectives", "counted_collectives", "RING", "TORCH",
+           "get_collectives",
            "RingStep", "ring_walkthrough", "replay", "seed_label"]
 
 
@@ -175,13 +178,33 @@ def _owned(group) -> int:
     return owned_segment(comm.get_rank(group), comm.get_world_size(group))
 
 
-RING = Collectives("ring", ring_all_reduce, ring_reduce_scatter, ring_all_gather)
-TORCH = Collectives("torch", _torch_all_reduce, _torch_reduce_scatter, _torch_all_gather)
+def counted_collectives(name: str, all_reduce: Callable, reduce_scatter: Callable, all_gather: Callable) -> Collectives:
+    """A :class:`Collectives` whose every call on more than one rank goes into the open records
+    (:func:`coursekit.comm.record`) as a :class:`~coursekit.comm.traffic.Collective` of source ``"collectives"``:
+    the strategies read the elements they moved from there. Elements: the tensor reduced, or everything gathered."""
+
+    def count(op: str, fn: Callable, whole: int) -> Callable:
+        def call(*args, **kwargs):
+            tensor, group = args[whole], kwargs.get("group", args[whole + 1] if len(args) > whole + 1 else None)
+            if not isinstance(tensor, torch.Tensor) or rank_size(group)[1] == 1:
+                return fn(*args, **kwargs)  # nothing moves (or fn says what is wrong with the arguments)
+            with comm_counted(op, tensor.numel(), tensor.element_size(), "collectives"):
+                return fn(*args, **kwargs)
+        call.__name__ = call.__qualname__ = f"counted_{fn.__name__}"
+        call.__doc__ = f"{fn.__name__}, counted ({op}). " + (fn.__doc__ or "")
+        return call
+
+    return Collectives(name, count("all_reduce", all_reduce, 0), count("reduce_scatter", reduce_scatter, 0),
+                       count("all_gather", all_gather, 1))
+
+
+RING = counted_collectives("ring", ring_all_reduce, ring_reduce_scatter, ring_all_gather)
+TORCH = counted_collectives("torch", _torch_all_reduce, _torch_reduce_scatter, _torch_all_gather)
 
 
 def get_collectives(which: "str | Collectives") -> Collectives:
     """``"ring"`` (chapter 01's, every element counted by ``comm.record``), ``"torch"``
-    (gloo/NCCL's own), or a :class:`Collectives` of your own."""
+    (gloo/NCCL's own), or a :class:`Collectives` of your own (:func:`counted_collectives` counts its calls)."""
     if isinstance(which, Collectives):
         return which
     if which == "ring":

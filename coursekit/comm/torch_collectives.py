@@ -20,19 +20,21 @@ from .mesh import as_group, rank_size
 from .traffic import Collective
 from .waiting import set_waiting
 
-__all__ = ["all_reduce", "all_gather"]
+__all__ = ["all_reduce", "all_gather", "counted"]
 
 # torch's collectives are looked up at each call, not bound at import as comm's send and recv are: while a grader
 # switches torch's collectives off, these are off too (an exercise that asks for f and g gets no library's).
 
 
-def all_reduce(tensor: torch.Tensor, op=None, group=None) -> None:
-    """``torch.distributed.all_reduce(tensor, op, group)``: ``tensor`` becomes the reduction (default: the sum)
-    over ``group`` (a process group, a mesh axis or None, the world), in place; nothing to do on one rank."""
+def all_reduce(tensor: torch.Tensor, op=None, group=None, async_op: bool = False):
+    """``torch.distributed.all_reduce(tensor, op, group, async_op)``: ``tensor`` becomes the reduction (default: the
+    sum) over ``group`` (a process group, a mesh axis or None, the world), in place; nothing to do on one rank.
+    With ``async_op=True`` it returns torch's work handle (None on one rank), counted when issued."""
     group = as_group(group)
-    if rank_size(group)[1] > 1:
-        with _Counted("all_reduce", tensor.numel(), tensor.element_size()):
-            dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=group)
+    if rank_size(group)[1] == 1:
+        return None
+    with counted("all_reduce", tensor.numel(), tensor.element_size()):
+        return dist.all_reduce(tensor, op=op or dist.ReduceOp.SUM, group=group, async_op=async_op)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None) -> None:
@@ -42,7 +44,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
     if rank_size(group)[1] == 1:
         tensor_list[0].copy_(tensor)
         return
-    with _Counted("all_gather", sum(t.numel() for t in tensor_list), tensor.element_size()):
+    with counted("all_gather", sum(t.numel() for t in tensor_list), tensor.element_size()):
         widest = max(t.numel() for t in tensor_list)
         flat = torch.nn.functional.pad(tensor.reshape(-1), [0, widest - tensor.numel()])
         pieces = [torch.empty_like(flat) for _ in tensor_list]
@@ -51,14 +53,21 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group=None
             out.copy_(piece[:out.numel()].view_as(out))
 
 
-class _Counted:
-    """Around one collective: it goes into every recording :class:`Traffic` as a :class:`Collective`, issued in
-    ``"backward"`` when autograd's engine runs it (as torch's own ``ModuleTracker`` tells), else ``"forward"``."""
+class counted:
+    """``with counted(op, numel, itemsize, source):`` around one collective: it goes into every open record
+    (:func:`coursekit.comm.record`) as one :class:`Collective`, issued in ``"backward"`` when autograd's engine runs
+    it (as torch's own ``ModuleTracker`` tells), else ``"forward"``.
 
-    __slots__ = ("op", "numel", "itemsize", "start")
+    ``source``: ``"comm"`` for torch's collectives called through comm (here), or ``"collectives"`` for a set of
+    :mod:`coursekit.collectives` (the ring's, or torch's) that a data-parallel strategy chose. The records are this
+    thread's (the simulator's rank, a communication thread it was handed to) and the process's (autograd may run
+    backward on a thread of its own); a record in both is filled once.
+    """
 
-    def __init__(self, op: str, numel: int, itemsize: int):
-        self.op, self.numel, self.itemsize = op, numel, itemsize
+    __slots__ = ("op", "numel", "itemsize", "source", "start")
+
+    def __init__(self, op: str, numel: int, itemsize: int, source: str = "comm"):
+        self.op, self.numel, self.itemsize, self.source = op, numel, itemsize, source
 
     def __enter__(self):
         self.start = time.perf_counter_ns()
@@ -66,9 +75,12 @@ class _Counted:
 
     def __exit__(self, *exc) -> bool:
         set_waiting("")
-        if comm_state.collective_recorders and exc[0] is None:
+        records = {id(t): t for t in (*comm_state.collective_recorders, *comm_state.recorders())
+                   if hasattr(t, "collectives")}
+        if records and exc[0] is None:
             direction = "backward" if torch._C._current_graph_task_id() != -1 else "forward"
-            done = Collective(self.op, direction, self.numel, self.itemsize, self.start, time.perf_counter_ns())
-            for traffic in comm_state.collective_recorders:
+            done = Collective(self.op, direction, self.numel, self.itemsize, self.start, time.perf_counter_ns(),
+                              self.source)
+            for traffic in records.values():
                 traffic.collectives.append(done)
         return False

@@ -50,7 +50,9 @@ class Collective:
 
     ``numel``: the size of the reduced tensor, or of everything gathered (``b·s·h`` for a layer's activations,
     not the bytes on the wire); ``direction``: ``"forward"``, or ``"backward"`` when autograd issued it;
-    ``start_ns``/``end_ns``: ``time.perf_counter_ns()`` around the blocking call.
+    ``start_ns``/``end_ns``: ``time.perf_counter_ns()`` around the blocking call (the same for one issued
+    ``async_op``); ``source``: ``"comm"`` (torch's, through :mod:`coursekit.comm`) or ``"collectives"`` (a set
+    of :mod:`coursekit.collectives`, as a data-parallel strategy chose it: the ring's or torch's).
     """
 
     op: str
@@ -59,6 +61,7 @@ class Collective:
     itemsize: int
     start_ns: int = 0
     end_ns: int = 0
+    source: str = "comm"
 
     @property
     def seconds(self) -> float:
@@ -67,7 +70,8 @@ class Collective:
 
 class CollectiveCounts:
     """How many collectives, and of how many elements, keyed ``(op, direction)``: read from a list of
-    :class:`Collective` records (live: a record still being filled is read as it is now).
+    :class:`Collective` records, those of one ``source`` if given (live: a record still being filled is read as
+    it is now).
 
         >>> counts = CollectiveCounts([Collective("all_reduce", "forward", 6, 4), Collective("all_reduce", "forward", 2, 4)])
         >>> counts.calls["all_reduce", "forward"], counts.elements["all_reduce", "forward"]
@@ -76,8 +80,13 @@ class CollectiveCounts:
 
     OPS, DIRECTIONS = ("all_reduce", "all_gather"), ("forward", "backward")
 
-    def __init__(self, records: list):
-        self.records = records
+    def __init__(self, records: list, source: str | None = None):
+        self._all, self.source = records, source
+
+    @property
+    def records(self) -> list:
+        """The records counted: every one, or those of :attr:`source` (``Collective.source``)."""
+        return self._all if self.source is None else [c for c in self._all if c.source == self.source]
 
     @property
     def calls(self) -> Counter:
@@ -89,6 +98,10 @@ class CollectiveCounts:
         for c in self.records:
             out[c.op, c.direction] += c.numel
         return out
+
+    def total(self, op: str) -> int:
+        """Elements of every ``op`` call, forward and backward."""
+        return sum(c.numel for c in self.records if c.op == op)
 
     @property
     def seconds(self) -> float:
@@ -136,9 +149,10 @@ class Traffic:
         """Add ``seconds`` a wait blocked to ``phase``'s (:class:`coursekit.comm.Work` calls it)."""
         self.waited[phase] = self.waited.get(phase, 0.0) + seconds
 
-    def collective_counts(self) -> CollectiveCounts:
-        """The collectives recorded, counted by ``(op, direction)`` (live while the record is being filled)."""
-        return CollectiveCounts(self.collectives)
+    def collective_counts(self, source: str = "comm") -> CollectiveCounts:
+        """The collectives ``source`` issued (``"comm"``: torch's through comm; ``"collectives"``: a set of
+        :mod:`coursekit.collectives`), counted by ``(op, direction)``; read as the record is now."""
+        return CollectiveCounts(self.collectives, source)
 
     # ---------------------------------------------------------------- views
     @property

@@ -29,7 +29,7 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for, scaler_counters
 from .flat import Bucket, lay_flat, make_buckets
-from .core import DataParallel, average_gradients, broadcast_parameters, shard_batch
+from .core import DataParallel, all_reduce_flat, average_gradients, broadcast_parameters, shard_batch
 from .replicated import Bucketed, MeasuredDataParallel, Naive, Replicated
 from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, TorchZeRO1, grad_scaler,
                     optimizer_class_and_defaults)
@@ -42,7 +42,7 @@ from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerSt
 from .clip import clip_grad_norm_
 
 __all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
-           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
+           "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "all_reduce_flat", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "MeasuredZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",

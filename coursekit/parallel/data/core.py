@@ -42,10 +42,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ... import collectives as _collectives
+from ... import comm
 from ...comm.mesh import as_group, rank_size
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity
 
-__all__ = ["broadcast_parameters", "average_gradients", "shard_batch", "DataParallel"]
+__all__ = ["broadcast_parameters", "average_gradients", "all_reduce_flat", "shard_batch", "DataParallel"]
 
 
 # --------------------------------------------------------------------------
@@ -116,6 +117,19 @@ def average_gradients(module: nn.Module, group=None, all_reduce: Callable | None
             all_reduce(param.grad, group=group)
             param.grad.div_(size)
     return module
+
+
+def all_reduce_flat(grads: list[torch.Tensor], group=None, all_reduce: Callable | None = None,
+                    divide_by: int = 1) -> None:
+    """Sum ``grads`` over ``group`` in one call instead of one per tensor, then divide by ``divide_by``: flatten into
+    one buffer, all-reduce it, copy each piece back (a single bucket, after backward). Nothing moves on one rank."""
+    grads = [g for g in grads if g is not None]
+    if rank_size(as_group(group))[1] == 1 or not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    (all_reduce or _collectives.ring_all_reduce)(flat, group=group)
+    for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(summed.view_as(g) / divide_by if divide_by != 1 else summed.view_as(g))
 
 
 # --------------------------------------------------------------------------
@@ -233,7 +247,7 @@ class DataParallel(nn.Module):
         bucket = self.buckets[b]
         for i, p in enumerate(bucket.params):  # usually a no-op: the gradients already live in the buffer
             self._attach(bucket, i, p)
-        bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True) if self.world_size > 1 else None
+        bucket.work = comm.all_reduce(bucket.buffer, group=self.group, async_op=True)  # None on one rank
         bucket.ready = set(range(len(bucket.params)))  # launched
 
     def wait(self, bucket: _Bucket) -> None:

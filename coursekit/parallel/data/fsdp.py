@@ -136,7 +136,6 @@ class ShardedUnits(nn.Module):
         self._thread = CommThread(tracer, asynchronous=prefetch)
         weakref.finalize(self, self._thread.close)
         self._sync, self._order = True, []
-        self.elements_all_gathered = self.elements_reduce_scattered = self.elements_all_reduced = 0
         whole = list(self.frozen.values()) + list(self.whole.values())
         self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + whole)
         for unit in self.units:
@@ -165,7 +164,6 @@ class ShardedUnits(nn.Module):
         self._measure()
         unit.gather = self._thread.run(f"all-gather {unit.name}", lambda: self.comm.all_gather(
             unit.shard.data.to(unit.flat.dtype), unit.flat.data, group=self.group))  # mixed: my master, cast
-        self.elements_all_gathered += unit.numel
 
     def _gather(self, unit: Unit) -> None:
         self._issue(unit)
@@ -284,7 +282,6 @@ class ShardedUnits(nn.Module):
             unit.reduced = summed.to(unit.shard.dtype).div(self.world_size)
 
         unit.reduce = self._thread.run(f"reduce-scatter {unit.name}", work)
-        self.elements_reduce_scattered += unit.numel
 
     def _finish_backward(self) -> None:
         """End of backward (queued on autograd's engine): finish every unit, wait for the reduce-scatters."""
@@ -305,7 +302,6 @@ class ShardedUnits(nn.Module):
             whole, dtype = list(self.whole.values()), self.policy.reduce_dtype
             self._thread.wait(self._thread.run("all-reduce whole", lambda: average_whole(
                 whole, self.comm.all_reduce, self.group, self.world_size, dtype)), "wait all-reduce whole")
-            self.elements_all_reduced += sum(p.numel() for p in whole)
 
     def _expose_pieces(self, unit: Unit) -> None:
         """Each parameter reads, until its next gather, as its piece of my segment; ``.grad`` as the same piece

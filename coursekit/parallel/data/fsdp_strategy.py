@@ -70,7 +70,7 @@ class Zero3Units(Strategy):
                 "optimizer": optimizer_tensors(self.optimizer)}
 
     def counters(self) -> dict:
+        moved = self.record.collective_counts("collectives")  # the units' collectives, as comm recorded them
         return {**scaler_counters(self.model.scaler), "peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
-                "elements_all_gathered": self.model.elements_all_gathered,
-                "elements_reduce_scattered": self.model.elements_reduce_scattered,
-                "elements_all_reduced": self.model.elements_all_reduced}
+                **{f"elements_{name}": moved.total(op) for name, op in (("all_gathered", "all_gather"),
+                   ("reduce_scattered", "reduce_scatter"), ("all_reduced", "all_reduce"))}}

@@ -3,7 +3,7 @@
 :mod:`~coursekit.parallel.data.core` is the algorithm (every rank a replica, gradients averaged); this is the
 adapter the one training loop calls, with what both share: mixed precision as DDP is used with it (the forward
 under ``torch.autocast``, fp32 weights and gradients) and, for fp16, a loss scale. :class:`MeasuredDataParallel`
-is the core's :class:`DataParallel` with its all-reduces drawn on the timeline and counted.
+is the core's :class:`DataParallel` with its all-reduces drawn on the timeline.
 """
 
 from __future__ import annotations
@@ -24,20 +24,19 @@ __all__ = ["MeasuredDataParallel", "Replicated", "Naive", "Bucketed"]
 
 
 class MeasuredDataParallel(DataParallel):
-    """:class:`DataParallel`, measured from outside: each bucket's all-reduce a ``comm`` span from issue to
+    """:class:`DataParallel`, drawn from outside: each bucket's all-reduce a ``comm`` span from issue to
     completion (as gloo's threads report it), the wait at the end of backward an ``idle`` one
-    (``tracer``: a :class:`~coursekit.measure.trace.Tracer`), and ``elements_reduced``, the elements all-reduced."""
+    (``tracer``: a :class:`~coursekit.measure.trace.Tracer`)."""
 
     def __init__(self, module: nn.Module, *args, tracer: Tracer | None = None, **kwargs):
         super().__init__(module, *args, **kwargs)
-        self.tracer, self.elements_reduced = tracer, 0
+        self.tracer = tracer
 
     def launch(self, b: int) -> None:
         super().launch(b)
         bucket = self.buckets[b]
         if self.tracer is not None and bucket.work is not None:
             self.tracer.comm(bucket.work, f"bucket {b}")
-        self.elements_reduced += bucket.buffer.numel()
 
     def wait(self, bucket) -> None:
         super().wait(bucket)
@@ -123,6 +122,6 @@ class Bucketed(Replicated):
     def zero_grad(self) -> None:
         self.wrapped.zero_grad(set_to_none=False)  # in place: the gradients stay views into the buckets
 
-    def counters(self) -> dict:
-        return {**super().counters(), "elements_reduced": self.wrapped.elements_reduced}
+    def counters(self) -> dict:  # the buckets' all-reduces, as comm recorded them
+        return {**super().counters(), "elements_reduced": self.record.collective_counts().total("all_reduce")}
 

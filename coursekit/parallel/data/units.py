@@ -221,14 +221,13 @@ def kept_whole(model: nn.Module, replicate) -> dict[str, nn.Parameter]:
     return {n: named[n] for n in replicate}
 
 
-def average_whole(params: list[nn.Parameter], all_reduce, group, size: int, reduce_dtype=None) -> int:
+def average_whole(params: list[nn.Parameter], all_reduce, group, size: int, reduce_dtype=None) -> None:
     """Average the gradients of parameters kept whole over the ``size`` ranks of ``group`` (plain data
     parallelism: one all-reduce each, in ``reduce_dtype`` if given); a parameter without one counts as zero,
-    as in DDP. Returns the elements reduced."""
+    as in DDP."""
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         summed = p.grad if reduce_dtype in (None, p.grad.dtype) else p.grad.to(reduce_dtype)
         all_reduce(summed, group=group)
         p.grad.copy_(summed).div_(size)
-    return sum(p.numel() for p in params)

@@ -1,7 +1,7 @@
 """ZeRO in the training loop: ``"zero1"``, ``"zero2"``, ``"zero3"`` for :func:`coursekit.train.train`.
 
 :class:`~coursekit.parallel.data.zero.ZeRO` is the algorithm; :class:`MeasuredZeRO` measures it from outside
-(spans, elements moved, the memory peak at the moments it can occur), and :class:`ZeroStrategy` is the adapter
+(spans, the memory peak at the moments it can occur), and :class:`ZeroStrategy` is the adapter
 the one training loop calls (its optimiser steps my segments; ``step`` also communicates), with the defaults
 each stage runs with.
 """
@@ -22,15 +22,13 @@ __all__ = ["MeasuredZeRO", "ZeroStrategy"]
 
 
 class MeasuredZeRO(ZeRO):
-    """:class:`ZeRO`, measured: a span around each collective and the optimiser step (``tracer``), the
-    elements reduce-scattered and all-gathered, and :attr:`peak`, the tensors held at each moment the peak
+    """:class:`ZeRO`, measured: a span around each collective and the optimiser step (``tracer``), and :attr:`peak`, the tensors held at each moment the peak
     can occur -- a bucket summed beside my segment (stages 2-3, inside backward), a cast bucket beside its
     result (stage 1), the full parameters gathered (stage 3), the optimiser state after a step."""
 
     def __init__(self, *args, tracer: Tracer | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.tracer, self.peak = tracer, PeakMemory()
-        self.elements_reduce_scattered = self.elements_all_gathered = 0
 
     def _gather_params(self) -> bool:
         gathered = super()._gather_params()
@@ -41,18 +39,15 @@ class MeasuredZeRO(ZeRO):
     def _all_gather(self, flat: torch.Tensor) -> None:
         with span(self.tracer, "comm", "all-gather params", waits=True):
             super()._all_gather(flat)
-        self.elements_all_gathered += self.numel
 
     def _sum_bucket(self, b: int) -> None:
         with span(self.tracer, "comm", f"reduce-scatter bucket {b}", waits=True):
             super()._sum_bucket(b)
-        self.elements_reduce_scattered += self.buckets[b].hi - self.buckets[b].lo
         self.peak.note(self.held_tensors())  # the full bucket and my segment exist together: the moment to measure
 
     def _reduce_scatter_grads(self) -> None:
         with span(self.tracer, "comm", "reduce-scatter grads", waits=True):
             super()._reduce_scatter_grads()
-        self.elements_reduce_scattered += self.numel
 
     def _average_segment(self, b: int) -> None:
         super()._average_segment(b)
@@ -116,9 +111,10 @@ class ZeroStrategy(Strategy):
         return self.zero.held_tensors()
 
     def counters(self) -> dict:
+        moved = self.record.collective_counts("collectives")  # the buckets' collectives, as comm recorded them
         return {"bucket_sizes": self.zero.bucket_sizes,
-                "elements_reduce_scattered": self.zero.elements_reduce_scattered,
-                "elements_all_gathered": self.zero.elements_all_gathered,
+                "elements_reduce_scattered": moved.total("reduce_scatter"),
+                "elements_all_gathered": moved.total("all_gather"),
                 **scaler_counters(self.zero.scaler)}
 
 

@@ -17,13 +17,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
-import torch
 import torch.nn as nn
 
 from ... import collectives as _collectives
 from ...comm.mesh import Mesh
 from ...strategy import Setup
-from ..data import ShardedOptimizer
+from ..data import ShardedOptimizer, all_reduce_flat
 from ..pipeline import PipelineParallel
 from ..tensor import parallelize_transformer
 from .layers import composed_layers
@@ -63,16 +62,9 @@ class DataParallelPipeline:
     def __init__(self, pipe: PipelineParallel, batch_axis, dp: int, all_reduce: Callable):
         self.pipe, self.batch_axis, self.dp, self.all_reduce = pipe, batch_axis, dp, all_reduce
 
-    def synchronize(self, params: list[nn.Parameter]) -> torch.Tensor | None:
-        """One all-reduce of ``params``' gradients, flattened; returns the flat buffer (None when nothing moved)."""
-        params = [p for p in params if p.grad is not None]
-        if self.batch_axis.size == 1 or not params:
-            return None
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        self.all_reduce(flat, group=self.batch_axis.group)
-        for p, g in zip(params, flat.split([p.numel() for p in params])):
-            p.grad.copy_(g.view_as(p) / self.dp)
-        return flat
+    def synchronize(self, params: list[nn.Parameter]) -> None:
+        """One all-reduce of ``params``' gradients, flattened, divided by dp."""
+        all_reduce_flat([p.grad for p in params], self.batch_axis.group, self.all_reduce, divide_by=self.dp)
 
 
 def apply_dp(pipe: PipelineParallel, mesh: Mesh, optimizer_class: tuple[type, dict] | None = None,

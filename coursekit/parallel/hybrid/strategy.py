@@ -86,7 +86,6 @@ class Hybrid(Strategy):
                              f"ZeRO-2 and -3 of a whole model are the strategies 'zero2' and 'zero3'.")
         self.group = self.dp_axis.group  # the loop's data-parallel group
         self.layout, self.seq_len, self.work = self.option("layout"), 0, AttentionWork()
-        self.elements_reduced = 0
         sizes = partition(layer_costs(dense, "params"), self.pp * v)  # from the dense model: alike on every rank
         # The four applications (.apply), in torchtitan's order; each takes the model and the mesh.
         self.base = apply_tp(dense, self.mesh)
@@ -132,9 +131,7 @@ class Hybrid(Strategy):
     def synchronize(self) -> None:
         """Chapter 02: one all-reduce of every gradient over ``dp × sp``, then divided by ``dp`` (:func:`apply_dp`)."""
         with self.span("comm", "all-reduce grads over dp×sp"):
-            flat = self.data.synchronize([p for _, p in self.own])
-        if flat is not None:
-            self.elements_reduced += flat.numel()
+            self.data.synchronize([p for _, p in self.own])
 
     def global_loss(self, local_loss: float) -> float:
         """Σ over ``dp × sp`` of this rank's loss / dp: the sp shares add up, the dp slices average."""
@@ -179,5 +176,6 @@ class Hybrid(Strategy):
         return self.pipe.held_tensors()
 
     def counters(self) -> dict:
-        return {**self.pipe.counters(), "elements_reduced": self.elements_reduced,
+        moved = self.record.collective_counts("collectives")  # the gradients' all-reduce over dp × sp
+        return {**self.pipe.counters(), "elements_reduced": moved.total("all_reduce"),
                 "attention_score_elements": self.work.score_elements}

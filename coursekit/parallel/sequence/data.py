@@ -39,6 +39,7 @@ import torch
 
 from ...comm.mesh import coordinates_of
 from ...collectives.ring import ring_traffic
+from ..data import all_reduce_flat
 from ...strategy import Setup, register
 from ...comm.traffic import Traffic
 from .split import RingAttentionStrategy
@@ -72,14 +73,9 @@ class SequenceDataParallel(RingAttentionStrategy):
         return self.mesh["dp"].size
 
     def synchronize(self) -> None:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.batch_axis.size == 1 or not params:
-            return
-        with self.span("comm", "all-reduce grads over dp×sp"):
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            self.all_reduce(flat, group=self.batch_axis.group)  # Σ over every token's share, every slice
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad.copy_(g.view_as(p) / self.data_size)       # the slices' losses are averaged
+        with self.span("comm", "all-reduce grads over dp×sp"):  # Σ over every token's share; the slices averaged
+            all_reduce_flat([p.grad for p in self.model.parameters()], self.batch_axis.group, self.all_reduce,
+                            divide_by=self.data_size)
 
 
 def _axes_between(src: int, dst: int, mesh_shape: dict[str, int]) -> str:

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from ... import collectives as _collectives
 from ... import comm
 from ...comm.mesh import rank_size
+from ..data import all_reduce_flat
 from ...strategy import Setup, Strategy, register
 from .core import ring_attention
 from .layout import chunk_bounds, positions, shard_sequence
@@ -253,14 +254,8 @@ class SequenceParallel(Strategy):
             return torch.cat([gather_sequence(out, 1, self.seq_len, self.layout, self.sp_group) for out in outputs])
 
     def synchronize(self) -> None:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        if rank_size(self.sp_group)[1] == 1 or not params:
-            return
         with self.span("comm", "all-reduce grads over sequence ranks"):
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            self.all_reduce(flat, group=self.sp_group)
-            for p, g in zip(params, flat.split([p.numel() for p in params])):
-                p.grad.copy_(g.view_as(p))
+            all_reduce_flat([p.grad for p in self.model.parameters()], self.sp_group, self.all_reduce)
 
     def counters(self) -> dict:
         return {"attention_score_elements": self.work.score_elements, "attention_blocks_skipped": self.work.skipped}

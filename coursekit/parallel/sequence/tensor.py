@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from ... import collectives as _collectives
 from ...comm.mesh import rank_size
+from ..data import all_reduce_flat
 from ...strategy import Setup, register
 from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
 from .exchange import exchange
@@ -237,14 +238,8 @@ class SequenceTensorParallel(TensorParallel):
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
 
     def synchronize(self) -> None:
-        grads = [p.grad for p in self.model.replicated() if p.grad is not None]
-        if rank_size(self.tp_group)[1] == 1 or not grads:
-            return
         with self.span("comm", "all-reduce replicated grads over sequence ranks"):
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            self.all_reduce(flat, group=self.tp_group)
-            for g, summed in zip(grads, flat.split([g.numel() for g in grads])):
-                g.copy_(summed.view_as(g))
+            all_reduce_flat([p.grad for p in self.model.replicated()], self.tp_group, self.all_reduce)
 
     def gradients(self):
         return _dense_names(gather_dense(self.model, grads=True))

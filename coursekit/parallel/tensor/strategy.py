@@ -29,7 +29,6 @@ the equivalence harness compares (``train(..., record=True)``) all-gathers them,
 from __future__ import annotations
 
 import copy
-import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -42,7 +41,7 @@ from ... import collectives as _collectives
 from ... import comm
 from ...comm.mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, register
-from ...comm.traffic import Collective, CollectiveCounts, Traffic
+from ...comm.traffic import Collective, CollectiveCounts
 from ..data import average_gradients
 from .core import (ParallelMLP, ParallelSelfAttention, ShardedLinear, VocabParallelEmbedding,
                    gather_from_parallel_region, parallel_lm_logits, vocab_parallel_cross_entropy)
@@ -230,7 +229,6 @@ class TensorParallel(Strategy):
         self.tp_group, self.dp_axis = self._axes(setup)
         self.group = self.dp_axis.group if self.dp_axis is not None else None  # the loop's data-parallel group
         self.model = parallelize_transformer(_check_model(setup.model), self.tp_group)
-        self.record = Traffic()  # the collectives of every micro-batch's forward and backward
 
     def _axes(self, setup: Setup):
         """The tensor-parallel group and the data-parallel axis (None: no data parallelism)."""
@@ -246,10 +244,9 @@ class TensorParallel(Strategy):
 
     @contextmanager
     def micro_batch_context(self, last: bool):
-        """Records the collectives of each micro-batch's forward and backward; traced, each is a span."""
+        """Traced, each collective of the micro-batch's forward and backward is a span (the loop records them)."""
         first = len(self.record.collectives)
-        with comm.record(self.record):
-            yield
+        yield
         if self.tracer is not None:
             self.tracer.collectives(self.record.collectives[first:])
 
@@ -287,21 +284,17 @@ class DataTensorParallel(TensorParallel):
     def __init__(self, setup: Setup):
         super().__init__(setup)
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
-        self.elements_reduced, self.dp_seconds = 0, 0.0
 
     def _axes(self, setup: Setup):
         return setup.group("tp"), setup.axis("dp")
 
     def synchronize(self) -> None:
-        begin = time.perf_counter()
         with self.span("comm", "all-reduce grads over dp"):
             average_gradients(self.model, group=self.dp_axis, all_reduce=self.all_reduce)
-        self.dp_seconds += time.perf_counter() - begin
-        if self.dp_axis.size > 1:
-            self.elements_reduced += sum(p.grad.numel() for p in self.model.parameters() if p.grad is not None)
 
     def counters(self) -> dict:
-        return {**super().counters(), "elements_reduced": self.elements_reduced, "dp_comm_seconds": self.dp_seconds}
+        dp = self.record.collective_counts("collectives")  # the gradients' all-reduces over dp
+        return {**super().counters(), "elements_reduced": dp.total("all_reduce"), "dp_comm_seconds": dp.seconds}
 
 
 def _check_model(model: nn.Module) -> nn.Module:
