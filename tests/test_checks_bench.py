@@ -123,3 +123,26 @@ def test_ring_target_names_the_paired_ratio_and_its_interval_when_samples_are_th
             {"algorithm": "torch", "bytes": 1 << 20, "seconds": 1.0, "world_size": 4, "samples": [1.0, 1.0, 1.0]}]
     assert ring_vs_torch_targets(rows) == [("ring ≤ torch at 1 MiB, 4 ranks",
                                             "ring / torch = 2.00 (paired 2.00, 95% CI 2.00–4.00)", False)]
+
+
+def test_plain_ring_target_is_the_paired_median_within_five_percent_from_1_mib():
+    """coursekit's ring against the bare isend/irecv ring: judged on the median of per-iteration ratios, one row per
+    world size and size >= 1 MiB. Planted bugs (seen failing): the ratio of medians (1.00, met, where the paired
+    median is 1.10); the limit applied to the interval's upper end."""
+    from coursekit.bench.allreduce import ring_vs_plain_targets
+
+    def row(algorithm, nbytes, samples, world_size=2):
+        return {"algorithm": algorithm, "bytes": nbytes, "world_size": world_size,
+                "seconds": sorted(samples)[len(samples) // 2], "samples": samples}
+
+    rows = [row("ring", 1 << 18, [9.0] * 3), row("plain", 1 << 18, [1.0] * 3),           # 256 KiB: no target
+            row("ring", 1 << 20, [1.1, 11.0, 2.0]), row("plain", 1 << 20, [1.0, 2.0, 10.0]),  # 1.1, 5.5, 0.2
+            row("ring", 4 << 20, [1.0, 2.06, 5.0]), row("plain", 4 << 20, [1.0, 2.0, 4.0]),  # 1.00, 1.03, 1.25
+            row("ring", 1 << 20, [1.0] * 3, 4), row("plain", 1 << 20, [1.0] * 3, 4)]
+    got = {name: (measured, met) for name, measured, met in ring_vs_plain_targets(rows)}
+    assert list(got) == ["ring ≤ 1.05× the plain ring at 1 MiB, 2 ranks", "ring ≤ 1.05× the plain ring at 4 MiB, 2 ranks",
+                         "ring ≤ 1.05× the plain ring at 1 MiB, 4 ranks"]
+    measured, met = got["ring ≤ 1.05× the plain ring at 1 MiB, 2 ranks"]  # the medians' ratio: 2.0 / 2.0
+    assert measured.startswith("paired ring / plain = 1.10, 95% CI") and met is False, measured
+    assert got["ring ≤ 1.05× the plain ring at 4 MiB, 2 ranks"][1] is True  # paired median 1.03
+    assert got["ring ≤ 1.05× the plain ring at 1 MiB, 4 ranks"][1] is True
