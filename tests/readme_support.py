@@ -11,7 +11,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
-DOCS = [README, ROOT / "docs" / "benchmarks.md"]   # the pages this file vouches for (not docs/glossary.md)
+# the pages this file vouches for (not docs/glossary.md): README, and the pages it sends a reader on to
+DOCS = [README, ROOT / "CONTRIBUTING.md"] + [ROOT / "docs" / f"{name}.md" for name in
+                                             ("architecture", "benchmarks", "scaling", "troubleshooting")]
 TOP = ("coursekit/", "tests/", "tools/", "notebooks/", "exercises/", "solutions/", "docs/", ".ci/")
 FILES = ("Makefile", "pyproject.toml", "environment.yml", "README.md")
 # Paths README names that are not files of the repository, each for a reason.

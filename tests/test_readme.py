@@ -92,8 +92,8 @@ def test_every_command_names_real_targets_modules_and_files(page):
 
 
 def test_the_runnable_blocks_run():
-    blocks = [(language, body) for language, body, runnable in fenced_blocks(text(README)) if runnable]
-    assert blocks, "README marks no block <!-- runnable -->"
+    blocks = [(language, body) for page in DOCS for language, body, runnable in fenced_blocks(text(page)) if runnable]
+    assert any(runnable for _, _, runnable in fenced_blocks(text(README))), "README marks no block <!-- runnable -->"
     venv = Path(sys.executable).parent
     env = dict(os.environ, MPLBACKEND="agg", PATH=f"{venv}{os.pathsep}{os.environ.get('PATH', '')}")
     for language, body in blocks:
@@ -103,7 +103,7 @@ def test_the_runnable_blocks_run():
         script = body.replace(".venv/bin/", f"{venv}/")
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=300)
-        assert done.returncode == 0, f"README's block\n{body}exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, f"the block\n{body}exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
 
 
 # --------------------------------------------------------------------------------------------------- paths
@@ -186,3 +186,14 @@ def test_the_committed_figures_are_the_notebooks_figures():
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "export_figures.py"), "--check"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# --------------------------------------------------------------------------------------------------- length
+def test_readme_is_a_landing_page_of_at_most_1200_words_of_prose():
+    """Tables and code are not counted (tools/prose_stats.py says what is); the rest belongs in the pages README
+    sends a reader on to (docs/architecture.md, CONTRIBUTING.md, docs/scaling.md, docs/troubleshooting.md)."""
+    import prose_stats
+
+    stats = prose_stats.measure(text(README))
+    assert stats.main_words + stats.note_words <= 1200, (
+        f"README has {stats.main_words + stats.note_words:,} words of prose (at most 1,200): move detail to docs/")

@@ -44,6 +44,7 @@ from ..launch import launch
 from ..netsim import calibrate, collective_time, fit_alpha_beta
 
 ALGORITHMS = ["torch", "plain", "unchecked", "ring", "master", "naive"]
+PLAIN_RING_LIMIT = 1.05  # coursekit's ring (length check, counting, notes) against a bare isend/irecv ring
 
 
 def algbw(nbytes: float, seconds: float) -> float:
@@ -289,9 +290,6 @@ def ring_vs_torch_targets(rows: list[dict], world_sizes: tuple[int, ...] = (4,))
             targets.append((f"ring ≤ torch at {_human(nbytes)}, {world_size} ranks", measured,
                             seconds[("ring", nbytes)] <= seconds[("torch", nbytes)]))
     return targets
-
-
-PLAIN_RING_LIMIT = 1.05  # coursekit's ring (length check, counting, notes) against a bare isend/irecv ring
 
 
 def ring_vs_plain_targets(rows: list[dict], world_sizes: tuple[int, ...] = (2, 4),
