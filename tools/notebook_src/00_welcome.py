@@ -1,26 +1,29 @@
 # %% [markdown]
 # # 00 · Welcome: training one network on many GPUs
 #
-# By default, deep-learning code uses **one** GPU, even on a machine that has eight (claim **R8** of the
-# source texts). This course is about using all of them, and about what that costs.
+# Plain PyTorch code uses **one** GPU, even on a machine with eight (claim **R8** of the source texts).
+# This course is about using all of them, and what that costs.
 #
-# Every "GPU" in this course is a **process** with `torch.distributed` initialised. On a laptop the
-# processes run on the CPU and talk through *[gloo](../docs/glossary.md#gloo-and-nccl)*. With at least as many GPUs as [ranks](../docs/glossary.md#rank), a launch picks
-# *NCCL* by default, one GPU per process (`cuda:rank`), and the same code runs there once its tensors are
-# on the rank's GPU; the examples in this chapter use CPU tensors, which need gloo (`backend="gloo"`).
-# Nothing here is a simulation unless it says so: every measurement comes from a real run (the figure
-# of the four strategies is drawn from a plan, and says so), every formula is checked against a count.
+# In this course each "GPU" is a **process**, called a [rank](../docs/glossary.md#rank). The ranks run real
+# `torch.distributed` code. On a laptop they run on the CPU and send each other tensors through
+# *[gloo](../docs/glossary.md#gloo-and-nccl)*, PyTorch's library for that. On GPUs the same code runs over NCCL.
+# Nothing is simulated unless the text says so.
 #
 # **How to use the course**
-# 1. Run the cells in order (Shift+Enter). Each chapter starts with a `parameters` cell: the defaults are
-#    small so that everything runs in seconds on a laptop; raise them to see real effects.
-# 2. Chapters 01–08 each have a graded exercise in `exercises/` (your copy to edit) and a worked solution
-#    in `solutions/`. Grade your work with the grading cell, or from a terminal:
-#    `coursekit grade exercises/01_ring_allreduce.ipynb` (it grades a copy; your file is never touched).
+# 1. Run the cells in order with Shift+Enter. The first code cell holds the `parameters`. Their defaults are
+#    small, so each chapter runs in seconds. Raise them to see bigger effects.
+# 2. Chapters 01–08 each end with a graded exercise. Your copy is in `exercises/`, a worked one in
+#    `solutions/`. Grade it with its grading cell, or from a terminal:
+#    `coursekit grade exercises/01_ring_allreduce.ipynb`. Your file is never changed.
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
-# 4. A linked term leads to the [glossary](../docs/glossary.md): every term of the course with a one-line
-#    definition, its Russian and Vietnamese names (the source texts' own words where they have one) and
-#    the chapter that teaches it.
+# 4. A linked term leads to the [glossary](../docs/glossary.md). It gives a one-line definition, the Russian and
+#    Vietnamese names, and the chapter that teaches it.
+#
+# <details><summary>On GPUs</summary>
+#
+# With at least as many GPUs as ranks, a launch picks NCCL for GPU tensors, one GPU per rank (`cuda:rank`).
+# CPU tensors still go through gloo. The examples in this chapter use CPU tensors, so they run anywhere.
+# </details>
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in seconds; raise them freely.
@@ -41,13 +44,14 @@ print("GPUs visible:", torch.cuda.device_count() if torch.cuda.is_available() el
 print("backend a launch of", WORLD_SIZE, "ranks will use:", coursekit.resolve_backend("auto", WORLD_SIZE))
 
 # %% [markdown]
-# ## One GPU by default (R8)
+# ## 1. One GPU by default (R8)
 #
-# A model and its tensors live on *one* device unless you say otherwise. Even with several GPUs,
-# `model.to("cuda")` means `cuda:0`, and the other GPUs sit idle. Let us measure it rather than say it:
-# a plain training step of a small network, watched by hooks that note, for every layer's forward and
-# every parameter's gradient, **which process** computed it and **on which device** each tensor lives
-# (parameters, gradients, [activations](../docs/glossary.md#activations)).
+# What does plain PyTorch do with the GPUs it does not use?
+#
+# A model and its tensors live on *one* device unless you say otherwise. `model.to("cuda")` means `cuda:0`.
+# Below, a small network trains for three steps. Hooks note, for every layer's forward and every gradient,
+# which process computed it and on which device it lives. That covers parameters, gradients and
+# [activations](../docs/glossary.md#activations), the outputs each layer keeps for backward.
 
 # %%
 device = "cuda" if torch.cuda.is_available() else "cpu"   # what plain code picks: the first GPU, or the CPU
@@ -76,16 +80,21 @@ print("devices holding parameters, gradients and activations:", len(devices))
 print("torch.distributed initialised (any other process to share the work with?):", dist.is_initialized())
 
 # %% [markdown]
-# One process, one device, no [process group](../docs/glossary.md#process-group): every one of those computations ran here. On a machine
-# with 8 GPUs the first line would read `cuda:0` and `GPUs visible: 8` — and the other seven would do
-# nothing. The rest of the course is about the code that changes that.
+# **Takeaway:** one process on one device did all 3 steps' work.
+#
+# No [process group](../docs/glossary.md#process-group) exists to share it with. On a machine with 8 GPUs the
+# first line would read `cuda:0`, and the other seven GPUs would do nothing. The rest of the course changes that.
 
 # %% [markdown]
-# ## Your first multi-rank program
+# ## 2. Your first program on several ranks
 #
-# `coursekit.launch(fn, world_size)` runs `fn(rank, world_size)` on `world_size` ranks (the [world size](../docs/glossary.md#world-size)) and returns what
-# each returned, in rank order. The function can live right here in the cell. Inside it,
-# `torch.distributed` is ready: `dist.all_reduce` sums a tensor over all ranks (an [all-reduce](../docs/glossary.md#all-reduce)).
+# How do several processes work on one job?
+#
+# `coursekit.launch(fn, world_size)` starts `world_size` ranks; that number is the
+# [world size](../docs/glossary.md#world-size). Each rank runs `fn(rank, world_size)`, and `launch` returns what
+# each one returned, in rank order. The function can live right here in the cell. Inside it,
+# `torch.distributed` is ready. `dist.all_reduce` sums a tensor over all ranks and gives every rank the sum:
+# that is an [all-reduce](../docs/glossary.md#all-reduce).
 
 # %% tags=["nbval-check-output"]
 def hello(rank, world_size):
@@ -99,10 +108,15 @@ results = coursekit.launch(hello, WORLD_SIZE, output="ordered")
 print("returned:", results)
 
 # %% [markdown]
-# What ranks print comes back prefixed with the rank. By default each line appears the moment its rank
-# prints it (a progress bar on rank 0 moves while the ranks train), so lines of different ranks arrive
-# in whatever order they were printed; `output="ordered"`, used above, holds them back and shows them
-# rank by rank when the launch ends. A rank that raises stops all the others at once, and you get its
+# **Takeaway:** every rank started with its own number and ended with the same sum.
+#
+# What a rank prints comes back with its rank in front. By default each line appears the moment it is
+# printed, so a progress bar on rank 0 moves while the ranks train. `output="ordered"`, used above, holds the
+# lines back and shows them rank by rank at the end.
+#
+# ## 3. When a rank fails or hangs
+#
+# What happens when one rank goes wrong? A rank that raises stops all the others at once, and you get its
 # traceback:
 
 # %% tags=["nbval-check-output"]
@@ -118,8 +132,8 @@ except coursekit.RankError as error:
     print(f"RankError from rank {error.rank}:", str(error).strip().splitlines()[-1])
 
 # %% [markdown]
-# And a rank that waits forever (a `recv` that no one answers) is stopped at the timeout, with the
-# name of the rank and the line it was stuck on. Such bugs get a chapter of their own (08).
+# A rank that waits forever, here for a message no one sends, is stopped at the timeout. The error names
+# the rank and the line it was stuck on.
 
 # %%
 def forgot_to_send(rank, world_size):
@@ -135,10 +149,13 @@ except coursekit.LaunchTimeout as error:
     print(error)
 
 # %% [markdown]
-# ## Warm ranks for interactive work: `Cluster`
+# **Takeaway:** a failing rank never leaves the others hanging. You get an error that names the rank, and
+# chapter 08 teaches how to read it.
 #
-# Starting ranks takes a fraction of a second; a widget that re-runs a distributed function on every
-# slider move wants an answer in milliseconds. `Cluster` keeps the ranks running between calls.
+# ## 4. Warm ranks for interactive work
+#
+# Starting ranks takes a fraction of a second. A widget that reruns a distributed function on every slider
+# move needs an answer in milliseconds. `Cluster` keeps the ranks running between calls.
 
 # %%
 import time
@@ -151,19 +168,25 @@ with coursekit.Cluster(WORLD_SIZE) as cluster:
     print(f"one warm round trip to {WORLD_SIZE} ranks: {(time.perf_counter() - start) / 20 * 1e3:.2f} ms")
 
 # %% [markdown]
-# ## Four ways to share the work (R8, P1, P6)
+# **Takeaway:** a warm round trip to every rank costs under a millisecond here, fast enough for a slider.
 #
-# The source texts name four strategies (**R8**) in two families (**P1**): split the **data**
-# ([data parallelism](../docs/glossary.md#data-parallelism): every GPU has the whole model and a slice of the batch),
-# or split the **model** when it does not fit one GPU ([model parallelism](../docs/glossary.md#model-parallelism): whole
-# layers per GPU; [tensor parallelism](../docs/glossary.md#tensor-parallelism): every weight matrix cut into pieces).
-# [**Pipeline** parallelism](../docs/glossary.md#pipeline-parallelism) mixes both: layers per GPU as in model parallelism,
-# and [micro-batches](../docs/glossary.md#micro-batch) as in data parallelism, so the GPUs idle less than in a chain
-# ([bubbles](../docs/glossary.md#bubble) remain, **P7**). Libraries such as DeepSpeed and Colossal-AI combine them into
-# [hybrids](../docs/glossary.md#hybrid-parallelism).
+# ## 5. Four ways to share the work (R8, P1, P6)
 #
-# The figure below (a Figure 1.1 of our own, **P6**) is drawn by `coursekit.viz.strategies` from the
-# plan of who holds what. Colour = which GPU holds it. Here with 4 GPUs:
+# How can several GPUs share one training job? The source texts name four strategies (**R8**) in two
+# families (**P1**).
+#
+# * Split the **data**. In [data parallelism](../docs/glossary.md#data-parallelism) every GPU holds the whole
+#   model and trains on its own slice of the batch.
+# * Split the **model**, when it does not fit one GPU. In
+#   [model parallelism](../docs/glossary.md#model-parallelism) each GPU holds whole layers. In
+#   [tensor parallelism](../docs/glossary.md#tensor-parallelism) every weight matrix is cut into pieces.
+# * [**Pipeline** parallelism](../docs/glossary.md#pipeline-parallelism) mixes both. Each GPU holds layers, and
+#   the batch is cut into [micro-batches](../docs/glossary.md#micro-batch) that flow through them. The GPUs idle
+#   less than in a chain, but some idle time remains: the [bubble](../docs/glossary.md#bubble) (**P7**).
+#
+# Libraries such as DeepSpeed and Colossal-AI combine them into [hybrids](../docs/glossary.md#hybrid-parallelism).
+# The figure below is our own version of the source's Figure 1.1 (**P6**). It is drawn from the plan of who
+# holds what; colour says which GPU holds it.
 
 # %%
 from coursekit.viz.strategies import draw_strategies
@@ -180,17 +203,20 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 
 # %% [markdown]
 # Things to notice, each the subject of a chapter:
-# - **model** parallelism (ch. 03): GPU2 can only start when GPU1 is done: a chain.
-# - **data** parallelism (ch. 02): every GPU holds the *whole* model — it stops working when the
-#   model does not fit — and the gradients must be combined (ch. 01).
-# - **tensor** parallelism (ch. 05): each matrix multiplication is spread over all GPUs, which must
-#   talk inside every layer.
-# - **pipeline** parallelism (ch. 04): the empty cells at the start and the end are *bubbles*, time in
-#   which a GPU waits.
+# - **Model** parallelism (chapter 03): GPU2 can only start when GPU1 is done. The GPUs form a chain.
+# - **Data** parallelism (chapter 02): every GPU holds the *whole* model, so it fails when the model does not
+#   fit. The GPUs must also combine their gradients (chapter 01).
+# - **Tensor** parallelism (chapter 05): each matrix product is spread over all GPUs, which must talk inside
+#   every layer.
+# - **Pipeline** parallelism (chapter 04): the empty cells at the start and the end are bubbles, time in which
+#   a GPU waits.
 #
-# **P2:** none of this is specific to GPUs. The same ideas apply to TPUs and other [accelerators](../docs/glossary.md#accelerator): only
-# the communication library changes (NCCL for NVIDIA GPUs, gloo for CPUs as here, XLA [collectives](../docs/glossary.md#collective) on
-# TPUs); the algorithms in this course do not.
+# **Takeaway:** the data-parallel GPUs each hold everything; the other three strategies give each GPU a part
+# of the model.
+#
+# **P2:** none of this is specific to GPUs. The same ideas apply to TPUs and other
+# [accelerators](../docs/glossary.md#accelerator). Only the communication library changes: NCCL for NVIDIA
+# GPUs, gloo for CPUs, XLA [collectives](../docs/glossary.md#collective) on TPUs. The algorithms stay the same.
 #
 # ## The chapters
 #
@@ -202,8 +228,8 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8, P10 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
-# | 07 | choosing a strategy: a memory and time model checked against measurements, a planner, a calculator | P1, P8, P10 |
-# | 08 | debugging distributed programs: hangs, crashes, mismatched collectives and silent divergence, made on purpose and diagnosed | R2 |
-# | 09 | the capstone: one trainer for every layout, pipeline × data × sequence × tensor on one mesh, under `torchrun` | P1, P8, P9 |
+# | 07 | choosing a strategy: a memory and time model, a planner, a calculator | P1, P8, P10 |
+# | 08 | debugging: hangs, crashes and silent divergence, made on purpose and found | R2 |
+# | 09 | the capstone: one trainer for every layout, under `torchrun` | P1, P8, P9 |
 #
 # Next: `01_gradient_sync.ipynb`.

@@ -1,23 +1,20 @@
 # ci_parameters: {"TIMELINE_STEPS": 4, "WIDTH": 384}
 # %% [markdown]
-# # 03 · Model parallelism: layers on different GPUs, and the chain they form
+# # 03 · Model parallelism: layers on different GPUs
 #
-# **[Model parallelism](../docs/glossary.md#model-parallelism)** ("inter-op", claim **P3** of the source texts): put *different layers* on
-# different GPUs, compute them in sequence, and pass the intermediate results from one device to the
-# next. The seed's example is a two-layer network with the **hidden layer on GPU 1** and the **output
-# layer on GPU 2**. It lets a model that does not fit one GPU train at all — but the GPUs wait for each
-# other: **a chain, a bottleneck, no simultaneous work**.
+# A model too big for one GPU can still train: put different layers on different GPUs. This is
+# **[model parallelism](../docs/glossary.md#model-parallelism)**, claim **P3** of the source texts. The source's example has two
+# layers: the hidden layer on GPU 1, the output layer on GPU 2. The catch is that the GPUs take turns. They form
+# a chain.
 #
-# This chapter runs the seed's example for real and measures each part of that sentence:
+# This chapter runs that example on real ranks. It shows what the split buys, which is memory, and what it
+# costs: messages and idle time. Then it shows why chapters 04 and 05 exist.
 #
-# 1. the two-layer network on two ranks, proven equal to one process (loss, every gradient, every weight);
-# 2. a measured timeline: each rank idle while it waits for the other (**P3**), as a fraction of the step;
-# 3. what it buys — bytes per rank (parameters, gradients, optimiser state, activations) for the course
-#    transformer on 2–4 ranks — and how to cut the layers: balanced by parameter count or by measured time;
-# 4. what it costs: every element sent, counted against its formula;
-# 5. why that is a chain and a bottleneck, and what chapters 04 and 05 do about it.
+# <details><summary>How this chapter runs</summary>
 #
-# As in every chapter, a "GPU" is a process (gloo on the CPU) and `coursekit.parallel.pipeline.model` is the code.
+# As in every chapter, a "GPU" is a process that talks through gloo on the CPU. The code is
+# `coursekit.parallel.pipeline.model`. Raise `WIDTH` in the parameters cell to make the layers heavier.
+# </details>
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in well under a minute; raise them freely.
@@ -48,12 +45,13 @@ from coursekit.viz.timeline import draw_timelines
 print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
 
 # %% [markdown]
-# ## The seed's example: two layers, two GPUs
+# ## 1. Two layers, two GPUs
 #
-# The course's MLP with two layers: a hidden layer (16 → 64, then GELU) and an output layer (64 → 4).
-# `coursekit.parallel.pipeline.layers` lists a model as the layers whose composition is its forward;
-# `split(model, 2)` cuts that list into two contiguous **[stages](../docs/glossary.md#stage)**, which share the model's parameters.
-# Stage 0 goes to rank 0 ("GPU 1"), stage 1 to rank 1 ("GPU 2").
+# How do you cut a network into pieces that live on different GPUs?
+#
+# `layers(model)` lists the layers whose composition is the model's forward. `split(model, 2)` cuts that list into
+# two contiguous **[stages](../docs/glossary.md#stage)**. Rank 0 gets stage 0 and plays GPU 1; rank 1 gets stage 1. Here is the
+# course's MLP with two layers:
 
 # %% tags=["nbval-check-output"]
 two_layers = lambda: tiny_mlp(n_layers=2, seed=0)  # noqa: E731  (every rank builds the same weights)
@@ -64,26 +62,22 @@ for rank, stage in enumerate(split(net, 2)):
     print(f"stage {rank} on rank {rank} (GPU {rank + 1}):", stage)
 
 # %% [markdown]
-# One training step of the strategy `"model"` (`coursekit.parallel.pipeline.ModelParallel`):
+# One training step then has three parts:
 #
-# * **forward** — rank 0 computes the hidden [activations](../docs/glossary.md#activations) (batch × 64) and **sends** them to rank 1;
-#   rank 1 receives them into a tensor of its own, marks it as a leaf that requires grad, computes the
-#   output and the loss;
-# * **backward** — rank 1's `loss.backward()` fills its weights' gradients *and* the gradient of the loss
-#   with respect to the activations it received; it **sends** that back, and rank 0 continues the chain rule
-#   from it (`activations.backward(grad)`);
-# * **step** — each rank updates only the weights it holds.
+# * **Forward.** Rank 0 computes the hidden [activations](../docs/glossary.md#activations) and sends them to rank 1. Rank 1
+#   computes the output and the loss.
+# * **Backward.** Rank 1's backward also gives the gradient of the loss with respect to the activations it
+#   received. Rank 1 sends that gradient back, and rank 0 continues the chain rule from it.
+# * **Step.** Each rank updates only the weights it holds.
 #
-# Autograd never crosses a process: the two sends *are* the chain rule across the cut. (The receiver must
-# allocate its buffer before the data arrives; the first time, the sender sends a small header with the
-# shape — control traffic, not counted as payload.) Writing these two halves yourself is this chapter's
-# exercise.
+# Autograd never crosses a process. The two messages *are* the chain rule across the cut. Writing them is this
+# chapter's exercise.
 #
-# ## The proof: equal to one process
+# ## 2. Equal to one process
 #
-# Two ranks train the two-layer network for `PROOF_STEPS` Adam steps; one process trains the whole network
-# on the same batches. `coursekit.measure.verify.compare` checks at every step the output (computed on rank 1),
-# the loss, every gradient and every weight after the step, each on the rank that holds it.
+# Is the split model still the same model? Two ranks train the two-layer network for `PROOF_STEPS` Adam steps.
+# One process trains the whole network on the same batches. `compare` checks the output, the loss, every gradient
+# and every weight at every step.
 
 # %%
 def proof(rank, world_size):
@@ -104,24 +98,16 @@ for rank, run in enumerate(proof_runs):
 print("losses:", "same on both ranks" if proof_runs[0]["losses"] == proof_runs[1]["losses"] else "DIFFERENT")
 
 # %% [markdown]
-# Nothing is approximated: the same operations on the same numbers, in the same order, only on two
-# processes — the table's differences are zero here, not rounding. (Data parallelism, chapter 02, sums
-# partial gradients in a different order and agrees only to rounding.)
+# **Takeaway:** two ranks compute exactly what one process computes, step for step.
 #
-# ## The timeline: one rank works, the other waits (P3)
+# The table's differences are zero, not rounding: the same operations run on the same numbers, in the same
+# order. Data parallelism, in chapter 02, sums gradients in another order and agrees only up to rounding.
 #
-# To see the chain, the two layers must take measurable time: the same two-layer network, wider
-# (`WIDTH` → `WIDTH` → `WIDTH`: two weight matrices of the same size), a batch of `TIMELINE_BATCH`, traced.
-# The same size is *not* the same work, and the run below shows it: stage 0's input is the data, which
-# needs no gradient, so its backward skips the input-gradient matrix multiply (one of its three); stage 1
-# computes the loss over `WIDTH` classes (a softmax and its gradient) and both gradient multiplies of its
-# layer. So rank 1 computes longer per step than rank 0 (the per-step line further down gives both).
+# ## 3. The chain: one rank works, the other waits (P3)
 #
-# Each rank gets one row: forward, backward and the optimiser step on top, and every wait (grey, *idle*):
-# the receives, the sends (a non-blocking send still spends its call handing the tensor to gloo, which
-# can take milliseconds), and the end of the step, where each rank waits for its sends and for the loss broadcast —
-# which the rank that is done first must wait in until the other has finished its backward. The
-# communication lane underneath shows the same waits, from the call to the arrival.
+# While one GPU computes, what does the other do? To see it, the layers must take measurable time. The same
+# network is made `WIDTH` wide and trained on batches of `TIMELINE_BATCH`. Each rank gets one row of the
+# timeline: forward, backward and the optimiser step, and every wait in grey.
 
 # %%
 wide = lambda: tiny_mlp(n_layers=2, d_in=WIDTH, d_hidden=WIDTH, d_out=WIDTH, seed=0)  # noqa: E731
@@ -144,13 +130,8 @@ fig = draw_timelines({f"model parallel, 2 ranks: the last two of {TIMELINE_STEPS
 plt.show()
 
 # %% [markdown]
-# Measured over every step but the first: for each rank, the share of the wall-clock time it spent
-# computing (forward + backward) and in its optimiser step; the rest it was **idle** — not computing. Of
-# that idle time, the part spent blocked is traced (grey above): in a send or a receive, and in the end-of-step sync
-# (its sends, the loss broadcast, in which the rank that is done waits for the other). The remainder is the
-# work around forward and backward that one process does too (building the batch, `zero_grad`, the memory
-# bookkeeping) and Python between the calls. And the share of the time during which **both** ranks
-# computed at once.
+# How much of each step did each rank compute, and how much was it idle? The cell below measures every
+# step but the first, which warms up.
 
 # %%
 window = end - begin
@@ -171,19 +152,22 @@ print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of ea
       f"together {both:.1%} of it")
 
 # %% [markdown]
-# That is P3, measured. Rank 1 cannot start its forward before rank 0's activations arrive; rank 0 cannot
-# start its backward before rank 1's gradient arrives; and the rank that finishes first waits for the
-# other at the end of the step. So each rank spends a large share of every step not computing (the
-# lines above give this run's numbers: part of it waiting for the other rank, part loop work that one
-# process pays too), and the two ranks hardly ever compute at the same moment: what they can do side by
-# side is the work outside forward and backward (not measured here), such as the optimiser step, each
-# on its own weights.
+# **Takeaway:** each rank sat idle for a large share of every step, and the two almost never computed at
+# the same moment.
 #
-# On a 2-core machine two ranks can have a core each (unless other programs keep the cores busy: then
-# every span stretches, but the order of the chain does not change); 3 or 4 ranks must share them (below).
+# Rank 1 cannot start its forward before rank 0's activations arrive. Rank 0 cannot start its backward before
+# rank 1's gradient arrives. At the end of the step, the rank that finished first waits for the other.
 #
-# **Is a chain faster?** Does splitting the layers at least speed the step up? The same traced run,
-# per step: each rank's computing time, and the step itself.
+# <details><summary>What counts as idle</summary>
+#
+# Idle is all the time a rank is not in forward, backward or its optimiser step. Part of it is traced, in grey:
+# blocked in a send or a receive, or in the end-of-step sync, where the rank that is done waits for the other's
+# loss. The rest is loop work that one process does too, such as building the batch, `zero_grad` and Python
+# between calls. A non-blocking send still spends its call handing the tensor to gloo. On this 2-core machine
+# two ranks get a core each; other programs on the cores stretch every span, but the order of the chain stays.
+# </details>
+#
+# Is a chain at least faster? Here is each rank's computing time per step, and the step itself.
 
 # %%
 n_steps = len(forwards[0]) - 1
@@ -194,31 +178,27 @@ print(f"two weight matrices of the same size, not the same work: rank 1 computed
       f"rank 0's time (stage 1 computes the loss and its input's gradient; stage 0 does not need its input's)")
 
 # %% [markdown]
-# The two stages' work is the work of one process (the same layers on the same batch), and since the
-# two ranks hardly ever compute at the same time, the chain's step lasts about their sum or more (the
-# line above) — plus the transfers, the waits and the rest of the loop. With G equal stages each GPU
-# computes at most about 1/G of the step and is idle for the rest,
-# (G − 1)/G or more. Model parallelism is not there for speed: it is for **memory**.
+# The two stages together do one process's work, one after the other. So a step lasts about their sum,
+# plus the messages and the waits. With G equal stages, each GPU computes at most about 1/G of the step.
 #
-# ## What it buys: each rank holds only its layers
+# **Takeaway:** model parallelism does not make a step faster; it is there for memory.
 #
-# The course transformer (2 blocks, d_model 64) as `layers()` sees it: the embedding, two blocks, and
-# the final norm with the output head. Its head is **tied** to the token embedding (one 16 × 64 matrix used
-# first and last), so that matrix lives on the first and on the last stage, and their gradients are summed
-# between the two after backward (`sum_tied_gradients`, as Megatron-LM does over its "embedding group").
+# <details><summary>Why rank 1 computes longer than rank 0</summary>
 #
-# How to cut the layers into G contiguous stages? `partition(costs, G)` finds the cut whose largest
-# stage is as small as possible, for any cost per layer (`layer_costs`):
+# The two weight matrices have the same size but not the same work. Stage 0's input is the data, which needs
+# no gradient, so its backward skips one of its three matrix products. Stage 1 also computes the loss over
+# `WIDTH` classes: a softmax and its gradient.
+# </details>
 #
-# * **by parameters** (`partition_by="params"`) balances the *memory*: the largest stage holds as few
-#   parameters as possible;
-# * **by measured time** (`partition_by="time"`) balances the *work*: forward + backward of each layer,
-#   measured (here in a rank of its own: the least of 9 runs, in the CPU time of the thread that computes,
-#   so that other processes on the cores do not count). In a chain the step is the sum of the
-#   stages anyway; in a pipeline (chapter 04) the slowest stage sets the pace, so time is what to balance.
+# ## 4. What it buys: each rank holds only its layers
 #
-# The two differ when a layer's parameters and its time disagree: an embedding holds parameters but
-# only looks rows up; attention computes with the sequence length squared and no parameters for it.
+# How much memory does each rank save? Take the course transformer. `layers()` sees four layers: the
+# embedding, two blocks, and the final norm with the output head. The head is **tied** to the token embedding:
+# one 16 × 64 matrix is used first and last. So that matrix lives on the first and on the last stage, and the
+# two sum its gradients after backward, as Megatron-LM does.
+#
+# The cell below weighs each layer two ways: by its parameters, and by the measured time of its forward and
+# backward.
 
 # %%
 transformer = tiny_transformer(seed=0)
@@ -233,10 +213,8 @@ for name, p, t in zip(names, by_params, by_time):
 print(f"Ψ = {psi:,} distinct parameters (the tied 16×64 matrix counts in both layers that use it above)")
 
 # %% [markdown]
-# Now the course transformer trained for real on 2, 3 and 4 ranks, cut both ways. Each rank holds only
-# its own stage's parameters (the others' are released), and `train` measures what it holds
-# (`memory`, and `peak_memory` for the most during the step). Bytes of parameters per rank, measured,
-# against the formula 4 bytes × the parameters of the stage's layers; then everything a rank holds.
+# Now the transformer trains on 2, 3 and 4 ranks. Each rank keeps only its stage's parameters, and `train`
+# measures the bytes it holds. The table compares them with 4 bytes times the parameters of the stage's layers.
 
 # %%
 STAGED_STEPS = 3
@@ -274,13 +252,10 @@ for g in MEMORY_RANKS:
           f"{max(held) / (4 * psi / g):.2f}")
 
 # %% [markdown]
-# Parameters are not all a rank holds. Training also keeps each parameter's gradient (4 bytes) and Adam's
-# two moments (8 bytes, plus a step counter per tensor), measured at their peak during the step
-# (`peak_memory`), and the **activations**
-# its layers save for backward — measured here with `torch.autograd.graph.saved_tensors_hooks`: the bytes
-# autograd keeps between each stage's forward and its backward, for one batch of `GLOBAL_BATCH` sequences
-# (weights excluded: they are counted as parameters). Each stage keeps only its own layers' activations,
-# plus the tensor it received.
+# Parameters are not all a rank holds. Training also keeps a gradient per parameter (4 bytes) and Adam's two
+# moments (8 bytes), measured at their peak during the step. And each stage keeps the activations its layers
+# save for backward. The cell below measures those with `torch.autograd.graph.saved_tensors_hooks`, for one batch
+# of `GLOBAL_BATCH` sequences.
 
 # %%
 def activation_bytes(stages, x):
@@ -321,19 +296,24 @@ for g in MEMORY_RANKS:
         start += sizes[r]
 
 # %% [markdown]
-# Each rank holds a contiguous share of the *layers* (1/G of them only when G divides the layer count),
-# not 1/G of the *bytes*: a rank can hold no less than its largest
-# layer (a block here: 49,792 parameters, about half the model), so on 4 ranks the two block ranks hold
-# about twice 4Ψ/4 while the embedding and head ranks hold little (the first table's last column: the
-# largest rank over the ideal share). Gradients and Adam's state follow the parameters (4 and 8 bytes
-# each); activations follow the layers too, and here a block's dominate its rank. The tied matrix is held
-# twice, by the first and the last stage, with its gradient and moments. Finer cuts need smaller layers —
-# or cutting inside the layers: tensor parallelism (chapter 05).
+# **Takeaway:** each rank holds exactly its own layers' share of everything, so memory splits only as finely
+# as the layers do.
 #
-# The two ways of cutting, side by side: layers per stage, the largest rank's parameter bytes, and the
-# slowest stage's measured forward + backward per step (wall-clock time of the traced spans). On 3 and 4
-# ranks the processes share this machine's 2 cores, so those times include waiting for a core, and other
-# work on this shared machine can stretch any of them: read them as a rough guide.
+# A rank can hold no less than its largest layer. Here a block is about half the model. So on 4 ranks the two
+# block ranks each hold about twice an even share, and the embedding and head ranks hold little. Finer cuts need
+# smaller layers, or cutting inside the layers: tensor parallelism, chapter 05.
+#
+# ## 5. Where to cut: balance the time
+#
+# Which layers should go together? In a chain the step is the sum of all stages, whatever the cut. In a
+# pipeline, chapter 04, the stages work at the same time, so the slowest stage sets the pace. So the cut should
+# balance time, not parameters.
+#
+# `partition(costs, G)` finds the contiguous cut whose largest stage is as small as possible. It works for any
+# cost per layer, with a small dynamic program:
+
+# %%
+coursekit.show(partition)
 
 # %%
 print(f"{'ranks':>5}  {'cut by':<7} {'layers per stage':<16} {'largest rank (bytes)':>20} "
@@ -357,34 +337,32 @@ for g in differ:
           f"{max(ran.values()) / min(ran.values()):.2f}x")
 
 # %% [markdown]
-# Here the blocks dominate both the parameters and the time, so both costs call for the same thing:
-# a block per stage where possible. Where the cuts can differ is where to put the small layers: with 3
-# ranks the embedding (5,120 parameters, mostly the position table, but only a lookup) and the head
-# (1,152 parameters, but a matrix multiply per token) weigh very differently by parameters and far less
-# so by time (both a small fraction of a block's), so the cut by time rests on small differences between
-# measured times — even between the two blocks, which are the same layer and differ only by measurement
-# noise (the lines above say what was decided in this run: on 3 ranks the cut by time is embedding + block
-# | block | head whenever the embedding and the first block measure less than the second block and the
-# head, and the parameters' cut otherwise). Where the two cuts differ, a last
-# line compares them twice: by the layers' own measured costs (which the cut by time minimises, so it
-# cannot lose there) and by the stages' times in the runs. Time is the right thing to balance — in a
-# pipeline the slowest stage sets the pace — but between these cuts the margin is a small layer's time,
-# a few percent of a stage, about what a rerun on shared cores changes: a measured cost is only as good
-# as the measurement.
-# `train(..., "model", partition_by="time")` measures the layers on rank 0 and gives every rank the same
-# cut; `layers_per_stage=[...]` sets it by hand.
+# Cutting by parameters balances memory; cutting by measured time balances work. They differ when a layer's
+# parameters and its time disagree. An embedding holds many parameters but only looks rows up.
 #
-# ## What it costs: two messages per cut, counted
+# **Takeaway:** the two blocks dominate both the parameters and the time, so every cut puts them on different
+# stages.
 #
-# Per step, each cut between stage s and s + 1 carries the activations forward and their gradient back,
-# each of batch × sequence × d_model elements (the MLP: batch × hidden). The tied matrix adds its gradient
-# sent each way between the first and the last stage (V × d = 16 × 64 = 1,024 elements each way). So per
-# step:
+# <details><summary>How the times were measured, and what the cuts decide</summary>
+#
+# Each layer's forward and backward is timed in a rank of its own: the least of 9 runs, in the CPU time of the
+# thread that computes, so other processes do not count. The stages' times in the table are wall-clock spans
+# of the traced runs. On 3 and 4 ranks the processes share 2 cores, so read those as a rough guide. The cuts can
+# differ only in where the small layers go. On 3 ranks that rests on small differences between measured times,
+# even between the two blocks, which are the same layer. The margin is a few percent of a stage, about what a
+# rerun on shared cores changes. `train(..., "model", partition_by="time")` measures the layers on rank 0 and
+# gives every rank the same cut; `layers_per_stage=[...]` sets it by hand.
+# </details>
+#
+# ## 6. What it costs: two messages per cut
+#
+# How much does the chain send? Each cut carries the activations forward and their gradient back: batch ×
+# sequence × d_model elements each way. The tied matrix adds its gradient, sent each way between the first and
+# the last stage. So per step:
 #
 # traffic = 2 (G − 1) · b · s · d  +  2 · V · d
 #
-# Counted by `coursekit.comm.record()` on every rank (the one-time shape headers are control traffic,
-# not counted here):
+# `comm.record()` counts every element on every rank:
 
 # %% tags=["nbval-check-output"]
 seed_traffic = comm.Traffic.merge([run["traffic"] for run in proof_runs])
@@ -405,42 +383,32 @@ print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G 
       f"on 2 ranks, {2 * psi / two:.1f}x the {two:,} above)")
 
 # %% [markdown]
-# Only neighbours talk (r ↔ r + 1), plus the first and the last stage for the tied matrix. The volume
-# grows with batch × sequence × d_model, not with the number of parameters: a block's weights never
-# travel, only what flows between the blocks (the last line compares it with data parallelism's
-# all-reduce for this small model: Ψ against b·s·d per cut; for a large model the comparison depends on
-# its batch and sequence length). The traffic is not the problem. The problem is the chain.
+# **Takeaway:** the counts match the formula exactly; the traffic grows with batch × sequence × width, not
+# with the parameters.
 #
-# ## Why a chain, and a bottleneck
+# Only neighbours talk, plus the first and the last stage for the tied matrix. A block's weights never travel.
+# The traffic is not the problem. The problem is the chain:
 #
-# * **A chain.** Stage s + 1 needs stage s's output; stage s's backward needs stage s + 1's gradient. For
-#   one batch there is no order other than forward through the stages, then backward through them in
-#   reverse: at any moment at most one rank computes (measured above: the ranks computed together for
-#   a negligible share of the step) and each is idle the rest of the step.
-# * **A bottleneck.** The step takes as long as all stages plus the transfers, so adding GPUs adds
-#   memory, never speed; and the slowest stage, or the slowest link, holds everyone.
+# * **A chain.** Stage s + 1 needs stage s's output, and stage s's backward needs stage s + 1's gradient. For one
+#   batch, at most one rank computes at any moment.
+# * **A bottleneck.** The step takes as long as all the stages plus the messages. More GPUs add memory, never
+#   speed, and the slowest stage holds everyone.
 #
 # Two ways out, each a chapter:
 #
-# * **Chapter 04, pipeline parallelism (P7):** cut the batch into *micro-batches*. While stage 1 works on
-#   micro-batch 1, stage 0 can already start micro-batch 2 — activations flow forward as here, gradients of
-#   earlier micro-batches flow back at the same time, and the ranks idle less. Idle time remains at the
-#   start and the end of each step (the *bubble*), and for a small model or a slow link the gain can be small.
-# * **Chapter 05, tensor parallelism (P5, P10):** cut *inside* each layer, so that every GPU holds a slice of
-#   every weight matrix and all of them compute every layer at the same time. That is why, for a model too
-#   large for one GPU, the seed recommends tensor over model parallelism (**P10**): the GPUs work
-#   simultaneously — at the price of communication inside every layer.
+# * **Chapter 04, pipeline parallelism (P7):** cut the batch into micro-batches. While stage 1 works on one,
+#   stage 0 starts the next. Some idle time remains at the start and end of each step: the bubble.
+# * **Chapter 05, tensor parallelism (P5, P10):** cut *inside* each layer, so every GPU computes every layer at
+#   the same time. That is why the source recommends tensor over model parallelism for a model too large for one
+#   GPU (**P10**). The price is communication inside every layer.
 #
-# ## The same thing in production
+# ## 7. The same thing in PyTorch
 #
-# PyTorch has no separate model-parallel API. In the simplest form you place the layers yourself —
-# `layer1.to("cuda:0")`, `layer2.to("cuda:1")`, `h = layer1(x.to("cuda:0")); y = layer2(h.to("cuda:1"))` —
-# inside **one** process, and autograd follows `.to()` across devices. Across processes,
-# `torch.distributed.pipelining` runs exactly this chapter's chain: `PipelineStage` per rank, and a
-# [schedule](../docs/glossary.md#pipeline-schedule) with **one micro-batch** is model parallelism. `coursekit.parallel.pipeline.torch` drives it
-# from the same training loop on the same stages (strategy `"torch_pipeline"`, schedule `"gpipe"`,
-# `micro_batches=1`): the course transformer on 2 ranks, against one process and against coursekit's
-# `"model"`:
+# PyTorch has no separate model-parallel API. Inside one process you can place the layers yourself:
+# `layer1.to("cuda:0")`, `layer2.to("cuda:1")`, and autograd follows `.to()` across devices. Across processes,
+# `torch.distributed.pipelining` runs this chapter's chain. Each rank gets a `PipelineStage`, and a
+# [schedule](../docs/glossary.md#pipeline-schedule) with **one micro-batch** is model parallelism. Below, the course transformer
+# trains on 2 ranks both ways and is compared with one process:
 #
 # | coursekit | PyTorch |
 # |---|---|
@@ -464,20 +432,19 @@ for name in ("model", "torch_pipeline"):
           f"   mean of steps 1-{len(times)}: {sum(times) / len(times) * 1e3:.1f} ms a step")
 
 # %% [markdown]
-# Both equal one process at every step. (The times are a few steps on a shared 2-core machine: same
-# order of magnitude, no ranking.) With more micro-batches the same `PipelineStage`s run [GPipe](../docs/glossary.md#gpipe) and [1F1B](../docs/glossary.md#1f1b)
-# schedules, and several stages per rank run [interleaved](../docs/glossary.md#interleaved-1f1b) ones: chapter 04.
+# **Takeaway:** both versions equal one process at every step.
+#
+# The times are a few steps on a shared 2-core machine: the same order of magnitude, no ranking. With more
+# micro-batches the same `PipelineStage`s run [GPipe](../docs/glossary.md#gpipe) and [1F1B](../docs/glossary.md#1f1b) schedules, and several
+# stages per rank run [interleaved](../docs/glossary.md#interleaved-1f1b) ones: chapter 04.
 #
 # ## What we have
 #
-# * P3's example runs for real: hidden layer on rank 0, output layer on rank 1, activations forward and
-#   gradients back through two counted messages, and training equal to one process.
-# * P3's "the GPUs wait for each other", measured: each rank idle for a large share of every step, the two
-#   hardly ever computing at once: the chain does one process's computation in turn, plus the transfers.
-# * What it buys: each rank holds only its layers' parameters — its share of the layers, measured exactly —
-#   and with them their gradients, optimiser state and activations; bytes split only as finely as the
-#   largest layer.
-# * What it costs: 2(G − 1)·b·s·d elements per step (+ the tied gradient), counted exactly.
+# * The source's example runs for real: two layers on two ranks, two messages per step, equal to one process.
+# * The GPUs wait for each other (P3): each rank is idle for much of every step.
+# * It buys memory: each rank holds only its layers, split as finely as the layers allow.
+# * It costs 2(G − 1)·b·s·d elements per step, plus the tied gradient, counted exactly.
 #
-# **Exercise** `exercises/03_model_parallel.ipynb`: write both halves of the two-stage step — send the
-# activations forward, the gradient back — graded against one process, with every message counted.
+# **Exercise** `exercises/03_model_parallel.ipynb`: write both halves of the two-stage step, send the
+# activations forward and the gradient back. It is graded against one process, with every message counted.
+
