@@ -174,6 +174,23 @@ def test_one_legend_for_all_panels_covers_every_colour():
     plt.close(fig)
 
 
+def test_the_stacked_legend_has_one_entry_per_colour_and_every_label_is_legible():
+    """The four schedules stacked: GPipe's "forward (F)" and interleaved's "forward (F), chunk 1" are one colour,
+    so one entry; B and ZB-H1's "input gradient (B)" share one too. And no text under 8 pt, legend included.
+    Planted bugs, seen failing: the entries concatenated without merging (two entries share a colour); the boxes'
+    micro-batch numbers back at 6 pt."""
+    fig = draw_plans([plan(gpipe(4, 8)), plan(one_f_one_b(4, 8)), plan(interleaved_1f1b(4, 8, 2)), plan(zb_h1(4, 8))])
+    legend = next(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)
+    shades = [colours([h]).pop() for h in legend.legend_handles]
+    assert len(shades) == len(set(shades)), [t.get_text() for t in legend.get_texts()]
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "backward (B) / input gradient (B)" in labels and "forward (F)" in labels, labels
+    small = sorted({(t.get_fontsize(), t.get_text()[:20]) for t in fig.findobj(matplotlib.text.Text)
+                    if t.get_text() and t.get_fontsize() < 8})
+    assert not small, f"text under 8 pt: {small[:5]}"
+    plt.close(fig)
+
+
 def test_the_plan_above_a_measured_run_has_its_own_legend():
     """Planted bug seen failing: the plan panel drawn with ``legend=False`` (as before): 'no legend on the plan'."""
     spans = [Span(0, "forward", "F0@s0", 0.000, 0.001), Span(0, "backward", "B0@s0", 0.003, 0.004),

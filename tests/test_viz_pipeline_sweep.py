@@ -19,7 +19,7 @@ MS = (1, 2, 4, 8)
 
 def _result():
     rows = [{"m": m, "ideal": 2 * m / (m + 1), "bubble_formula": 1 / (m + 1), "bubble": 1 / (m + 1) + 0.05,
-             "speedup_1f1b": (0.9 * 2 * m / (m + 1), 0.8, 2.0), "speedup_gpipe": (0.8 * 2 * m / (m + 1), 0.7, 2.0)}
+             "step": {"1f1b": 0.010 * m, "gpipe": 0.011 * m, "same_work": 0.012 * m, "whole_batch": 0.008}}
             for m in MS]
     return SweepResult(rows)
 
@@ -30,14 +30,17 @@ def _line(ax, gid):
     return found[0]
 
 
-def test_speed_up_beside_the_ideal_and_bubble_beside_the_formula():
-    """Planted bugs, seen failing: the ideal drawn as m/(m+1) (y 0.5 for 1.0 at m = 1); the bubble panel drawing
-    the formula twice (measured y = formula)."""
+def test_step_times_beside_both_baselines_and_bubble_beside_the_formula():
+    """Planted bugs, seen failing: the ideal drawn as the same work times the speed-up instead of divided by it;
+    the whole-batch baseline drawn from the same-work times; the bubble panel drawing the formula twice (measured
+    y = formula)."""
     speed, bubble = draw_sweep(_result()).axes
     ideal = _line(speed, "ideal")
     assert list(ideal.get_xdata()) == list(MS)
-    assert list(ideal.get_ydata()) == pytest.approx([2 * m / (m + 1) for m in MS])
-    assert list(_line(speed, "1F1B").get_ydata()) == pytest.approx([0.9 * 2 * m / (m + 1) for m in MS])
-    assert list(_line(speed, "GPipe").get_ydata()) == pytest.approx([0.8 * 2 * m / (m + 1) for m in MS])
+    assert list(ideal.get_ydata()) == pytest.approx([12 * m / (2 * m / (m + 1)) for m in MS])  # ms: same work / p·m/(m+1)
+    assert list(_line(speed, "1F1B").get_ydata()) == pytest.approx([10 * m for m in MS])
+    assert list(_line(speed, "GPipe").get_ydata()) == pytest.approx([11 * m for m in MS])
+    assert list(_line(speed, "one process, same micro-batches").get_ydata()) == pytest.approx([12 * m for m in MS])
+    assert list(_line(speed, "one process, whole batch").get_ydata()) == pytest.approx([8] * len(MS))
     assert list(_line(bubble, "measured").get_ydata()) == pytest.approx([100 * (1 / (m + 1) + 0.05) for m in MS])
     assert list(_line(bubble, "formula").get_ydata()) == pytest.approx([100 / (m + 1) for m in MS])

@@ -86,7 +86,19 @@ def _legend(ax, entries: list[tuple[str, str, float]]) -> None:
     """One legend, to the right of the axes: it never covers the x-axis label or a box."""
     handles = [Patch(facecolor=colour, alpha=alpha, label=label) for label, colour, alpha in entries]
     handles.append(Patch(facecolor="white", edgecolor="0.6", label="empty = bubble"))
-    ax.legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(handles=handles, fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+
+
+def merged_entries(entries: list[tuple[str, str, float]]) -> list[tuple[str, str, float]]:
+    """One legend entry per colour and shade: labels of the same box kind from several plans are joined
+    (``"backward (B) / input gradient (B)"``), and a first chunk's is the plain kind's (``"forward (F)"``)."""
+    labels: dict[tuple[str, float], list[str]] = {}
+    for label, colour, alpha in entries:
+        base = label.removesuffix(", chunk 1")
+        names = labels.setdefault((colour, alpha), [])
+        if base not in names:
+            names.append(base)
+    return [(" / ".join(names), colour, alpha) for (colour, alpha), names in labels.items()]
 
 
 def draw_plan(plan: Plan, ax=None, title: str | None = None, legend: bool = True, xmax: float | None = None):
@@ -111,12 +123,13 @@ def draw_plan(plan: Plan, ax=None, title: str | None = None, legend: bool = True
             ax.add_patch(Rectangle((x0, y + 0.1), x1 - x0, 0.8, facecolor=OP_COLOURS[action.op],
                                    alpha=LATER_CHUNK_ALPHA if later else 1.0, edgecolor="white", linewidth=0.8,
                                    gid=str(action)))
-            label = f"{action.micro_batch}" + (f"\n s{action.stage}" if many else "")
-            ax.text((x0 + x1) / 2, y + 0.5, label, ha="center", va="center", fontsize=6,
+            # the stage under the micro-batch where the box has room for it (a chunk's forward is 1/v wide)
+            label = f"{action.micro_batch}" + (f"\ns{action.stage}" if many and x1 - x0 >= 0.99 else "")
+            ax.text((x0 + x1) / 2, y + 0.5, label, ha="center", va="center", fontsize=8,
                     color="black" if later else "white")
         held, in_flight = plan.peak_activations[rank], plan.peak_in_flight[rank]
         ax.text(length + 0.01 * (xmax or length), y + 0.5,
-                f"peak {held}" + (f"\n({in_flight} until W)" if in_flight != held else ""), va="center", fontsize=7)
+                f"peak {held}" + (f"\n({in_flight} until W)" if in_flight != held else ""), va="center", fontsize=8)
     ax.set_xlim(0, (xmax or length) * 1.09 or 1)
     ax.set_ylim(0, s.n_ranks)
     ax.set_yticks([s.n_ranks - 1 - r + 0.5 for r in range(s.n_ranks)], [f"rank {r}" for r in range(s.n_ranks)])
@@ -140,7 +153,7 @@ def draw_plans(plans: list[Plan], titles: list[str] | None = None):
         ax.set_xlabel(_xlabel(plans) if ax is axes[-1] else "")
     entries = list(dict.fromkeys(entry for planned in plans for entry in colours_used(planned)))
     entries.sort(key=lambda entry: -entry[2])  # every full shade first, then the later chunks'  (a stable sort)
-    _legend(axes[0], entries)
+    _legend(axes[0], merged_entries(entries))
     fig.tight_layout()
     return fig
 

@@ -2,26 +2,26 @@
 # %% [markdown]
 # # 04 · Pipeline parallelism: micro-batches fill the chain
 #
-# Chapter 03 cut the model into stages, one per GPU, and found a chain: while one GPU computes, the
-# others wait (**P3**). **[Pipeline parallelism](../docs/glossary.md#pipeline-parallelism)** (claim **P7**) keeps the stages but cuts the batch into
-# *[micro-batches](../docs/glossary.md#micro-batch)*: while micro-batch 2 goes forward on GPU 2, micro-batch 3 can go forward on GPU 1, and
-# gradients of earlier micro-batches flow backward at the same time. [Bubbles](../docs/glossary.md#bubble) (idle time) remain at the start
-# and the end of every step; how large they are depends on the **[schedule](../docs/glossary.md#pipeline-schedule)** — the order in which each GPU
-# runs its forwards and backwards.
+# Chapter 03 cut the model into stages, one per GPU, and found a chain: while one GPU computes, the others
+# wait (**P3**). **[Pipeline parallelism](../docs/glossary.md#pipeline-parallelism)**, claim **P7**, keeps the stages but cuts
+# the batch into **[micro-batches](../docs/glossary.md#micro-batch)**. While micro-batch 2 goes forward on GPU 2, micro-batch 3
+# can go forward on GPU 1. Idle time, the **[bubble](../docs/glossary.md#bubble)**, remains at the start and the end of each
+# step.
 #
-# In this chapter a schedule is **data**: for each rank, an ordered list of actions (forward of micro-batch
-# *i* on stage *s*, its backward, a send, a receive). Four generators build the classic ones:
+# How big the bubble is depends on the **[schedule](../docs/glossary.md#pipeline-schedule)**: the order in which each GPU runs
+# its forwards and backwards. Here a schedule is data, a list of actions per rank. The chapter builds four:
 #
-# * **[GPipe](../docs/glossary.md#gpipe)** (Huang et al. 2019): every forward, then every backward;
-# * **[1F1B](../docs/glossary.md#1f1b)** (PipeDream-Flush, Narayanan et al. 2021): after a warm-up, one forward, one backward;
-# * **[interleaved 1F1B](../docs/glossary.md#interleaved-1f1b)** (Narayanan et al. 2021): *v* smaller stages per rank, the bubble's idle time shrinks *v*
-#   times, its fraction from $(p-1)/(m+p-1)$ to $(p-1)/(v\,m+p-1)$;
-# * **[ZB-H1](../docs/glossary.md#zero-bubble)** (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): the backward split into the input
-#   gradient **B** and the weight gradient **W**, W deferred into the bubble.
+# * **[GPipe](../docs/glossary.md#gpipe)**: every forward, then every backward.
+# * **[1F1B](../docs/glossary.md#1f1b)**: after a warm-up, one forward, one backward.
+# * **[Interleaved 1F1B](../docs/glossary.md#interleaved-1f1b)**: *v* smaller stages per rank, a *v* times smaller bubble.
+# * **[ZB-H1](../docs/glossary.md#zero-bubble)**: the backward split in two, part of it moved into the bubble.
 #
-# One validator rejects a bad schedule before anything runs (naming the rank, the action and the reason), one
-# executor runs any valid one on real ranks, and every schedule is checked against one process at the
-# micro-batch counts it is run with.
+# <details><summary>The papers</summary>
+#
+# GPipe: Huang et al. 2019. 1F1B, also called PipeDream-Flush, and interleaved 1F1B: Narayanan et al. 2021.
+# ZB-H1: Qi et al. 2023, "Zero Bubble Pipeline Parallelism". One validator rejects a bad schedule before
+# anything runs, one executor runs any valid one, and every schedule is checked against one process.
+# </details>
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in about a minute; raise them freely.
@@ -56,9 +56,9 @@ torch.set_num_threads(1)  # one thread per process, as every rank has: the singl
 # %% [markdown]
 # ## 1. A schedule is a list of actions per rank
 #
-# 1F1B on 2 ranks with 4 micro-batches. `F3@s1` is the forward of micro-batch 3 on stage 1; `SEND_F3@s0`
-# sends stage 0's output of micro-batch 3 to the rank that holds stage 1, `RECV_B3@s0` receives the
-# gradient of that output back. A send does not block; a receive waits for its matching send.
+# What exactly does a GPU do in a pipelined step? Here is 1F1B on 2 ranks with 4 micro-batches. `F3@s1` is the
+# forward of micro-batch 3 on stage 1. `SEND_F3@s0` sends stage 0's output of micro-batch 3 to the next stage,
+# and `RECV_B3@s0` receives its gradient back. A send does not block; a receive waits for its send.
 
 # %% tags=["nbval-check-output"]
 schedule = make_schedule("1f1b", 2, 4)
@@ -66,9 +66,21 @@ for rank, actions in enumerate(schedule.actions):
     print(f"rank {rank}: " + " ".join(str(a) for a in actions))
 
 # %% [markdown]
-# A learner's schedule that would [deadlock](../docs/glossary.md#deadlock), or compute before its input has arrived, is rejected with a
-# sentence instead of a hung rank. Here rank 1's first two actions are swapped: it would run the forward of
-# micro-batch 0 before receiving its input.
+# The executor runs any such list. It takes this rank's actions in order and does each one; everything a
+# later action needs is kept under its (stage, micro-batch) key:
+
+# %%
+from coursekit.parallel.pipeline import Step, run_schedule
+
+coursekit.show(run_schedule)
+
+# %%
+coursekit.show(Step.run)
+
+# %% [markdown]
+# A learner's schedule that would [deadlock](../docs/glossary.md#deadlock), or compute before its input has arrived, is
+# rejected with a sentence instead of a hung rank. Here rank 1's first two actions are swapped: it would run the
+# forward of micro-batch 0 before receiving its input.
 
 # %% tags=["nbval-check-output"]
 from dataclasses import replace
@@ -81,19 +93,17 @@ except ScheduleError as error:
     print(error)
 
 # %% [markdown]
+# **Takeaway:** a schedule is only an order of actions, and one short loop runs them all.
+#
 # ## 2. Planned: the four schedules on a unit-time clock
 #
-# With a stage's forward taking one unit of time and its backward two (ZB-H1 splits it into the input
-# gradient B and the weight gradient W, one unit each), the plan below is each schedule executed by the
-# rules of the executor, every schedule on the same time axis: interleaved 1F1B's chunks hold 1/*v* of a
-# rank's layers, so each of their actions is drawn 1/*v* as long. Empty cells
-# are the **bubble**. The planned bubble fraction is compared with the papers' formulas — written
-# separately from the plan, and equal to it:
+# How much idle time does each schedule leave? Say a forward takes one unit of time and a backward two. The
+# plan below runs each schedule by the executor's rules on that clock. Empty cells are the bubble. The papers'
+# formulas, written separately, give the same fractions:
 #
-# * GPipe and 1F1B: $(p-1)/(m+p-1)$ — the same bubble; 1F1B's gain is memory (see *Activation memory,
-#   measured* below);
-# * interleaved 1F1B with $v$ stages per rank: $(p-1)/(v\,m+p-1)$;
-# * ZB-H1: $(p-1)(T_F+T_B-T_W)$ of idle time next to $m(T_F+T_B+T_W)$ of work.
+# * GPipe and 1F1B: $(p-1)/(m+p-1)$, the same bubble. 1F1B's gain is memory.
+# * Interleaved 1F1B with $v$ stages per rank: $(p-1)/(v\,m+p-1)$.
+# * ZB-H1: $(p-1)(T_F+T_B-T_W)$ idle next to $m(T_F+T_B+T_W)$ of work.
 
 # %%
 configs = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb_h1", 1)]
@@ -113,22 +123,23 @@ for name, v in configs:
           f"  {peaks} / {expected}")
 
 # %% [markdown]
-# The last column is what *Activation memory, measured* checks on real ranks: GPipe holds the activations of
-# all *m* micro-batches at once before its first backward; 1F1B starts backward as soon as the first
-# micro-batch reaches the last stage, so rank *r* holds at most *p − r*. Interleaving pays for its smaller
-# bubble with more point-to-point messages (*p·v − 1* stage boundaries to cross instead of *p − 1*) and with
-# more activations: its column counts chunks of 1/*v* of a rank's layers, in which 1F1B's *p − r* are
-# *v·(p − r)*; interleaving's longer warm-up holds at least that on every rank, more wherever *m > p*, and
-# relatively the most on the last rank. For ZB-H1 the column counts a micro-batch until its B, as 1F1B's
-# (Qi et al.'s M_B); its W, deferred into the bubble, still needs the layer inputs, so counted until W every
-# rank holds p (section 5 measures that count).
+# **Takeaway:** GPipe and 1F1B leave the same bubble; interleaving and ZB-H1 shrink it.
 #
-# **What crosses between stages**, counted. Each stage boundary carries a micro-batch's activations
-# forward (b·s·h numbers) and their gradient back, so a step sends 2·(p·v − 1)·m of those messages: the
-# same bytes whatever m is, at a fixed global batch (smaller messages, more of them). `pipeline_traffic`
-# counts them from a schedule's actions; beside it, the bytes `coursekit.comm` recorded on real ranks (the
-# course transformer, which also sums its tied embedding's gradient between the first and the last stage),
-# and chapter 02's all-reduce of every gradient, what data parallelism would send for the same model.
+# The last column counts the micro-batches whose activations a rank holds at once. GPipe holds all *m* before
+# its first backward. 1F1B starts backward as soon as the first micro-batch reaches the last stage, so rank *r*
+# holds at most *p − r*. Interleaving pays for its smaller bubble with more messages and more activations.
+#
+# <details><summary>How the columns count</summary>
+#
+# Interleaving's column counts chunks of 1/*v* of a rank's layers, so 1F1B's *p − r* become *v·(p − r)*; its
+# longer warm-up holds at least that on every rank. For ZB-H1 the column counts a micro-batch until its B. Its W
+# still needs the layer inputs, so counted until W every rank holds *p*; section 5 measures that.
+# </details>
+#
+# **What crosses between stages?** Each boundary carries a micro-batch's activations forward and their gradient
+# back. At a fixed global batch that is the same bytes whatever *m* is: smaller messages, more of them. Below,
+# `pipeline_traffic` counts them from a schedule's actions, beside what `coursekit.comm` recorded on real ranks
+# and what data parallelism's all-reduce would send for the same model.
 
 # %% tags=["nbval-check-output"]
 from coursekit import comm
@@ -166,16 +177,15 @@ print(f"\nchapter 02's ring all-reduce of the gradients on {RUN_RANKS} ranks (da
       f"between neighbours only (+ {tied:,} B for the tied embedding)")
 
 # %% [markdown]
-# Interleaving's extra boundaries triple the messages here (p·v − 1 = 3 instead of 1). What a boundary moves
-# grows with b·s·h, not with the parameters, and only between two neighbours; the all-reduce moves every
-# gradient among all ranks. That is why, on a cluster, the pipeline's stages are what is cut across nodes
-# (its point-to-point transfers go over the slower links), while tensor parallelism's all-reduces stay
-# inside a node.
+# **Takeaway:** a pipeline sends only between neighbours, and far less than an all-reduce of every gradient.
+#
+# That is why, on a cluster, the pipeline's stages are cut across nodes, over the slower links, while tensor
+# parallelism's all-reduces stay inside a node.
 #
 # ## 3. Choose p, m, v and a schedule
 #
-# The widget redraws the plan instantly (no processes). Its default state, as a static image (so the
-# chapter reads where widgets do not render), is the 1F1B plan above.
+# The widget redraws the plan at once; no processes run. Its default state, the 1F1B plan above, is also
+# drawn as a static image.
 
 # %%
 from coursekit.widgets.pipeline import schedule_explorer
@@ -183,14 +193,11 @@ from coursekit.widgets.pipeline import schedule_explorer
 schedule_explorer("1f1b", p=PLAN_RANKS, m=PLAN_MICRO_BATCHES, v=2)
 
 # %% [markdown]
-# ## 4. Measured: the same schedules on real ranks, equal to one process
+# ## 4. Measured: the same schedules on real ranks
 #
-# The course transformer (embedding | block | block | final norm + head) cut into stages, run by the
-# executor on RUN_RANKS ranks. First the check: for every schedule and every micro-batch count it accepts
-# (those it refuses, if any, are printed last, with the reason), the loss, every gradient and every weight after
-# every step equal one process's on the same global batch to rounding (within `coursekit.measure.verify`'s
-# tolerances) — the tied embedding/head included (its gradient is the sum of its uses on the first and the
-# last stage).
+# Does the real run match the plan? First, is it correct? The course transformer is cut into stages and run
+# by the executor on `RUN_RANKS` ranks. For every schedule and micro-batch count, the loss, every gradient and
+# every weight must equal one process's after every step, to rounding.
 
 # %% tags=["nbval-check-output"]
 PROOF = dict(model="transformer", steps=2, global_batch=GLOBAL_BATCH, optimizer="adam", lr=1e-3)
@@ -217,15 +224,13 @@ for k, (name, v, m) in enumerate(RUNS):
 print("\n".join(refused))
 
 # %% [markdown]
-# Now the timelines: the planned schedule (unit time) above the measured Gantt chart of the same run, at
-# m = 4 on RUN_RANKS ranks. Each action's real start and end are recorded on every rank on a shared clock.
+# Now the timelines: the plan above, the measured run below, at m = 4. Each action's real start and end are
+# recorded on every rank, on a shared clock.
 #
-# The measured bubble has the plan's definition: the share of RUN_RANKS × the window from the first
-# forward's start to the last backward's end (on any rank) in which a rank does not compute
-# (`coursekit.parallel.pipeline.measured_bubble`). After the schedule's last action (the dashed line) the step
-# goes on: every rank waits for its sends, the tied embedding's gradient is summed between the first and the
-# last stage, the loss is broadcast, the optimizer steps. That **tail** is not the pipeline's bubble — it does
-# not shrink with m and no schedule removes it — so the titles give it apart, as a share of the whole step.
+# The measured bubble uses the plan's definition: the share of the window from the first forward to the last
+# backward in which a rank does not compute. After the last action, the dashed line, the step goes on: sends
+# finish, the tied embedding's gradient is summed, the optimiser steps. That tail does not shrink with *m*, so
+# the titles give it apart.
 
 # %%
 TIMELINE_M = 4
@@ -247,8 +252,8 @@ for name, v in configs:
     plt.show()
 
 # %% [markdown]
-# Try another: the controls redraw the plan; the button runs the chosen schedule on RUN_RANKS ranks kept
-# warm (`coursekit.Cluster`; `cluster.close()` stops them) and draws the measured timeline under the plan.
+# Try another: the controls redraw the plan, and the button runs the chosen schedule on warm ranks and draws
+# the measured timeline under it.
 
 # %%
 import ipywidgets as widgets
@@ -288,21 +293,20 @@ show(measure=False)
 display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 
 # %% [markdown]
-# The measured boxes keep the plan's order; their lengths do not keep its unit times. A real backward need
-# not take exactly two forwards' time; the stages are balanced by parameter count, not by time, and in the
-# interleaved run the chunks that hold only the embedding or only the final norm and head are tiny next to
-# those holding a block; and every action carries a fixed cost — Python, autograd bookkeeping, a gloo
-# receive that has to wake a process sharing this machine's two cores — which for a model this small can be
-# as large as the work itself. So the measured bubble can be far above the planned one and need not keep
-# its ranking: the last line below compares them. The table's last column is the tail after the actions:
-# work every schedule does once per step, whatever m, so it is not counted in the bubble. ZB-H1's B computes
-# only the gradient of the stage's input and its W only the weight gradients, from what B kept (the layer
-# inputs X and the gradients dY at the layers' outputs: dW = dYᵀ·X; `coursekit.parallel.pipeline.split_backward`,
-# as `torch.distributed.pipelining` splits it), so B + W cost one backward — and W fills the bubble. What
-# decides is the step, not the bubble: the table gives each schedule's measured step (first action to the end
-# of the optimizer step, the slowest rank), and the last line names the fastest. On a model this small the
-# plan's differences (a few units) are of the size of the fixed costs above, so the ranking by step time can
+# The measured boxes keep the plan's order, but not its lengths. Every action here carries a fixed cost:
+# Python, autograd's bookkeeping, a gloo message that wakes another process. For a model this small that cost
+# is as large as the work. So the measured bubble sits far above the plan, and the ranking of the schedules can
 # change from run to run.
+#
+# <details><summary>Why the measured lengths differ from the plan</summary>
+#
+# A real backward need not take two forwards' time. The stages are balanced by parameters, not time; in the
+# interleaved run the chunks holding only the embedding or the head are tiny next to those holding a block.
+# ZB-H1's B computes only the input gradient and W the weight gradients, dW = dYᵀ·X, from what B kept
+# (`coursekit.parallel.pipeline.split_backward`, as `torch.distributed.pipelining` splits it). So B + W cost one
+# backward, and W fills the bubble. What decides is the step: the table gives each schedule's measured step,
+# and the last line names the fastest.
+# </details>
 
 # %% tags=["nbval-ignore-output"]
 print(f"{'schedule':<12} {'planned':>8} {'measured':>9} {'step':>9}   tail after the actions (share of the step)")
@@ -330,13 +334,9 @@ print(f"fastest step in this run: {extreme(step_ms, min)} ({min(step_ms.values()
 # %% [markdown]
 # ## 5. Activation memory, measured
 #
-# The executor counts, on every rank, the (stage, micro-batch) pairs whose saved tensors are still alive —
-# from F until the backward that frees them: B, or for ZB-H1 its W, which needs what B kept (the layer inputs
-# and the gradients at the layers' outputs) — and their bytes, the most at any moment. GPipe holds all m;
-# 1F1B at most p − r on rank r; ZB-H1, whose W's are deferred, p on every rank until W (Qi et al. 2023,
-# section 3.1: "all workers maintain the same number of in-flight micro-batches"); interleaved counts chunks
-# of 1/v of a rank's layers. The black ticks are the plan's count (`Plan.peak_in_flight`: the same schedule
-# replayed on the unit clock), which for GPipe and 1F1B is the papers' formula.
+# How many micro-batches' activations does each rank really hold? The executor counts, on every rank, the
+# (stage, micro-batch) pairs whose saved tensors are alive: from F until the backward that frees them. The black
+# ticks are the plan's count, which for GPipe and 1F1B is the papers' formula.
 
 # %%
 MEMORY_M = max(RUN_MICRO_BATCHES)
@@ -379,21 +379,17 @@ for name, v in configs:
           f"KiB {[round(held[r][name][1] / 2**10) for r in range(RUN_RANKS)]}")
 
 # %% [markdown]
-# ## 6. More micro-batches, less idle time (P7), measured
+# **Takeaway:** on real ranks each schedule holds exactly the activations its plan says: GPipe all of them,
+# 1F1B at most p − r on rank r.
 #
-# P7's claim is that micro-batches cut the idle time: with m micro-batches on p stages a flushed pipeline is
-# idle (p − 1)/(m + p − 1) of the time, so the larger m, the nearer p stages work at once. To *see* it, two
-# things must hold: compute must dominate (an MLP of 8 layers SWEEP_WIDTH wide; the course transformer is
-# far too small, section 8), and the baseline must do the **same work**. At a fixed global batch, m
-# micro-batches cost more than one batch even on one device — each matrix product is m times smaller, and
-# every weight's gradient is accumulated m times — and that cost comes with gradient accumulation, not with
-# pipelining. So the fair comparison is one process running the *same* m micro-batches; against it a pipeline
-# with no overhead is p·m/(m + p − 1) times faster (the **ideal**: 1.60× at m = 4 on 2 ranks, 1.78× at 8).
+# ## 6. More micro-batches, less idle time (P7)
 #
-# `pipeline_sweep` runs, in every iteration and back to back, 1F1B, GPipe, GPipe with each stage recomputed
-# (`torch.utils.checkpoint`), one process with the same micro-batches (on each rank's core in turn) and one
-# process with the whole batch; speed-ups are per-iteration ratios (median, lowest, highest), the bubble is
-# 1F1B's, measured as in section 4. One thread per rank, 2 ranks: one core each.
+# Does cutting the batch finer really shrink the bubble? With *m* micro-batches on *p* stages, a pipeline sits
+# idle $(p-1)/(m+p-1)$ of each step. More micro-batches, smaller bubbles.
+#
+# To see it, computing must cost more than sending: an MLP of 8 layers, `SWEEP_WIDTH` wide, on 2 ranks with a
+# core each. The figure shows the step time of 1F1B and GPipe beside two baselines: one process running the
+# same micro-batches, and one process on the whole batch.
 
 # %% tags=["nbval-skip"]
 # Skipped by nbval with the two tables after it (papermill runs all three): timings, nothing nbval compares.
@@ -432,25 +428,29 @@ print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0
       " the time of one alone (1.00×: the cores do not slow each other)")
 
 # %% [markdown]
-# Read the table against the two formulas — the measured bubble beside (p − 1)/(m + p − 1), 1F1B's speed-up
-# beside its ideal — and the lines under it, which say what this run showed. At m = 1 the pipeline is the
-# chain of chapter 03, half idle on 2 ranks; as m grows the bubble shrinks and 1F1B beats one process doing
-# the same work: that is P7, on real ranks. How far it gets is set by two things this machine prints. First,
-# every micro-batch crosses between the stages twice, and a message's latency stays the same while a
-# micro-batch's compute shrinks as 1/m: at large m the waits for messages in flight (the last line), not the
-# fill and drain, are the idle time, so the measured bubble levels off above the formula. Second, two cores
-# computing at once can each be slower than one alone (shared caches and memory bandwidth, and any other load
-# on the machine): the best this machine allows is the ideal divided by that factor. The usual rule of
-# thumb, m ≥ 4p (GPipe's paper: the bubble is then negligible; (p − 1)/(5p − 1) = 11% at p = 2), is where
-# the formula's bubble is small; where a step is fastest here the table says — past it the smaller
-# micro-batches cost more than the bubble they remove (the one-process row grows with m for the same reason).
-# `python -m coursekit.bench pipeline --check` holds the targets: 85% of the ideal at m = 4 and 8, a bubble
-# that falls with m and stays within 10 points of the formula (docs/benchmarks.md says what this machine meets).
+# **Takeaway:** from 1 to 16 micro-batches the bubble shrinks from 51% to 20%, and 1F1B runs 1.57× faster
+# than one process doing the same work.
 #
-# **GPipe's price is memory.** GPipe runs every forward before any backward, so it holds the activations of
-# all m micro-batches — the whole batch's, whatever m — while 1F1B holds at most p − r on rank r. Its own
-# remedy is recomputation: keep only each stage's input and run the forward again in backward
-# (`torch.utils.checkpoint`), bytes down, time up:
+# On a CPU, small matrix products cost more per element than one large one. So cutting the batch slows one
+# process too: from two micro-batches on, one process on the whole batch beats every pipelined run here. The
+# fair comparison for the pipeline is one process doing the same work.
+#
+# <details><summary>How this was measured, and where the bubble stops falling</summary>
+#
+# `pipeline_sweep` runs, in every iteration and back to back, 1F1B, GPipe, GPipe with each stage recomputed, one
+# process with the same micro-batches and one with the whole batch. Speed-ups are per-iteration ratios: median,
+# lowest and highest. The bubble is 1F1B's, measured as in section 4. A message's latency stays the same while a
+# micro-batch's compute shrinks as 1/*m*, so at large *m* the waits for messages, not the fill and drain, are the
+# idle time, and the measured bubble levels off above the formula. Two cores computing at once can also each be
+# slower than one alone. The usual rule of thumb, m ≥ 4p, is where the formula's bubble is small.
+# `python -m coursekit.bench pipeline --check` holds the targets; `docs/benchmarks.md` says what this machine
+# meets.
+# </details>
+#
+# **GPipe's price is memory.** GPipe runs every forward before any backward, so it holds the activations of all
+# *m* micro-batches, while 1F1B holds at most *p − r* on rank *r*. GPipe's remedy is recomputation: keep only
+# each stage's input and run the forward again in backward, with `torch.utils.checkpoint`. Bytes go down, time
+# goes up:
 
 # %% tags=["nbval-ignore-output", "nbval-skip"]
 print(f"peak activation bytes per rank (rank 0 / rank 1), KiB; GPipe recomputed's step time beside GPipe's")
@@ -464,13 +464,12 @@ for m, row in rows.items():
 # %% [markdown]
 # ## 7. Unequal stages: the slowest sets the pace
 #
-# Chapter 03 found that the slowest stage sets the pace of a chain; in a pipeline it also sets the bubble.
-# If stage 0 costs 1.5 units per micro-batch and stage 1 one, stage 1 waits half a unit for every
-# micro-batch, however many there are: with 1F1B on 2 ranks and m = 4 the plan's bubble grows from 1/5 to
-# 3/13 (`plan(schedule, stage_costs=[1.5, 1])`). Below, an MLP of 10 equal layers cut 6 | 4 (stage 0 has
-# 1.5× the layers) against the cut balanced by measured time (`layer_costs(model, "time")`, as chapter 03
-# cuts), 1F1B with m = 8 on 2 ranks: each stage's measured time per micro-batch, the bubble the plan gives
-# with those times, and the bubble measured.
+# What if one stage has more work than the other? In a pipeline the slowest stage sets the pace and grows the
+# bubble. If stage 0 costs 1.5 units per micro-batch and stage 1 one, stage 1 waits half a unit for each
+# micro-batch. With 1F1B on 2 ranks and m = 4 the plan's bubble grows from 1/5 to 3/13.
+#
+# Below, an MLP of 10 equal layers is cut 6 | 4, against the cut balanced by measured time, as chapter 03 cuts.
+# 1F1B runs with m = 8 on 2 ranks.
 
 # %%
 from coursekit.models import TeacherData, tiny_mlp
@@ -513,22 +512,22 @@ print(f"this run: the uneven cut's bubble is {100 * (plan_a - plan_b):+.1f} poin
       f"{100 * (meas_a - meas_b):+.1f} measured against the balanced cut's")
 
 # %% [markdown]
-# Read the measured per-stage times before the bubbles: they are what the plan is given. The last stage
-# also computes the loss, and a layer does not cost the same on every rank of a busy 2-core machine, so the
-# measured ratio is not the layers' ratio; the planned bubble follows the measured times. The measured
-# bubble sits well above the plan for both cuts (every action's fixed cost, the waits of section 4) and
-# moves with them only where the imbalance is larger than that noise — the last line says how far it did
-# in this run. That is why pipeline frameworks let you choose where the stages are cut instead of always
-# splitting the layers evenly (DeepSpeed's `PipelineModule(partition_method=...)`: by parameters, uniformly,
-# or by layer type).
+# **Takeaway:** the uneven cut plans more idle time than the balanced one; the measured bubble, set mostly by
+# every action's fixed cost, need not follow.
+#
+# The measured bubble sits above the plan for both cuts. It moves with the cut only where the imbalance is
+# larger than that fixed cost; the last line says how far it did in this run. Still, a real model's stages can
+# differ far more than these, which is why
+# pipeline frameworks let you choose where the stages are cut, as DeepSpeed's
+# `PipelineModule(partition_method=...)` does.
 
 # %% [markdown]
 # ## 8. When pipelining brings little (P7, P10)
 #
-# P7 warns that "for small models or slow links the gain may be small". Section 6 built the case where
-# compute dominates; this is the counter-case, the course transformer (a few thousand parameters a layer) on
-# RUN_RANKS ranks, step time as m grows, against one process running the same micro-batches (section 6's fair
-# baseline) and, dashed, one process with the whole batch at once.
+# P7 warns that "for small models or slow links the gain may be small". Section 6 built the case where compute
+# dominates. Here is the counter-case: the course transformer, a few thousand parameters a layer, on `RUN_RANKS`
+# ranks. Step time as *m* grows, against one process running the same micro-batches and, dashed, one process on
+# the whole batch.
 
 # %%
 def step_times(rank, world_size, ms):
@@ -574,35 +573,25 @@ print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1
       f"where the plan says each removes {removed * 1e3:.2f} ms of bubble on average")
 
 # %% [markdown]
-# Read the numbers above as P7 and P10 predict for a *small* model on a *slow* link. Every micro-batch
-# adds actions on every stage — a forward, a backward, a send and a receive — each with a fixed cost
-# here: Python and autograd bookkeeping, a gloo message through the loopback, and the receiving process
-# waking up. The last line above puts what one more micro-batch cost the step next to one stage's compute
-# per micro-batch and next to the bubble the plan says it removes: where that fixed cost is not small against
-# them, it eats the overlap — and the two ranks also share this machine's two cores with gloo's threads.
-# The planned bubble shrinks as m grows; the measured step follows it only as far as that cost allows —
-# against the same work on one process as well as against the whole batch, the lines above say how far.
-# Section 6's wide MLP runs the same code with far wider layers: there the same fixed costs are
-# small beside a micro-batch's compute.
+# **Takeaway:** for a model this small, each extra micro-batch costs more in fixed overhead than the bubble it
+# removes.
 #
-# On a real cluster the proportions change: a stage of a large model computes a micro-batch in tens of
-# milliseconds, a point-to-point transfer of its activations over NVLink or InfiniBand takes a fraction
-# of that, and the bubble formula is what you pay — at p = 4, m = 8 with 1F1B, 3/11 of the time idle,
-# against 3/4 with a single micro-batch. That is why pipelining, with many micro-batches, is a tool for
-# models too large for one GPU, where P10 recommends model or tensor parallelism (pipelining is model
-# parallelism with micro-batches); for a small model that fits one GPU, P10 says data parallelism is usually
-# best and pipelining may bring little.
+# Every micro-batch adds a forward, a backward, a send and a receive on every stage, each with a fixed cost.
+# The last line above compares what one more micro-batch cost with one stage's compute and with the bubble it
+# removes. Section 6's wide MLP runs the same code; there the fixed costs are small beside the compute.
+#
+# On a real cluster the proportions change. A stage of a large model computes a micro-batch in tens of
+# milliseconds, and sending its activations takes a fraction of that. Then the formula is what you pay: at
+# p = 4 and m = 8 with 1F1B, 3/11 of the time idle, against 3/4 with one micro-batch. So pipelining is a tool
+# for models too large for one GPU. For a small model, P10 says data parallelism is usually best.
 
 # %% [markdown]
-# ## 9. The same thing in production: `torch.distributed.pipelining`
+# ## 9. The same thing in PyTorch: `torch.distributed.pipelining`
 #
-# PyTorch's own pipelining runs the *same* stages (coursekit's split, on the same ranks) with its schedules
-# `ScheduleGPipe`, `Schedule1F1B` and `ScheduleInterleaved1F1B`. The loop registers it as the strategy
-# `"torch_pipeline"`: equal to coursekit's executor and to one process. Torch has no ZB-H1; the closest are
-# the same paper's ZB1P (`ScheduleInterleavedZeroBubble`) and ZB-V (`ScheduleZBVZeroBubble`, exactly two
-# stages per rank). A torch schedule's `pipeline_order[rank]` lists only compute actions (`None` for an idle
-# step); the runtime schedules, `ScheduleInterleaved1F1B` among them, also build
-# `pipeline_order_with_comms[rank]`, with the sends and receives.
+# PyTorch's own pipelining runs the *same* stages with its schedules `ScheduleGPipe`, `Schedule1F1B` and
+# `ScheduleInterleaved1F1B`. The training loop registers it as the strategy `"torch_pipeline"`. Torch has no
+# ZB-H1; the closest are the same paper's ZB1P, `ScheduleInterleavedZeroBubble`, and ZB-V,
+# `ScheduleZBVZeroBubble`.
 #
 # | coursekit | PyTorch |
 # |---|---|
@@ -643,6 +632,6 @@ for name, t in times.items():
           f"ratio {t['pipeline'] / t['torch_pipeline']:.2f}")
 
 # %% [markdown]
-# **Exercise** `exercises/04_pipeline_schedule.ipynb`: write the 1F1B generator. It is graded by the
-# validator, by its bubble and its peak activations against the formulas, and by running it on real ranks
-# against one process.
+# **Exercise** `exercises/04_pipeline_schedule.ipynb`: write the 1F1B generator. The validator checks it, its
+# bubble and peak activations are compared with the formulas, and it runs on real ranks against one process.
+
