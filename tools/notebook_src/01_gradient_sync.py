@@ -1,30 +1,31 @@
-# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5, "LOAD_WORLD_SIZES": [2, 3, 4], "MODEL_RECORD_MAX_G": 16}
+# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5, "MODEL_RECORD_MAX_G": 16}
 # %% [markdown]
 # # 01 · How GPUs share what they learn: naive, single master, ring all-reduce
 #
 # > **The interview question (R1).** *"We must train an LLM on 1,000 GPUs. How do all the GPUs share what
 # > they learn?"*
 # >
-# > Answering *"a central [parameter server](../docs/glossary.md#parameter-server) collects everyone's gradients, averages them and sends the
-# > new weights back"* ends the interview.
+# > Answering *"a central [parameter server](../docs/glossary.md#parameter-server) collects everyone's gradients, averages them
+# > and sends the new weights back"* ends the interview.
 #
-# This chapter finds out why, with real ranks: three ways to sum gradients across GPUs, each one
-# **run**, **counted** (every element that crosses a link), **timed**, and for the ring, **stepped
-# through** one transfer at a time. At the end we answer the interview with numbers.
+# This chapter finds out why. It runs three ways to sum gradients across GPUs on real ranks. It counts every
+# element that crosses a link, and it steps through the ring one transfer at a time. At the end it answers the
+# interview with numbers.
 #
-# The runs and timings here are real `torch.distributed` ranks (processes talking through gloo on the
-# CPU, or NCCL on GPUs); the counts at many world sizes come from the simulator, which runs the same
-# code in one process, and the cluster's times from a network model that replays that code's traces.
-# Naive and master live in `coursekit/collectives/__init__.py`, the ring in `coursekit/collectives/ring.py`, all built only
-# from [point-to-point](../docs/glossary.md#point-to-point) `send`/`recv` (`coursekit/comm/__init__.py`, which also counts every transfer): read them
-# next to this notebook.
+# <details><summary>What runs where</summary>
+#
+# The runs are real `torch.distributed` ranks: processes talking through gloo on the CPU, or NCCL on GPUs. The
+# counts at many world sizes come from the simulator, which runs the same code in one process. A cluster's
+# times come from a network model that replays that code's messages. Naive and master live in
+# `coursekit/collectives/__init__.py`, the ring in `coursekit/collectives/ring.py`. All are built only from
+# [point-to-point](../docs/glossary.md#point-to-point) `send` and `recv`.
+# </details>
 
 # %% tags=["parameters"]
 # Parameters: small so the notebook runs in well under a minute; raise them to see more.
 WORLD_SIZE = 4                      # ranks for the real runs
 SIZES_KIB = [4, 64, 1024, 4096]     # message sizes to time (learners: try up to 65536 = 64 MiB)
 REPEATS = 10                        # timed iterations per point (the median is reported)
-LOAD_WORLD_SIZES = [2, 3, 4]        # world sizes for "the master does not scale" (try up to 8)
 MODEL_PARAMS = 7e9                  # the interview: a 7-billion-parameter model ...
 GPUS = 1000                         # ... on 1,000 GPUs
 MODEL_RECORD_MAX_G = 64             # the network model replays recorded traces up to this G (try 256: slow)
@@ -53,12 +54,13 @@ from coursekit.widgets.ring import ring_explorer
 ALGORITHMS = {"naive": naive_all_reduce, "master": master_all_reduce, "ring": ring_all_reduce}
 
 # %% [markdown]
-# ## Why gradients must be synchronised (R2)
+# ## 1. Why gradients must be synchronised (R2)
 #
-# In data parallelism every GPU holds the **same model** but sees **different data**, so each computes
-# different gradients. If each applied its own, the copies would drift apart after one step. So before
-# the update, the GPUs *[all-reduce](../docs/glossary.md#all-reduce)* their gradients: every GPU ends with the sum (here: the mean) of all
-# of them. A major runtime [bottleneck](../docs/glossary.md#bottleneck) of multi-GPU training is exactly this [synchronisation](../docs/glossary.md#gradient-synchronisation) (R2).
+# Why do GPUs need to talk at all? In data parallelism every GPU holds the **same model** but sees **different
+# data**, so each computes different gradients. If each applied its own, the copies would drift apart. So
+# before the update, the GPUs **[all-reduce](../docs/glossary.md#all-reduce)** their gradients: every GPU ends with the sum of
+# all of them. This [synchronisation](../docs/glossary.md#gradient-synchronisation) is a major
+# [bottleneck](../docs/glossary.md#bottleneck) of multi-GPU training (R2).
 #
 # Two real ranks, one tiny linear model, four samples each:
 
@@ -93,12 +95,12 @@ print("after: identical on both ranks:", torch.equal(results[0][1], results[1][1
 print("after: equal to one GPU on all 8 samples:", torch.allclose(results[0][1], one_gpu_all_data(), atol=1e-6))
 
 # %% [markdown]
-# Before: two different gradients. After: the same numbers on both ranks, and they equal the gradient
-# one GPU would compute on all eight samples. That is the whole point of the all-reduce.
+# **Takeaway:** after the all-reduce both ranks hold the same gradient, the one a single GPU computes on all
+# the samples.
 #
-# ## Three ways to all-reduce, run for real
+# ## 2. Three ways to all-reduce
 #
-# With `G` GPUs, each holding `N` gradient elements:
+# How can G GPUs, each holding N gradient elements, all end with the sum?
 #
 # | algorithm | how | elements moved | busiest GPU sends + receives |
 # |---|---|---|---|
@@ -106,8 +108,18 @@ print("after: equal to one GPU on all 8 samples:", torch.allclose(results[0][1],
 # | **[single master](../docs/glossary.md#single-master)** (R4) | all send to one GPU, it sums and sends the result back | `2·(G−1)·N` | `2·(G−1)·N`, the master |
 # | **[ring](../docs/glossary.md#ring-all-reduce)** (R5, R6) | [segments](../docs/glossary.md#segment) travel round a ring: [reduce-scatter](../docs/glossary.md#reduce-scatter), then [all-gather](../docs/glossary.md#all-gather) | `2·(G−1)·N` | `≈ 4·(G−1)·N/G` |
 #
-# Each runs below on real ranks against `torch.distributed.all_reduce`, with every transfer recorded by
-# `comm.record()`. `N = 1001` on purpose: it does not divide by 4 (the ring's segments are 251, 250, 250, 250).
+# Here are the first two, as the library runs them. Each first checks that every rank passes a tensor of the
+# same length, so a mismatch raises a clear error instead of a hang:
+
+# %%
+coursekit.show(naive_all_reduce)
+
+# %%
+coursekit.show(master_all_reduce)
+
+# %% [markdown]
+# Then the three run on real ranks against `torch.distributed.all_reduce`, every transfer recorded by
+# `comm.record()`. `N = 1001` on purpose: it does not divide by 4, so the ring's segments are 251, 250, 250, 250.
 
 # %% tags=["nbval-check-output"]
 N = 1001
@@ -141,17 +153,17 @@ for name in ALGORITHMS:
           f"{formula[name]:>8} {traffic.busiest_rank:>13}")
 
 # %% [markdown]
-# All three give the right sum, bit for bit the same on every rank (each sum is formed in one fixed
-# order; adding "the others" in each rank's own order differs in the last bits between ranks, and
-# replicas would slowly [drift](../docs/glossary.md#silent-divergence)). The counts match the formulas exactly. The naive scheme moves
-# G·(G−1)·N against the others' 2·(G−1)·N: **G/2 times** as much (2× at G = 4, and growing with
-# G). The master and the ring move **the same** total (R7); the difference is *who* carries it, below.
+# **Takeaway:** all three give the right sum, the same bits on every rank; the naive scheme moves G/2 times as
+# much as the other two.
 #
-# ## The ring, step by step: the seed's worked example (R5, R6)
+# Each sum is formed in one fixed order. Adding "the others" in each rank's own order would differ in the last
+# bits between ranks, and the replicas would slowly [drift](../docs/glossary.md#silent-divergence). The master and the ring move
+# **the same** total (R7). The difference is *who* carries it, in section 4.
 #
-# Four GPUs, each splits its gradients into four segments: GPU1 holds a₁ … a₄, GPU2 b₁ … b₄, and so on.
-# Below is a **recorded real run** of `ring_all_reduce` on 4 ranks, replayed over those labels (each
-# transfer recorded which segment it carried; the replay says what that segment held):
+# ## 3. The ring, step by step: the source's worked example (R5, R6)
+#
+# Four GPUs each split their gradients into four segments: GPU1 holds a₁ … a₄, GPU2 b₁ … b₄, and so on. Below
+# is a recorded real run of `ring_all_reduce` on 4 ranks, replayed over those labels:
 
 # %% tags=["nbval-check-output"]
 def record_ring(rank, world_size):
@@ -168,19 +180,19 @@ for step in replay(seed_run, 4):
         print("   ", line)
 
 # %% [markdown]
-# Exactly the seed's iterations: in iteration 1 "GPU1 sends a₁ to GPU2, added to b₁", in iteration 2
-# "GPU1 sends (d₄+a₄) to GPU2, added to b₄", … After three iterations each GPU holds **one complete
-# segment** (GPU1 holds b₂+c₂+d₂+a₂: rank `r` owns segment `(r+1) mod G`), and three more iterations of
-# passing complete segments round the same ring give every GPU every segment.
+# These are the source's iterations. In iteration 1 "GPU1 sends a₁ to GPU2, added to b₁"; in iteration 2
+# "GPU1 sends (d₄+a₄) to GPU2, added to b₄". After three iterations each GPU holds **one complete segment**.
+# Three more iterations of passing complete segments round the same ring give every GPU every segment.
+#
+# **Takeaway:** in the first phase each GPU ends with one fully summed segment; in the second it passes them on
+# until every GPU has all of them.
 #
 # ### Step through it yourself
 #
-# Move **step** (or press **Play**) to walk through every step of both phases; change **GPUs** (2 to 8).
-# The drawing comes from the single-process simulator running the very same `ring_all_reduce` code
-# (one thread per rank), so it answers instantly. Shade = how many GPUs' values a cell already sums;
-# outlined cells just received something; arrows are this step's transfers. Every cell writes its sum
-# out as the seed does (a₁+b₁+c₁, …), at any number of GPUs. First the widget's starting state as a
-# plain image (it shows where widgets do not render), then the widget:
+# Move **step**, or press **Play**, to walk through both phases; change **GPUs** from 2 to 8. The drawing comes
+# from the simulator running the very same `ring_all_reduce`, so it answers at once. Shade says how many GPUs'
+# values a cell already sums; arrows are this step's transfers. First the widget's starting state as an image,
+# then the widget:
 
 # %%
 _ = draw_ring_step(ring_walkthrough(WORLD_SIZE), 0)
@@ -190,10 +202,10 @@ plt.show()
 ring_explorer(WORLD_SIZE)
 
 # %% [markdown]
-# ## Traffic against G and N, counted
+# ## 4. Traffic against G and N, counted
 #
-# The simulator runs the same code, so it can count for many world sizes in a blink. (A test in
-# `tests/test_collectives.py` checks that the simulator's trace equals a real run's, transfer by transfer.)
+# How does the traffic grow with the number of GPUs? The simulator runs the same code, so it can count for many
+# world sizes at once.
 
 # %% tags=["nbval-check-output"]
 def count(rank, world_size, name, numel):
@@ -229,13 +241,18 @@ ax.set_title("Elements moved per all-reduce: counted (markers) vs formula (lines
 plt.show()
 
 # %% [markdown]
-# For uneven segments the ring's per-rank count is exact too: rank `r` sends every segment but
-# `(r+1) mod G` in the reduce-scatter and every segment but `(r+2) mod G` in the all-gather, so
-# `2N − len((r+1) mod G) − len((r+2) mod G)` elements; summed over ranks that is exactly `2·(G−1)·N`.
+# **Takeaway:** the counts equal the formulas: the naive scheme grows with G², the master and the ring with G.
 #
-# ## Who carries the load: why one master does not scale (R4, R7)
+# <details><summary>The ring's count with uneven segments</summary>
 #
-# Same total traffic, very different distribution. Per-rank load, counted, at G = 8:
+# Rank `r` sends every segment but `(r+1) mod G` in the reduce-scatter, and every segment but `(r+2) mod G` in
+# the all-gather: `2N − len((r+1) mod G) − len((r+2) mod G)` elements. Summed over ranks that is exactly
+# `2·(G−1)·N`.
+# </details>
+#
+# ## 5. Who carries the load: why one master does not scale (R4, R7)
+#
+# The same total, but who moves it? Here is each rank's load, counted, at G = 8:
 
 # %% tags=["nbval-check-output"]
 loads, interface, pair = {}, {}, {}
@@ -260,57 +277,25 @@ ax.set_title(f"G = 8, N = {N}: elements each rank sends + receives (counted)")
 plt.show()
 
 # %% [markdown]
-# The master (rank 0) sends and receives **half of everything** (with G = 8: 7N in, 7N out), and the
-# others wait on it; its load grows with G. Each ring rank carries `≈ 4·(G−1)·N/G < 4N`, *whatever* G is.
+# **Takeaway:** every gradient passes through the master's one interface, so its load grows with G; each ring
+# rank carries less than 4N, whatever G is.
 #
-# **Per pair or per GPU?** Counted per *pair of ranks*, the ring's busiest pair carries more than the
-# master's (the table: 1,752 against 1,001 elements, since a ring rank sends all its segments to one
-# neighbour while every master pair carries one tensor). That does not make the ring slower: a GPU has
-# *one* network interface, and every pair it talks to shares it. The master's interface must take in
-# 7 × 1,001 = 7,007 elements and then send as many back (a full-duplex link could overlap the two; this
-# master does them one after the other, and the interview at the end times both), the ring's 1,752.
-# **The per-GPU interface load limits the time**, and the network model below times exactly that: each
-# GPU's send side and receive side, whatever the pairs.
-# Now timed on real ranks, for a 4 MiB tensor as G grows. Read it with care: here every "GPU" is a
-# process, and they share this machine's CPU cores (the first line of the output says how many).
-
-# %%
-import os
-
-CORES = len(os.sched_getaffinity(0))
-print(f"{CORES} CPU cores for {', '.join(map(str, LOAD_WORLD_SIZES))} rank processes")
-load_rows = []
-for G in LOAD_WORLD_SIZES:
-    load_rows += measure(G, [4 << 20], ["master", "ring"], repeats=REPEATS)
-for name in ("master", "ring"):
-    print(f"{name:<7}" + "  ".join(f"G={r['world_size']}: {r['seconds'] * 1e3:6.2f} ms"
-                                  for r in load_rows if r["algorithm"] == name))
-fig, ax = plt.subplots(figsize=(5, 3))
-for name, colour in (("master", "#edae49"), ("ring", "#2e86ab")):
-    mine = [r for r in load_rows if r["algorithm"] == name]
-    ax.plot([r["world_size"] for r in mine], [r["seconds"] * 1e3 for r in mine], "o-", color=colour, label=name)
-ax.set_xticks(LOAD_WORLD_SIZES)  # whole numbers of ranks
-ax.set_xlabel("G (ranks)"); ax.set_ylabel("median ms (4 MiB)"); ax.legend(); ax.grid(alpha=0.3)
-ax.set_title("Measured: all-reduce of 4 MiB as G grows")
-plt.show()
+# Counted per *pair* of ranks, the ring's busiest pair carries more than the master's. A ring rank sends all its
+# segments to one neighbour, while each master pair carries one tensor. That does not make the ring slower: a
+# GPU has *one* network interface, and every pair it talks to shares it. So the per-GPU interface load limits
+# the time, and the network model in section 7 times exactly that.
+#
+# This laptop cannot time it. Its "GPUs" are processes sharing two CPU cores, and its "links" are memory
+# copies. With more ranks than cores, a timed run measures the scheduler: the ring hands work from rank to rank
+# `2·(G−1)` times a call, and each hand-off waits for a core. So the counted loads carry R4 here, and the
+# network model shows what a cluster makes of them.
 
 # %% [markdown]
-# **What this measures.** With more rank processes than cores, ranks take turns on the CPU: a rank
-# that has to forward a segment waits until the scheduler runs it, and the ring (2·(G−1) hand-offs per
-# call) waits more often than the master (2 hand-offs). So beyond the number of cores the figure times
-# the **scheduler**, not a network, and either algorithm may come out ahead from one run to the next.
-# Only at G ≤ the number of cores does each rank have a core to itself; on a 2-core laptop that is
-# G = 2, where master and ring move the same bytes between the same two processes, though not in the
-# same order: the master's two messages of N go one after the other (in, then out), the ring's four
-# messages of N/2 go two at a time, one each way, which a full-duplex link can carry in up to half the
-# time. Nothing at G = 2 is about scaling yet. The loads counted above do not depend on the machine;
-# what a cluster makes of them is the network model's job, next.
-
-# %% [markdown]
-# ## Time against message size, and the α–β model
+# ## 6. Time against message size
 #
-# A message of `n` bytes takes about `α + β·n`: a fixed [latency](../docs/glossary.md#latency-and-bandwidth) `α` plus `n` over the bandwidth `1/β`.
-# An algorithm with `s` sequential steps moving `b` bytes per rank takes about `s·α + β·b`:
+# How long does an all-reduce take? A message of `n` bytes takes about `α + β·n`: a fixed
+# [latency](../docs/glossary.md#latency-and-bandwidth) `α` plus `n` over the bandwidth `1/β`. An algorithm with `s` steps, each
+# rank moving `b` bytes, takes about `s·α + β·b`:
 #
 # | algorithm | steps `s` | bytes per rank on the critical path |
 # |---|---|---|
@@ -318,11 +303,9 @@ plt.show()
 # | master | 2 | `(G−1)·n` through the master, each way |
 # | ring | `2·(G−1)` | `2·(G−1)/G · n` |
 #
-# The ring pays more latency (more steps) but the least bandwidth: on a network it wins for large
-# messages, which is what gradients are (the network model below shows from which size). This laptop
-# need not agree at the sizes it can run; the note after the figure says why. Measured on real ranks
-# (median of `REPEATS`, slowest rank per iteration), with `torch.distributed.all_reduce` (gloo here,
-# NCCL on GPUs) for reference, and a fitted `α + β·bytes`:
+# The ring pays more latency but the least bandwidth, so on a network it wins for large messages, which is
+# what gradients are. Below, measured on real ranks with `torch.distributed.all_reduce` for reference, and a
+# fitted `α + β·bytes`:
 
 # %%
 timing_rows = measure(WORLD_SIZE, [k << 10 for k in SIZES_KIB], ["torch", "ring", "master", "naive"],
@@ -343,23 +326,20 @@ ax.set_title(f"{WORLD_SIZE} ranks: measured (dots) and fitted α + β·bytes (li
 plt.show()
 
 # %% [markdown]
-# Read the fit for what it measures here. On a laptop every "GPU" shares a few CPU cores and "links"
-# are memory copies through the kernel: with more single-thread ranks than cores, the fitted α is
-# mostly the ranks waiting for a core and the per-call length check, not a link latency, so do not read
-# the ring's intercept as "2·(G−1) network latencies". What carries over to a cluster is what the
-# counts above prove exactly: the naive scheme moves G/2 times more data, the master funnels all of it
-# through one GPU's link, and the ring spreads it evenly, so at large messages, where bandwidth
-# dominates, the ring's per-GPU traffic `2·(G−1)/G · n` is what sets the time.
+# **Takeaway:** on this machine every call pays a large fixed cost, and time grows with the bytes beyond it.
 #
-# ## algbw and busbw, as nccl-tests defines them
+# Read the fit for what it measures here. With more single-thread ranks than cores, the fitted α is mostly the
+# ranks waiting for a core and the per-call length check, not a link's latency. What carries over to a cluster
+# is what the counts prove: the naive scheme moves G/2 times more, the master funnels everything through one
+# link, and the ring spreads it evenly.
 #
-# [nccl-tests](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) reports two numbers:
+# <details><summary>algbw and busbw, as nccl-tests defines them</summary>
 #
-# * **[algbw](../docs/glossary.md#algbw-and-busbw)** = `bytes / time`: how fast the *user's* tensor got all-reduced.
-# * **busbw** = `algbw · 2(n−1)/n` for all-reduce: the bandwidth each link actually sustained in an
-#   optimal (ring) all-reduce, since each rank must send and receive `2(n−1)/n` of the tensor. The factor
-#   takes the rank count out, so ideally busbw stays the same whatever `n`, and it compares directly
-#   with the hardware's link bandwidth.
+# [nccl-tests](https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md) reports two numbers.
+# **[algbw](../docs/glossary.md#algbw-and-busbw)** is `bytes / time`: how fast the user's tensor got all-reduced. **busbw** is
+# `algbw · 2(n−1)/n`: the bandwidth each link sustained in an optimal ring all-reduce. The factor takes the rank
+# count out, so busbw compares directly with the hardware's link bandwidth.
+# </details>
 
 # %%
 print(f"{'size':>8} {'ring algbw':>11} {'ring busbw':>11} {'torch busbw':>12}  (GB/s, {WORLD_SIZE} ranks)")
@@ -370,26 +350,24 @@ for kib in SIZES_KIB:
 assert abs(busbw(1e6, 1e-3, 4) - algbw(1e6, 1e-3) * 1.5) < 1e-6  # 2(n-1)/n = 1.5 for n = 4
 
 # %% [markdown]
-# ## What a cluster would do: the network model (R4, R7)
+# ## 7. What a cluster would do: the network model (R4, R7)
 #
-# A laptop cannot show 1,024 GPUs, but the traces above can be *replayed* on a modeled network:
-# `coursekit.netsim` takes the transfers that the very same [collective](../docs/glossary.md#collective) code records (per step, who
-# sends how many bytes to whom) and times them. Its assumptions, stated once in its docstring: every
-# GPU has one full-duplex link of bandwidth `B` each way and latency `α` to a non-blocking switch; GPUs
-# of one node talk over a second, faster link; a link's send side (and its receive side) carries one
-# byte stream at a time; a step ends when its busiest side is done, `α + bytes/B`. Nothing about the
-# algorithms is written into the model: it reads traces.
+# What would 1,024 GPUs do? A laptop cannot show them, but it can replay the course's own messages on a modeled
+# network. `coursekit.netsim` takes the transfers that the same [collective](../docs/glossary.md#collective) code records, step by
+# step, and times them. Nothing about the algorithms is written into the model: it reads traces.
 #
-# The cluster here uses published link figures: **400 Gb/s InfiniBand** between nodes (NDR, 50 GB/s
-# each way per GPU) and **NVLink 4** inside a node of 8 (H100 SXM: 900 GB/s both ways, 450 GB/s each
-# way). The latencies are assumptions of the right order for one NCCL step, not published figures:
-# 10 µs between nodes, 2 µs inside (the widget below lets you change them).
+# Its assumptions: every GPU has one full-duplex link of bandwidth `B` and latency `α` to a switch, and GPUs of
+# one node talk over a faster link. A step ends when its busiest link is done. The cluster uses published
+# figures: **400 Gb/s InfiniBand** between nodes, 50 GB/s each way per GPU, and **NVLink 4** inside a node of 8,
+# 450 GB/s each way. The latencies, 10 µs between nodes and 2 µs inside, are assumptions of the right order.
 #
-# The model replays recorded traces up to `MODEL_RECORD_MAX_G` GPUs (the trace of a flat ring holds
-# 2·G·(G−1) messages; at 1,024 GPUs that is two million, minutes of Python). Beyond, the lines are the
-# closed forms derived in `netsim`'s docstring, which `tests/test_netsim.py` checks against the model
-# on many recorded cases (exactly equal where G divides N; otherwise the ring's closed form is an upper
-# bound), and which this cell checks again at every recorded G:
+# <details><summary>Recorded traces and closed forms</summary>
+#
+# The model replays recorded traces up to `MODEL_RECORD_MAX_G` GPUs; a flat ring's trace holds 2·G·(G−1)
+# messages, two million at 1,024 GPUs. Beyond, the lines are the closed forms derived in `netsim`'s docstring.
+# `tests/test_netsim.py` checks them against the model on many recorded cases, and the cell below checks them
+# again at every recorded G.
+# </details>
 
 # %% tags=["nbval-check-output"]
 CLUSTER = Network(bandwidth=400e9 / 8, latency=10e-6, gpus_per_node=8, intra_bandwidth=450e9, intra_latency=2e-6)
@@ -427,24 +405,20 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Read the lines against the table above it:
+# **Takeaway:** the master's time grows linearly with G, while the ring's bandwidth term stays flat: that is R4
+# and R7 on a cluster.
 #
-# * **master** grows linearly in G: its InfiniBand interface takes in `(G−k)·N` (the other `k−1`
-#   gradients of its node arrive over NVLink) and then sends as much back, so `2·α + 2·(G−k)·N·b/B`
-#   (the jump after G = 8 is the move from NVLink to InfiniBand).
-# * **ring**: its *bandwidth term* (dashed) is `2·(G−1)/G · N·b/B ≈ 2·N·b/B`: flat once the ring spans
-#   nodes (G ≥ 16); like the master's, it jumps after G = 8, where NVLink gives way to InfiniBand.
-#   Its *latency term* (dotted) grows with `2·(G−1)`: at 1,024 GPUs that is 2,046 steps, 20.46 ms,
-#   over a hundred times its bandwidth term for a 4 MiB [bucket](../docs/glossary.md#bucket). For the 14 GB gradient the bandwidth
-#   term still dominates.
-# * **[hierarchical](../docs/glossary.md#hierarchical-all-reduce)** (next section) pays `2·(k−1) + 2·(n−1)` latencies, 268 at 1,024 GPUs in nodes
-#   of 8, and sends only `1/k` of the bytes per GPU over InfiniBand.
+# * **Master**: its InfiniBand interface takes in `(G−k)·N` and sends as much back. The jump after G = 8 is the
+#   move from NVLink to InfiniBand.
+# * **Ring**: its bandwidth term, dashed, is about `2·N·b/B` whatever G is. Its latency term, dotted, grows with
+#   `2·(G−1)` steps: for a 4 MiB [bucket](../docs/glossary.md#bucket) at 1,024 GPUs it is a hundred times the bandwidth term.
+# * **[Hierarchical](../docs/glossary.md#hierarchical-all-reduce)**, section 8, pays far fewer latencies and sends only `1/k` of
+#   the bytes per GPU over InfiniBand.
 #
-# ### The same model with this machine's fitted α and B
+# ### The same model with this machine's α and B
 #
-# `netsim.calibrate` finds the `α` and `B` with which the model best fits a measured 2-rank ring (G = 2:
-# the one world size where each rank has a core here), then the same model extrapolates to G GPUs on a
-# switch made of this machine's "links" (loopback memory copies):
+# `netsim.calibrate` fits `α` and `B` to a measured 2-rank ring, where each rank has a core. The same model then
+# extrapolates to G GPUs on a switch made of this machine's "links":
 
 # %%
 two_rank = measure(2, [k << 10 for k in SIZES_KIB], ["ring"], repeats=REPEATS)
@@ -460,21 +434,21 @@ ax.set_title("modeled 4 MiB all-reduce with this machine's fitted α, B (one lev
 plt.show()
 
 # %% [markdown]
-# The shape is the cluster's: the master's line rises linearly with G, the ring's bandwidth term is
-# flat and its latency term climbs with `2·(G−1)·α`. This machine's `α` (fitted above) is far larger
-# than a network's: it is mostly the per-call work of the collective and the wait for a core, not a
-# wire. The fit rests on one world size and a few sizes on a shared, noisy machine (the same 4 MiB
-# ring can time differently in this cell than in the one above), so read its percentages above as the
-# error of a two-number model on such a machine, not as a calibration to trust at 1,024 GPUs.
+# The shape is the cluster's: the master's line rises with G, the ring's bandwidth term is flat. This machine's
+# `α` is far larger than a network's: it is mostly the collective's per-call work, not a wire. The fit rests on
+# one world size and a few sizes on a noisy machine, so read its errors as those of a two-number model.
 #
-# ## Hierarchical all-reduce: rings inside nodes, rings of shards across them
+# ## 8. Hierarchical all-reduce: rings inside nodes, rings of shards across them
 #
-# What large clusters do beyond one flat ring (`coursekit/collectives/hierarchical.py`, built from the ring above
-# on a [mesh](../docs/glossary.md#mesh)'s two [axes](../docs/glossary.md#axis)): **reduce-scatter inside each node** (local rank `l` ends with the node's sum
-# of [shard](../docs/glossary.md#shard) `(l+1) mod k`), **all-reduce of the shards across nodes** (`k` rings at once, one per local
-# rank, each over its own network link), **all-gather inside each node**. Per GPU it sends
-# `2(k−1)/k·N` elements inside its node and only `2(n−1)/n·N/k` across nodes. Run for real on a
-# 2 × 2 mesh (`Mesh({"node": 2, "local": 2})`, 4 ranks), counted per level against those formulas:
+# What do large clusters do beyond one flat ring? They use the two levels of the network. The hierarchical
+# all-reduce works on a [mesh](../docs/glossary.md#mesh)'s two [axes](../docs/glossary.md#axis):
+#
+# 1. **Reduce-scatter inside each node**: each GPU ends with its node's sum of one [shard](../docs/glossary.md#shard).
+# 2. **All-reduce of the shards across nodes**: `k` rings at once, one per local rank, each on its own link.
+# 3. **All-gather inside each node.**
+#
+# Per GPU it sends `2(k−1)/k·N` elements inside its node and only `2(n−1)/n·N/k` across nodes. Run for real on a
+# 2 × 2 mesh, counted per level against those formulas:
 
 # %% tags=["nbval-check-output"]
 def hierarchical_run(rank, world_size, numel):
@@ -500,13 +474,12 @@ for r in range(4):
     print(f"{r:>4} {inside:>12} {want[r][0]:>8} {across:>12} {want[r][1]:>8}")
 
 # %% [markdown]
-# With N = 1001 the node's shards are 501 and 500 elements, so ranks differ by one element, exactly
-# as the formula says. Each stage labels its steps apart ("inner reduce-scatter", "outer
-# reduce-scatter", …): the network model runs one label as one step, so the stages are timed one after
-# the other, as they run.
+# **Takeaway:** the counts match per level: across nodes, each GPU sends only its shard's share.
 #
-# **When each wins, at 1,024 GPUs in nodes of 8** (the model's closed forms; `netsim.crossover` finds
-# the smallest message from which one algorithm is faster than another):
+# With N = 1001 the node's shards are 501 and 500 elements, so ranks differ by one element, as the formula says.
+#
+# **When does each win, at 1,024 GPUs in nodes of 8?** `netsim.crossover` finds the smallest message from which
+# one algorithm beats another:
 
 # %% tags=["nbval-check-output"]
 G = 1024
@@ -527,21 +500,18 @@ print(f"hierarchical at 4 MiB: {closed_form_time('hierarchical', G, 2**20, CLUST
       f"ring {closed_form_time('ring', G, 2**20, CLUSTER) * 1e3:.2f} ms")
 
 # %% [markdown]
-# So on this cluster model the hierarchical all-reduce beats the flat ring at every message size: it
-# pays 268 latencies instead of 2,046, and each GPU sends `1/k` of the bytes over InfiniBand because
-# all 8 GPUs of a node drive their own network links at once (the flat ring crosses each node
-# boundary on one link). Below about 124 KiB even the naive all-to-all (one step, one latency) beats
-# it: tiny messages are all latency, which is why NCCL uses tree algorithms and its low-latency
-# protocols (LL, LL128) for small messages.
-# The flat ring stays latency-bound until half a gigabyte: its 20.46 ms of latency equal its
-# bandwidth term only at 512 MB.
+# **Takeaway:** on this cluster the hierarchical all-reduce beats the flat ring at every size; tiny messages are
+# all latency.
+#
+# The hierarchical all-reduce pays far fewer latencies, and all 8 GPUs of a node drive their own network links at
+# once. Below the crossover even the naive all-to-all, one step, wins: that is why NCCL uses tree algorithms and
+# low-latency protocols for small messages.
 #
 # ### Explore the model
 #
-# Five sliders: **G**, the **message size**, the **network link** between nodes and its **latency**,
-# and **GPUs per node** (NVLink inside stays at 450 GB/s, 2 µs; with 1 GPU per node there is no
-# hierarchy). Left: time against G at this size; right: time against size at this G; the sentence gives
-# the numbers and the crossovers. Its default state first, as a plain image:
+# Five sliders: **G**, the **message size**, the **network link** between nodes and its **latency**, and **GPUs
+# per node**. Left: time against G at this size; right: time against size at this G. Its default state first,
+# as an image:
 
 # %%
 _ = draw_explorer(4 << 20, 1024, network(400, 10, 8))
@@ -551,12 +521,10 @@ plt.show()
 network_explorer(nbytes=4 << 20, world_size=1024, bandwidth_gbps=400, latency_us=10, gpus_per_node=8)
 
 # %% [markdown]
-# ## The interview, answered with numbers (R1)
+# ## 9. The interview, answered with numbers (R1)
 #
-# Take a 7-billion-parameter model with bf16 gradients (2 bytes each: 14 GB of gradients per step) on
-# 1,000 GPUs in nodes of 8: the cluster of the network model above (400 Gb/s InfiniBand between nodes,
-# NVLink inside, 10 µs and 2 µs per step). Every number below comes from that model: the master's from
-# its recorded trace replayed at G = 1,000, the rings' from the closed forms the model equals.
+# Take a 7-billion-parameter model with bf16 gradients, 2 bytes each: 14 GB of gradients per step. Put it on
+# 1,000 GPUs in nodes of 8, on the cluster of the network model above. Every number below comes from that model.
 
 # %% tags=["nbval-check-output"]
 from dataclasses import replace
@@ -596,15 +564,15 @@ print(f"the ring is {speed(master.total, ring)} than the first master and {speed
       f"than the second; the hierarchical all-reduce {speed(ring, hier)} than the ring")
 
 # %% [markdown]
-# So the answer that passes the interview: **all-reduce the gradients with a bandwidth-optimal
-# collective**, a ring, and on a real cluster a hierarchical one (ring inside each node, rings of shards
-# across nodes). One parameter server would have to move about 14 TB in and 14 TB out through one
-# network interface every step: over nine minutes at 50 GB/s if it receives everything before sending,
-# over four and a half if it overlaps in and out perfectly. The flat ring needs about half a second per
-# step, of which 20 ms are its 1,998 latencies; the hierarchical all-reduce about 0.13 s,
-# because each node's eight GPUs drive eight network links at once. Adding GPUs adds latency steps, not
-# bandwidth. Sharded parameter servers split the one interface's load across many servers, effectively
-# rebuilding a reduce-scatter.
+# **Takeaway:** a single parameter server needs minutes per step; a ring needs about half a second, and a
+# hierarchical all-reduce less.
 #
-# **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by
-# `coursekit grade`. Then chapter 02 builds data parallelism and [ZeRO](../docs/glossary.md#zero) on these very collectives.
+# So the answer that passes the interview: **all-reduce the gradients with a bandwidth-optimal collective**, a
+# ring, and on a real cluster a hierarchical one. One parameter server would move about 14 TB in and 14 TB out
+# through one network interface every step. Adding GPUs adds latency steps to a ring, not bandwidth. Sharded
+# parameter servers split that one interface's load across many servers, which in effect rebuilds a
+# reduce-scatter.
+#
+# **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by `coursekit grade`.
+# Then chapter 02 builds data parallelism and [ZeRO](../docs/glossary.md#zero) on these very collectives.
+
