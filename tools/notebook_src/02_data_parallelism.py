@@ -2,21 +2,19 @@
 # %% [markdown]
 # # 02 · Data parallelism: from gradient averaging to ZeRO sharding
 #
-# **[Data parallelism](../docs/glossary.md#data-parallelism)** (claim **P4** of the source texts): split each [minibatch](../docs/glossary.md#minibatch) over the GPUs, let every
-# GPU compute the loss and the gradients of *its* part on its own copy of the model, combine the
-# gradients, and update the weights for the next round. The GPUs work at the same time. The catch: every
-# GPU holds a **full copy** of the model, so it stops working when the model does not fit on one GPU.
+# **[Data parallelism](../docs/glossary.md#data-parallelism)**, claim **P4** of the source texts, splits each
+# [minibatch](../docs/glossary.md#minibatch) over the GPUs. Every GPU computes the loss and gradients of *its* part on its own
+# copy of the model. The GPUs combine the gradients and update the weights. They work at the same time. The
+# catch: every GPU holds a **full copy** of the model, so it fails when the model does not fit one GPU.
 #
-# This chapter builds it up and *proves* every step equal to training on one device:
+# This chapter builds it up and checks every step against training on one device:
 #
 # 1. why the gradients differ between GPUs, and why averaging them is exactly right (**R2**);
-# 2. naive averaging, then [bucketed](../docs/glossary.md#bucket) all-reduce that **[overlaps](../docs/glossary.md#overlap)** the backward pass — on a measured timeline;
-# 3. [gradient accumulation](../docs/glossary.md#gradient-accumulation) without communicating on every micro-batch;
-# 4. what it buys on this machine (throughput vs number of ranks), said honestly;
-# 5. the catch of P4 answered by **[ZeRO](../docs/glossary.md#zero)**: [shard](../docs/glossary.md#shard) optimiser state, gradients, then parameters — with
-#    chapter 01's ring reduce-scatter and all-gather (**R5**, **R6**) — measured bytes against the formulas.
-#
-# Everything runs for real: every "GPU" is a process (gloo on the CPU).
+# 2. averaging that **[overlaps](../docs/glossary.md#overlap)** the backward pass, using [buckets](../docs/glossary.md#bucket);
+# 3. [gradient accumulation](../docs/glossary.md#gradient-accumulation) that communicates once per step;
+# 4. what it buys on this machine;
+# 5. the catch of P4 answered by **[ZeRO](../docs/glossary.md#zero)**: [shard](../docs/glossary.md#shard) the optimiser state, the gradients,
+#    then the parameters, with chapter 01's reduce-scatter and all-gather (**R5**, **R6**).
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in well under a minute; raise them freely.
@@ -31,7 +29,6 @@ FP16_STEPS = 12              # steps of fp16 side by side with PyTorch (the firs
 
 # %%
 # %matplotlib inline
-import inspect
 import os
 
 import matplotlib.pyplot as plt
@@ -53,11 +50,10 @@ print("torch", torch.__version__, "| CPU cores:", os.cpu_count())
 # %% [markdown]
 # ## The course model and its data
 #
-# Every strategy chapter trains the same small decoder-only transformer (`coursekit.tiny_transformer`:
-# 2 layers, d_model 64, 4 heads, output head **[tied](../docs/glossary.md#tied-weights)** to the token embedding) on a tiny synthetic
-# language (`coursekit.LanguageData`): every token is one of two successors of the *two* tokens before
-# it, so the model has to learn to look back with attention. Everything is generated from a seed:
-# the same weights and batches on every rank, in every run, with no download.
+# Every strategy chapter trains the same small transformer, `coursekit.tiny_transformer`: 2 layers, d_model 64,
+# 4 heads, its output head **[tied](../docs/glossary.md#tied-weights)** to the token embedding. It learns a tiny synthetic
+# language, `coursekit.LanguageData`, in which every token depends on the two before it. Everything comes from a
+# seed: the same weights and batches on every rank, with no download.
 
 # %%
 model, data = tiny_transformer(seed=0), LanguageData()
@@ -79,14 +75,12 @@ ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# ## Why the gradients differ, and why averaging is exact (R2)
+# ## 1. Why the gradients differ, and why averaging is exact (R2)
 #
-# Four ranks, the same model, the same global batch of 32 sequences; each rank takes *its* 8. Their
-# gradients differ — each saw different data (**R2**). If each rank stepped with its own gradient, the
-# four copies would drift apart and become four different models. But the loss of the global batch is
-# the *mean* of the per-sample losses, so its gradient is the mean of the four ranks' gradients:
-# averaging (an all-reduce, then divide by 4) gives every rank the single-device gradient, exactly up to
-# float rounding.
+# Why must the GPUs combine their gradients? Four ranks hold the same model and split a batch of 32 sequences,
+# 8 each. Their gradients differ because each saw different data (**R2**). If each stepped with its own, the
+# four copies would drift apart. But the loss of the batch is the *mean* of the per-sample losses, so its
+# gradient is the mean of the four ranks' gradients. Averaging gives every rank the one-device gradient.
 
 # %%
 def gradients_per_rank(rank, world_size, global_batch):
@@ -111,24 +105,23 @@ for rank, (mine, averaged) in enumerate(per_rank):
 print("all ranks hold bit-identical averaged gradients:", all(torch.equal(a, per_rank[0][1]) for _, a in per_rank))
 
 # %% [markdown]
-# The averaging above is the naive version: after `loss.backward()`, one all-reduce per gradient.
-# Here it is, whole — it is that short:
+# **Takeaway:** each rank's gradient differs, and their average is the one-device gradient, to rounding.
+#
+# The simplest averaging runs after `loss.backward()`: one all-reduce per gradient, then divide. Here it is,
+# whole:
 
 # %%
-print(inspect.getsource(average_gradients))
+coursekit.show(average_gradients)
 
 # %% [markdown]
-# ## The proof: every variant equals one process
+# ## 2. Every variant equals one process
 #
-# `coursekit.train` runs one training loop with any variant. `coursekit.measure.verify.compare`
-# (the equivalence harness every later chapter uses) checks, step by step, the forward output (rank
-# outputs concatenated), the loss of the global batch, every gradient (reassembled from the shards
-# under ZeRO) and every parameter after the optimiser step, against one process on the same global
-# batch — and names the first tensor, rank and step that diverge, if any.
+# Does each variant really train the same model? `coursekit.train` runs one training loop with any variant.
+# `compare` checks, step by step, the output, the loss, every gradient and every parameter against one process on
+# the same batch, and names the first tensor, rank and step that differ.
 #
-# The global batch here is **10**, which 3 and 4 do not divide: ranks get 4, 3, 3 (or 3, 3, 2, 2)
-# samples and each rank's loss is weighted by its share, so the average is still exactly the global
-# mean. (A global batch smaller than the number of ranks is rejected with a clear error.)
+# The batch here is **10**, which 3 and 4 ranks do not divide. Ranks get 4, 3, 3 samples, and each rank's loss is
+# weighted by its share, so the average is still the batch's mean.
 
 # %%
 VARIANTS = ["naive", "bucketed", "zero1", "zero2", "zero3"]
@@ -162,17 +155,17 @@ print(f"{sum(ok for *_, ok in rows)} of {len(rows)} runs equal to one process "
       f"(float32 tolerance: rtol 1e-4, atol 1e-5 relative to each tensor's magnitude)")
 
 # %% [markdown]
-# The differences are rounding, from a different order of floating-point additions: across ranks (the
-# sum of four partial sums is not the same number as one long sum), and between the reference, computed
-# in this notebook's process with torch's default number of threads, and the ranks, one thread each,
-# whose matrix products can add in another order (the 1-rank rows, with no partial sums at all, show
-# this second kind alone). The harness checks every step, so replicas drifting apart would show as a
-# NO above.
+# **Takeaway:** every variant, on every number of ranks, trains the same model as one process, to rounding.
 #
-# **Edge cases**, on the transformer: its output head is *tied* to the token embedding (one parameter
-# used twice, whose gradient is the sum of both uses: it must be averaged once, not twice), and we
-# freeze the position embedding (no gradient: it must be skipped by the all-reduce and kept out of the
-# ZeRO shards).
+# The differences come from adding in another order: four partial sums are not one long sum.
+#
+# <details><summary>Edge cases, and where the rounding comes from</summary>
+#
+# The reference runs in this notebook's process with torch's default threads; the ranks use one thread each, so
+# their matrix products can add in another order too. The 1-rank rows show that kind alone. The cell below adds
+# two edge cases: the output head is *tied* to the token embedding, so its gradient is the sum of both uses and
+# must be averaged once; and the position embedding is frozen, so it has no gradient and must be skipped.
+# </details>
 
 # %% tags=["nbval-check-output"]
 config = dict(model="transformer", steps=2, global_batch=6, lr=1e-3, freeze=("pos_emb.weight",))
@@ -183,24 +176,23 @@ for i, variant in enumerate(VARIANTS):
           "equal" if compare(single, [runs[r][i] for r in range(3)]).ok else "NOT equal")
 
 # %% [markdown]
-# ## Overlapping communication with the backward pass
+# ## 3. Overlapping communication with the backward pass
 #
-# Naive averaging starts communicating only when the whole backward pass is over: the rank sits idle
-# while the gradients travel. But the gradients of the *last* layers are ready first. The bucketed
-# version (`coursekit.parallel.data.DataParallel`, like PyTorch's [DDP](../docs/glossary.md#ddp)) groups the gradients, in
-# backward order, into buckets (`bucket_cap_mb` megabytes as DDP names it, or `bucket_elements`; here
-# 25,000 elements); a hook on each parameter notices when its gradient is ready, and when a bucket is
-# full its all-reduce is **started** while autograd goes on with the earlier layers. A callback queued
-# at the end of backward (as DDP queues one) waits for whatever is still in flight and divides by the
-# number of ranks, so when `loss.backward()` returns the gradients are the average.
-#
-# The asynchronous all-reduce here is **gloo's own** (`dist.all_reduce(..., async_op=True)`, run on
-# gloo's threads), not chapter 01's ring: our ring is written as blocking Python calls, and a blocking
-# call inside a backward hook would stall backward instead of overlapping it.
-#
-# Below: the last two of the traced 2-rank training steps. Each rank has two lanes: its own work on
-# top, its communication (from *issued* to *completed*, as reported by gloo's own threads — not when
-# the rank got around to waiting) underneath.
+# Must the GPUs wait for the whole backward before they talk? Naive averaging does: the rank sits idle while the
+# gradients travel. But the last layers' gradients are ready first. The bucketed version,
+# `coursekit.parallel.data.DataParallel`, works like PyTorch's [DDP](../docs/glossary.md#ddp). It groups the gradients into
+# buckets in backward order. A hook on each parameter notices when its gradient is ready, and when a bucket is
+# full its all-reduce starts while autograd goes on with earlier layers. A callback at the end of backward waits
+# for what is still in flight, so when `loss.backward()` returns the gradients are averaged. Here is the hook:
+
+# %%
+from coursekit.parallel.data import DataParallel
+
+coursekit.show(DataParallel._grad_ready)
+
+# %% [markdown]
+# Below: the last two of the traced 2-rank training steps. Each rank has two lanes: its own work on top,
+# and underneath its communication, from *issued* to *completed* as gloo's threads report it.
 
 # %%
 def traced(rank, world_size, strategy, options):
@@ -220,12 +212,10 @@ fig = draw_timelines(timelines)
 plt.show()
 
 # %% [markdown]
-# Is the communication really moving while backward runs, and does that make the step shorter? gloo
-# runs asynchronous collectives on its own threads, and the completion times above are recorded by
-# those threads. Per variant, rank 0 alone, averaged over the two steps shown: the step time, the time
-# backward computed (without the wait for the all-reduces, which the bucketed versions do at its end),
-# the fraction of communication time that falls inside backward's computing, and the time the rank
-# waited.
+# Is the communication really moving while backward runs, and does the step get shorter? gloo runs
+# asynchronous collectives on its own threads, and those threads record when each finished. The table gives,
+# per variant and averaged over the two steps shown, rank 0's step, backward and waiting time, and the share of
+# communication hidden behind backward, averaged over both ranks as in the figure's titles.
 
 # %%
 from coursekit.measure.trace import busy_time, hidden_fraction, overlap_length
@@ -241,14 +231,14 @@ def backward_compute(spans, steps=2):
     return (busy_time(spans, "backward", 0) - overlap_length(lane("backward"), lane("idle"))) / steps * 1e3
 
 
-print(f"{'variant':<55} {'step':>8} {'backward':>9} {'hidden':>7} {'waited':>8}")
+print(f"{'variant':<55} {'step':>8} {'backward':>9} {'waited':>8}   hidden (both ranks, as the figure)")
 measured_overlap = {}
 for label, spans in timelines.items():
     forwards = sorted(s.start for s in spans if s.kind == "forward" and s.rank == 0)
     step = (max(s.end for s in spans if s.rank == 0) - forwards[0]) / len(forwards) * 1e3
-    measured_overlap[label] = (step, backward_compute(spans), hidden_fraction(spans, 0))
-    print(f"{label:<55} {step:6.1f}ms {backward_compute(spans):7.1f}ms {hidden_fraction(spans, 0):6.0%} "
-          f"{per_step(spans, 'idle'):6.1f}ms")
+    measured_overlap[label] = (step, backward_compute(spans), hidden_fraction(spans))
+    print(f"{label:<55} {step:6.1f}ms {backward_compute(spans):7.1f}ms {per_step(spans, 'idle'):6.1f}ms   "
+          f"{hidden_fraction(spans):6.0%}")
 (waiting_step, waiting_backward, _), (overlap_step, overlap_backward, _) = list(measured_overlap.values())[1:]
 change = ("shorter" if overlap_step < waiting_step else "longer" if overlap_step > waiting_step
           else "neither shorter nor longer")
@@ -257,23 +247,19 @@ print(f"\nhere, overlapping made the step {change} "
       f"{overlap_backward / waiting_backward:.2f}x as long ({overlap_backward:.1f} vs {waiting_backward:.1f} ms)")
 
 # %% [markdown]
-# Read the columns together, not "hidden" alone. On this 2-core machine, "in the background" still
-# means *on the same two cores*: two single-thread ranks and gloo's threads share them, so the
-# communication that moves during backward takes CPU time from backward, which stretches — a hidden
-# millisecond is not a free one, and the overlapped step can come out no shorter (the last line above
-# says which way it went in this run). On a GPU, NCCL's collectives run as kernels on a few of the GPU's
-# multiprocessors while the links carry the data and the rest of the GPU computes: backward stretches
-# much less, so far more of the hidden time is time saved.
-# The naive version pays mostly for its *many small* messages (one per gradient tensor, each paying the
-# latency). `python -m coursekit.bench data` measures all of this over more steps.
+# **Takeaway:** the overlapped version hides most of its communication behind backward, but on two shared
+# cores that work still costs CPU time, so backward stretches.
 #
-# ## Gradient accumulation: communicate once per step, not once per micro-batch
+# On a GPU, NCCL's collectives run on a few of the GPU's cores while the links carry the data, so backward
+# stretches much less and hidden time is mostly saved. The naive version pays mostly for its *many small*
+# messages, one per gradient tensor. `python -m coursekit.bench data` measures all of this over more steps.
 #
-# When a rank's share of the batch does not fit in memory at once, it splits it into micro-batches and
-# lets the gradients add up over several backward passes. Communicating after each of them would be
-# wasted: only the sum matters. `with model.no_sync():` switches the hooks off for all but the last
-# micro-batch. The count below checks it: each trainable element should be all-reduced once per step,
-# not once per micro-batch.
+# ## 4. Gradient accumulation: communicate once per step
+#
+# What if a rank's share of the batch does not fit in memory at once? It splits it into micro-batches and lets
+# the gradients add up over several backward passes. Communicating after each would be wasted: only the sum
+# matters. `with model.no_sync():` switches the hooks off for all but the last micro-batch. The count below
+# checks that each trainable element is all-reduced once per step.
 
 # %% tags=["nbval-check-output"]
 MICRO_BATCHES = 4
@@ -294,10 +280,12 @@ times = f"once, not {MICRO_BATCHES} times" if reduced == numel else f"{reduced /
 print(f"elements all-reduced per step: {reduced:,}  (Ψ = {numel:,}: {times})")
 
 # %% [markdown]
-# ## Throughput versus number of ranks, on this machine
+# **Takeaway:** with accumulation, each element is all-reduced once per step, not once per micro-batch.
 #
-# Same global batch, 1, 2 and 4 ranks (bucketed and overlapped). Each rank is a process with one
-# thread.
+# ## 5. Throughput against the number of ranks, on this machine
+#
+# Does adding ranks speed training up here? The same batch on 1, 2 and 4 ranks, bucketed and overlapped. Each
+# rank is a process with one thread.
 
 # %%
 def timed(rank, world_size):
@@ -317,46 +305,45 @@ fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot(list(throughput), list(throughput.values()), "o-", label=f"measured here ({os.cpu_count()} CPU cores)")
 ax.plot(list(throughput), [throughput[THROUGHPUT_RANKS[0]] * n / THROUGHPUT_RANKS[0] for n in throughput], "--",
         color="gray", label="ideal: one device per rank")
+ax.set_xticks(list(throughput))  # whole numbers of ranks
 ax.set_xlabel("ranks")
 ax.set_ylabel("tokens / s")
 ax.legend(fontsize=8)
 plt.show()
 
 # %% [markdown]
-# The honest reading, for the machine of the committed run, which has **2 cores** (the first cell prints
-# how many yours has). One rank with one thread leaves a core free; two ranks use both, so at best they
-# go twice as fast, minus communication and gloo's threads competing for the same cores. Four ranks
-# have no more cores to compute on than two, and pay more communication; the speed-ups above say what
-# each came to in this run. P4's "the GPUs work at the same time" needs one device per rank; with a
-# real GPU per rank, compute scales with the ranks and what is left is the communication — which is
-# why overlapping it matters.
+# Four ranks run slower than one here: four processes share two cores, so each computes on half a core, and
+# every step pays more communication on top.
 #
-# ## The catch of P4: a full copy everywhere — and ZeRO
+# **Takeaway:** on two cores, data parallelism can at best double the speed, and only with two ranks.
 #
-# Plain data parallelism keeps on *every* rank the parameters, the gradients and the optimiser state.
-# With Adam in fp32 (as here) that is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes per rank; with [mixed precision](../docs/glossary.md#mixed-precision) (the
-# ZeRO paper) 2Ψ + 2Ψ + 12Ψ = 16Ψ. ZeRO (Rajbhandari et al., 2020) removes the redundancy by sharding
-# over the N ranks:
+# P4's "the GPUs work at the same time" needs one device per rank. With a GPU per rank, compute scales with the
+# ranks and what is left is the communication, which is why overlapping it matters.
 #
-# * **[stage 1](../docs/glossary.md#zero-1)**: the optimiser state — each rank updates only its segment of the parameters;
-# * **[stage 2](../docs/glossary.md#zero-2)**: also the gradients — a **reduce-scatter** (chapter 01's phase 1, R5) instead of an
-#   all-reduce: each rank receives only the summed gradient of its own segment;
-# * **[stage 3](../docs/glossary.md#zero-3)**: also the parameters — each rank keeps its segment and **all-gathers** (phase 2, R6)
-#   the full weights just before using them, then frees them.
+# ## 6. The catch of P4: a full copy everywhere, and ZeRO
 #
-# An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much
-# data as plain data parallelism: 2(N−1)Ψ elements in all, 2Ψ(N−1)/N per rank (about 2Ψ for many
-# ranks); stage 3 gathers the parameters twice (forward and backward): 3(N−1)Ψ. Below, measured: bytes
-# of storage each rank actually holds (counted from the tensors' storage, a view costs nothing, a freed
-# buffer counts zero) **after** an optimiser step and **at the peak during** the step, and every element
-# the ring sent, counted by `comm.record()`.
+# How much memory does each rank pay? Plain data parallelism keeps the parameters, the gradients and the
+# optimiser state on *every* rank. With Adam in fp32 that is 4Ψ + 4Ψ + 8Ψ = 16Ψ bytes for Ψ parameters. ZeRO
+# (Rajbhandari et al., 2020) shards over the N ranks:
 #
-# Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of
-# backward. ZeRO-2 cuts the gradients into buckets (in backward order, as DDP does; 55,000 elements by
-# default, two for this transformer), reduce-scatters each bucket *during backward* as soon as its last
-# gradient is complete, keeps its own segment and frees the bucket: at its peak a rank holds its segments
-# plus one bucket. (ZeRO-1 uses one bucket: its gradients are all complete at the end of backward
-# anyway, and every extra bucket is another ring call with its fixed cost.)
+# * **[Stage 1](../docs/glossary.md#zero-1)**: the optimiser state. Each rank updates only its segment of the parameters.
+# * **[Stage 2](../docs/glossary.md#zero-2)**: also the gradients. A **reduce-scatter** replaces the all-reduce, so each rank
+#   receives only its own segment's sum (R5).
+# * **[Stage 3](../docs/glossary.md#zero-3)**: also the parameters. Each rank keeps its segment and **all-gathers** the full
+#   weights just before using them (R6).
+#
+# An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much as plain
+# data parallelism. Stage 3 gathers the parameters twice, for forward and backward: 1.5 times as much. Here is
+# ZeRO's step, the part every stage shares:
+
+# %%
+from coursekit.parallel.data import ZeRO
+
+coursekit.show(ZeRO.step)
+
+# %% [markdown]
+# Below, measured: the bytes each rank holds **after** an optimiser step and **at the peak during** it, and
+# every element the ring sent.
 
 # %%
 MEMORY_RANKS = 4
@@ -422,23 +409,26 @@ for stage, strategy in enumerate(labels):
           f"{'exact' if traffic.total == expected else 'NO'}   rank 0 sent {traffic.sent[0]:,} {rank_0}")
 
 # %% [markdown]
-# (Here the DP row uses chapter 01's ring once per gradient tensor; ZeRO lays all parameters in one
-# flat buffer, cuts it into buckets and runs the ring's reduce-scatter and all-gather bucket by bucket:
-# rank r owns segment (r + 1) mod N of every bucket.)
+# **Takeaway:** each rank holds exactly what the formulas say, after the step and at its peak; ZeRO-3's
+# parameter peak is a full copy on top of its segments.
 #
-# At the peak, DP and ZeRO-1 hold all 4Ψ bytes of gradients (the end of backward); ZeRO-2 holds its
-# segments plus the bucket being reduced. The formula for that peak is 4·max_b(size_b + Σ_{k≤b} seg_k)
-# (`coursekit.measure.memory.peak_held_bytes`), and the measurement agrees on every rank. This ZeRO-3
-# (`"zero3"`) treats the whole model as one unit, so during forward and backward it holds a full copy
-# of the parameters on top of its segments: its parameter peak is *above* plain DP's. Real
-# ZeRO-3 / [FSDP](../docs/glossary.md#fsdp) gathers **one unit at a time**: `"zero3_units"` (`coursekit.parallel.data.ShardedUnits`)
-# makes every transformer block a unit with its own flat buffer and segments, gathers a block just
-# before its forward, frees it after, gathers it again before its backward, and reduce-scatters its
-# gradient as soon as it is complete; the next block's gather is issued ahead ([prefetch](../docs/glossary.md#prefetch)). The *root*
-# (embeddings, final norm and the head, tied to the token embedding) stays gathered through forward
-# and through backward, because the tied weight is used first and last. So the peak of parameter bytes
-# during a step is: my segments + the root + two consecutive blocks (one computing, one prefetched).
-# Measured at every gather and free, on a 4-block transformer, 2 ranks:
+# Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of backward. ZeRO-2
+# reduce-scatters each bucket during backward and frees it, so at its peak a rank holds its segments plus one
+# bucket. This ZeRO-3 treats the whole model as one unit, so while it computes it holds a full copy.
+#
+# Real ZeRO-3, or [FSDP](../docs/glossary.md#fsdp), gathers **one unit at a time**. `"zero3_units"` makes every block a unit. It
+# gathers a block just before its forward, frees it after, gathers it again before its backward, and
+# reduce-scatters its gradient as soon as it is complete. The next block's gather is issued ahead: a
+# [prefetch](../docs/glossary.md#prefetch). Measured at every gather and free, on a 4-block transformer, 2 ranks:
+#
+# <details><summary>How the bytes are counted</summary>
+#
+# The bytes are those of the storage each rank's tensors hold: a view costs nothing, a freed buffer counts zero.
+# The DP row uses chapter 01's ring once per gradient tensor. ZeRO lays all parameters in one flat buffer, cuts it
+# into buckets and runs the ring bucket by bucket; rank r owns segment (r + 1) mod N of every bucket. The peak's
+# formula is `coursekit.measure.memory.peak_held_bytes`. In `"zero3_units"` the root, the embeddings and the
+# tied head, stays gathered through forward and backward, because the tied weight is used first and last.
+# </details>
 
 # %% tags=["nbval-check-output"]
 from coursekit.collectives import owned_segment, segment_bounds
@@ -479,26 +469,22 @@ print(f"whole model at once (\"zero3\"), by the formula (not measured here): pea
       f"{4 * (mine(psi_4, 0) + psi_4):,} bytes (my segment + all of Ψ)")
 
 # %% [markdown]
-# Prefetch costs one block of memory and buys overlap: the next gather travels while this block
-# computes. The traffic is still exactly 3(N−1)Ψ per step, counted in `tests/test_parallel_fsdp.py`.
+# **Takeaway:** gathering one block at a time keeps a rank's parameter peak near its segments plus two blocks.
 #
-# ## Mixed precision: 2 + 2 + 12 bytes per parameter, measured
+# Prefetch costs one block of memory and buys overlap: the next gather travels while this block computes.
 #
-# Real runs compute in **bfloat16** and keep an **fp32 master copy** of the weights for the optimiser: a
-# bf16 number has 8 significant bits, so a weight of 1 cannot take an update smaller than 2⁻⁸ (the cell
-# below shows `1 + 2**-9` rounding back to 1 in bf16), and Adam's updates are often that small. So the
-# optimiser steps the fp32 master and the bf16 copy the model computes with is cast from it after every
-# step. The ZeRO paper counts 2Ψ (bf16 parameters) + 2Ψ (bf16 gradients) + 12Ψ (the fp32 master and
-# Adam's m and v: K = 12) — the same 16Ψ as fp32's 4 + 4 + 8, but *where* the bytes sit changes: the master
-# copy is optimiser state, which ZeRO shards from stage 1 on.
+# ## 7. Mixed precision: 2 + 2 + 12 bytes per parameter
 #
-# `train(..., "zero2", precision="bf16")` runs exactly that (`coursekit.parallel.data.MixedPrecision`, whose
-# fields are FSDP2's `MixedPrecisionPolicy`'s: `param_dtype=bf16`, `reduce_dtype=fp32`). The gradients are
-# cast to fp32 bucket by bucket just before they are reduced — summing G bf16 numbers in bf16 rounds at
-# every step of the ring — and that cast copy of one bucket is part of the peak. Below: the same ZeRO
-# stages as above, fp32 against bf16 with an fp32 and with a bf16 reduce, on the same ranks; bars at the peak, black ticks from the formulas
-# (`coursekit.measure.memory.peak_held_bytes` and `mixed_peak_held_bytes`). The tests also check ZeRO-3 in bf16
-# against FSDP2 with the same policy, step by step (`tests/test_parallel_data_precision.py`).
+# Real runs use [mixed precision](../docs/glossary.md#mixed-precision): they compute in **bfloat16** and keep an
+# **fp32 master copy** for the optimiser. Why the copy? A bf16
+# number has 8 significant bits, so a weight of 1 cannot take an update smaller than 2⁻⁸, and Adam's updates are
+# often that small. The ZeRO paper counts 2Ψ for bf16 parameters, 2Ψ for bf16 gradients and 12Ψ for the fp32
+# master and Adam's two moments. That is fp32's 16Ψ again, but the master copy is optimiser state, which ZeRO
+# shards from stage 1 on.
+#
+# `train(..., "zero2", precision="bf16")` runs exactly that, with FSDP2's policy fields: `param_dtype=bf16`,
+# `reduce_dtype=fp32`. Each bucket is cast to fp32 just before it is reduced, and that copy is part of the peak.
+# Below, fp32 against bf16 with an fp32 and with a bf16 reduce: bars at the peak, black ticks from the formulas.
 
 # %% tags=["nbval-check-output"]
 from coursekit.measure.memory import mixed_peak_held_bytes
@@ -549,25 +535,16 @@ for label, held in bars.items():
           f"{sum(held.values()):>9}   {sent[label]:>9,} = {sent[label] / ((MEMORY_RANKS - 1) * psi):g}(N−1)Ψ")
 
 # %% [markdown]
-# Read the rows in threes. The bf16 parameters are half of fp32's (ZeRO-3's, less than half: its peak is the
-# gathered bf16 copy, and its fp32 segments now count as the optimiser's master). The optimiser state *grows* by the
-# fp32 master: 12 bytes per element of my segments instead of Adam's 8 (the paper's K = 12). The gradients
-# show what `reduce_dtype` costs: with an fp32 reduce each bucket is cast to fp32 just before it is reduced,
-# and that copy (4 bytes per element) sits beside its bf16 original (2), so the gradient peak is *above*
-# fp32's — ZeRO-1 casts its single bucket whole; ZeRO-2/3 one bucket at a time. Reducing in bf16 needs no
-# copy and puts the gradient peak below fp32's, at the price of summing in bf16 (measured below). On the
-# wire: fp32 sends 8(N−1)Ψ bytes a step (ZeRO-3 12), bf16 with an fp32 reduce 6 (8), all bf16 4 (6) — the
-# reduce-scatter in `reduce_dtype`, the all-gathers in bf16. At N = 4 the totals show both sides: with an
-# fp32 reduce ZeRO-1 holds about a fifth *more* than in fp32 and ZeRO-2 about the same, while every
-# bf16-reduce row holds less (12–21%). The
-# sharded kinds shrink as 1/N and the replicated bf16 copy (with ZeRO-1, its bf16 gradients too) is what
-# remains, so the larger N, the more mixed precision saves: with a bf16 reduce ZeRO-1 holds the paper's
-# 2Ψ + 2Ψ + 12Ψ/N, plus the fp32 gradients of my segments (4Ψ/N).
+# **Takeaway:** bf16 halves the parameters' bytes and adds the fp32 master to the sharded optimiser state.
 #
-# What does a bf16 reduce cost in accuracy? Each of the ring's G − 1 additions rounds its partial sum to
-# bf16's 8 significant bits. Below, every rank holds a random bf16 "gradient" of 100,000 elements; chapter
-# 01's ring sums them in bf16 and, beside it, in fp32; the exact sum of the same values (in float64) is the
-# reference.
+# Read the rows in threes. The bf16 parameters are half of fp32's. The optimiser state *grows*: 12 bytes per
+# element of my segments instead of Adam's 8. The gradients show what `reduce_dtype` costs. An fp32 reduce casts
+# each bucket just before it is reduced, and that copy sits beside its bf16 original, so the gradient peak is
+# above fp32's. Reducing in bf16 needs no copy, at the price of summing in bf16.
+#
+# What does a bf16 reduce cost in accuracy? Each of the ring's G − 1 additions rounds its partial sum to 8
+# significant bits. Below, every rank holds a random bf16 "gradient"; chapter 01's ring sums them in bf16 and
+# in fp32, against the exact sum:
 
 # %% tags=["nbval-check-output"]
 from coursekit.collectives import get_collectives
@@ -595,26 +572,27 @@ for g in range(1, MEMORY_RANKS + 1):
     print(f"{g:>2}  {bf16_median:>30.2e} {bf16_p99:>10.2e}   {fp32_median:>13.2e} {fp32_p99:>10.2e}")
 
 # %% [markdown]
-# The bf16 error grows with G: every extra rank adds one more rounding of a larger sum. The fp32 sums are
-# exact here: a sum of a few bf16 numbers fits in fp32's 24 significant bits. That is why
-# `reduce_dtype=torch.float32` is the usual choice (FSDP2's and the `"bf16"` shorthand's) and why it costs
-# what the table above showed: a cast bucket, and 4 bytes per element on the wire instead of 2.
+# **Takeaway:** the bf16 sum's error grows with G, while the fp32 sum of the same values is exact.
 #
-# fp16 has fp32's mantissa problem *and* a narrow range (5 exponent bits: nothing above 65,504, gradients
-# below 2⁻²⁴ become 0), so it also needs **loss scaling**: backward runs on the loss times a scale, the
-# gradients are divided back before the step, and a step whose gradients overflowed anywhere is skipped
-# with the scale halved (`coursekit.parallel.data.LossScaler`, `torch.amp.GradScaler`'s rule; with sharded
-# gradients "anywhere" is one all-reduce of a flag). `train(..., "zero2", precision="fp16")` does it; the
-# tests check it skips exactly the steps `GradScaler` skips. (`"zero3_units"` takes `precision="bf16"` and
-# `"fp16"` too. Plain data parallelism -- `"naive"`, `"bucketed"`, `"sharded_optimizer"` -- takes both as DDP is
-# used with them: the forward under `torch.autocast`, fp32 weights and gradients, so fp32's bytes; tested equal
-# to DDP under autocast, and for fp16 to DDP with `torch.amp.GradScaler`.)
+# That is why `reduce_dtype=torch.float32` is the usual choice, and why it costs a cast bucket and twice the
+# bytes on the wire.
 #
-# What each choice does to *training*, on the course transformer: ZeRO-2 on 2 ranks for `TRAIN_STEPS` steps in
-# fp32, bf16 with an fp32 and with a bf16 reduce, fp16 with dynamic loss scaling started far too high (2²⁴, so
-# it overflows first and must back off) and fp16 with no loss scaling at all; beside them ZeRO-3 in bf16 and
-# PyTorch's FSDP2 with the same policy (`fully_shard(mp_policy=MixedPrecisionPolicy(param_dtype=bf16,
-# reduce_dtype=fp32))`).
+# fp16 has a narrow range too: nothing above 65,504, and gradients below 2⁻²⁴ become 0. So it also needs **loss
+# scaling**: backward runs on the loss times a scale, and the gradients are divided back before the step. A step
+# whose gradients overflowed is skipped and the scale halved: `coursekit.parallel.data.LossScaler`, with
+# `torch.amp.GradScaler`'s rule.
+#
+# What does each choice do to *training*? ZeRO-2 on 2 ranks for `TRAIN_STEPS` steps: fp32, bf16 with either
+# reduce, fp16 with the scale started far too high, and fp16 with no scaling; beside them ZeRO-3 in bf16 and
+# PyTorch's FSDP2 with the same policy.
+#
+# <details><summary>Which strategies take which precision</summary>
+#
+# `"zero3_units"` takes `precision="bf16"` and `"fp16"` too. Plain data parallelism, `"naive"`, `"bucketed"` and
+# `"sharded_optimizer"`, takes both as DDP is used with them: the forward under `torch.autocast`, with fp32
+# weights and gradients, so fp32's bytes. Tests check them against DDP under autocast, and fp16 against DDP with
+# `torch.amp.GradScaler`.
+# </details>
 
 # %% tags=["nbval-skip"]
 # Skipped by nbval (papermill runs it): its curves' bf16 and fp16 steps depend on the CPU's kernels.
@@ -665,17 +643,18 @@ for label, (losses, skipped, scale) in mp_curves.items():
 print(f"\nZeRO-3 bf16 against FSDP2 bf16: largest difference of a step's loss {max(abs(a - b) for a, b in zip(fsdp, ours)):.1g}")
 
 # %% [markdown]
-# Every curve lands in the same place (the table's mean of the last 10 steps), and the right panel shows how far
-# apart on the way: bf16's rounding moves a step's loss by up to about 0.08 nats (0.084 in the committed run,
-# at step 134, where every bf16 run with an fp32 reduce dips; which steps depend on the CPU's bf16 kernels);
-# with a bf16 reduce the curve wanders about as far (0.064 there). ZeRO-3 and FSDP2 with the same policy are the same run:
-# their losses agree in every step (the line under the table). The fp16 run whose scale started at 2²⁴
-# overflowed on its first steps: each skipped step halved the scale until the gradients fit (the table's
-# skipped steps, and the scale it ended at), so it trained that many steps fewer and stays behind. And fp16
-# with no loss scaling trained as well as the others. Why, when loss scaling is "needed"?
-# Because this model's gradients are large. Here is what fp16 loses. Take the gradients of one fp32 backward,
-# multiply them by a loss scale, and round them to fp16: count the elements that were nonzero and are now 0
-# (underflow), and those that became inf (overflow):
+# Every curve but one ends within a few hundredths of fp32's, in the table's mean of the last 10 steps. The
+# right panel shows how far apart they wander on the way: bf16's rounding moves a step's loss by hundredths of a
+# nat. ZeRO-3 and FSDP2 with the same policy are the same run: their losses agree at every step.
+#
+# The one that ends behind is fp16 with its scale started at 2²⁴. It overflowed on its first steps, and each
+# skipped step halved the scale until the gradients fit. It trained that many steps fewer, so it stays behind.
+#
+# **Takeaway:** bf16 trains like fp32; fp16 needs its loss scale to back off first.
+#
+# And fp16 with no loss scaling trained as well as the others. Why, when loss scaling is "needed"? Because this
+# model's gradients are large. Take the gradients of one fp32 backward, multiply them by a loss scale, and round
+# them to fp16: count the elements that become 0 and those that become inf:
 
 # %% tags=["nbval-check-output"]
 # Compared by nbval on any CPU: the gradients are fp32, and rounding to fp16 is IEEE's, the same everywhere.
@@ -690,23 +669,20 @@ for scale in (1.0, 2.0 ** 8, 2.0 ** 16, 2.0 ** 24):
     print(f"{scale:>10g}  {int(((g32 != 0) & (g16 == 0)).sum()):>16}  {int(g16.isinf().sum()):>15,}")
 
 # %% [markdown]
-# Unscaled, 22 gradient elements underflow, two in ten thousand: too few to change this model's curve. The
-# smallest gradients of a deep model are orders of magnitude smaller (they shrink layer by layer going back),
-# and there a large share would vanish; a scale of 2⁸ already loses none here, and at 2²⁴ one gradient in ten
-# overflows to inf -- what the dynamic scaler detects and backs off from. bf16 has fp32's exponent range, so it
-# needs no scaling at all: why bf16 replaced fp16 for training wherever the hardware has it.
+# **Takeaway:** unscaled, only a few gradient elements underflow here; a large scale makes some overflow.
+#
+# The smallest gradients of a deep model are orders of magnitude smaller, so there a large share would vanish.
+# bf16 has fp32's exponent range and needs no scaling at all, which is why bf16 replaced fp16 for training
+# wherever the hardware has it.
 
 # %% [markdown]
 # ### fp16 as PyTorch does it
 #
-# PyTorch's fp16 recipe is `torch.autocast(dtype=torch.float16)` around the forward and `torch.amp.GradScaler`
-# around backward and step: `scaler.scale(loss).backward()`, `scaler.step(optimizer)` (unscale; skip the step
-# if a gradient is inf or NaN), `scaler.update()`. The course's `LossScaler` follows the same rule. Where the
-# check runs differs by strategy, and it is worth a look: with plain data parallelism every rank holds the
-# same averaged gradients, bit for bit, so each rank checks its own copy and **sends nothing**; with sharded
-# gradients (ZeRO, `"zero3_units"`, FSDP2) a rank sees only its segment, and "did any gradient overflow?" is
-# **one all-reduce** of a flag per step (FSDP2's `GradScaler` does it inside DTensor). Below, each pair on 2
-# ranks for `FP16_STEPS` steps, the same batches, the scale started at 2²⁴ again:
+# PyTorch's recipe is `torch.autocast(dtype=torch.float16)` around the forward and `torch.amp.GradScaler` around
+# backward and step. Where the overflow check runs differs by strategy. With plain data parallelism every rank
+# holds the same averaged gradients, so each checks its own copy and **sends nothing**. With sharded gradients a
+# rank sees only its segment, so "did any gradient overflow?" is **one all-reduce** of a flag per step. Below,
+# each pair on 2 ranks for `FP16_STEPS` steps, the scale started at 2²⁴ again:
 
 # %% tags=["nbval-skip"]
 # Not compared by nbval: which steps overflow in fp16 depends on the CPU's kernels (tests/ check the pairs).
@@ -733,42 +709,40 @@ for ours, theirs in FP16_PAIRS:
               f"{'(the reference)' if name == theirs else f'{gap:.1g} over {FP16_STEPS} steps'}")
 
 # %% [markdown]
-# Each pair skips the same steps, ends at the same scale and trains the same curve (the last column: no step's
-# loss differs). The course's replicated strategy checked for overflow without a single message; the sharded
-# one paid one all-reduce of one number per step, as ZeRO does. (At 3 ranks the ring adds in another order than
-# gloo, and fp16 turns that last-bit difference into an fp16-sized one: the tests bound it at four fp16
-# roundings per tensor, `tests/test_parallel_data_amp.py`.)
+# **Takeaway:** each pair skips the same steps, ends at the same scale and trains the same curve.
+#
+# The replicated strategy checked for overflow without a message; the sharded one paid one all-reduce of one
+# number per step.
 
 # %% [markdown]
-# ## Where plain data parallelism stops fitting
+# ## 8. Where plain data parallelism stops fitting
 #
-# The same formulas at real scale ([model state](../docs/glossary.md#model-states) only; activations come on top). With mixed-precision
-# Adam a model needs 16 bytes per parameter on every GPU under plain data parallelism, so an 80 GB GPU
-# tops out at **5 B parameters** — however many GPUs you add. The ZeRO paper's example, a 7.5 B model
-# on 64 GPUs, needs 120 GB per GPU with plain DP, 31.4 GB with stage 1, 16.6 GB with stage 2 and
-# 1.9 GB with stage 3. Move the sliders: model size, number of GPUs, ZeRO stage, precision.
+# How large a model fits? With mixed-precision Adam a model needs 16 bytes per parameter on every GPU under plain
+# data parallelism, counting [model states](../docs/glossary.md#model-states) only. So an 80 GB GPU tops out at **5 B
+# parameters**, however many GPUs you add. The ZeRO paper's example, 7.5 B parameters on 64 GPUs, needs 120 GB
+# per GPU with plain data parallelism and 1.9 GB with stage 3. Move the sliders: model size, number of GPUs, ZeRO
+# stage, precision.
 
 # %%
 memory_explorer(psi_billions=7.5, world_size=64, stage=0, precision="mixed", gpu_gb=80)
 
 # %% [markdown]
-# ## The same thing in production: PyTorch's own
+# ## 9. The same thing in PyTorch
 #
-# Everything above has a counterpart in PyTorch, and the course's training loop runs those too
-# (`coursekit.parallel.data.torch`), on the same model, the same batches, the same optimiser:
+# Everything above has a counterpart in PyTorch, and the course's training loop runs those too, on the same model,
+# batches and optimiser:
 #
 # | coursekit | PyTorch | what it does |
 # |---|---|---|
-# | `DataParallel(model, bucket_cap_mb=…, group=…)` | `DistributedDataParallel(model, bucket_cap_mb=…, process_group=…)` | bucketed all-reduce from backward hooks; averaged when `backward()` returns |
-# | `model.no_sync()` | `ddp.no_sync()` | accumulate without communicating (DDP's must wrap the forward too) |
-# | `broadcast_parameters(model)` | inside DDP's constructor | every rank starts from rank 0's weights (a [broadcast](../docs/glossary.md#broadcast)) |
-# | `ShardedOptimizer(params, torch.optim.AdamW, group=…)` | `ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=…)` | a [sharded optimiser](../docs/glossary.md#sharded-optimizer), keeping only its shard's state (ZeRO-1), over the user's DDP |
-# | `train(..., "zero1")` (the ZeRO wrapper) | DDP + `ZeroRedundancyOptimizer` | ZeRO-1 both; ours: flat segments, reduce-scatter + all-gather, 2(N−1)Ψ; theirs: whole parameters (greedy by size), DDP's all-reduce + each rank broadcasts its own, 3(N−1)Ψ |
-# | `ShardedUnits(model)`, `train(..., "zero3_units")` | FSDP2 `fully_shard(block)` per block, then the root | parameters sharded, one block gathered at a time (ZeRO-3) |
+# | `DataParallel(model, bucket_cap_mb=…, group=…)` | `DistributedDataParallel(model, bucket_cap_mb=…, process_group=…)` | bucketed all-reduce from backward hooks |
+# | `model.no_sync()` | `ddp.no_sync()` | accumulate without communicating |
+# | `broadcast_parameters(model)` | inside DDP's constructor | every rank starts from rank 0's weights, a [broadcast](../docs/glossary.md#broadcast) |
+# | `ShardedOptimizer(params, torch.optim.AdamW, group=…)` | `ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW, process_group=…)` | a [sharded optimiser](../docs/glossary.md#sharded-optimizer): ZeRO-1 over the user's DDP |
+# | `train(..., "zero1")` | DDP + `ZeroRedundancyOptimizer` | ZeRO-1 both; ours reduce-scatters flat segments, theirs broadcasts whole parameters |
+# | `ShardedUnits(model)`, `train(..., "zero3_units")` | FSDP2 `fully_shard(block)` per block, then the root | one block gathered at a time |
 # | `group=mesh["dp"]` | `process_group=` / `mesh=init_device_mesh(...)` | which ranks share the work |
 #
-# Below, each pair trained side by side on 2 ranks: both equal to one process (the same harness),
-# and their step times measured in the same launch.
+# Below, each pair trains side by side on 2 ranks, each compared with one process.
 
 # %%
 PAIRS = [("bucketed", "torch_ddp"), ("sharded_optimizer", "torch_zero1"), ("zero3_units", "torch_fsdp")]
@@ -793,21 +767,19 @@ for ours, theirs in PAIRS:
           f"{medians[0]:6.1f} / {medians[1]:6.1f}")
 
 # %% [markdown]
-# The harness compares both with one process at every step, to float32 rounding (the column above). The
-# times are of one short run, a few steps each (the committed one on a shared 2-core machine): read them
-# as "the same order of magnitude", not as a ranking (`python -m coursekit.bench data` measures longer
-# runs, and README reports the ratios). What the course's versions teach is the mechanism; what
-# PyTorch's add around it is engineering for real clusters: buckets rebuilt from the order gradients
-# actually arrive, communication hooks (compression), mixed precision, CPU offload, and for FSDP2,
-# [DTensor](../docs/glossary.md#dtensor) parameters that compose with tensor parallelism (chapter 05).
+# **Takeaway:** each pair equals one process at every step, to float32 rounding.
+#
+# The times are a few steps on a shared 2-core machine: the same order of magnitude, not a ranking. What the
+# course's versions teach is the mechanism. What PyTorch's add is engineering for real clusters: buckets rebuilt
+# in the order gradients arrive, communication hooks, CPU offload, and for FSDP2 [DTensor](../docs/glossary.md#dtensor)
+# parameters that compose with tensor parallelism, chapter 05.
 
 # %% [markdown]
 # ### Equal to rounding, not bitwise
 #
-# "Equal to one process" in this course means *to float32 rounding*, never bit for bit, and no sharded or
-# replicated implementation can do better on a CPU. One process sums the loss's gradient over the whole batch
-# at once; two ranks each sum their half, and the halves are added afterwards. Floating-point addition is not
-# associative, so the last bits differ. Measured at step 0, in fp32, for the course's two and PyTorch's two:
+# Why not demand the same bits as one process? One process sums the loss's gradient over the whole batch at once;
+# two ranks each sum their half, and the halves are added afterwards. Floating-point addition is not associative,
+# so the last bits differ. Measured at step 0, in fp32, for the course's two and PyTorch's two:
 
 # %% tags=["nbval-skip"]
 # Not compared by nbval: how many last bits differ depends on the CPU's matmul kernels.
@@ -833,28 +805,29 @@ for name, g in flat.items():
 print("the four give the same bits as each other:", all(torch.equal(g, flat["torch_ddp"]) for g in flat.values()))
 
 # %% [markdown]
-# Most elements differ in their last bits, by about 10⁻⁷ of the largest gradient -- and the four
-# implementations, two of them PyTorch's production code, agree with *each other* bit for bit: the difference
-# is the split of the batch, not a bug. So a test that demands one process's exact bits fails for every
-# data-parallel implementation. Some copies of Stanford CS336's FSDP tests do (`test_fsdp_correctness[fp32]`
-# with `torch.equal`): on its toy model, measured through an adapter outside this course, 12,524 of 29,376
-# step-0 gradient elements and 119 of the updated weights differ from one process's, for `ShardedUnits` and
-# FSDP2 in exactly the same elements. The course's harness compares to float32's rounding instead
-# (`coursekit.measure.verify.TOLERANCES`), as the copies with `allclose` do.
+# **Takeaway:** all four implementations differ from one process in the same last bits, and agree with each
+# other exactly.
+#
+# The difference is the split of the batch, not a bug. So a test that demands one process's exact bits fails for
+# every data-parallel implementation; the course's harness compares to float32's rounding instead.
+#
+# <details><summary>A test that demands exact bits</summary>
+#
+# Some copies of Stanford CS336's FSDP tests use `torch.equal`. On its toy model, measured through an adapter
+# outside this course, 12,524 of 29,376 step-0 gradient elements differ from one process's, for `ShardedUnits`
+# and FSDP2 in exactly the same elements. The copies that use `allclose` pass.
+# </details>
 
 # %% [markdown]
 # ## What we have
 #
-# * P4 holds: the ranks work at the same time on different data, and combining the gradients by
-#   averaging gives *exactly* single-device training (to rounding), for every number of ranks tried
-#   (`WORLD_SIZES`), uneven batch splits, tied and frozen weights — checked step by step by the harness.
-# * R2 holds, measured: the ranks' gradients differ (cosines well below 1) until they are synchronised.
-# * The synchronisation cost can be hidden behind the backward pass (bucketing + asynchronous
-#   all-reduce), on real hardware; on 2 cores the compute can at best double (two ranks, one per core),
-#   however many ranks share them.
-# * P4's catch is real (16 bytes per parameter on every GPU) and ZeRO removes it at the price of 1.5x
-#   the communication for stage 3, built from the two phases of chapter 01's ring.
+# * P4 holds: the ranks work at the same time on different data, and averaging the gradients gives one-device
+#   training to rounding, for every number of ranks tried, uneven splits, tied and frozen weights.
+# * R2 holds: the ranks' gradients differ until they are synchronised.
+# * Communication can hide behind backward; on two cores, compute can at best double.
+# * P4's catch is real, 16 bytes per parameter on every GPU, and ZeRO removes it, at 1.5 times the communication
+#   for stage 3, built from chapter 01's two phases.
 #
-# **Exercise** `exercises/02_data_parallel.ipynb`: write gradient averaging with hooks, then ZeRO-2's
-# gradient reduce-scatter; the grader checks them against one process with the same harness and counts
-# every element you send.
+# **Exercise** `exercises/02_data_parallel.ipynb`: write gradient averaging with hooks, then ZeRO-2's gradient
+# reduce-scatter. The grader checks them against one process and counts every element you send.
+

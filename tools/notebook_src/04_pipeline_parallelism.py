@@ -516,7 +516,7 @@ print(f"this run: the uneven cut's bubble is {100 * (plan_a - plan_b):+.1f} poin
 # every action's fixed cost, need not follow.
 #
 # The measured bubble sits above the plan for both cuts. It moves with the cut only where the imbalance is
-# larger than that fixed cost; the last line says how far it did in this run. Still, a real model's stages can
+# larger than that fixed cost; the last line above says how far it moved. Still, a real model's stages can
 # differ far more than these, which is why
 # pipeline frameworks let you choose where the stages are cut, as DeepSpeed's
 # `PipelineModule(partition_method=...)` does.
