@@ -93,3 +93,17 @@ def test_tensor_panel_splits_by_columns_then_by_rows():
         vertical = all(p.get_height() > p.get_width() for p in parts)
         got = "columns" if vertical and len({p.get_y() for p in parts}) == 1 else "rows"
         assert got == expected, f"{name} is split by {got}"
+
+
+@pytest.mark.parametrize("n_gpus", [2, 4, 8])
+def test_every_label_is_legible(n_gpus):
+    """No text under 8 pt at any size the widget offers (issue 43: legible at 100%). Planted bug, seen failing:
+    the pipeline boxes' labels back at 6 pt."""
+    import matplotlib.pyplot as plt
+    import matplotlib.text
+
+    fig = draw_strategies(n_gpus=n_gpus)
+    small = sorted({(t.get_fontsize(), t.get_text()[:20]) for t in fig.findobj(matplotlib.text.Text)
+                    if t.get_text() and t.get_fontsize() < 8})
+    assert not small, f"text under 8 pt at {n_gpus} GPUs: {small[:5]}"
+    plt.close(fig)

@@ -65,10 +65,11 @@ def _colour(gpu: int | None):
     return "0.85" if gpu is None else plt.get_cmap("tab10")(gpu % 10)
 
 
-def _draw_layers(ax, owners, y, height=0.8, label_copies=False):
+def _draw_layers(ax, owners, y, height=0.8, gpu_label=True):
     for i, gpu in enumerate(owners):
         ax.add_patch(Rectangle((i, y), 0.85, height, facecolor=_colour(gpu), edgecolor="black"))
-        text = f"L{i + 1}" + ("" if gpu is None else f"\nGPU{gpu + 1}")
+        # the GPU under the layer where the box has room for it (colour says it anyway)
+        text = f"L{i + 1}" + ("" if gpu is None or not gpu_label else f"\nGPU{gpu + 1}")
         ax.text(i + 0.425, y + height / 2, text, ha="center", va="center", fontsize=8)
 
 
@@ -94,7 +95,7 @@ def draw_strategies(n_gpus: int = 2, n_layers: int = 4, batch: int = 8, micro_ba
 def _model_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
     """Model parallelism (P3): contiguous layers per GPU; the batch visits them in turn."""
     plan = layout("model", n_gpus, n_layers)
-    _draw_layers(ax, plan["layers"], 0)
+    _draw_layers(ax, plan["layers"], 0, gpu_label=n_layers <= 5)
     for i in range(n_layers - 1):
         if plan["layers"][i] != plan["layers"][i + 1]:
             ax.annotate("", xy=(i + 1.0, 0.4), xytext=(i + 0.85, 0.4), arrowprops=dict(arrowstyle="->", lw=2))
@@ -102,7 +103,7 @@ def _model_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
     ax.set_xlim(-0.2, n_layers + 0.1)
     ax.set_ylim(-0.6, 1.4)
     ax.text(n_layers / 2, -0.35, f"whole batch of {batch} goes through GPU1 → … → GPU{n_gpus}", ha="center",
-            fontsize=7)
+            fontsize=8)
 
 
 def _data_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
@@ -110,10 +111,10 @@ def _data_panel(ax, n_gpus: int, n_layers: int, batch: int) -> None:
     plan = layout("data", n_gpus, n_layers, batch)
     for gpu in range(n_gpus):
         y = n_gpus - 1 - gpu
-        _draw_layers(ax, [gpu] * n_layers, y)
+        _draw_layers(ax, [gpu] * n_layers, y, gpu_label=n_gpus <= 4)  # more rows: the colour says which GPU
         samples = [i for i, owner in enumerate(plan["batch"]) if owner == gpu]
         span = f"samples {samples[0]}–{samples[-1]}" if samples else "no samples"
-        ax.text(n_layers + 0.05, y + 0.4, span, va="center", fontsize=7)
+        ax.text(n_layers + 0.05, y + 0.4, span, va="center", fontsize=8)
     ax.set_title("data parallelism\nfull copy per GPU, batch split", fontsize=9)
     ax.set_xlim(-0.2, n_layers + 2.2)
     ax.set_ylim(-0.3, n_gpus + 0.1)
@@ -131,7 +132,7 @@ def _tensor_panel(ax, n_gpus: int, n_layers: int) -> None:
             ax.add_patch(Rectangle(*box, facecolor=_colour(gpu), edgecolor="black", lw=0.6,
                                    gid=f"W{i + 1} {split} GPU{gpu + 1}"))
         ax.text(i + 0.425, 1.7, f"W{i + 1}", ha="center", fontsize=8)
-        ax.text(i + 0.425, -0.2, "by columns" if split == "columns" else "by rows", ha="center", fontsize=6)
+        ax.text(i + 0.425, -0.2, split if n_layers <= 5 else split[:3], ha="center", fontsize=8)
     ax.set_title("tensor parallelism\nweights split by columns, then by rows", fontsize=9)
     ax.set_xlim(-0.2, n_layers + 0.1)
     ax.set_ylim(-0.3, 2.0)
@@ -151,12 +152,12 @@ def _pipeline_panel(ax, n_gpus: int, n_layers: int, batch: int, micro_batches: i
             ax.add_patch(Rectangle((float(start), y), float(end - start) - 0.05, 0.85, facecolor=_colour(gpu),
                                    alpha=1.0 if action.op == "F" else 0.45, edgecolor="black", lw=0.6,
                                    gid=str(action)))
-            ax.text(float(start + end) / 2, y + 0.42, f"{action.op}{action.micro_batch + 1}", ha="center",
-                    va="center", fontsize=6)
+            ax.text(float(start + end) / 2, y + 0.42, f"{action.micro_batch + 1}", ha="center",
+                    va="center", fontsize=8)
     ax.set_yticks([n_gpus - 1 - s + 0.42 for s in range(n_gpus)], [f"GPU{s + 1}" for s in range(n_gpus)],
-                  fontsize=7)
+                  fontsize=8)
     ax.set_xticks([])
-    ax.set_xlabel(f"time → (empty = bubble, {float(planned.bubble_fraction):.0%} of GPU time)", fontsize=7)
-    ax.set_title(f"pipeline parallelism (1F1B)\n{micro_batches} micro-batches: F forward, B backward", fontsize=9)
+    ax.set_xlabel(f"time → (empty = bubble, {float(planned.bubble_fraction):.0%} of GPU time)", fontsize=8)
+    ax.set_title(f"pipeline parallelism (1F1B)\n{micro_batches} micro-batches, solid F, pale B", fontsize=9)
     ax.set_xlim(0, float(planned.makespan))
     ax.set_ylim(-0.1, n_gpus)

@@ -524,7 +524,7 @@ for stage in (1, 2, 3):
 fig, ax = plt.subplots(figsize=(12, 4.2))
 draw_memory(bars, formula=ticks, ax=ax, title=f"at the peak during the step: rank 0 of {MEMORY_RANKS}, Ψ = {psi:,}; "
             f"bf16 runs keep an fp32 master (optimizer) and reduce in fp32 or bf16")
-ax.tick_params(axis="x", labelsize=7)
+ax.tick_params(axis="x", labelsize=8)
 plt.show()
 
 # %% tags=["nbval-check-output"]
@@ -620,7 +620,7 @@ colour = {label: f"C{i}" for i, label in enumerate(mp_curves)}
 for label, (losses, _, _) in mp_curves.items():
     left.plot(range(1, len(losses) + 1), losses, lw=1.2, alpha=0.8, color=colour[label], label=label)
 left.set(xlabel="step", ylabel="loss (nats)", title=f"ZeRO on 2 ranks, {TRAIN_STEPS} steps")
-left.legend(fontsize=7)
+left.legend(fontsize=8)
 reference = mp_curves["fp32"][0]
 for label, (losses, _, _) in mp_curves.items():
     if label != "fp32":
@@ -628,7 +628,7 @@ for label, (losses, _, _) in mp_curves.items():
                    label=label)
 right.axhline(0, color="k", lw=0.5)
 right.set(xlabel="step", ylabel="loss − fp32's loss (nats)", title="the difference from fp32")
-right.legend(fontsize=7)
+right.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 

@@ -365,7 +365,7 @@ for ax, ylabel, title in ((count_ax, "held at the peak (chunks for interleaved)"
                           (bytes_ax, "KiB saved for backward", "bytes held for backward, the most at any moment")):
     ax.set(xticks=[r + 0.4 - width / 2 for r in range(RUN_RANKS)],
            xticklabels=[f"rank {r}" for r in range(RUN_RANKS)], ylabel=ylabel, title=title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
 fig.tight_layout()
 plt.show()
 
@@ -428,7 +428,7 @@ print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0
       " the time of one alone (1.00×: the cores do not slow each other)")
 
 # %% [markdown]
-# **Takeaway:** from 1 to 16 micro-batches the bubble shrinks from 51% to 20%, and 1F1B runs 1.57× faster
+# **Takeaway:** from 1 to 16 micro-batches the bubble shrinks from 51% to 21%, and 1F1B runs 1.53× faster
 # than one process doing the same work.
 #
 # On a CPU, small matrix products cost more per element than one large one. So cutting the batch slows one
