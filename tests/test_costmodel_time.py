@@ -170,6 +170,16 @@ def test_tensor_parallel_time_is_its_all_reduces_on_nvlink():
     assert t == pytest.approx(50 * step(2 * 1024 * 768) + 3 * step(2 * 1024), rel=1e-12)
 
 
+def test_communication_time_is_per_step_every_micro_batch_of_it():
+    """Seconds a *step*: tensor parallelism's all-reduces run for every micro-batch, so 192 micro-batches take
+    192 times one (chapter 07 prints both; it once called the step's 38.5 s "per micro-batch"). Planted, seen
+    failing: the micro-batches left out of the tp rows (ratio 1)."""
+    config, a100 = ModelConfig.gpt3_175b(), Hardware()
+    one = communication_time(config, Layout(dp=8, tp=16, pp=8, micro_batches=1), a100, 1).tp
+    step = communication_time(config, Layout(dp=8, tp=16, pp=8, micro_batches=192), a100, 1).tp
+    assert step == pytest.approx(192 * one, rel=1e-12), (step, one)
+
+
 def test_data_parallel_time_across_nodes_and_zero_3():
     """dp = 4 outside tp = 8: one GPU per node in each ring, so InfiniBand: 2·3 steps of ⌈Ψ/4⌉ (Ψ = P/8);
     ZeRO-3 (m = 1) 1.5 times as long: 2 all-gathers + 1 reduce-scatter, 3·3 steps."""

@@ -220,13 +220,14 @@ no_tp = evaluate(gpt3, Layout(dp=128, pp=8, micro_batches=12), a100, 1536).memor
 print(f"dp 128 × pp 8 without tp: {(no_tp.params + no_tp.grads + no_tp.optimizer) / 1e9:.0f} GB of model states "
       f"and {no_tp.activations / 1e9:.0f} GB of activations on its most loaded GPU")
 tp16 = evaluate(gpt3, Layout(dp=8, tp=16, pp=8, micro_batches=192), a100, 1536)
-print(f"tp = 16 crosses the node: {communication_time(gpt3, tp16.layout, a100, 1).tp:.3f} s of tp "
-      f"communication per micro-batch of one sequence ({axis_network(tp16.layout, a100, 'tp')[1]})")
+tp_seconds, m = communication_time(gpt3, tp16.layout, a100, 1).tp, tp16.layout.micro_batches
+print(f"tp = 16 crosses the node: {tp_seconds:.3f} s of tp communication a step, {tp_seconds / m:.3f} s for each "
+      f"of its {m} micro-batches of one sequence ({axis_network(tp16.layout, a100, 'tp')[1]})")
 
 # %% [markdown]
 # Read the table across: compute is the same for every layout of 1,024 GPUs (the FLOPs are the model's), so
 # what ranks them is the bubble, the exposed communication, and whether they fit. A tp of 16 on nodes of 8
-# sends every layer's all-reduces over InfiniBand (the last line: seconds per micro-batch); dp × pp without tp
+# sends every layer's all-reduces over InfiniBand (the last line: seconds a step, and per micro-batch); dp × pp without tp
 # does not fit, because each GPU then keeps a whole stage's parameters with Adam's state and the activations of
 # its micro-batches unsplit (the line before it).
 #
