@@ -63,6 +63,13 @@ class Setup:
         return as_group(self.axis(name))
 
 
+class _KeepsNothing(list):
+    """A list of transfers that keeps none (``Strategy.record`` counts collectives, not messages)."""
+
+    def append(self, item) -> None:
+        pass
+
+
 class Strategy:
     """The default strategy is one process: forward, backward, optimiser step, nothing to synchronise.
 
@@ -93,9 +100,10 @@ class Strategy:
         self.model = setup.model
         self.group = setup.group(self.axes[0])
         self._optimizer: torch.optim.Optimizer | None = None
-        #: What the steps sent (the loop records forward, backward, synchronize and step into it; not the
-        #: gathers for the record): the counters a strategy reports are read from here.
-        self.record = Traffic()
+        #: The collectives the steps issued (the loop records forward, backward, synchronize and step into it; not
+        #: the gathers for the record): the counters a strategy reports are read from here. It keeps no message:
+        #: a long run would hold every point-to-point transfer it sent (``train(count_traffic=True)`` keeps those).
+        self.record = Traffic(transfers=_KeepsNothing())
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:

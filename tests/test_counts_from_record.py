@@ -61,3 +61,24 @@ def test_one_rank_moves_nothing(strategy):
     """On one rank no collective is issued, so none is counted."""
     counts = coursekit.launch(_counts, 1, strategy, {}, timeout=120)[0]
     assert counts and not any(counts.values()), f"{strategy} on 1 rank counted {counts}"
+
+
+def test_a_strategys_record_keeps_collectives_not_messages():
+    """The loop records every step into ``Strategy.record``; a long pipeline run must not hold each message it sent.
+    Planted, seen failing: the record a plain ``Traffic()`` (one transfer kept per send)."""
+    import torch
+
+    from coursekit import comm
+    from coursekit.strategy import Setup, Strategy
+
+    def step(rank, world_size):
+        record = Strategy(Setup(torch.nn.Linear(2, 2), lambda params: torch.optim.SGD(params, lr=0.1))).record
+        with comm.record(record):
+            t = torch.ones(4)
+            if rank == 0:
+                comm.send(t, dst=1)
+            else:
+                comm.recv(t, src=0)
+        return len(record.transfers)
+
+    assert comm.simulate(step, 2).results == [0, 0]
