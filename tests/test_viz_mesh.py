@@ -39,6 +39,21 @@ def test_tensor_groups_crossing_a_node_are_flagged_and_drawn_red():
     assert describe(8, 2, 4).endswith("every tensor group is inside one node.")
 
 
+@pytest.mark.parametrize("world_size, tp, gpus_per_node", [(8, 2, 4), (16, 2, 8), (12, 3, 4)])
+def test_red_means_crossing_a_node_and_nothing_else(world_size, tp, gpus_per_node):
+    """Chapter 05 drew group {6, 7} filled red (tab10's fourth colour) beside "every tensor group inside one node".
+    Planted, seen failing: the tab10 palette with its red."""
+    fig = draw_mesh(world_size, tp, gpus_per_node)
+    crossing = mesh_layout(world_size, tp, gpus_per_node)["crossing"]
+    for panel in fig.axes:
+        for patch in panel.patches:
+            r, g, b, _ = patch.get_facecolor()
+            assert not (r > 0.75 and g < 0.3 and b < 0.3), f"{patch.get_label()} is filled red"
+            group = int(patch.get_label().rsplit(" ", 1)[1])
+            marked = patch.get_edgecolor()[:3] == (1.0, 0.0, 0.0)
+            assert marked == (panel is fig.axes[0] and group in crossing), f"{patch.get_label()}: red edge {marked}"
+
+
 def test_a_degree_that_does_not_divide_the_gpus_is_refused():
     with pytest.raises(ValueError, match="tp=3 must divide the 8 GPUs"):
         mesh_layout(8, 3, 4)

@@ -60,14 +60,16 @@ def draw_mesh(world_size: int, tp: int, gpus_per_node: int, ax=None):
         fig, ax = plt.subplots(1, 2, figsize=(9, 0.6 + 0.55 * nodes), squeeze=True)
     else:
         fig = ax[0].figure
-    colours = plt.get_cmap("tab10")
+    # red is kept for a tensor group that crosses a node, so no group is filled with it (tab10's fourth colour)
+    palette = [plt.get_cmap("tab10")(i) for i in range(10) if i != 3]
     for panel, (key, title) in zip(ax, (("tp_groups", "tensor groups (tp)"), ("dp_groups", "data groups (dp)"))):
         for g, group in enumerate(plan[key]):
             bad = key == "tp_groups" and g in plan["crossing"]
             for rank in group:
                 column, row = rank % gpus_per_node, plan["node"][rank]
-                panel.add_patch(Rectangle((column, -row - 1), 0.9, 0.9, facecolor=colours(g % 10),
-                                          edgecolor="red" if bad else "white", linewidth=2.5 if bad else 0.5,
+                panel.add_patch(Rectangle((column, -row - 1), 0.9, 0.9, facecolor=palette[g % len(palette)],
+                                          edgecolor="red" if bad else "white", linewidth=3 if bad else 0.5,
+                                          hatch="//" if bad else None,
                                           label=f"{key[:2]} group {g}"))
                 panel.text(column + 0.45, -row - 0.55, str(rank), ha="center", va="center", fontsize=8)
         panel.set_xlim(-0.1, gpus_per_node)
