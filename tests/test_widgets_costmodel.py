@@ -6,15 +6,25 @@ coursekit/viz/costmodel.py, then restored).
 """
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("agg")
 
+import matplotlib.patches  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.path import Path as MplPath  # noqa: E402
+from matplotlib.transforms import Affine2D, Bbox  # noqa: E402
+
 import coursekit.widgets.costmodel as calculator  # noqa: E402
 from coursekit.costmodel import Hardware, Layout, evaluate, num_params  # noqa: E402
-from coursekit.viz.costmodel import PRESETS, draw_memory_per_gpu, draw_step_time, layout_label  # noqa: E402
+from figure_support import drawn_texts  # noqa: E402
+from coursekit.viz.costmodel import (PRESETS, calculator_candidates, draw_memory_per_gpu,  # noqa: E402
+                                     draw_step_time, layout_label)
 
 SOURCE = Path(__file__).resolve().parents[1] / "tools" / "notebook_src" / "07_choosing_a_strategy.py"
 
@@ -103,3 +113,97 @@ def test_the_bars_are_the_cost_models_numbers():
         assert abs(ax.patches[len(candidates) + x].get_height() - c.time.bubble) < 1e-12
     assert [t.get_text() for t in ax.get_xticklabels()] == [layout_label(c.layout) for c in candidates]
     assert layout_label(candidates[2].layout) == "pp2 dp4\n1f1b m4"
+
+
+CHAPTER_STATES = {"Llama-style 7B": {}, "GPT-3 175B": {"preset": "GPT-3 175B"}}   # the image; "Try it"'s first state
+
+
+def _drawn(fig):
+    return drawn_texts(fig)
+
+
+@pytest.mark.parametrize("state", list(CHAPTER_STATES))
+def test_every_text_of_the_calculator_is_legible(state):
+    """Issue 43 (legible at 100%): no text under 8 pt at the figure's own size, and no two texts on top of each
+    other (the tick labels slant when they would touch; a slanted label's outline is its turned rectangle). Seen
+    failing on the old module (every label at 7 pt) -> "text under 8 pt: [(7.0, '5.18 s'), ..."; planted: FONT = 7
+    -> the same; the ticks never slanted -> "texts on top of each other: [('pp4 dp2 sp2\\nZ1 zb_h1 m32', 'pp2 dp2
+    sp2 tp2\\nzb_h1 m32'), ...]"."""
+    fig = calculator.draw_calculator(*calculator.calculator_inputs(**CHAPTER_STATES[state]))
+    texts, renderer = _drawn(fig)
+    small = sorted({(t.get_fontsize(), t.get_text()[:20]) for t, _ in texts if t.get_fontsize() < 8})
+    assert not small, f"text under 8 pt: {small[:6]}"
+    outlines = [(t, _outline(t, renderer)) for t, _ in texts]
+    overlaps = [(a.get_text(), b.get_text()) for i, (a, path_a) in enumerate(outlines)
+                for b, path_b in outlines[i + 1:] if path_a.intersects_path(path_b, filled=True)]
+    assert not overlaps, f"texts on top of each other: {overlaps[:4]}"
+    plt.close(fig)
+
+
+def _outline(text, renderer) -> Path:
+    """The text's own rectangle on the canvas, turned with it (a slanted label's window extent is the upright box
+    around it, which touches its neighbours' where the labels do not). Slanted labels turn about their anchor."""
+    box = text.get_window_extent(renderer)
+    angle = text.get_rotation()
+    if angle == 0:
+        return MplPath.unit_rectangle().transformed(Affine2D().scale(box.width, box.height).translate(box.x0, box.y0))
+    assert text.get_rotation_mode() == "anchor", text.get_text()
+    text.set_rotation(0)
+    flat = text.get_window_extent(renderer)
+    text.set_rotation(angle)
+    anchor = text.get_transform().transform(text.get_unitless_position())
+    outline = MplPath.unit_rectangle().transformed(Affine2D().scale(flat.width, flat.height)
+                                                   .translate(flat.x0, flat.y0).rotate_deg_around(*anchor, angle))
+    assert outline.get_extents().bounds == pytest.approx(box.bounds, abs=1.5), text.get_text()   # the box around it
+    return outline
+
+
+def test_a_layout_that_does_not_fit_is_marked_in_both_charts():
+    """The chapter's image prices plain data parallelism (dp16), which does not fit: in the step-time chart as
+    in the memory chart its bars are hatched, its value label says "does not fit", and the legend says what the
+    hatching means; no fitting layout is hatched. Seen failing on the old module -> "memory per GPU: dp16 - not
+    hatched"; planted: the step-time chart as it was (no hatching, '5.92 s' alone, no legend entry) -> "step time:
+    dp16 - not hatched"."""
+    inputs = calculator.calculator_inputs()
+    candidates = calculator_candidates(*inputs)
+    assert [c.fits for c in candidates] == [True] * 5 + [False] and candidates[-1].layout == Layout(dp=16)
+    fig = calculator.draw_calculator(*inputs)
+    for ax, name in zip(fig.axes, ("memory per GPU", "step time")):
+        n = len(candidates)
+        bars = [p for p in ax.patches if isinstance(p, matplotlib.patches.Rectangle)][:n * (5 if name[0] == "m" else 3)]
+        for x, c in enumerate(candidates):
+            hatched = [bool(bar.get_hatch()) for bar in bars[x::n]]
+            assert hatched == [not c.fits] * len(hatched), f"{name}: {layout_label(c.layout).replace(chr(10), ' ')} " + (
+                "hatched though it fits" if c.fits else "not hatched")
+        labels = [t.get_text() for t in ax.texts if t.get_gid() == "value label"]
+        assert [("does not fit" in text) for text in labels] == [not c.fits for c in candidates], (name, labels)
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert any("does not fit" in text for text in legend), (name, legend)
+        assert ax.get_legend().get_title().get_text() == name
+    plt.close(fig)
+
+
+def test_no_value_label_crosses_the_memory_limit():
+    """The chapter's image put '75.7 GB' on the dashed 80 GB line. For the image's layouts, and for each of them
+    on a GPU a little larger or smaller than it needs (its bar just under or just over the line), no value label
+    (with its white box) crosses the line and none touches the legend that names the line. Planted, seen failing:
+    the old placement (every label just above its bar, a cut bar's at 0.88 of the axis) -> "'75.7 GB' crosses the
+    80 GB line"."""
+    config, hardware, gpus, batch = calculator.calculator_inputs()
+    layouts = [c.layout for c in calculator_candidates(config, hardware, gpus, batch)]
+    machines = [hardware] + [replace(hardware, memory=evaluate(config, layout, hardware, batch).memory.total * f)
+                             for layout in layouts[:5] for f in (0.98, 1.02)]
+    for machine in machines:
+        candidates = [evaluate(config, layout, machine, batch) for layout in layouts]
+        fig = calculator.draw_calculator(config, machine, gpus, batch, candidates=candidates)
+        texts, renderer = _drawn(fig)
+        ax = fig.axes[0]
+        (line,) = [artist for artist in ax.lines if artist.get_gid() == "memory limit"]
+        y = ax.transData.transform((0, line.get_ydata()[0]))[1]
+        legend = ax.get_legend().get_window_extent(renderer)
+        for text in (t for t in ax.texts if t.get_gid() == "value label"):
+            box = Bbox.union([text.get_window_extent(renderer), text.get_bbox_patch().get_window_extent(renderer)])
+            assert not box.y0 - 1 <= y <= box.y1 + 1, (
+                f"{text.get_text()!r} crosses the {machine.memory / 1e9:.3g} GB line")
+            assert not box.overlaps(legend), f"{text.get_text()!r} on the legend"
+        plt.close(fig)

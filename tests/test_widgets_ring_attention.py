@@ -10,12 +10,14 @@ import matplotlib
 
 matplotlib.use("agg")
 
+import matplotlib.text  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import coursekit.widgets.ring_attention as explorer  # noqa: E402
 from coursekit.parallel.sequence import chunk_bounds  # noqa: E402
 from coursekit.viz.ring_attention import draw_rounds  # noqa: E402
+from figure_support import drawn_texts  # noqa: E402
 from ring_blocks import computed_per_step  # noqa: E402
 
 
@@ -153,3 +155,28 @@ def test_the_legend_draws_full_attention_as_the_dashed_line_it_is():
     handle = dict(entries)["full attention"]
     assert isinstance(handle, matplotlib.lines.Line2D) and handle.get_linestyle() == "--", (
         f"{type(handle).__name__}, not a dashed line")
+
+
+def _texts(fig):
+    return drawn_texts(fig)[0]
+
+
+@pytest.mark.parametrize("world_size,seq_len,causal,layout", [(2, 16, False, "zigzag"), (4, 16, True, "zigzag"),
+                                                              (8, 16, True, "zigzag"), (8, 64, True, "contiguous"),
+                                                              (3, 17, True, "contiguous")])
+def test_every_text_is_legible_and_none_overlaps_another(world_size, seq_len, causal, layout):
+    """Issue 43 (legible at 100%): no text under 8 pt at the figure's own size, at the widget's smallest and
+    largest G and S, and no two texts on top of each other. Seen failing on the old module -> "text under 8 pt:
+    [(7.0, '0'), (7.0, '1'), (7.0, 'contiguous'), (7.0, 'full attention'), ...]"; planted: the block labels back at
+    7 pt and "K/V of rank j" at 7.5 -> "[(7.0, '0'), ..., (7.5, 'K/V of rank 0')]"; "K/V of rank j" at 22 pt ->
+    "texts on top of each other: [('K/V of rank 1', 'K/V of rank 2'), ...]"."""
+    other = explorer.record_rounds(world_size, seq_len, causal, "contiguous" if layout == "zigzag" else "zigzag")
+    fig = draw_rounds(explorer.record_rounds(world_size, seq_len, causal, layout), world_size - 1, seq_len - 1,
+                      other=other)
+    texts = _texts(fig)
+    small = sorted({(t.get_fontsize(), t.get_text()[:20]) for t, _ in texts if t.get_fontsize() < 8})
+    assert not small, f"text under 8 pt: {small[:6]}"
+    overlaps = [(a.get_text()[:20], b.get_text()[:20]) for i, (a, box_a) in enumerate(texts)
+                for b, box_b in texts[i + 1:] if box_a.overlaps(box_b)]
+    assert not overlaps, f"texts on top of each other: {overlaps[:5]}"
+    matplotlib.pyplot.close(fig)

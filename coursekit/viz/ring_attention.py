@@ -73,7 +73,7 @@ def _grid(ax, rounds, round_: int, query: int) -> None:
         ax.add_patch(box)
         if min(kb - ka, qb - qa) * 24 / s >= (2.5 if p.skipped else 1.2):   # only where the label fits
             ax.text((ka + kb) / 2, (qa + qb) / 2, "skip" if p.skipped else f"{p.round}", ha="center", va="center",
-                    fontsize=7, color="#666666" if p.skipped else ("white" if p.round == round_ else "black"))
+                    fontsize=8, color="#666666" if p.skipped else ("white" if p.round == round_ else "black"))
     edges = sorted({x for chunks in rounds.bounds for a, b in chunks for x in (a, b)})
     for x in edges:
         ax.axvline(x, color="#cccccc", linewidth=0.5, zorder=0)
@@ -101,7 +101,7 @@ def _holdings(ax, rounds, round_: int) -> None:
         for a, b in rounds.bounds[j]:
             ax.add_patch(Rectangle((a, r + 0.02), b - a, 0.36, facecolor=colour(j), edgecolor="black",
                                    linewidth=0.5, gid=f"held rank {r} kv of rank {j}"))
-        ax.text(s * 1.05, r, f"K/V of rank {j}", va="center", fontsize=7.5)
+        ax.text(s * 1.05, r, f"K/V of rank {j}", va="center", fontsize=8)
     ax.set_xlim(0, s * 1.5)
     ax.set_ylim(g - 0.5, -0.5)
     ax.set_yticks(range(g), [f"rank {r}" for r in range(g)])
@@ -113,6 +113,7 @@ def _holdings(ax, rounds, round_: int) -> None:
 def _work(ax, rounds, round_: int, other) -> None:
     g = rounds.world_size
     both = {r.layout: r for r in ([rounds] + ([other] if other is not None else []))}
+    tallest = max(max(rec.work_through(g - 1)) for rec in both.values())
     for offset, layout in ((-0.2, "contiguous"), (0.2, "zigzag")):
         if layout not in both:
             continue
@@ -125,10 +126,11 @@ def _work(ax, rounds, round_: int, other) -> None:
             ax.bar(r + offset, total[r], width=0.38, fill=False, edgecolor="#555555", linestyle="--",
                    linewidth=0.7, gid=f"total {layout} rank {r}")
     ax.set_xticks(range(g), [str(r) for r in range(g)])
+    ax.set_ylim(0, 1.4 * tallest)            # room above the bars for the legend's two rows
     ax.set_xlabel("rank")
     ax.set_ylabel("score elements")
     ax.set_title(f"attention work, rounds 0–{round_} (dashed: all {g} rounds)", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=8, loc="upper left")
 
 
 def _running(top, bottom, rounds, round_: int, query: int) -> None:
@@ -148,4 +150,4 @@ def _running(top, bottom, rounds, round_: int, query: int) -> None:
         ax.set_title(f"query {query} (rank {rounds.owner(query)}): {name}", fontsize=9)
     bottom.set_xlabel("round")
     top.legend(handles=[Line2D([], [], color="#999999", linestyle="--", linewidth=1, label="full attention")],
-               fontsize=7, loc="lower right")  # the same dashed line as drawn
+               fontsize=8, loc="lower right")  # the same dashed line as drawn

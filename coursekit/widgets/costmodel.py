@@ -20,7 +20,7 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 
 from ..costmodel import Candidate, Hardware, ModelConfig, num_params
-from ..viz.costmodel import PRESETS, calculator_candidates, draw_calculator, layout_label
+from ..viz.costmodel import CALCULATOR_FIGSIZE, PRESETS, calculator_candidates, draw_calculator, layout_label
 
 __all__ = ["DEFAULTS", "calculator_inputs", "summary", "strategy_calculator"]
 
@@ -96,7 +96,7 @@ def strategy_calculator(**defaults) -> widgets.VBox:
     }
     words = widgets.HTML()
     image = widgets.Image(format="png")
-    fig = plt.figure(figsize=(12, 4.4))
+    fig = plt.figure(figsize=CALCULATOR_FIGSIZE)
     plt.close(fig)  # drawn into the Image widget only, never shown twice by the inline backend
 
     def redraw(_change=None) -> None:
