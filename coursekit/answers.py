@@ -23,7 +23,7 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 
-__all__ = ["AnswerHeldBack", "ANSWERS", "WHOLE_NOTEBOOK", "answer_of", "held_back", "hold_for_this_process",
+__all__ = ["AnswerHeldBack", "ANSWERS", "WHOLE_NOTEBOOK", "answer_of", "resolve", "held_back", "hold_for_this_process",
            "is_held_back", "refuse", "released"]
 
 _RING = "coursekit.collectives.ring."
@@ -46,9 +46,11 @@ ANSWERS: dict[str, tuple[str, str]] = {
                                 "write the reduce-scatter and the all-gather yourself with coursekit.comm"),
     **{_SCHEDULES + name: ("04_pipeline_schedule", _ACTIONS)
        for name in ("_schedule", "gpipe", "one_f_one_b", "interleaved_1f1b")},
-    **{_TENSOR + name: ("05_tensor_parallel", "write f, g and the two layers yourself with the exercise's collectives")
-       for name in ("_Copy", "_Reduce", "copy_to_parallel_region", "reduce_from_parallel_region",
-                    "ColumnParallelLinear", "RowParallelLinear")},
+    # f and g are chapter 05's mechanism (shown there, given in the exercise): the two layers are the answer, held
+    # back by their forward (a subclass of the library's layer inherits it)
+    **{_TENSOR + name: ("05_tensor_parallel", "write the two layers yourself with the exercise's f, g and collectives")
+       for name in ("ColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear.forward",
+                    "RowParallelLinear.forward")},
     _SEQUENCE + "merge": ("06_ring_attention",
                           "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)"),
     _SEQUENCE + "ring_attention": ("06_ring_attention",
@@ -80,6 +82,21 @@ def answer_of(obj) -> str | None:
     return entry[0] if entry else None
 
 
+def resolve(qualified: str):
+    """The object ``"package.module.Class.method"`` names (None if there is none): the longest importable prefix
+    is the module, the rest attributes."""
+    parts = qualified.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name, None)
+        return obj
+    return None
+
+
 def refuse(qualified: str):
     """What a held-back answer runs instead of its own code: raise :class:`AnswerHeldBack`, saying what to write."""
     exercise, instead = ANSWERS[qualified]
@@ -95,8 +112,7 @@ def _functions(exercise: str) -> list[tuple[str, object]]:
     """The functions listed for ``exercise`` (classes are held back by what they call)."""
     out = []
     for qualified, (owner, _) in ANSWERS.items():
-        module, _, name = qualified.rpartition(".")
-        obj = getattr(importlib.import_module(module), name)
+        obj = resolve(qualified)
         if owner == exercise and callable(obj) and hasattr(obj, "__code__"):
             out.append((qualified, obj))
     return out

@@ -25,7 +25,7 @@ def test_show_renders_what_runs():
                                               (ring.ring_all_reduce, "01_ring_allreduce"),
                                               (ring, "01_ring_allreduce"),      # its helpers are the answer's body
                                               (schedules, "04_pipeline_schedule"),
-                                              (core.copy_to_parallel_region, "05_tensor_parallel"),  # f
+                                              (core.RowParallelLinear, "05_tensor_parallel"),
                                               (core.ColumnParallelLinear, "05_tensor_parallel"),
                                               (core, "05_tensor_parallel")])
 def test_an_exercise_answer_is_never_shown(answer, exercise):
@@ -35,19 +35,22 @@ def test_an_exercise_answer_is_never_shown(answer, exercise):
         coursekit.show(answer)
 
 
+def test_f_and_g_are_shown_they_are_chapter_05s_mechanism():
+    """Exercise 05 gives f and g and asks for the layers, so chapter 05 shows them."""
+    assert "_all_reduce(grad, ctx.group)" in repr(coursekit.show(core._Copy))
+    assert "_all_reduce(tensor, group)" in repr(coursekit.show(core._Reduce))
+
+
 def test_show_of_something_without_source_says_what_it_takes():
     with pytest.raises(TypeError, match="show\\(\\) renders a function, class, method or module"):
         coursekit.show(3)
 
 
 def test_every_answer_listed_by_name_exists():
-    """A renamed answer would drop out of the list silently; planted, seen failing: ``_Copy`` renamed ``_F``."""
-    import importlib
-
-    from coursekit.answers import ANSWERS, answer_of
+    """A renamed answer would drop out of the list silently; planted, seen failing: ``RowParallelLinear`` renamed."""
+    from coursekit.answers import ANSWERS, answer_of, resolve
 
     for qualified, (exercise, _) in ANSWERS.items():
-        module, _, name = qualified.rpartition(".")
-        obj = getattr(importlib.import_module(module), name, None)
-        assert obj is not None, f"{qualified} (an answer to {exercise}) is not in {module}: update coursekit.answers"
+        obj = resolve(qualified)
+        assert obj is not None, f"{qualified} (an answer to {exercise}) does not exist: update coursekit.answers"
         assert answer_of(obj) == exercise

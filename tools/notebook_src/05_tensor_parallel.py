@@ -5,8 +5,9 @@
 # END SOLUTION
 #
 # In `notebooks/05_tensor_parallelism.ipynb` you saw one matrix multiplication split over GPUs by columns
-# and by rows (**P5**), and the two communication operators of Megatron-LM that make a column-parallel layer
-# followed by a row-parallel one cost exactly one all-reduce forward and one backward. Now you write them.
+# and by rows (**P5**), and the two communication operators of Megatron-LM, **f** and **g**. Here f and g are
+# written for you, with this exercise's collectives. You write the two layers that use them: a column-parallel
+# layer followed by a row-parallel one must cost exactly one all-reduce forward and one backward.
 #
 # **Part 1** `ColumnParallelLinear(dense, group=None)`: keep, as `self.weight` and `self.bias`, the rows
 # `shard_range(dense.out_features)` of `dense.weight` and of `dense.bias` (output features). `forward(x)`
@@ -23,8 +24,8 @@
 # `all_reduce(tensor, group=None)` sums in place over the ranks and returns the tensor; `all_gather(tensor,
 # dim=-1, group=None)` concatenates every rank's tensor; `shard_range(total, group=None)` is `(start, stop)`
 # of this rank's rows (uneven like `torch.tensor_split`: 7 over 3 ranks is 3, 2, 2). Both collectives are
-# counted; while grading, `torch.distributed`'s own are switched off. Write **f** and **g** as
-# `torch.autograd.Function`s (a `forward` and a `backward` static method).
+# counted; while grading, `torch.distributed`'s own are switched off. **f** and **g** are given below as
+# `CopyToParallelRegion.apply(x, group)` and `ReduceFromParallelRegion.apply(x, group)`.
 #
 # **Grading**: each layer on 1, 2 and 4 ranks against the dense `nn.Linear`: the output, the input's
 # gradient, the weight's and the bias's gradients of every shard, and the number of all-reduces in forward
@@ -49,10 +50,10 @@ from coursekit.grading import check_tensor_parallel
 from coursekit.grading.tensor_tools import all_gather, all_reduce, shard_range
 
 # %% [markdown]
-# ## Part 1: f and the column-parallel layer
+# ## Part 1: the column-parallel layer
 #
-# `torch.autograd.Function`: `forward(ctx, tensor, group)` returns the output (keep `group` in `ctx` for
-# backward); `backward(ctx, grad)` returns one gradient per input of `forward` (`None` for `group`).
+# **f** is given: the chapter's `_Copy`, with this exercise's `all_reduce`. Call it as
+# `CopyToParallelRegion.apply(x, group)`; the layer below is yours.
 
 # %%
 class CopyToParallelRegion(torch.autograd.Function):
@@ -60,18 +61,12 @@ class CopyToParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, group):
-# BEGIN SOLUTION
         ctx.group = group
         return tensor.view_as(tensor)
-# EXERCISE:         raise NotImplementedError("f's forward")
-# END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-# BEGIN SOLUTION
         return all_reduce(grad.contiguous().clone(), ctx.group), None
-# EXERCISE:         raise NotImplementedError("f's backward")
-# END SOLUTION
 
 
 class ColumnParallelLinear(nn.Module):
@@ -120,7 +115,9 @@ except Exception as error:                  # an unfinished exercise lands here
 check_tensor_parallel(ColumnParallelLinear, None, only=["column_parallel_linear"], timeout=CHECK_TIMEOUT);
 
 # %% [markdown]
-# ## Part 2: g and the row-parallel layer
+# ## Part 2: the row-parallel layer
+#
+# **g** is given too: `ReduceFromParallelRegion.apply(partial, group)`. The layer is yours.
 
 # %%
 class ReduceFromParallelRegion(torch.autograd.Function):
@@ -128,17 +125,11 @@ class ReduceFromParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, group):
-# BEGIN SOLUTION
         return all_reduce(tensor.contiguous().clone(), group)
-# EXERCISE:         raise NotImplementedError("g's forward")
-# END SOLUTION
 
     @staticmethod
     def backward(ctx, grad):
-# BEGIN SOLUTION
         return grad, None
-# EXERCISE:         raise NotImplementedError("g's backward")
-# END SOLUTION
 
 
 class RowParallelLinear(nn.Module):

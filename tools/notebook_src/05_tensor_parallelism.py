@@ -2,26 +2,22 @@
 # %% [markdown]
 # # 05 · Tensor parallelism: one matrix multiplication on several GPUs
 #
-# Chapter 03 put whole layers on different GPUs and found a chain: GPU 2 waits while GPU 1 computes
-# (**P3**). **[Tensor parallelism](../docs/glossary.md#tensor-parallelism)** (seed claim **P5**, "intra-op") cuts *inside* a layer instead: each
-# weight matrix is split by rows or by columns, every GPU multiplies its piece at the same time, and the
-# pieces are combined by communication. This chapter follows Megatron-LM (Shoeybi et al. 2019):
+# Chapter 03 put whole layers on different GPUs and found a chain: one GPU waits while another computes
+# (**P3**). **[Tensor parallelism](../docs/glossary.md#tensor-parallelism)** cuts *inside* a layer instead. Each weight matrix is
+# split by rows or by columns. Every GPU multiplies its piece at the same time, and communication combines the
+# pieces. That is claim **P5**. The chapter follows Megatron-LM (Shoeybi et al. 2019):
 #
-# 1. the linear-algebra identity, on two GPUs, drawn from the shards the ranks really hold;
-# 2. the MLP and the attention block: one all-reduce forward and one backward each (the [operators **f**, **g**](../docs/glossary.md#f-and-g-operators));
-# 3. the [vocabulary-parallel loss](../docs/glossary.md#vocabulary-parallel-cross-entropy): the logits never exist whole on one GPU;
-# 4. the proof: training at tensor degrees 1, 2, 4 and 3 (uneven) equals one process;
-# 5. communication counted against the formula and against data parallelism's;
-# 6. memory per rank and a measured timeline with the all-reduces inside each layer;
-# 7. why tensor parallelism beats model parallelism (**P10**) and why it stays inside a node;
+# 1. one matrix multiplication, split two ways;
+# 2. the operators [**f** and **g**](../docs/glossary.md#f-and-g-operators): one all-reduce forward and one backward per block;
+# 3. the [vocabulary-parallel loss](../docs/glossary.md#vocabulary-parallel-cross-entropy): the logits never exist whole;
+# 4. training at degrees 1, 2, 4 and 3 equals one process;
+# 5. what tensor parallelism sends, beside data parallelism;
+# 6. memory per GPU;
+# 7. why tensor beats model parallelism (**P10**), and why it stays inside a node;
 # 8. the [data × tensor](../docs/glossary.md#hybrid-parallelism) [mesh](../docs/glossary.md#mesh) (**P8**);
-# 9. the same thing in production: PyTorch's [DTensor](../docs/glossary.md#dtensor).
+# 9. the same thing in PyTorch: [DTensor](../docs/glossary.md#dtensor).
 #
-# Every "GPU" is a process on this machine (gloo on 2 CPU cores); the library is
-# `coursekit.parallel.tensor`: `layers` (operators and layers), `vocab` (the vocabulary), `model`
-# (the whole transformer and the strategies `"tensor"` and `"dp_tp"` of `coursekit.train.train`),
-# `activations` (what a block keeps for backward per rank) and `versus` (tensor against model parallelism on
-# a wide model, section 7).
+# Every "GPU" here is a process on this machine. The library is `coursekit.parallel.tensor`.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in about a minute; raise them freely.
@@ -53,20 +49,19 @@ from coursekit.measure.verify import compare
 torch.set_num_threads(1)  # one thread per process, as every rank has
 
 # %% [markdown]
-# ## 1. The identity: one matrix multiplication split two ways (P5)
+# ## 1. One matrix multiplication, split two ways (P5)
 #
-# A linear layer computes $Y = X W^\top$ (PyTorch's `weight` $W$ is `[out, in]`). Write $A = W^\top$ as the
-# paper does, $Y = XA$. Two ways to put it on two GPUs:
+# How can two GPUs share one linear layer? The layer computes $Y = XA$, with the weight $A$ of shape `[in, out]`;
+# PyTorch stores its transpose. There are two ways to cut $A$:
 #
-# * **split $A$ by columns** (output features): GPU $r$ holds $A_r$ and computes $Y_r = X A_r$, its own
-#   columns of $Y$. $Y = [\,Y_0 \mid Y_1\,]$: nothing to add, every GPU needs all of $X$.
-#   coursekit's [`ColumnParallelLinear`](../docs/glossary.md#column-parallel-linear) (its `weight` holds rows of $W$);
-# * **split $A$ by rows** (input features): GPU $r$ holds $A_r$ and the matching columns $X_r$ of the
-#   input, and computes a *partial* product $P_r = X_r A_r$ of the full shape. $Y = P_0 + P_1$: one
-#   all-reduce. coursekit's [`RowParallelLinear`](../docs/glossary.md#row-parallel-linear).
+# * **By columns**, the output features. GPU $r$ holds $A_r$ and computes its own columns, $Y_r = XA_r$. Every GPU
+#   needs all of $X$, and the outputs are concatenated. This is a
+#   **[column-parallel linear](../docs/glossary.md#column-parallel-linear)** layer.
+# * **By rows**, the input features. GPU $r$ holds $A_r$ and the matching columns $X_r$ of the input. It computes
+#   a *partial* product $P_r = X_r A_r$ of the full shape. The output is $P_0 + P_1$: one all-reduce. This is a
+#   **[row-parallel linear](../docs/glossary.md#row-parallel-linear)** layer.
 #
-# Below, two ranks build both layers from the *same* dense `nn.Linear(6, 4)` and return what they hold and
-# compute; the figure draws those tensors.
+# Two ranks build both layers from the same `nn.Linear(6, 4)`. The figure draws what each rank holds and computes.
 
 # %%
 def one_matmul(rank, world_size):
@@ -127,26 +122,44 @@ print("RowParallelLinear's output (after its all-reduce) on both ranks equals X 
       all(torch.allclose(h["row_y"], dense_y, atol=1e-6) for h in held))
 
 # %% [markdown]
-# Each GPU stores half of the weight (**P5**: "it beats memory limits") and does half of the multiply at the
-# same time as the other ("and runs in parallel"); the price is the all-reduce of the row split, or the
-# all-gather a column split needs when a later step wants all of $Y$ ("its cost is communication").
+# **Takeaway:** each GPU stores half of the weight and does half of the multiply. The price is communication: an
+# all-reduce after a row split.
 #
-# ## 2. Column then row: the MLP and attention, one all-reduce each way
+# ## 2. Column, then row: one all-reduce each way
 #
-# The trick of Megatron-LM is to *chain* the two splits. The MLP is `out(gelu(fc(x)))`: split `fc` by
-# columns and each GPU holds some hidden features whole; GELU acts on each feature alone, so it runs on the
-# shards with no communication; `out` split by rows then takes exactly those features as its input slice,
-# and one all-reduce sums the partial outputs. Two operators do the communication:
+# Megatron-LM's trick is to chain the two splits. An MLP computes `out(gelu(fc(x)))`. Split `fc` by columns, and
+# each GPU holds some hidden features whole. GELU acts on each feature alone, so it runs on the shards with no
+# communication. Split `out` by rows: it takes exactly those features as input, and one all-reduce sums the
+# partial outputs.
 #
-# | operator | forward | backward | where |
-# |---|---|---|---|
-# | **f** `copy_to_parallel_region` | identity | all-reduce | before the column-parallel layer: each rank's input gradient is only its shard's part |
-# | **g** `reduce_from_parallel_region` | all-reduce | identity | after the row-parallel layer: sums the partial products |
-#
-# Attention splits the same way by **heads**: `qkv` is column-parallel (each rank keeps q, k and v of its
-# heads), each head attends alone, and the output projection `proj` is row-parallel. Measured on 2 ranks, one
-# block of the course transformer (d_model 64, 4 heads, MLP width 256), forward and backward, against the
-# dense block:
+# Two operators do all the communicating. **g** sits after the row-parallel layer. Forward, it all-reduces the
+# partial products. Backward, every rank already holds the whole gradient, so g passes it on. **f** sits before
+# the column-parallel layer and mirrors g. Forward, every rank reads the whole input as it is. Backward, each
+# rank's input gradient covers only its own features, so f all-reduces it. Here they are, as the library runs
+# them:
+
+# %%
+from coursekit.parallel.tensor import core
+
+coursekit.show(core._Copy)  # f
+
+
+# %%
+coursekit.show(core._Reduce)  # g
+
+
+# %% [markdown]
+# Attention splits the same way, by **heads**. `qkv` is column-parallel: each rank keeps q, k and v of its own
+# heads, and each head attends alone. The output projection `proj` is row-parallel, so its g sums the heads'
+# contributions:
+
+# %%
+coursekit.show(core.ParallelSelfAttention.forward)
+
+
+# %% [markdown]
+# The column- and row-parallel layers themselves are exercise 05's. Here they run inside one block of the course
+# transformer, 64 wide with 4 heads, on 2 ranks, forward and backward, against the dense block:
 
 # %% tags=["nbval-check-output"]
 def blocks(rank, world_size):
@@ -174,24 +187,23 @@ for name, (y_diff, grad_diff, calls, weights) in coursekit.launch(blocks, 2)[0].
           + ", ".join(f"{op} {direction}: {n}" for (op, direction), n in sorted(calls.items())))
 
 # %% [markdown]
-# One all-reduce forward (the **g** after the row-parallel layer) and one backward (the **f** before the
-# column-parallel one) per block: per transformer layer, 2 forward and 2 backward, of $b \cdot s \cdot h$
-# numbers each (the layer's activations), as the paper says.
+# **Takeaway:** the MLP and attention each match the dense block, with 1 all-reduce forward and 1 backward.
 #
-# ## 3. The vocabulary-parallel loss: the logits never exist whole
+# A transformer layer has both, so it costs 2 all-reduces forward and 2 backward. Each carries $b \cdot s \cdot h$
+# numbers: the activations of $b$ sequences of $s$ tokens, $h$ wide.
 #
-# The course transformer's output head is tied to the token embedding, `[V, h]`. Split its **rows** over the
-# ranks (rank $r$ holds tokens $[v_r, v_{r+1})$): the embedding looks up the rows it holds (zeros for the
-# others) and a **g** sums the lookups; the head is then column-parallel — rank $r$ computes only the logits
-# of its own tokens, $(b, s, V/t)$. The cross-entropy needs every token's logit, but only through three
-# numbers per position, each all-reduced:
+# ## 3. The vocabulary-parallel loss
 #
-# 1. MAX of the row's maximum (for a stable exponential);
-# 2. SUM of $\sum \exp(\text{logit} - \max)$;
-# 3. SUM of the target's logit (only the rank that holds the target contributes).
+# Can the loss be computed without gathering the logits? The output head has one row per token of the
+# vocabulary. Split those rows over the ranks, and rank $r$ computes only the logits of its own tokens. The
+# cross-entropy needs every token's logit, but only through three numbers per position, each all-reduced:
 #
-# Then $\text{loss} = \log \sum\exp - (\text{target logit} - \max)$. A vocabulary of 13 on 4 ranks (uneven:
-# 4, 3, 3, 3 rows), with logits up to about 60, against `F.cross_entropy` on the whole logits:
+# 1. the largest logit, for a stable exponential;
+# 2. the sum of $\exp(\text{logit} - \max)$;
+# 3. the target's logit: only the rank that holds the target contributes.
+#
+# Then $\text{loss} = \log \sum \exp - (\text{target logit} - \max)$. Below, a vocabulary of 13 on 4 ranks, cut
+# 4, 3, 3, 3, against `F.cross_entropy` on the whole logits:
 
 # %% tags=["nbval-check-output"]
 def vocab_loss(rank, world_size):
@@ -215,19 +227,18 @@ for rank, (shape, loss_diff, grad_diff, elements) in enumerate(coursekit.launch(
           f"gradient of its logits {'equal' if grad_diff < 1e-6 else 'DIFFERENT'}; numbers all-reduced: {elements}")
 
 # %% [markdown]
-# Three all-reduces of 40 numbers (one per position) instead of gathering $40 \times 13$ logits. With a real
-# vocabulary (50,000 to 250,000 tokens) the logits are among the largest activations of the step, and no GPU
-# ever holds them whole. The training loop calls the strategy's own loss (`Strategy.loss`), so the strategies
-# `"tensor"` and `"dp_tp"` train on exactly this loss.
+# **Takeaway:** each rank holds only its own columns of the logits and all-reduces 120 numbers, three for each
+# of the 40 positions, yet gets the exact loss.
+#
+# With a real vocabulary of 50,000 to 250,000 tokens, the logits are among the largest tensors of a step. Here
+# no GPU ever holds them whole.
 #
 # ## 4. The proof: tensor parallelism trains like one process
 #
-# `train(rank, world_size, "tensor", model="transformer")` turns the dense course transformer into its
-# tensor-parallel form on every rank (vocabulary, heads and MLP split; norms and the position embedding
-# replicated), trains it, and records the output, the loss, every gradient and every weight, reassembled
-# from the shards (`gather_dense`). `coursekit.measure.verify.compare` checks each against one process at every
-# step. Degree 3 does not divide the vocabulary (16 → 6, 5, 5 rows) nor the heads (4 → 2, 1, 1): the shards
-# are uneven and the model is still exactly the same one.
+# `train(rank, world_size, "tensor", model="transformer")` turns the course transformer into its tensor-parallel
+# form on every rank: vocabulary, heads and MLP split, norms copied. It trains, and records every output, loss,
+# gradient and weight, reassembled from the shards. `compare` checks each against one process at every step. At
+# degree 3 nothing divides evenly: 16 vocabulary rows become 6, 5 and 5, and 4 heads become 2, 1 and 1.
 
 # %% tags=["nbval-check-output"]
 PROOF = dict(model="transformer", steps=STEPS, global_batch=GLOBAL_BATCH, optimizer="sgd", lr=0.05)
@@ -250,10 +261,15 @@ for degree in PROOF_DEGREES:
           f"parameters)")
 
 # %% [markdown]
-# SGD with momentum above. With Adam, the first step moves every weight by about `lr` × g/|g|, whatever the
-# size of its gradient g, so a gradient near zero that differs in its last bits (the vocabulary-parallel loss
-# rounds differently from `F.cross_entropy`) moves its weight visibly differently. The first two of those
-# degrees with Adam, against one process trained with Adam:
+# **Takeaway:** at degrees 1, 2, 4 and 3, every step equals one process's.
+#
+# <details><summary>Why SGD, and what Adam does</summary>
+#
+# Adam's first step moves every weight by about `lr` × g/|g|, whatever the size of its gradient g. A gradient near
+# zero that differs in its last bits therefore moves its weight visibly. The tensor-parallel code rounds
+# differently from the dense model: its vocabulary-parallel loss is not `F.cross_entropy`. So with Adam, a
+# check this strict fails even at degree 1, where nothing is split. The cell below shows it at degrees 1 and 2.
+# </details>
 
 # %% tags=["nbval-ignore-output"]
 ADAM = dict(PROOF, optimizer="adam", lr=1e-3)
@@ -273,13 +289,15 @@ if diverged and all(adam_reports[d].first.kind == "param" for d in diverged):
           "Adam turned gradient differences too small to fail the check into weight differences that do")
 
 # %% [markdown]
-# ## 5. Communication, counted
+# ## 5. What tensor parallelism sends
 #
-# Every collective of the layers goes through one counted function (`count_communication`; the strategy
-# counts each training step). The formula, per forward and backward of the course transformer with $L$
-# layers on a batch of $b$ sequences of $s$ tokens, width $h$: forward $2L$ all-reduces of $bsh$ (attention's
-# and the MLP's **g**) plus the embedding's **g** plus the loss's 3 of $bs$; backward $2L$ (their **f**) plus
-# the tied head's **f**. No all-gather: the logits are not gathered.
+# How much does a step send? Every collective of the layers goes through one counted function. For a transformer
+# of $L$ layers, the formula per step is:
+#
+# * forward: $2L$ all-reduces of $bsh$ numbers, the embedding's g, and the loss's 3 of $bs$;
+# * backward: $2L$ all-reduces of $bsh$, and the tied head's f.
+#
+# Nothing is all-gathered: the logits stay split.
 
 # %% tags=["nbval-check-output"]
 L, h, s, V = 2, 64, 31, 16
@@ -294,11 +312,11 @@ for degree in PROOF_DEGREES[1:]:
     print(f"degree {degree}: counted over {STEPS} steps = {STEPS} × formula: {same}")
 
 # %% [markdown]
-# Against **data parallelism**: there each rank all-reduces its *gradients* once per step — $\Psi$ numbers
-# (every parameter), whatever the batch. Tensor parallelism all-reduces *activations* — $4L \cdot bsh$
-# (+ the embedding's, the head's and the loss's) per step, growing with the batch and the sequence. Both
-# counted here on 2 ranks (data parallelism: the strategy `"bucketed"`, which counts the elements it
-# all-reduces) at several batch sizes, drawn against their formulas:
+# **Takeaway:** the counted all-reduces equal the formula at degrees 2, 4 and 3.
+#
+# Data parallelism sends something else. Each rank all-reduces its *gradients*, Ψ numbers, one per parameter,
+# whatever the batch. Tensor parallelism all-reduces *activations*, which grow with the batch. Both are counted
+# here on 2 ranks, at four batch sizes:
 
 # %%
 BATCHES = [2, 4, 8, 16]
@@ -337,31 +355,24 @@ for b in BATCHES:
           f"(formula Ψ = {psi:,}): tensor moves {tp_counted / dp_counted:.2f}× data's")
 
 # %% [markdown]
-# Data parallelism's volume is fixed by the model; tensor parallelism's grows in proportion to the batch (the
-# ratios printed above). In a large model $\Psi \approx 12 L h^2$, so the ratio is about
-# $4L \cdot bsh / 12 L h^2 = bs/(3h)$: below 1 until the tokens per step $bs$ exceed $3h$ (for $h = 12288$ and
-# $s = 2048$, 18 sequences; one sequence gives about 0.06). The bigger difference is *when*: data
-# parallelism's all-reduce can overlap the backward pass (chapter 02); tensor parallelism's sit between the
-# layers, on the critical path — every layer waits for them, twice forward and twice backward. That is what
-# the next sections measure.
+# **Takeaway:** data parallelism's volume is fixed by the model. Tensor parallelism's grows with the batch, from
+# 0.38× data's at 2 sequences to 3.04× at 16.
+#
+# In a large model Ψ ≈ 12 L h², so the ratio is about $bs/(3h)$. With GPT-3's h = 12,288 and s = 2,048, it
+# passes 1 at 18 sequences. The bigger difference is *when* the bytes move. Data parallelism's all-reduce can
+# overlap the backward pass, as chapter 02 showed. Tensor parallelism's sit between the layers, and every layer
+# waits for them.
 #
 # **Where the seed is wrong.** The seed says that with tensor parallelism "the model's parameters are often
-# synchronised between devices". The counts above say otherwise: every all-reduce of tensor parallelism
-# carries *activations* (forward, g: b·s·h numbers), their gradients (backward, f), or the vocabulary-parallel
-# loss's per-token numbers (b·s), and no parameter or parameter gradient crosses between the ranks of a tensor
-# group — each rank owns its shard of every weight and updates it alone, and the replicated ones (the norms,
-# the position embedding) get the same gradient on every rank from the same inputs (section 4 proved the
-# result equal to one process without any weight exchange). Parameters,
-# or rather their gradients, are synchronised by *data* parallelism (chapter 02), which a real run combines
-# with tensor parallelism (section 8). What makes tensor parallelism costly is that its activation traffic
-# grows with the batch and sits on the critical path, as just measured.
+# synchronised between devices". The counts say otherwise. Every all-reduce above carries activations, their
+# gradients, or the loss's numbers per token. Each rank owns its shard of every weight and updates it alone. The
+# copied norms get the same gradient on every rank, from the same inputs. Gradients are synchronised by data
+# parallelism, which a real run adds on top: section 8.
 #
-# ## 6. Figure 1.1, memory per rank and the timeline
+# ## 6. Memory per GPU
 #
-# The seed's "Figure 1.1" (**P6**) compares the strategies side by side; regenerated here for `GPUS` GPUs
-# (the same figure as chapter 00's, from `coursekit.viz.strategies`): model parallelism gives each GPU whole
-# layers, data parallelism each GPU a slice of the batch and a full copy, tensor parallelism each GPU a
-# slice of *every* weight matrix (pipeline parallelism, chapter 04, is drawn too).
+# How much does each GPU hold? The seed's Figure 1.1 (**P6**) sets the strategies side by side. Tensor
+# parallelism gives each GPU a slice of *every* weight matrix:
 
 # %%
 from coursekit.viz.strategies import draw_strategies
@@ -370,10 +381,8 @@ draw_strategies(n_gpus=GPUS)
 plt.show()
 
 # %% [markdown]
-# Memory: the parameters each rank holds, measured after the proof's last step (`result["memory"]`), against
-# the formula: the split tensors (vocabulary rows, q/k/v and output projection, both MLP weights and the
-# column-parallel biases) divided by $t$, plus what every rank replicates (position embedding, the norms, the
-# row-parallel biases).
+# Below, the parameters each rank holds after the proof's last step. The formula: the split tensors divided by
+# $t$, plus what every rank copies.
 
 # %%
 dense_model = tiny_transformer(seed=0)
@@ -409,15 +418,12 @@ for degree in even:
           f"= {formula:,}: {'equal' if measured_bytes == [formula] else 'NOT EQUAL'}")
 
 # %% [markdown]
-# The replicated part does not shrink with $t$: 4,992 numbers, 5% of this tiny model (mostly its 64 × 64
-# position embedding); in a large model, the norms and biases, a fraction of a percent.
+# Every rank holds exactly the formula's bytes. The copied part does not shrink: 4,992 numbers, mostly the
+# 64 × 64 position embedding. In a large model it is a fraction of a percent.
 #
-# Beside the parameters, the **activations**: what one forward of the loss keeps for its backward on each rank
-# (parameters excluded; counted with chapter 06's `saved_bytes`), on a batch of the proof's size. The blocks'
-# part is `tensor_parallel_saved_bytes`, counted by hand per token: the two LayerNorms' inputs with their mean
-# and 1/std and the inputs of qkv and fc ($4h + 4$ numbers) whole on every rank; q, k, v, attention's output
-# and one log-sum-exp per head, the GELU's input and output ($4h + 2 d_{ff} + a$) divided by $t$. The loss
-# keeps this rank's $b \cdot s \cdot V/t$ probabilities (and two small tensors for the targets):
+# Beside the parameters sit the **activations**: what the forward keeps for the backward. In each block, the
+# inputs of the LayerNorms, of `qkv` and of `fc` stay whole on every rank. Attention's q, k, v and output and
+# the MLP's hidden layer divide by $t$. So does the loss's share of the logits:
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.sequence import saved_bytes  # chapter 06's meter: what autograd keeps for backward
@@ -446,22 +452,13 @@ for degree in even:
           f"{'' if all(r == runs[0] for r in runs) else '  (ranks differ)'}")
 
 # %% [markdown]
-# At $t = 4$ the parameters are 0.29 of one process's, the activations 0.47: in every block the LayerNorm
-# regions and the column-parallel layers' inputs stay whole on every rank, and so does the rest of the forward
-# (the final norm's and the head's inputs, the token ids: 131,440 bytes at every $t$). Already at this batch
-# of 8 × 31 tokens the activations are five to nine times the parameters. The logits do divide by $t$, but
-# with this toy vocabulary of 16 the loss keeps under 1% of the activations; with GPT-2's
-# (V = 50,257, h = 768) a token's logits are 65 times its hidden state. Chapter 06 splits the whole regions
-# too, along the sequence (Megatron's sequence parallelism).
+# At $t = 4$ the parameters are 0.29 of one process's, but the activations 0.47. The final norm's and the
+# head's inputs do not shrink at all. And even at this small batch, the activations are five to nine times the
+# parameters. Chapter 06 splits the rest along the sequence.
 #
-# What a forward keeps for its backward is a **plateau**; what must fit in a GPU's memory is the **peak**, the
-# most bytes alive at one moment, transients included: a matmul's output beside its all-reduced copy, the
-# gradients flowing back beside everything the forward kept. `block_memory` measures both for one block,
-# exactly: every tensor the ops create is counted from its creation until it is freed
-# (`coursekit.measure.live_memory.LiveMemory`; the parameters, their gradients and the block's input left out, its
-# output counted: the next block's input), and each rank of $t$ runs in turn in this process with a *fake*
-# process group (`as_rank`: the collectives move nothing, the shapes are each rank's). Beside it, the block's
-# parameters on one rank:
+# What must fit in memory is the **peak**: the most bytes alive at one moment, not only what the forward keeps.
+# `LiveMemory` counts every tensor from its creation until it is freed. Each rank of one block runs in turn in
+# this process, with a fake process group that moves nothing:
 
 # %% tags=["nbval-check-output"]
 from coursekit.measure.live_memory import as_rank
@@ -492,19 +489,19 @@ print(f"at t = {top[1]}, of one process's: parameters {block_param_bytes(top[1])
       f"plateau {peaks[top][0].plateau / one.plateau:.2f}, peak {peaks[top][0].peak / one.peak:.2f}")
 
 # %% [markdown]
-# The plateau is the formula above to the byte, and the peak is the plateau plus **one** tensor. At $t = 1$
-# and 2 it is born in backward: the first gradient, the one entering the MLP's hidden layer
-# ($b \cdot s \cdot d_{ff}/t$ numbers), made while everything the forward kept is still alive. At $t = 4$,
-# $d_{ff}/t = h$, and a forward moment of the same size comes first: the MLP's row-parallel output beside
-# its copy being all-reduced (the "born in backward" column is 0: nothing of backward is alive at that
-# peak). Plateau and peak both fall more slowly with $t$ than the parameters (the last line), for the same
-# reason: the LayerNorm regions and the column-parallel inputs stay whole on every rank.
+# **Takeaway:** at $t = 4$ a rank holds 0.26 of a block's parameters but 0.40 of its peak memory, because the
+# activations kept whole on every rank do not shrink.
 #
-# The timeline: one training step at degree 2 (2 ranks, one thread each), traced (`train(..., trace=True)`);
-# every all-reduce of the layers is a span on the communication lane, inside the forward and the backward.
-# The window starts when *both* ranks have begun the step (the later of their two starts): before that, the
-# rank that started first only waits at its first all-reduce for the other, which says nothing about tensor
-# parallelism and would otherwise take up a good part of the drawing.
+# <details><summary>Where the peak comes from</summary>
+#
+# The peak is the plateau plus one tensor. At $t = 1$ and 2 it is born in backward: the gradient entering the
+# MLP's hidden layer, $b \cdot s \cdot d_{ff}/t$ numbers, made while everything the forward kept is alive. At
+# $t = 4$, $d_{ff}/t = h$, and a forward moment of the same size comes first: the MLP's row-parallel output
+# beside its all-reduced copy.
+# </details>
+#
+# Where do the all-reduces sit in time? One training step at degree 2, traced. Every all-reduce is a span on the
+# communication lane, inside the forward and the backward. The window opens when both ranks have begun the step.
 
 # %%
 from coursekit.viz.timeline import draw_timelines
@@ -533,16 +530,13 @@ for rank in range(2):
           f"{names.count('all_reduce backward')} backward (formula: {2 * L + 1 + 3} and {2 * L + 1})")
 
 # %% [markdown]
-# ## 7. Why tensor rather than model parallelism (P10), and why inside a node
+# Both ranks' traces hold the 8 forward and 5 backward all-reduces of the formula.
 #
-# **P10**: for a model too large for one GPU, "tensor parallelism is more efficient because GPUs work
-# simultaneously". The timelines below are one step of model parallelism (chapter 03: layers on 2 ranks) and
-# of tensor parallelism (degree 2), measured on the same model and batch. From each, the share of the
-# forward and backward passes (from the first forward's start to the last backward's end) during which *both*
-# ranks compute at once (`coursekit.measure.trace.computing_together`). A wait counts as a wait however it is booked:
-# tensor parallelism's all-reduces are idle spans *inside* a forward or backward, model parallelism's receives
-# fall *between* them, and counting time "inside a forward" would credit the first with its waits
-# (`tests/test_trace.py` books one wait both ways and gets the same share):
+# ## 7. Why tensor rather than model parallelism (P10)
+#
+# **P10** says tensor parallelism "is more efficient because GPUs work simultaneously". Below, one step of model
+# parallelism, chapter 03's layers on 2 ranks, and one of tensor parallelism, on the same model and batch. For
+# each, we measure the share of the passes during which *both* ranks compute at once:
 
 # %%
 model_spans = coursekit.launch(traced, 2, "model")[0]
@@ -571,31 +565,15 @@ else:
           f"P10's simultaneous arithmetic")
 
 # %% [markdown]
-# Model parallelism is a chain: rank 1 cannot start its forward before rank 0's activations arrive, and
-# rank 0 cannot start its backward before the gradients come back, so the two hardly ever compute at the same
-# time. Under tensor parallelism both ranks work through the same layer's forward, then the same layer's
-# backward, each doing half of it, and meet at each all-reduce; between two all-reduces both compute. How
-# much of the passes that is depends on this machine: the stretches of arithmetic between two all-reduces
-# are short (the matrices are 64 wide), the all-reduces are gloo messages through the loopback, and when
-# other threads and processes also want its 2 cores the operating system may run the two ranks' stretches in
-# turns rather than together. The last line printed above compares the shares of this run, and says so when
-# it cannot show P10's simultaneous arithmetic. Either way the step times measure waits, scheduling and fixed
-# costs more than the arithmetic that was split, and which of the two is faster here changes from run to run.
+# Model parallelism is a chain: rank 1 waits for rank 0's activations, and rank 0 for rank 1's gradients.
+# Tensor parallelism's ranks work through the same layer together and meet at each all-reduce. But on this tiny
+# model, the arithmetic between two all-reduces is short. Which step is faster changes from run to run: it
+# measures waits and scheduling more than the split arithmetic.
 #
-# That is the honest counter-case of P10 (and of P7 in chapter 04): a small model on costly links, where
-# the all-reduce of every layer outweighs the arithmetic it splits.
-#
-# ### P10 where compute dominates: the same comparison on a wide model
-#
-# Now a model whose layers are wide enough that a rank's share of the arithmetic dwarfs the all-reduce
-# after it: 4 residual MLP blocks x + W₂·gelu(W₁·x), 1024 → 4096 → 1024 (Megatron's MLP shape, 8.4 million
-# weights a block), on 256 tokens (`coursekit.experiments.tensor_versus_model`). A block's forward is
-# 2 × 2 × 256 × 1024 × 4096 ≈ 4.3 GFLOP, split over 2 ranks, against one all-reduce of 256 × 1024 floats
-# (1 MiB). On 2 ranks of one thread each (one core each): one process running the whole model (the other rank
-# idle), tensor parallelism (every block a `ParallelMLP`), and model parallelism (blocks 1–2 on rank 0, 3–4
-# on rank 1). Each iteration runs the three back to back, so their ratios are paired: whatever else the
-# machine does at that moment slows all three. The three compute the same loss
-# (`tests/test_parallel_tensor_versus.py`).
+# That is the honest counter-case: a small model on costly links. To see P10, layers must be wide enough that
+# compute dominates. The next run uses 4 residual MLP blocks, 1024 → 4096 → 1024, Megatron's MLP shape, on 256
+# tokens. A block's forward is about 4.3 GFLOP, and its all-reduce carries 1 MiB. On 2 ranks of one core each,
+# one process, tensor parallelism and model parallelism run back to back, so their ratios are paired.
 
 # %% tags=["nbval-ignore-output"]
 from coursekit.experiments import VARIANTS, step_times
@@ -616,24 +594,19 @@ else:
     print(f"this run: tensor parallelism {tp:.2f}×, model parallelism {mp:.2f}×: this run does not show P10")
 
 # %% [markdown]
-# Here P10 shows plainly (the last line printed says what this run measured). Tensor parallelism splits every
-# block's arithmetic in two and both halves run at once, one per core; what it adds is one 1 MiB all-reduce
-# per block each way, small beside the split matrix products, so the step comes close to half of one
-# process's (the ideal 2× is not reached: the all-reduces, the GELU and the residual adds on the whole
-# activations). Model parallelism also halves each rank's memory for weights, but not the time: rank 1
-# waits for rank 0's forward, rank 0 for rank 1's backward, so the ranks compute in turn, and the step is no
-# faster than one process's (the activation and its gradient also cross once each way). `python -m
-# coursekit.bench tensor --check` measures the same with 11 iterations (targets: tensor parallelism ≥ 1.6×
-# one process and faster than model parallelism; docs/benchmarks.md).
+# **Takeaway:** where compute dominates, tensor parallelism runs about 1.7× faster than one process on 2 ranks,
+# and model parallelism is no faster at all.
 #
-# On a real GPU the proportions are the reverse of this machine's, **as long as the all-reduces stay on
-# NVLink**. The chapter 01 network model (`coursekit.netsim`: the ring all-reduce's transfers, recorded at a
-# small size and scaled to this one, each step timed by its busiest link) for one all-reduce of a
-# GPT-3-sized layer's activations — $b = 1$ sequence of $s = 2048$ tokens, $h = 12288$, bf16: 50 MB — on a
-# tensor group of 8 GPUs, with these assumed links: NVLink 450 GB/s each way per GPU and 2 µs latency inside
-# a node; InfiniBand 400 Gb/s (50 GB/s) and 10 µs between nodes. The compute it sits between: a layer's
-# forward is about $24\,b s h^2$ floating-point operations, divided over the 8 GPUs, at an assumed
-# 400 TFLOP/s each.
+# On a GPU the proportions reverse, as long as the all-reduces stay on fast links. Chapter 01's network model
+# prices one all-reduce of a GPT-3-sized layer's activations: one sequence of 2,048 tokens, h = 12,288, in bf16,
+# over a tensor group of 8 GPUs. The compute it sits between is about $24\,bsh^2$ operations, shared by the 8.
+#
+# <details><summary>The assumed hardware</summary>
+#
+# NVLink: 450 GB/s each way per GPU and 2 µs latency, inside a node. InfiniBand: 400 Gb/s, that is 50 GB/s, and
+# 10 µs, between nodes. Compute: 400 TFLOP/s per GPU. The model records the ring's transfers at a small size,
+# scales them, and times each step by its busiest link.
+# </details>
 
 # %% tags=["nbval-check-output"]
 from coursekit.netsim import Network, collective_time
@@ -654,21 +627,19 @@ for label, net in (("inside one node (NVLink)", nvlink), ("across 2 nodes of 4 (
           f"against {compute * 1e3:.2f} ms of compute ({per_layer_forward / compute:.0%})")
 
 # %% [markdown]
-# Inside a node the two forward all-reduces of a layer cost a fraction of the layer's arithmetic; as soon as
-# the tensor group crosses a node, the ring's slowest link is InfiniBand (assumed above at a ninth of NVLink's
-# bandwidth), and the all-reduces take longer than the compute they split — at every layer, twice forward and
-# twice backward, and in plain Megatron-style tensor parallelism the next matrix product waits for each of
-# them (later techniques, such as PyTorch's asynchronous tensor parallelism, overlap part of them with the
-# products). That is why tensor parallelism is kept inside a node (degree ≤ GPUs per node, typically 8) and
-# the GPUs beyond are combined by data (or pipeline) parallelism.
+# **Takeaway:** inside one node a layer's two forward all-reduces cost 19% of its compute; across nodes they cost
+# 164%, more than the compute they split.
+#
+# So the tensor group stays inside a node, at most 8 GPUs, and data or pipeline parallelism combines the nodes.
+# Plain Megatron-style tensor parallelism waits for every all-reduce; PyTorch's asynchronous tensor parallelism
+# hides part of each behind the next product.
 #
 # ## 8. The data × tensor mesh (P8)
 #
-# **P8**: for models too large for one GPU, data + tensor parallelism combined is the common approach.
-# The ranks form a grid, `Mesh({"dp": 2, "tp": 2})`: each row is a tensor group (neighbouring ranks, so
-# inside a node when the tensor degree divides the GPUs per node), each column a data group. A data slice of
-# the batch goes to each tensor group; gradients are averaged over `dp` only. `train(..., "dp_tp")` on 4
-# ranks, global batch 7 (uneven: 4 + 3 sequences), against one process:
+# **P8**: for models too large for one GPU, data and tensor parallelism combined is the common approach. The
+# ranks form a grid, `Mesh({"dp": 2, "tp": 2})`. Each row is a tensor group of neighbouring ranks, inside one
+# node. Each column is a data group. Each tensor group gets its own slice of the batch, and gradients are
+# averaged over `dp` only. Here on 4 ranks, with a batch of 7 sequences split 4 + 3, against one process:
 
 # %% tags=["nbval-check-output"]
 HYBRID = dict(PROOF, global_batch=7)
@@ -692,10 +663,12 @@ print(f"each rank all-reduced over dp per step: {' or '.join(f'{n:,}' for n in r
       f"{replicated:,} replicated + {split:,}/{TP} split = {shard:,}: {'equal' if reduced == [shard] else 'NOT EQUAL'}")
 
 # %% [markdown]
-# Where the groups land on real nodes matters (section 7): the widget colours which global ranks form each
-# tensor and each data group for a number of GPUs, GPUs per node and tensor degree, and draws in red a tensor
-# group that crosses a node. Its default state, as a static image (so the chapter reads where widgets do not
-# render): 8 GPUs, nodes of 4, tp = 2.
+# **Takeaway:** dp = 2 × tp = 2 trains exactly like one process, and each rank all-reduces only its own 54,912
+# gradient numbers over `dp`.
+#
+# Where the groups land on real nodes matters, as section 7 priced. The figure colours the tensor groups and the
+# data groups of 8 GPUs in nodes of 4, at tp = 2. A tensor group that crossed a node would be hatched and
+# outlined in red. Here none does:
 
 # %%
 from coursekit.viz.mesh import describe, draw_mesh
@@ -710,19 +683,14 @@ from coursekit.widgets.mesh import mesh_explorer
 mesh_explorer(world_size=8, tp=2, gpus_per_node=4)
 
 # %% [markdown]
-# Try tp = 8 with 8 GPUs, 4 per node: the single tensor group spans both nodes, so its GPUs are outlined in red
-# and the line above the figure says it crosses a node boundary; raise GPUs to 16 (tp stays 8) and both
-# tensor groups do.
+# In the widget, try tp = 8 with nodes of 4: the one tensor group spans both nodes, and it is drawn in red.
 #
-# ## 9. The same thing in production: DTensor's `parallelize_module`
+# ## 9. The same thing in production: DTensor
 #
-# PyTorch expresses the same splits as *placements* of distributed tensors: `ColwiseParallel` shards a
-# linear layer's weight `Shard(0)` (output features), `RowwiseParallel` `Shard(1)` and turns its `Partial`
-# output into `Replicate` with an all-reduce. `coursekit.parallel.tensor.torch` parallelizes the course
-# transformer that way (`torch_parallelize_transformer`: the same plan for every block, the embedding
-# `RowwiseParallel`, the tied head `ColwiseParallel` with vocabulary-sharded logits, the loss inside
-# `loss_parallel()`). Run on a DTensor mesh `init_device_mesh("cpu", (2,))`, against coursekit's and the dense
-# model, with `CommDebugMode` counting PyTorch's collectives:
+# PyTorch expresses the same splits as *placements* of distributed tensors. `ColwiseParallel` shards a weight by
+# output features, `Shard(0)`. `RowwiseParallel` shards by input features, `Shard(1)`, and turns its `Partial`
+# output into `Replicate` with an all-reduce. `coursekit.parallel.tensor.torch` applies that plan to the course
+# transformer. Each piece matches one of coursekit's:
 #
 # | coursekit | PyTorch |
 # |---|---|
@@ -738,6 +706,9 @@ mesh_explorer(world_size=8, tp=2, gpus_per_node=4)
 # | `parallelize_transformer` | `parallelize_module(model, device_mesh, plan)` |
 # | `gather_dense` | `DTensor.full_tensor()` |
 # | `count_communication` | `torch.distributed.tensor.debug.CommDebugMode` |
+#
+# Both run below on a DTensor mesh of 2 ranks, against the dense model. `CommDebugMode` counts PyTorch's
+# collectives:
 
 # %% tags=["nbval-check-output"]
 def side_by_side(rank, world_size, iters):
@@ -814,12 +785,16 @@ print(f"coursekit {median['coursekit'] * 1e3:.1f} ms, DTensor {median['DTensor']
       f"{ratio:.2f}× DTensor's time")
 
 # %% [markdown]
-# Same loss, same gradients, same number of all-reduces; the time ratio is the last line printed above. Both
-# times measure mostly fixed costs on this machine (section 7): at 64-wide matrices the arithmetic is small
-# next to the all-reduces and next to the work around each operation, and an operation on a `DTensor` adds
-# its own: it unwraps the local tensors, finds the placements of its result (sharding propagation, cached
-# for the same operation on inputs of the same placements and shapes) and wraps the result again. On GPUs
-# with large matrices both issue the same NCCL all-reduces around the same matrix products.
+# **Takeaway:** DTensor and coursekit compute the same loss and gradients, with the same 8 all-reduces forward
+# and 5 backward.
 #
-# **Exercise** `exercises/05_tensor_parallel.ipynb`: write `ColumnParallelLinear` and `RowParallelLinear`
-# with their communication operators; graded on outputs, gradients and the number of all-reduces.
+# <details><summary>Why the times differ here</summary>
+#
+# Both times measure mostly fixed costs on this machine: at 64-wide matrices the arithmetic is small next to the
+# all-reduces and the work around each operation. An operation on a `DTensor` adds its own. It unwraps the local
+# tensors, finds the placements of its result, and wraps the result again. On GPUs with large matrices both issue
+# the same NCCL all-reduces around the same matrix products.
+# </details>
+#
+# **Exercise** `exercises/05_tensor_parallel.ipynb`: f and g are given; write `ColumnParallelLinear` and
+# `RowParallelLinear` around them. It is graded on outputs, gradients and the number of all-reduces.

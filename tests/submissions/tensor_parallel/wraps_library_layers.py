@@ -1,18 +1,18 @@
 """Both layers built on coursekit's own (ColumnParallelLinear.from_dense): nothing written. While exercise 05 is
-graded its answers are held back (coursekit.answers.ANSWERS: f, g and the layers), so the library's f and g refuse
-with the sentence that names them, on every case (one rank too). Behind that, a second wall: the library's
-collectives look torch's up at each call, and grading switches those off.
+graded its answers are held back (coursekit.answers.ANSWERS: the layers' forward; f and g are given), so the
+inherited forward refuses with the sentence that names it, on every case (one rank too). Behind that, a second
+wall: the library's collectives look torch's up at each call, and grading switches those off.
 
-Planted, seen failing: f and g not held back -- the feedback said "torch.distributed.all_reduce was called" (the
-second wall); and comm's collectives bound at import as well -- still 0, but the feedback said "0 all-reduce(s)
+Planted, seen failing: the layers' forward not held back -- the feedback said "torch.distributed.all_reduce was
+called" (the second wall); and comm's collectives bound at import as well -- still 0, but the feedback said "0 all-reduce(s)
 in forward", not what was done."""
 
 import coursekit.parallel.tensor as library
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 0
-HELD = ("parallel_region was called: it is coursekit's own answer to exercise 05_tensor_parallel",
-        "write f, g and the two layers yourself")
+HELD = ("ParallelLinear.forward was called: it is coursekit's own answer to exercise 05_tensor_parallel",
+        "write the two layers yourself")
 LOSES = {"column_parallel_linear": (0, HELD), "row_parallel_linear": (0, HELD), "mlp_one_all_reduce_each_way": (0, HELD)}
 
 
