@@ -18,14 +18,14 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch.distributed as dist
 
 from ..comm.mesh import Mesh
 from ..models import LanguageData, tiny_transformer
-from ..parallel.hybrid import check_degrees, mesh_shape
+from ..parallel.hybrid import Refusal, layout_problem, mesh_shape, nearest, refuse
 from ..train import train
 
 __all__ = ["Config", "run", "check", "one_process_losses"]
@@ -76,22 +76,55 @@ class Config:
 
 
 def check(config: Config, world_size: int | None = None) -> None:
-    """Refuse a layout that cannot run, before any rank starts (see :func:`~coursekit.parallel.hybrid.check_degrees`)."""
-    check_degrees(config.shape, world_size or config.world_size, n_heads=config.heads,
-                  n_layers=config.layers, vocab_size=config.vocab, seq_len=config.seq_len - 1,
-                  global_batch=config.batch, micro_batches=config.microbatches, schedule=config.schedule,
-                  stages_per_rank=config.stages_per_rank, zero=config.zero)
+    """Refuse a layout that cannot run, before any rank starts (see :func:`~coursekit.parallel.hybrid.check_degrees`).
+
+    The error is a :class:`~coursekit.parallel.hybrid.LayoutError`: its sentence names the reason and a change
+    that passes this check on the same ranks; its ``suggestion`` is that change as :class:`Config` fields
+    (``{"zero": 1, "dp": 2}``). Without ``world_size`` the job has as many ranks as the degrees make (the command
+    line starts them), so a suggestion may change their number too.
+    """
+    world = world_size or config.world_size
+    refusal = _problem(config, world)
+    if refusal is not None:
+        def fits(change: dict) -> bool:
+            changed = replace(config, **{FIELDS.get(k, k): v for k, v in change.items()})
+            return _problem(changed, world_size or changed.world_size) is None
+
+        settings = {**config.shape, "zero": config.zero, "schedule": config.schedule,
+                    "stages_per_rank": config.stages_per_rank, "micro_batches": config.microbatches,
+                    "global_batch": config.batch, "d_model": config.d_model, "steps": config.steps}
+        raise refuse(refusal, settings, world, fits, free=world_size is None, rename=FIELDS)
+
+
+#: The library's name of a setting -> its :class:`Config` field, where they differ (the sentences use the former).
+FIELDS = {"micro_batches": "microbatches", "global_batch": "batch"}
+
+
+def _problem(config: Config, world_size: int) -> Refusal | None:
+    """The first reason ``config`` cannot run on ``world_size`` ranks: the layout's, then the trainer's own."""
+    refusal = layout_problem(config.shape, world_size, n_heads=config.heads, n_layers=config.layers,
+                             vocab_size=config.vocab, seq_len=config.seq_len - 1, global_batch=config.batch,
+                             micro_batches=config.microbatches, schedule=config.schedule,
+                             stages_per_rank=config.stages_per_rank, zero=config.zero)
+    if refusal is not None:
+        return refusal
     if config.d_model % config.heads:
-        raise ValueError(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}.")
-    if (4 * config.d_model) % config.tp:
-        raise ValueError(f"tp = {config.tp} does not divide the MLP's {4 * config.d_model} features.")
+        above = config.d_model + config.heads - config.d_model % config.heads
+        return Refusal(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}: use a multiple "
+                       f"of {config.heads}", ({"d_model": above},))
+    features = 4 * config.d_model
+    if features % config.tp:  # kept, though tp | heads | d_model implies it: the MLP's split is its own rule
+        return Refusal(f"tp = {config.tp} does not divide the MLP's {features} features: use a tp that divides it",
+                       nearest("tp", config.tp, [t for t in range(1, features + 1) if features % t == 0]))
     if config.steps < 1:
-        raise ValueError(f"steps = {config.steps}: train at least one step.")
+        return Refusal(f"steps = {config.steps}: train at least one step", ({"steps": 1},))
     if config.checkpoint_dir and config.zero:
-        raise ValueError(f"checkpoint_dir with zero = {config.zero}: ZeRO's optimizer state is a flat shard of its "
-                         f"own layout, which this course does not checkpoint; use zero = 0 to checkpoint.")
+        return Refusal(f"checkpoint_dir with zero = {config.zero}: ZeRO's optimizer state is a flat shard of its "
+                       f"own layout, which this course does not checkpoint; use zero = 0 to checkpoint",
+                       ({"zero": 0},), example=False)
     if config.resume and not config.checkpoint_dir:
-        raise ValueError("resume = True needs checkpoint_dir (where to find the checkpoint).")
+        return Refusal("resume = True needs checkpoint_dir (where to find the checkpoint)", None)
+    return None
 
 
 def _model(config: Config):

@@ -2,27 +2,24 @@
 # %% [markdown]
 # # 09 · The capstone: one trainer, any layout, under `torchrun`
 #
-# Chapters 02–06 each proved one parallelism equal to one process. Real trainers (torchtitan, Megatron-LM,
-# picotron) are one script whose layout is a command-line choice: the seed's hybrids (P1: "libraries combine
-# them into hybrids"), data × tensor as the common choice for large models (P8), sequence parallelism combined
-# with the others because it is orthogonal to them (P9). This chapter is that script, `coursekit train`:
+# Chapters 02–06 each proved one parallelism equal to one process. Real trainers, such as torchtitan,
+# Megatron-LM and picotron, are one script whose layout is a command-line choice. The seed calls these hybrids
+# (**P1**); data × tensor is the common choice for large models (**P8**); sequence parallelism combines with the
+# others (**P9**). This chapter is that script, `coursekit train`:
 #
-# 1. one [mesh](../docs/glossary.md#mesh) with four axes, `pp × dp × sp × tp`, built once and handed to every part (§1);
-# 2. every layout that cannot run refused before a rank starts (§2);
-# 3. one layout trained live from this notebook (§3), then ten layouts whose loss curves lie on top of each
-#    other, and of one process's (§4);
+# 1. one [mesh](../docs/glossary.md#mesh) with four axes, `pp × dp × sp × tp`, built once (§1);
+# 2. every layout that cannot run, refused before a rank starts (§2);
+# 3. one layout trained live (§3), then eleven layouts whose loss curves match one process's (§4);
 # 4. the same script under `torchrun`, on one "node" and on two (§5);
-# 5. a checkpoint saved under one layout and resumed under another, and one a killed job left torn (§6);
-# 6. what each rank holds, measured against chapter 07's cost model (§7), and the commands for a cluster (§8).
+# 5. a checkpoint saved under one layout and resumed under another (§6);
+# 6. what each rank holds, against chapter 07's cost model (§7), and the commands for a cluster (§8).
 #
-# **What composes with what.** Each chapter's parallelism is applied in turn to the course transformer
-# ([`coursekit/parallel/hybrid/strategy.py`](../coursekit/parallel/hybrid/strategy.py)): tensor parallelism makes
-# it Megatron's form on the `tp` axis (chapter 05); sequence parallelism makes every attention a ring on the `sp`
-# axis (chapter 06); the layers, in whichever form, are cut into pipeline stages run by chapter 04's executor on
-# the `pp` axis (one stage: the plain model); and after the step's backwards the gradients are all-reduced once
-# over the ranks that hold a part of the batch, `dp × sp`, with ZeRO-1 sharding Adam's state over `dp`
-# (chapter 02). ZeRO-2 and -3 run on pure data parallelism; tensor and sequence parallelism together are refused
-# (ring attention over split heads is not in this course).
+# **What composes with what.** Each chapter's parallelism is applied in turn to the course transformer.
+# Tensor parallelism makes it Megatron's form on the `tp` axis, as in chapter 05. Sequence parallelism makes every
+# attention a ring on the `sp` axis, as in chapter 06. The layers are cut into pipeline stages on the `pp` axis,
+# run by chapter 04's executor. After the backward passes, the gradients are all-reduced once over `dp × sp`, the
+# ranks that hold a part of the batch, with ZeRO-1 sharding Adam's state over `dp`. ZeRO-2 and -3 run on pure data
+# parallelism here, and tensor and sequence parallelism together are refused.
 
 # %% tags=["parameters"]
 STEPS = 20     # training steps of every run
@@ -53,10 +50,10 @@ print(f"{STEPS} steps of {BATCH} sequences; torch {torch.__version__}, {os.cpu_c
 # %% [markdown]
 # ## 1. One mesh, four axes
 #
-# The ranks are numbered row-major over `pp, dp, sp, tp` (torchtitan's order), so the last axis, `tp`, is the
-# innermost: its ranks are neighbours, on a cluster the GPUs of one node, where the links are fastest. Tensor
-# parallelism all-reduces inside every layer; the pipeline sends one activation per micro-batch: it gets the
-# slowest links. Here is where each of 8 ranks sits in `pp = 2 × dp = 2 × tp = 2`:
+# Which ranks talk to which? The ranks are numbered row-major over `pp, dp, sp, tp`, torchtitan's order, so `tp`
+# is the innermost axis. Its ranks are neighbours: on a cluster, the GPUs of one node, where the links are
+# fastest. Tensor parallelism all-reduces inside every layer; the pipeline sends one activation per
+# micro-batch, so it gets the slowest links. Here is where each of 8 ranks sits in `pp = 2 × dp = 2 × tp = 2`:
 
 # %% tags=["nbval-check-output"]
 shape = mesh_shape(pp=2, dp=2, tp=2)
@@ -65,13 +62,13 @@ for rank in range(8):
     print(f"{rank:>4}  " + "  ".join(f"{c:>2}" for c in coordinates_of(rank, shape).values()))
 
 # %% [markdown]
-# Ranks 0 and 1 differ only in their `tp` coordinate: one tensor-parallel group. Ranks 0 and 2 form a
-# data-parallel group (the two replicas of stage 0's shard), ranks 0 and 4 a pipeline (stage 0, then stage 1).
-# Every part of the trainer takes its group from this one mesh by axis name; none builds its own.
+# Ranks 0 and 1 differ only in `tp`: one tensor-parallel group. Ranks 0 and 2 are the two replicas of stage 0's
+# shard, a data-parallel group. Ranks 0 and 4 are a pipeline, stage 0 then stage 1. Every part of the trainer
+# takes its group from this one mesh by axis name.
 #
 # ## 2. A layout that cannot run never starts
 #
-# `check` (the trainer calls it before any rank starts) says what does not fit and what would:
+# `check` runs before any rank starts. It names what does not fit, and a change that would, on a job of 4 ranks:
 
 # %% tags=["nbval-check-output"]
 for bad in (Config(dp=3, tp=2), Config(tp=2, sp=2), Config(pp=4, layers=1), Config(tp=3),
@@ -82,6 +79,8 @@ for bad in (Config(dp=3, tp=2), Config(tp=2, sp=2), Config(pp=4, layers=1), Conf
         print(f"{bad.layout:>14}: {error}\n")
 
 # %% [markdown]
+# **Takeaway:** each refusal names its own reason, and its "e.g." is a layout `check` accepts.
+#
 # ## 3. One layout, trained live
 #
 # `run(rank, world_size, config)` is what every rank executes, under `torchrun` or, here, started by
@@ -91,15 +90,14 @@ for bad in (Config(dp=3, tp=2), Config(tp=2, sp=2), Config(pp=4, layers=1), Conf
 live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
 
 # %% [markdown]
-# Tokens per second on this machine say little: 4 ranks share its cores, and a model of 202,368 parameters spends
-# more time in every collective than in the compute the collective splits (§7 has the numbers, and the
-# cost model's view of a real cluster).
+# Tokens per second say little here: 4 ranks share 2 cores, and this model of 202,368 parameters spends more time
+# in every collective than in the compute it splits. Chapter 07 prices the same layouts on a real cluster.
 #
-# ## 4. Ten layouts, one curve
+# ## 4. Eleven layouts, one curve
 #
-# Every layout trains the same model, from the same seed, on the same global batches. So the curves must be the
-# same, to rounding, as one process's. The reference is chapter 02's one-process loop, which shares no code with
-# the composed strategy but the model and the data:
+# Every layout trains the same model, from the same seed, on the same batches, so every curve must match one
+# process's, to rounding. The reference is chapter 02's one-process loop, which shares only the model and the
+# data with the trainer. The last layout uses three axes at once, pipeline × data × tensor, on 8 ranks:
 
 # %%
 one = one_process_losses(Config(steps=STEPS, batch=BATCH))
@@ -107,7 +105,8 @@ one = one_process_losses(Config(steps=STEPS, batch=BATCH))
 LAYOUTS = [dict(dp=4), dict(dp=4, zero=1), dict(dp=4, zero=3), dict(dp=2, tp=2), dict(tp=4),
            dict(dp=2, pp=2, microbatches=2), dict(tp=2, pp=2, microbatches=2),
            dict(pp=2, sp=2, microbatches=2), dict(dp=2, sp=2),
-           dict(pp=2, microbatches=4, schedule="interleaved", stages_per_rank=2, dp=2)]
+           dict(pp=2, microbatches=4, schedule="interleaved", stages_per_rank=2, dp=2),
+           dict(pp=2, dp=2, tp=2, microbatches=2)]                  # three axes on 8 ranks
 curves = {}
 for degrees in LAYOUTS:
     c = Config(steps=STEPS, batch=BATCH, quiet=True, **degrees)
@@ -119,7 +118,7 @@ for name, losses in curves.items():
     left.plot(range(1, STEPS + 1), losses, alpha=0.6, lw=1.5, label=name)
 left.plot(range(1, STEPS + 1), one, "k:", lw=2, label="one process")
 left.set(xlabel="step", ylabel="loss (nats)", title="every layout's loss curve")
-left.legend(fontsize=7, ncol=2)
+left.legend(fontsize=8, ncol=2)
 right.barh(list(worst), [max(w, 1e-9) for w in worst.values()], color="tab:blue")
 right.axvline(1e-5, color="tab:red", ls="--", label="tolerance (1e-5)")
 right.set(xscale="log", xlabel="largest relative difference from one process, over the steps",
@@ -130,16 +129,17 @@ plt.show()
 print(f"largest relative difference over {len(curves)} layouts and {STEPS} steps: {max(worst.values()):.1e}")
 
 # %% [markdown]
-# The curves are one line, and the right panel says how far apart: float32 rounding, a few parts in ten
-# million, because the layouts add the same numbers in different orders (a ring all-reduce of the gradients, a
-# vocabulary split over ranks). `tests/test_parallel_hybrid.py` checks more than the loss: every gradient and
-# every parameter after each step, gathered from the ranks, equals one process's.
+# **Takeaway:** all eleven curves, the three-axis layout among them, match one process's within float32
+# rounding.
+#
+# The layouts add the same numbers in different orders, through a ring all-reduce or a vocabulary split over
+# ranks, so they differ in the last digits.
 #
 # ## 5. Under `torchrun`: one node, then two
 #
-# The same script is what `torchrun` starts on a cluster: each process reads its rank from the environment
-# (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`), joins the process group, and calls `run`.
-# On one machine `--standalone` does the rendezvous:
+# On a cluster, `torchrun` starts the same script. Each process reads its rank from the environment: `RANK`,
+# `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`. It joins the process group and calls `run`. On one
+# machine, `--standalone` does the rendezvous:
 
 # %%
 log = Path(tempfile.mkdtemp()) / "curve.json"
@@ -154,8 +154,8 @@ print(f"exit status {done.returncode}; its curve against the launch in §3: larg
       f"{max(abs(a - b) for a, b in zip(under_torchrun['losses'], live['losses'])):.1e}")
 
 # %% [markdown]
-# Two "nodes" on this machine are two `torchrun` agents that meet at one c10d rendezvous endpoint, each
-# starting 2 processes. They are started here one after the other, node 1 first:
+# Two "nodes" on this machine are two `torchrun` agents that meet at one c10d rendezvous endpoint, each starting
+# 2 processes. Node 1 is started first:
 
 # %%
 import socket  # noqa: E402
@@ -184,20 +184,19 @@ print(f"its curve against the launch in §3: largest difference "
       f"{max(abs(a - b) for a, b in zip(two_nodes['losses'], live['losses'])):.1e}")
 
 # %% [markdown]
-# Two things to read there. First, with the c10d rendezvous the ranks go to the agents in the order they
-# *join*, not by `--node-rank` (that flag is for the static rendezvous): the agent started first, with
-# `--node-rank 1`, got ranks 0 and 1. Second, whichever order, each agent's ranks are consecutive, and `tp` is
-# the mesh's innermost axis, so each tensor-parallel group lies inside one "node": the fast links.
+# **Takeaway:** under `torchrun`, on one "node" or two, the curve is the same as the launch in §3.
+#
+# With the c10d rendezvous, the ranks go to the agents in the order they *join*, not by `--node-rank`: the agent
+# started first got ranks 0 and 1. Either way each agent's ranks are consecutive, and `tp` is the innermost axis,
+# so each tensor-parallel group lies inside one "node".
 #
 # ## 6. A checkpoint saved under one layout, resumed under another
 #
-# `--checkpoint-dir` saves the model and Adam's state with `torch.distributed.checkpoint` (DCP). A rank holds plain
-# tensors -- its stage's parameters, whole or, under tensor parallelism, its `1/tp` of them --, so the trainer
-# *describes* each as a DTensor: `Shard(dim)` along `tp`, `Replicate()` along `dp` and `sp`, on its stage's
-# sub-mesh ([`coursekit/capstone/checkpoint.py`](../coursekit/capstone/checkpoint.py)). DCP writes each chunk once with its
-# place in the whole tensor, and at load every rank of the *new* layout reads the region it holds. Below: half the
-# steps under `dp2 × tp2`, saved; the rest under `pp2 × dp2`, resumed from it; then the same, but with rank 1
-# killed (SIGKILL) in the middle of the second save.
+# `--checkpoint-dir` saves the model and Adam's state with `torch.distributed.checkpoint`, DCP. A rank holds plain
+# tensors: its stage's parameters, whole or, under tensor parallelism, its share of them. The trainer *describes*
+# each as a DTensor: `Shard` along `tp`, `Replicate` along `dp` and `sp`. DCP writes each piece once, with its
+# place in the whole tensor. At load, every rank of the *new* layout reads the region it holds. Below: half the
+# steps under `dp2 × tp2`, saved; the rest under `pp2 × dp2`, resumed:
 
 # %%
 folder = Path(tempfile.mkdtemp())
@@ -211,10 +210,11 @@ print(f"\nsteps 1-{half} under {saved.layout}, {half + 1}-{STEPS} under {resumed
       f"from one process {max(abs(a - b) / b for a, b in zip(stitched, one)):.1e}")
 
 # %% [markdown]
-# The stitched curve is one process's: the parameters, Adam's moments *and its step counter* (its bias correction
-# depends on it) came back in another layout, and the data reads on from the saved step (a batch is a function of
-# its step number). Now a job that dies while saving. The save writes `step-NNNNNN.tmp/`, and only once every rank
-# has finished does rank 0 rename it, in one atomic step; a killed job leaves the `.tmp` behind:
+# The stitched curve is one process's. The parameters, Adam's moments and its step counter came back in another
+# layout, and the data reads on from the saved step.
+#
+# Now a job that dies while saving. The save writes `step-NNNNNN.tmp/`, and only when every rank has finished does
+# rank 0 rename it, in one atomic step. Here rank 1 is killed in the middle of the last save:
 
 # %%
 folder = Path(tempfile.mkdtemp())                # a new job, saving every `half` steps
@@ -233,19 +233,21 @@ print(f"\nresumed at step {again['first_step'] + 1}; steps {again['first_step'] 
       f"largest relative difference {max(abs(a - b) / b for a, b in zip(again['losses'], one[again['first_step']:])):.1e}")
 
 # %% [markdown]
-# The next start skipped the torn `.tmp`, said so, and resumed from the last complete checkpoint.
+# **Takeaway:** a checkpoint resumes under another layout as if training never stopped, and a torn save is
+# skipped.
 #
 # ## 7. What each rank holds, against the cost model
 #
-# Chapter 07's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it
-# is beside the bytes each layout's ranks really held at their peak: parameters, gradients and Adam's two
-# moments (fp32: 4 + 4 + 8 bytes a parameter), the largest rank's.
+# Chapter 07's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it is
+# beside what each layout's largest rank really held at its peak: parameters, gradients and Adam's two moments,
+# 4 + 4 + 8 bytes a parameter. One exception to expect: this trainer's ZeRO-3 gathers the whole model for its
+# forward, while the cost model gathers one layer at a time, as FSDP does.
 
 # %%
 from coursekit.bench.capstone import measure, modeled_state  # noqa: E402
 
 rows = []
-for degrees in [{}] + LAYOUTS[:-1]:
+for degrees in [{}] + LAYOUTS[:-2]:  # the interleaved and the 8-rank layouts left out
     c = Config(steps=2, batch=BATCH, quiet=True, **degrees)
     rows.append((c.layout, measure(c)["state"], modeled_state(c)))
 fig, ax = plt.subplots(figsize=(9, 3.6))
@@ -263,29 +265,38 @@ for name, measured, modeled in rows:
     print(f"{name:>12}: measured {measured:>9,} B   cost model {modeled:>9,} B   difference {measured - modeled:>9,} B")
 
 # %% [markdown]
-# Every layout but ZeRO-3 differs from the count by a few hundred bytes at most: Adam keeps one 4-byte step
-# counter per parameter tensor (48 in this model; 24 on the heavier pipeline stage; one flat tensor under ZeRO-1),
-# which the cost model leaves out. ZeRO-3's peak is far over its shard of the model state (16Ψ/4 bytes) because
-# chapter 02's ZeRO-3 gathers the whole model's parameters for the forward; the cost model assumes one layer at a
-# time, as DeepSpeed and FSDP do. Tensor and pipeline parallelism cut what a rank holds; data and sequence
-# parallelism alone do not (each rank holds a whole replica), ZeRO-1 cuts Adam's moments.
+# **Takeaway:** every layout but dp4 zero3 holds the cost model's bytes, give or take Adam's step counters.
+#
+# Those counters, one per parameter tensor, are the few hundred bytes of difference. ZeRO-3's peak is far over its
+# shard because it gathers the whole model; chapter 02's per-unit ZeRO-3 gathers one unit at a time instead.
+# Tensor and pipeline parallelism cut what a rank holds. Data and sequence parallelism alone do not, and ZeRO-1
+# cuts Adam's moments.
 #
 # ## 8. To a cluster
 #
-# What changes on real machines is the rendezvous endpoint (a host every node can reach), the number of
-# processes per node (`gpu`: one per GPU) and the backend: with one GPU per local rank the trainer's process
-# group is `cpu:gloo,cuda:nccl`, NCCL for CUDA tensors, gloo for the CPU tensors some bookkeeping still uses.
+# On real machines three things change. The rendezvous endpoint is a host every node can reach. There is one
+# process per GPU. And the process group is `cpu:gloo,cuda:nccl`: NCCL for the GPU tensors, gloo for the few CPU
+# tensors of the bookkeeping.
+#
+# On each of N nodes of 8 GPUs, you start one `torchrun`. `--nnodes N` says how many agents to wait for,
+# `--nproc-per-node gpu` starts one process per GPU, and every agent meets at `--rdzv-endpoint`, under one job
+# name, `--rdzv-id`. The degrees must multiply to N × 8; here tp = 8 fills a node, as §1 wants:
 #
 # ```bash
-# # on each of N nodes of 8 GPUs (HEAD: one node's address)
+# # on each node; HEAD is one node's address
 # torchrun --nnodes N --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HEAD:29400 --rdzv-id job42 \
 #          -m coursekit.capstone --pp 2 --dp $((N * 8 / 16)) --tp 8 --microbatches 8
-# # under Slurm: srun starts one torchrun per node
+# ```
+#
+# Under Slurm, `srun` starts the agents for you, one task per node. The first node of the allocation serves as the
+# endpoint, and the job's id names the rendezvous:
+#
+# ```bash
 # srun --nodes N --ntasks-per-node 1 torchrun --nnodes N --nproc-per-node gpu --rdzv-backend c10d \
 #      --rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1):29400" \
 #      --rdzv-id "$SLURM_JOB_ID" -m coursekit.capstone --dp $((N * 8 / 8)) --tp 8
 # ```
 #
-# Honest limits: this course was built on machines without a GPU, so the NCCL path has not run yet;
-# `make gpu-check` is the prepared check for whoever has GPUs. And at this model's size every layout is slower
-# than one process: the layouts exist for models that do not fit one GPU (chapter 07 prices them at 1,024 GPUs).
+# Two honest limits. This course was built on machines without a GPU, so the NCCL path has not run yet; `make
+# gpu-check` is the prepared check for whoever has one. And at this model's size every layout is slower than one
+# process: the layouts exist for models that do not fit one GPU.
