@@ -2,23 +2,23 @@
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #
-# [Self-attention](../docs/glossary.md#self-attention) compares every token with every other: its score matrix is S×S, so its memory and time
-# grow **quadratically** with the sequence length S (claim **P9**). [Sequence parallelism](../docs/glossary.md#sequence-parallelism) cuts the input
-# sequence into chunks, one per GPU. Like data parallelism, every GPU holds a full copy of the model (except
-# in the Megatron-style variant below, which runs inside tensor parallelism and shards the weights); unlike
-# it, the GPUs work on the *same* sequences, each on its own tokens. Everything in a transformer except
-# attention works token by token, so it runs on the local chunk unchanged. Attention is where the chunks
-# must meet, and P9 warns that, depending on how that is done, "splitting a sequence into sub-sequences may
-# reduce accuracy". This chapter shows both sides:
+# [Self-attention](../docs/glossary.md#self-attention) compares every token with every other. Its score matrix is S × S, so its
+# memory and time grow **quadratically** with the sequence length S: claim **P9**.
+# **[Sequence parallelism](../docs/glossary.md#sequence-parallelism)** cuts each sequence into chunks, one per GPU. Every GPU keeps
+# a whole copy of the model, as in data parallelism, but works on its own tokens of the *same* sequences.
 #
-# * **[chunk-local attention](../docs/glossary.md#chunk-local-attention)**: each GPU attends only inside its chunk — cheap, and it loses accuracy
-#   wherever a prediction needs a token in another chunk (a copy task shows how much);
-# * **[ring attention](../docs/glossary.md#ring-attention)** (Liu et al. 2023, "Ring Attention with Blockwise Transformers"): key/value blocks
-#   travel around a ring of GPUs and are combined with the [online softmax](../docs/glossary.md#online-softmax) — exact;
-# * **[all-to-all](../docs/glossary.md#all-to-all)** (Jacobs et al. 2023, "[DeepSpeed Ulysses](../docs/glossary.md#ulysses)"): re-shard from "my tokens, all heads" to
-#   "all tokens, my heads" for attention and back — exact;
-# * **[Megatron-style sequence parallelism](../docs/glossary.md#megatron-sp)** (Korthikanti et al. 2022): inside tensor parallelism, the
-#   LayerNorm regions split along the sequence — the same forward traffic, 1/t of the activations.
+# Everything in a transformer except attention works token by token, so it runs on a chunk unchanged. Attention
+# is where the chunks must meet. P9 warns that "splitting a sequence into sub-sequences may reduce accuracy".
+# This chapter shows four ways to meet:
+#
+# * **[chunk-local attention](../docs/glossary.md#chunk-local-attention)**: each GPU attends only inside its chunk. Cheap, and
+#   inexact.
+# * **[ring attention](../docs/glossary.md#ring-attention)**, Liu et al. 2023: key and value blocks travel around a ring of GPUs
+#   and merge with the [online softmax](../docs/glossary.md#online-softmax). Exact.
+# * **[all-to-all](../docs/glossary.md#all-to-all)**, [DeepSpeed Ulysses](../docs/glossary.md#ulysses), Jacobs et al. 2023: each GPU swaps
+#   "my tokens, all heads" for "all tokens, my heads". Exact.
+# * **[Megatron-style sequence parallelism](../docs/glossary.md#megatron-sp)**, Korthikanti et al. 2022: inside tensor
+#   parallelism, the LayerNorm regions split along the sequence.
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in under a minute; raise them freely.
@@ -48,9 +48,10 @@ from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel import sequence  # noqa: F401  (registers "ring_attention", "ulysses", "chunk_local")
 from coursekit.experiments import (CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
                                    per_position_loss, train_one_process)
-from coursekit.parallel.sequence import (SequenceTensorParallelBlock, attention_work, chunk_bounds, full_attention,
-                                         megatron_sp_saved_bytes, megatron_sp_traffic, merge, ring_attention,
-                                         ring_traffic, saved_bytes, shard_sequence, ulysses_attention, ulysses_traffic)
+from coursekit.parallel.sequence import (SequenceTensorParallelBlock, attention_work, chunk_bounds, chunked_attention,
+                                         full_attention, megatron_sp_saved_bytes, megatron_sp_traffic, merge,
+                                         ring_attention, ring_traffic, saved_bytes, shard_sequence, ulysses_attention,
+                                         ulysses_traffic)
 from coursekit.train import train
 from coursekit.measure.verify import compare
 
@@ -59,10 +60,8 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. Why attention is quadratic, measured
 #
-# One causal attention call, 4 heads of 16 dimensions. We measure what autograd **saves for backward**
-# (every saved tensor, each storage once) for the textbook `softmax(q kᵀ/√d) v`, and time forward +
-# backward. The saved bytes are q, k, v, the S×S probabilities of every head and the S×S boolean causal mask
-# (one byte per element).
+# How fast does attention's memory grow with S? We measure what autograd saves for backward in one causal call
+# of the textbook `softmax(q kᵀ/√d) v`, 4 heads of 16. Then we time forward and backward.
 
 # %% tags=["nbval-check-output"]
 heads, head_dim = 4, 16
@@ -74,10 +73,11 @@ for s in SEQ_LENGTHS:
     print(f"{s:>5}  {meter.bytes / 2**20:>10.2f} MiB            {4 * heads * s * s / 2**20:>8.2f} MiB")
 
 # %% [markdown]
-# Each doubling of S multiplies the saved bytes by almost four: the probabilities dominate. The time of
-# forward + backward, after one warm-up call, and its growth from the previous length (a cost linear in S
-# would double per doubling, a quadratic one quadruple; these timings vary from run to run on a shared
-# machine):
+# **Takeaway:** from S = 512 to 1,024 the saved bytes grow from 4.62 to 17.75 MiB, almost four times for twice
+# the tokens: the S × S probabilities dominate.
+#
+# The time grows the same way, though timings on a shared machine are noisy. A linear cost would double per
+# doubling of S, a quadratic one quadruple:
 
 # %% tags=["nbval-ignore-output"]
 previous = None
@@ -92,35 +92,30 @@ for s in SEQ_LENGTHS:
     previous = s, ms
 
 # %% [markdown]
-# P9 adds that **linear-cost alternatives exist but are less used**. Linear attention, sparse and sliding-window
-# attention, and state-space or recurrent layers cost O(S) (or O(S·w) for a window w) instead of O(S²), but
-# they are different models: each replaces the exact softmax over every earlier token by an approximation or
-# another way of mixing tokens, so a model trained with one is not the model trained with full attention, and
-# what they give up shows on tasks that need an exact lookup far back (the copy task of the next section is
-# one). Most large language models keep exact attention, and make it fit with a fused kernel on one device
-# (torch's `scaled_dot_product_attention`, FlashAttention) and sequence parallelism across devices — this
-# chapter's subject.
+# P9 adds that **linear-cost alternatives exist but are less used**. Linear, sparse and sliding-window
+# attention and state-space layers cost O(S), but they are different models: each replaces the exact softmax
+# over every earlier token. Most large language models keep exact attention. They fit it with a fused kernel on
+# one device, such as FlashAttention, and with sequence parallelism across devices. P9 also calls sequence
+# parallelism **less studied**: its methods appeared from 2021 to 2023, after data, pipeline and tensor
+# parallelism, and PyTorch 2.13 still keeps its own under `experimental`.
 #
-# P9 also calls sequence parallelism **less studied**. It came after data, pipeline and tensor parallelism:
-# the methods of this chapter were published from 2021 to 2023 (Li et al. 2021, "Sequence Parallelism: Long
-# Sequence Training from System Perspective"; Korthikanti et al. 2022;
-# Jacobs et al. 2023; Liu et al. 2023), and PyTorch 2.13, installed here, still keeps its own under
-# `torch.distributed.tensor.experimental` (the last section imports it from there).
+# ## 2. The naive split loses accuracy
 #
-# ## 2. The naive split loses accuracy — where a prediction needs another chunk
+# What if each GPU simply attends inside its own chunk? No communication at all. In one process, that is a
+# block-diagonal causal mask:
+
+# %%
+coursekit.show(chunked_attention)
+
+
+# %% [markdown]
+# But a token can no longer see anything before its chunk, so it is a different model. To see what that costs,
+# we build a task where it must cost: a **copy task**. Each sequence is 16 random tokens, then the same 16 again.
+# The random first half cannot be predicted better than a guess, ln V = ln 16 = 2.77 nats. Each token of the
+# second half copies the token 16 positions back.
 #
-# Cut every sequence into chunks and let each GPU attend only within its own chunk: no communication at all.
-# But it is no longer the same model: a token cannot see anything before its chunk. Whether that costs
-# accuracy depends on what the predictions need, so we first build a task where it must: a **copy task**
-# (`CopyData`). Each sequence is 16 random tokens followed by the same 16 again. Nothing can predict the
-# random first half better than a uniform guess, ln V = ln 16 = 2.77 nats; every token of the second half is
-# a copy of the token 16 positions earlier. Full attention can learn to look back 16 positions. A chunk-local
-# model over 2 chunks cannot, from the first position of the second chunk on: the source lies in the other
-# chunk, and a uniformly random token one cannot see is worth ln V to anyone.
-#
-# We train the course transformer (Adam, `COPY_STEPS` steps, one process, the block-diagonal mask of
-# `chunked_attention(n)`) with full attention and with 2 and 4 chunks, once per seed (a seed draws the weights
-# and the data), and measure the loss at **every position** on 256 sequences no step has trained on.
+# We train the course transformer with full attention and with 2 and 4 chunks, once per seed. Then we measure
+# the loss at every position, on sequences no step trained on:
 
 # %%
 copy_data = CopyData(seq_len=32)
@@ -165,23 +160,13 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Read the curves left to right. On the random first half every model sits at ln V: no attention helps there.
-# At the first copy (position 15, whose source is position 0) full attention's curve falls to almost zero and
-# stays there: it learned to look 16 positions back. The chunk-local curves stay at ln V from each chunk
-# boundary on (the dotted lines; with 2 and 4 chunks the two curves lie on top of each other): there the
-# source is in an earlier chunk. With 2 chunks
-# one copy has its source in its own chunk (position 15, in chunk 0 with position 0); the middle column says how
-# far the model got on that single position. This is P9's "splitting a sequence into sub-sequences may reduce
-# accuracy", with nothing to hide it: the gap on the positions whose source lies in another chunk is close to
-# the whole ln V, far beyond the spread between seeds (the band). The tests assert at least ½·ln V on the
-# model trained at CI size (`tests/test_parallel_sequence_copy.py`), and that ring attention, its zig-zag layout
-# and Ulysses train on this task exactly as full attention does.
+# **Takeaway:** where the source lies in another chunk, chunk-local attention stays at 2.773 nats, a pure guess;
+# full attention copies at 0.011.
 #
-# **Longer sequences, chunks of a fixed length.** The memory per GPU fixes the chunk length; a longer
-# sequence then needs more chunks. Here chunks of `CHUNK_TOKENS` tokens, sequences of `SWEEP_LENGTHS` tokens,
-# one seed, the loss averaged over all positions; *out of reach* is the share of predictions whose source is
-# in another chunk (`needs_other_chunk`), and *share × ln V* what those alone would cost a model that guesses
-# them and gets the rest right.
+# The band between seeds is far narrower than the gap, so this is P9's loss of accuracy with nothing to hide it.
+#
+# Does it get worse on longer sequences? Below, chunks of a fixed 8 tokens, and longer sequences, so more chunks.
+# *Out of reach* is the share of predictions whose source sits in another chunk:
 
 # %%
 print(f"chunks of {CHUNK_TOKENS} tokens; mean loss over every position after {COPY_STEPS} steps (seed 0)")
@@ -195,18 +180,12 @@ for length in SWEEP_LENGTHS:
           f"{share * task.chance:>12.3f}")
 
 # %% [markdown]
-# A sequence that fits in one chunk loses nothing (its row's gap is zero). As soon as it needs two, about half
-# of its predictions are out of reach and the gap follows share × ln V. On this task it does not grow further
-# with S: the copy distance is half the sequence, so it grows with S too, and a copy is out of reach as soon as
-# it is longer than a chunk. That is as far as this run shows P9's "especially on long sequences": the longer
-# the sequence at a fixed chunk length, the more chunks, and a chunk-local token still sees at most
-# `CHUNK_TOKENS` − 1 tokens back while full attention sees all S − 1. Whether that costs more on longer
-# sequences depends on how far the data's dependencies reach: on text, whose dependencies reach further the more
-# context there is, it does; on this task, once they reach beyond a chunk, it stays at about half.
+# As soon as a sequence needs two chunks, about half its predictions are out of reach, and the gap follows
+# share × ln V. It does not grow further, because this task's copy distance grows with S too. P9's "especially on
+# long sequences" needs data whose useful context keeps growing with length, like text; a model that learns such
+# context is beyond what this laptop can train.
 #
-# **The course's own language.** The same experiment on `LanguageData` (the data of every other chapter),
-# with 1 (full attention), 2, 4, … chunks per sequence of 31 tokens, `ACCURACY_STEPS` steps, one seed, the
-# final loss the mean of the last 10 steps (the best possible, `LanguageData.loss_floor`, under the table):
+# On the course's own language, the same split barely shows. Each token there needs only the two before it:
 
 # %%
 losses = chunk_local_losses(CHUNKS, steps=ACCURACY_STEPS)
@@ -219,24 +198,19 @@ print(f"\nfull attention itself ends {losses[CHUNKS[0]] - floor:.3f} nats above 
       f"{ACCURACY_STEPS} steps; chunk counts above full attention: {', '.join(map(str, above)) or 'none'}")
 
 # %% [markdown]
-# This table shows little, and that is the lesson of the task above: each token of this language needs only
-# the two tokens before it, so only the first two predictions of each chunk lose context, 2(n − 1) of 31.
-# Their cost is a fraction of a nat spread over the sequence, while full attention itself is still far from
-# the floor after `ACCURACY_STEPS` steps (the line under the table) and one seed measures no spread: the
-# effect is mixed with how far training got and how each run happened to go. A real cost can hide on data
-# whose dependencies are short; it shows on data built so that predictions need what lies in another chunk.
-
-# %% [markdown]
+# Only the first two predictions of each chunk lose context, so the cost is small and mixed with training
+# noise. A real cost can hide on data whose dependencies are short.
+#
 # ## 3. Ring attention: exact, with the online softmax
 #
-# Two partial attention results over *disjoint* sets of keys — each normalised within its own keys, with its
-# log-sum-exp `lse = m + log l` (running max m, sum of exponentials l) — merge exactly:
+# Two partial attention results over *disjoint* sets of keys merge exactly. Each part is normalised within its
+# own keys and carries its log-sum-exp, `lse`. The merge rule is:
 #
 # $$\mathrm{lse} = \log(e^{\mathrm{lse}_1} + e^{\mathrm{lse}_2}), \qquad
 #   o = e^{\mathrm{lse}_1 - \mathrm{lse}}\,o_1 + e^{\mathrm{lse}_2 - \mathrm{lse}}\,o_2 .$$
 #
-# Here two parts of the keys (2 of the 5 keys and the other 3), one with scores 40 higher than the other: the
-# merge equals the softmax over all keys, while simply averaging the two parts (forgetting the rescale) does not.
+# Writing it is exercise 06. Here the library's `merge` combines two parts of 5 keys, one with scores 40 higher
+# than the other, against plain averaging:
 
 # %% tags=["nbval-check-output"]
 g = torch.Generator().manual_seed(0)
@@ -256,20 +230,16 @@ print("merge equals softmax over all keys:", torch.allclose(merge(o1, lse1, o2, 
 print("averaging the parts does:          ", torch.allclose((o1 + o2) / 2, exact))
 
 # %% [markdown]
-# On G ranks, rank r starts with its own keys and values; at every step it computes its queries against the
-# block it holds, merges, and passes the block to rank r+1 while receiving the next from rank r−1. After G
-# steps each query has met every key. Which block each rank holds at each step (G = `RANKS`):
+# On G ranks, rank r starts with its own keys and values. At every step it computes its queries against the
+# block it holds, merges, and passes the block to rank r + 1. After G steps each query has met every key:
 
 # %% tags=["nbval-check-output"]
 for step in range(RANKS):
     print(f"step {step}: " + "   ".join(f"rank {r} holds rank {(r - step) % RANKS}'s block" for r in range(RANKS)))
 
 # %% [markdown]
-# How the running max and sum update, for the last query of rank 1 (G = `RANKS`, 4 tokens per rank, no mask):
-# at each step it meets the block it holds, whose own max m_blk and sum l_blk (of e^(score − m_blk)) are
-# merged into the running m and l — the old sum rescaled by e^(m_old − m) when the max rises (steps 1 and 2
-# here: l then drops back towards 1, the old keys now weigh little). After the last step, log-sum-exp and
-# output equal those of full attention over all keys.
+# Follow one query, the last of rank 1, through the 4 steps. Each block brings its own maximum and sum. When the
+# running maximum rises, the old sum is rescaled:
 
 # %% tags=["nbval-check-output"]
 gen = torch.Generator().manual_seed(12)
@@ -293,10 +263,8 @@ print("equal to full attention over all keys:", torch.allclose(o, torch.softmax(
       torch.allclose(lse, full_scores.logsumexp(-1)))
 
 # %% [markdown]
-# The same code runs on real ranks and, here, on the single-process simulator (`comm.simulate`). Outputs
-# and gradients of q, k and v equal full attention's, causal and not, on 2 to `RANKS` ranks, with a sequence
-# length (19) that no rank count divides evenly:
-
+# The same code runs on real ranks and, here, on a single-process simulator. Outputs and gradients are checked
+# against full attention, causal or not, on 2 to 4 ranks, with 19 tokens that no rank count divides:
 
 # %% tags=["nbval-check-output"]
 def against_full(attention, world_size, seq, causal, layout="contiguous"):
@@ -327,12 +295,14 @@ for world_size in range(2, RANKS + 1):
             print(f"G={world_size} causal={causal!s:<5} {layout:<10}  equal to full attention: {worst < 1e-12}")
 
 # %% [markdown]
+# **Takeaway:** the ring gives exactly full attention's outputs and gradients, at every G, layout and mask.
+#
 # ### Causal masks and load balance: zig-zag
 #
-# With a causal mask a query never looks at later keys, so a block entirely in the future is skipped. Cut
-# contiguously, rank 0 holds the first tokens and skips almost everything, while the last rank skips
-# nothing: the ring waits for the slowest. [Zig-zag](../docs/glossary.md#zig-zag) cuts the sequence into 2G chunks and gives rank r chunks
-# r and 2G−1−r: an early and a late one. Score elements each rank computes (S = 64, G = `RANKS`):
+# With a causal mask, a block entirely in a query's future is skipped. Cut contiguously, rank 0 skips almost
+# everything while the last rank skips nothing, and the ring waits for the slowest.
+# [Zig-zag](../docs/glossary.md#zig-zag) cuts the sequence into 2G chunks and gives rank r chunks r and 2G − 1 − r, one early and
+# one late. Score elements each rank computes, S = 64, G = 4:
 
 # %% tags=["nbval-check-output"]
 def work_per_rank(layout, seq=64):
@@ -347,9 +317,8 @@ for layout in ("contiguous", "zigzag"):
         print(f"   rank {rank}: {total:>5} score elements   per ring step {per_step}")
 
 # %% [markdown]
-# Contiguous: rank r computes r+1 blocks, so the last rank does G times the first's work. Zig-zag: every
-# rank computes the same number of score elements, at every step. The same counts drawn, beside the bytes
-# full attention and ring attention (one process, G = 1) save for backward as S grows:
+# Contiguous, the last rank does 4 times the first's work; zig-zag, every rank does the same. Right, the bytes
+# that backward keeps as S grows:
 
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.4))
@@ -374,29 +343,22 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Full attention's saved bytes grow quadratically, the blockwise one's linearly: it keeps q, k, v, the
-# output and one log-sum-exp per query, and [recomputes](../docs/glossary.md#activation-recomputation) the score blocks in backward.
+# **Takeaway:** zig-zag gives every rank the same work, and the ring's backward keeps bytes that grow linearly
+# in S, because it [recomputes](../docs/glossary.md#activation-recomputation) the score blocks.
 #
-# ### Step through the rounds yourself
+# ### The ring's rotation, round by round
 #
-# The widget below runs the library's `ring_attention` on tiny tensors in the simulator (one thread per
-# rank; a run takes a fraction of a second) and notes everything it does round by round, so any setting redraws at once.
-# Choose **G** (2 to 8), the sequence length **S**, the causal mask, the **layout** and the **round**, and a
-# **query token**. Left: the (query chunk, key chunk) blocks met so far, in the colour of the rank that
-# computed them, with their round written in where there is room (this round's solid); hatched grey blocks were skipped, their
-# keys all in the queries' future. Middle: what each rank holds this round — its own queries (pale) and the
-# key/value block that has reached it — and the score elements each rank has computed so far, zig-zag beside
-# contiguous (dashed outlines: the whole call's). Right: the chosen query's running max m and sum
-# l = Σ e^(score − m) round by round, against full attention's (dashed); a hollow point marks a round in
-# which that query met only skipped blocks.
+# The figure runs the library's `ring_attention` on 4 ranks and 16 tokens, causal, zig-zag, at round 2.
+# Left: the blocks met so far, in the colour of the rank that computed them; hatched blocks were skipped. Middle:
+# what each rank holds this round. Right: query 7's running max and sum against full attention's.
 #
-# Its starting state here, first as a plain image (so it shows where widgets do not render): G = 4, S = 16,
-# causal, zig-zag, round 2, query 7 — the same q, k, v as the running-max cell above (seed 12), now with the
-# causal mask. In round 2 rank 3 holds rank 1's key/value block (chunks 1 and 6): its query chunk 3
-# (tokens 6–7) meets chunk 1 (tokens 2–3) and skips chunk 6 (tokens 12–13, its future). Query 7's max rises
-# from −0.11 to 5.76, already full attention's, so its old sum is rescaled by e^(−0.11 − 5.76) and l falls
-# from 2.92 to 1.02. So far every rank has computed 28 score elements with zig-zag; contiguous gives 16,
-# 32, 48, 48 (and 16, 32, 48, 64 over all four rounds).
+# <details><summary>What round 2 shows</summary>
+#
+# In round 2 rank 3 holds rank 1's block, chunks 1 and 6. Its query chunk 3 meets chunk 1 and skips chunk 6, its
+# future. Query 7's max rises from −0.11 to 5.76, so its old sum is rescaled by e^(−0.11 − 5.76) and l falls
+# from 2.92 to 1.02. So far every rank has computed 28 score elements with zig-zag; contiguous gives 16, 32,
+# 48, 48.
+# </details>
 
 # %%
 from coursekit.viz.ring_attention import draw_rounds
@@ -406,10 +368,8 @@ _ = draw_rounds(record_rounds(4, 16, True, "zigzag"), 2, 7, other=record_rounds(
 plt.show()
 
 # %% [markdown]
-# Move **round** to 3 and l rises again (to 1.13, full attention's) while m stays; switch the layout to
-# contiguous and rank 0 skips everything after round 0 while rank 3 computes in every round. Untick the mask
-# as well and query 7's m and l are those of the running-max cell above, round for round (m = −0.111,
-# 5.756, 9.582, 9.582).
+# The widget below draws the same figure for any G, length, mask, layout, round and query. Try contiguous: rank 0
+# skips everything after round 0 while rank 3 computes in every round.
 
 # %%
 ring_attention_explorer(world_size=4, seq_len=16, causal=True, layout="zigzag", round_=2, query=7)
@@ -417,10 +377,9 @@ ring_attention_explorer(world_size=4, seq_len=16, causal=True, layout="zigzag", 
 # %% [markdown]
 # ### Backward, blockwise too
 #
-# Ring attention's backward saves no S×S matrix: it recomputes each block's probabilities from the saved
-# log-sum-exp, sends the key/value blocks around the ring once more, and with each block its gradients
-# dk, dv, which arrive back at their owner after the last step. Elements sent, over all ranks, per call
-# (n = b·h·S·d = the whole sequence's keys), counted against the formula:
+# The ring's backward saves no S × S matrix either. It recomputes each block's probabilities from the saved
+# log-sum-exp and sends the key and value blocks around once more, each with its gradients. Elements sent per
+# call, with n the whole sequence's keys:
 
 # %% tags=["nbval-check-output"]
 seq = 16
@@ -435,15 +394,21 @@ for world_size in range(2, RANKS + 1):
           f"all to the right-hand neighbour: {all(t.dst == (t.src + 1) % world_size for t in traffic.payload)}")
 
 # %% [markdown]
-# ## 4. All-to-all (DeepSpeed Ulysses)
+# **Takeaway:** forward sends 2(G − 1)·n elements and backward (4G − 2)·n, always to the right-hand neighbour.
 #
-# Ulysses re-shards instead of circulating: one all-to-all turns each rank's (its tokens, all H heads) into
-# (all tokens, H/G heads), ordinary attention runs on whole sequences, and a second all-to-all turns the
-# output back. Each all-to-all keeps 1/G of the data and sends the rest. The first carries q, k and v stacked,
-# the second the output: four tensors of b·(S/G)·h elements per rank, so forward each rank sends
-# 4·(G−1)/G·b·(S/G)·h elements, and backward as much again (`ulysses_traffic`; DeepSpeed-Ulysses' 4Nh/P per
-# link, N the sequence length, P the GPUs). With S/G fixed, the volume per rank stays bounded (nearly
-# constant) when S and G grow together — but the heads must divide among the ranks.
+# ## 4. All-to-all: DeepSpeed Ulysses
+#
+# Ulysses re-shards instead of circulating. One all-to-all turns each rank's tokens with all heads into all
+# tokens with a share of the heads. Ordinary attention then runs on whole sequences. A second all-to-all turns
+# the output back:
+
+# %%
+coursekit.show(ulysses_attention)
+
+
+# %% [markdown]
+# Each all-to-all keeps 1/G of the data and sends the rest. On 2 and 4 ranks, against full attention; then on 3,
+# which 4 heads cannot divide:
 
 # %% tags=["nbval-check-output"]
 for world_size in (2, 4):
@@ -457,18 +422,13 @@ except comm.SimulatorError as error:
     print(str(error).strip().splitlines()[-1])
 
 # %% [markdown]
-# **Ring or all-to-all: the volume per rank as G grows.** One letter per quantity from here: b sequences,
-# S tokens, h the hidden width (all heads together, h = a·d for a heads of d), G ranks, L = S/G tokens per
-# rank. Per attention call, forward + backward, each rank sends
+# **Which sends less per rank, as G grows?** Let L = S/G be the tokens per rank and h the hidden width. Per call,
+# forward and backward, each rank sends:
 #
-# * ring attention: (6G − 4)/G · b·S·h = (6G − 4)·b·L·h — its key/value block makes G − 1 hops forward, and
-#   G − 1 again in backward beside its gradients, plus one hop home;
-# * Ulysses: 8·(G − 1)/G · b·L·h — four tensors of b·L·h (q, k, v, then the output) each way, of which it
-#   keeps 1/G.
+# * ring attention: (6G − 4) · b·L·h, since its key and value block visits every rank;
+# * Ulysses: 8(G − 1)/G · b·L·h, four tensors each way, of which it keeps 1/G.
 #
-# Below, both against G with L fixed (the sequence grows with the ranks: S = G·L, L = 512 tokens, h = 64), from
-# `ring_traffic` and `ulysses_traffic`, and, at G = 2, 3 and 4, counted on simulated ranks (S = 12·G: 3 or 6
-# tokens per chunk; the counts are per token, so they scale).
+# Below, both against G, with L = 512 tokens fixed, and counted on simulated ranks at G = 2, 3 and 4:
 
 # %%
 L_tokens, h_width, a_heads = 512, 64, 4
@@ -511,19 +471,17 @@ for (method, g), value in counted.items():
           f"{per_rank(method, g, 12 * g, batch=2, width=32):,.0f}")
 
 # %% [markdown]
-# The ring's volume per rank grows with G (every block visits every rank), Ulysses' stays below 8·b·L·h
-# however many ranks: on bandwidth alone Ulysses wins as soon as G ≥ 2. The ring's case is elsewhere: its
-# transfers go to a neighbour while the block in hand is computed (hidden when a block's compute outlasts
-# its transfer), it works for any number of heads and any G, and it never needs the whole sequence of a head
-# on one rank. Ulysses needs the heads divisible by G (here a = 4 heads allows G = 2 and 4, not 3: the refusal
-# above), so G ≤ a, and each all-to-all crosses every rank of the group at once. Hence the usual choice:
-# Ulysses inside a node (fast all-to-all, G up to the heads), the ring across nodes, or both at once
-# (section 8's last paragraph).
+# **Takeaway:** the ring's volume per rank grows with G; Ulysses' stays nearly flat.
 #
-# ## 5. Memory per rank: 1/G of the activations
+# On bandwidth alone Ulysses wins. The ring's case is elsewhere. Its transfers go to a neighbour while the block
+# in hand is computed, so they can hide. It works for any number of heads and any G. Ulysses needs the heads
+# divisible by G, and each all-to-all crosses every rank at once. So the usual choice is Ulysses inside a node
+# and the ring across nodes.
 #
-# The whole course transformer on 32 tokens, every rank running its tokens (`sequence_forward`): bytes
-# saved for backward per rank (parameters excluded), for one process and for 2 and 4 ranks.
+# ## 5. Memory per rank, and when the ring's transfers hide
+#
+# What does each rank keep? The whole course transformer on 32 tokens, every rank running its own tokens:
+# bytes saved for backward per rank, parameters excluded.
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.sequence import positions, sequence_forward
@@ -545,23 +503,9 @@ for name, layout, attend in (
     print(f"{name:<14} " + "   ".join(f"G={g}: {b:>7} bytes" for g, b in zip((1, 2, 4), row)))
 
 # %% [markdown]
-# Exactly half at G = 2 and a quarter at G = 4. What backward keeps is not all of the memory: while a block is
-# computed, the ring as drawn in section 3 holds its score matrix, (S/G)² per head (or (S/2G)² with zig-zag),
-# quadratic still. The library's ring can compute each block with torch's fused flash kernel instead
-# (`ring_attention(..., kernel="fused")`, or the strategy option `kernel="fused"`), which returns the block's
-# log-sum-exp for the merge and never holds a whole score block; exact all the same
-# (`tests/test_parallel_sequence_fused.py`). The benchmark `python -m coursekit.bench sequence --check`
-# measures the whole peak per rank, temporaries included, on real ranks, for every method and both kernels,
-# and extrapolates from those peaks, by a fit a + b·S + c·S² through the measured lengths, the longest
-# sequence each method would fit under a memory cap (docs/benchmarks.md: with the fused kernel the zig-zag
-# ring's peak per rank is within 1.5× of Ulysses').
-#
-# Here the longest sequence is **measured**, not extrapolated. `capacity_table` counts the peak of one causal
-# attention call, forward and backward, on each rank exactly: every tensor the ops create, from its creation
-# until it is freed (`coursekit.measure.live_memory.LiveMemory`; the rank's inputs q, k, v and the output's gradient
-# left out), each of the 2 ranks run in turn in this process with a *fake* process group
-# (`coursekit.measure.live_memory.as_rank`: the collectives move nothing, the shapes are each rank's). It doubles S
-# until the peak exceeds the budget, then bisects, every candidate measured:
+# Exactly half at G = 2 and a quarter at G = 4. But what must fit is the **peak**, not only what backward keeps.
+# `capacity_table` measures the peak of one causal call, forward and backward, on each rank exactly. It then
+# finds the longest sequence each method fits in a budget per rank, every candidate measured:
 
 # %% tags=["nbval-check-output"]
 from coursekit.experiments import capacity_table
@@ -576,25 +520,20 @@ for method, (longest, measured) in table.items():
           f"{measured[over] / 2**20:>9.2f} MiB{len(measured):>13}")
 
 # %% [markdown]
-# Each S fits and S + step does not, both measured. Full attention's S × S scores on one rank allow the
-# shortest; the textbook ring, whose (S/2G)² score blocks are quadratic again, comes next; Ulysses, whose
-# attention is the fused kernel on whole sequences of H/G heads, fits the longest, and the fused ring comes
-# second: it keeps no score block, only the key and value blocks in flight and the merge's running output
-# and log-sum-exp. The count is of the tensors the ops return, not of a kernel's internal
-# workspace, which the benchmark's resident-set peak also sees.
+# In the same 8 MiB per rank, full attention fits 384 tokens, the textbook ring 1,152, the fused ring 4,224
+# and Ulysses 5,888.
 #
-# **When the ring's transfers hide** (Liu et al. 2023). At each ring step a rank computes its L = S/G queries
-# against the block it holds while the next block travels. Forward, per step: compute 4·L²·h floating-point
-# operations (q kᵀ and p v, h the hidden width), transfer 2·L·h numbers (the keys and the values). The
-# transfer hides when it takes no longer than the compute, 4L²h/F ≥ 2Lh·s/B, that is
+# The textbook ring still holds a score block, (S/2G)² per head, quadratic again. The fused ring computes each
+# block with torch's flash kernel and keeps no score block. Ulysses runs the fused kernel on whole sequences of
+# its heads.
 #
-# $$L \;\ge\; \frac{s\,F}{2\,B}$$
+# **When do the ring's transfers hide?** At each step a rank computes its L queries against the block it holds,
+# 4·L²·h operations, while the next block travels, 2·L·h numbers. With F operations per second, a link of B
+# bytes per second and s bytes per number, the transfer hides when
 #
-# (F FLOP/s of a device, B bytes per second of the link, s bytes per number): compute grows as L², the
-# transfer as L, so long enough chunks always hide it. Measured on 2 real ranks, one causal forward with
-# the fused kernel, zig-zag, 4 heads of 16 (`hidden_share`): the transfers of the forward alone (the same
-# blocks to the same neighbours, nothing computed), the whole forward, and how long the forward still waited
-# for a block after computing the one it held; the mean over the 2 ranks of their medians.
+# $$L \;\ge\; \frac{s\,F}{2\,B}.$$
+#
+# Compute grows as L², the transfer as L, so long enough chunks always hide it. Measured on 2 real ranks:
 
 # %% tags=["nbval-ignore-output"]
 from coursekit.experiments import hidden_share
@@ -616,28 +555,25 @@ print(f"\nH100 (assumed {flops / 1e12:.0f} TFLOP/s bf16), s = 2 bytes: L ≥ {2 
       f"({infiniband / 1e9:.0f} GB/s)")
 
 # %% [markdown]
-# Compute grows as L² and the transfers as L, so the long chunks are where the transfers hide (the line under
-# the table says how much in this run; chunks of 4,096 tokens hid 95–97% in every run while this chapter was
-# written). One CPU core computes slowly and loopback moves bytes fast, so here the crossing comes early. At
-# the short chunks a step's compute is a fraction of a millisecond, and what the forward waits is then mostly
-# the other rank's timing on 2 shared cores — wherever the wait is longer than the transfers alone, it
-# cannot be the transfers — so that share varies from run to run. On GPUs the balance is the other way
-# round: a device computes thousands of times faster while links grow far less, so the chunk must be long —
-# about 2,200 tokens a rank over NVLink and 20,000 across nodes at peak FLOP/s (real attention kernels reach
-# less than peak, which lowers these). That is why ring attention is a method for long sequences, and why,
-# across nodes, it needs them long enough per GPU to hide its transfers.
+# **Takeaway:** the long chunks hide their transfers: here, chunks of 4,096 tokens hid almost all of theirs.
+#
+# On one CPU core compute is slow and loopback is fast, so the crossing comes early. On a GPU it is the other
+# way round: a chunk must hold about 2,200 tokens a rank over NVLink, and 20,000 across nodes. That is why ring
+# attention is a method for long sequences.
+#
+# <details><summary>How this was measured</summary>
+#
+# One causal forward with the fused kernel, zig-zag, 4 heads of 16: the transfers alone, the whole forward, and
+# how long the forward still waited for a block after computing the one it held, the mean over the 2 ranks of
+# their medians. At short chunks a step's compute is a fraction of a millisecond, and the wait is mostly the
+# other rank's timing on 2 shared cores, so that share varies from run to run.
+# </details>
 #
 # ## 6. Training equals one process
 #
-# In the training loop, a sequence-parallel strategy takes the **whole** batch on every rank (no data split)
-# and keeps a whole copy of the model on each (P9's "like data parallelism each GPU holds a full model copy":
-# the last line below measures it), and its part of every sequence. Each rank computes the logits and the
-# loss of **its own tokens only**: its summed cross-entropy divided by the batch's b·S tokens (a count every
-# rank knows), so its gradients hold its
-# tokens' share of the loss and are summed over the ranks. No logits travel; to report the loss, each rank
-# sends two numbers (its summed loss and its token count). So the 1/G of the activations of section 5 holds
-# for what is trained, the logits included (`tests/test_parallel_sequence_loss.py` measures it in a training
-# step). Three SGD steps on 2 real ranks against one process:
+# In the training loop, a sequence-parallel strategy gives every rank the whole batch and a whole copy of the
+# model. Each rank computes the loss of its own tokens only, divided by all b·S tokens, so the ranks' gradients
+# sum to the batch's. No logits travel. Three SGD steps on 2 real ranks, against one process:
 
 # %% tags=["nbval-check-output"]
 CONFIG = dict(model="transformer", steps=3, global_batch=5, optimizer="sgd", lr=0.1)
@@ -666,17 +602,16 @@ print(f"parameter bytes held per rank, every strategy, both ranks: {', '.join(f'
          else "not the whole model on every rank"))
 
 # %% [markdown]
+# **Takeaway:** ring attention and Ulysses train exactly like one process, with the whole model on each rank;
+# chunk-local attention does not, because it is a different model.
+#
 # ## 7. Megatron-style sequence parallelism, beside tensor parallelism
 #
-# Chapter 05's tensor parallelism splits attention's heads and the MLP, but every rank runs the LayerNorms
-# and residual adds on the whole (b, s, h) activations. Korthikanti et al. (2022) split those regions along
-# the sequence: the all-reduce after a row-parallel layer becomes a **reduce-scatter** (each rank gets the
-# sum for its own tokens) and an **all-gather** rebuilds the whole input before the next column-parallel
-# layer. A ring all-reduce *is* a reduce-scatter plus an all-gather, so the forward traffic is the same. As in
-# Megatron, the all-gather and the column-parallel layer after it are one autograd function
-# (`gather_linear`) that keeps only this rank's tokens for backward and all-gathers them again there: two
-# more all-gathers of b·s·h per block in backward, and no whole (b, s, h) tensor kept. One block on 31 tokens,
-# t = 2 and 4, against the dense block, with the elements sent against chapter 01's ring all-reduce of b·s·h:
+# Chapter 05's tensor parallelism runs the LayerNorms and residual adds on the whole activations, on every rank.
+# Korthikanti et al. split those regions along the sequence. The all-reduce after a row-parallel layer becomes a
+# **reduce-scatter**: each rank gets the sum for its own tokens. An **all-gather** rebuilds the whole input
+# before the next column-parallel layer. A ring all-reduce *is* a reduce-scatter plus an all-gather, so forward
+# sends the same. One block, t = 2 and 4, against the dense block:
 
 # %% tags=["nbval-check-output"]
 from coursekit.collectives import ring_all_reduce
@@ -702,10 +637,8 @@ for t in (2, 4):
           f"formula {megatron_sp_traffic(2, 31, 64, t)}")
 
 # %% [markdown]
-# What each rank keeps for backward (parameters excluded), on 32 tokens so that every t divides them: the
-# activations of the sequence-split regions hold S/t tokens, those of the head-split ones h/t of the width.
-# Counted by hand per token: both LayerNorms' inputs with mean and 1/std, the inputs of qkv and fc, q, k, v,
-# attention's output with one log-sum-exp per head, the GELU's input and output — (8h + 2·d_ff + a + 4)·4 bytes:
+# Backward adds one all-gather per block: the column-parallel layer keeps only its rank's tokens and gathers them
+# again there. What each rank keeps for backward, on 32 tokens:
 
 # %% tags=["nbval-check-output"]
 x32 = torch.randn(2, 32, 64, generator=gen)
@@ -724,13 +657,8 @@ for t in (1, 2, 4):
           f"formula {megatron_sp_saved_bytes(2, 32, 64, 4, 256, t):,}")
 
 # %% [markdown]
-# Against **plain tensor parallelism at the same t**: chapter 05's block (`ParallelBlock`, on real ranks: its
-# all-reduces are `torch.distributed`'s) keeps the LayerNorms' inputs with their mean and 1/std and the inputs
-# of qkv and fc whole on every rank, 4h + 4 numbers a token, and divides only the rest, (4h + 2·d_ff + a)/t
-# (`tensor_parallel_saved_bytes`). Beside both, Korthikanti et al.'s Table 2 for *their* layer, evaluated at
-# this block's s, b, h, a (`korthikanti_table2_bytes`): sbh(34 + 5as/h) dense, sbh(10 + 24/t + 5as/(ht)) tensor
-# parallel, sbh(34/t + 5as/(ht)) with sequence parallelism, in bytes of 16-bit activations with dropout masks
-# and the a·s² softmax scores of each sequence:
+# Every rank keeps exactly 1/t. Plain tensor parallelism at the same t keeps the LayerNorm regions whole. Below,
+# both against the course's count and Korthikanti et al.'s Table 2, evaluated at this block's sizes:
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.tensor import ParallelBlock, korthikanti_table2_bytes, tensor_parallel_saved_bytes
@@ -758,20 +686,10 @@ for name, measured, course, paper in rows:  # measured: every rank's bytes
           f"{paper:>10,}{paper / rows[0][3]:>10.3f}{'' if len(set(measured)) == 1 else '  (ranks differ)'}")
 
 # %% [markdown]
-# Plain tensor parallelism keeps 646 and 453 numbers a token, not 1032/t: the 260 of the LayerNorm regions
-# and the column-parallel inputs stay whole on every rank (alone a quarter of the dense block's), so its share
-# falls only to 0.626 and 0.439, while with sequence parallelism every rank keeps exactly 1/t. Table 2 has the
-# same shape, 0.614 and 0.420 for plain tensor parallelism and exactly 1/t with sequence parallelism, but other
-# bytes: it counts 2-byte values, 1-byte dropout masks and the softmax's a·s² scores, where the course runs
-# fp32 without dropout and its fused attention keeps one log-sum-exp per head and token instead (and the
-# LayerNorms' mean and 1/std, which the paper leaves out).
+# Plain tensor parallelism's share falls only to 0.626 and 0.439; with sequence parallelism it is exactly 1/t.
+# Table 2 has the same shape with other bytes: it counts 16-bit values, dropout masks and the softmax scores.
 #
-# What a rank keeps for backward is its plateau; what must fit is its **peak**, transients included: the
-# gathered inputs, the pieces of a reduce-scatter, the gradients flowing back beside what the forward kept.
-# `block_memory` measures both, exactly, per rank: one forward and backward of the block, every tensor the
-# ops create counted from creation until it is freed (`coursekit.measure.live_memory`: parameters, their gradients
-# and the block's input left out, its output counted — the next block's input — so the plateau is the same
-# count as above), each rank of t run in turn in this process with a fake process group:
+# The peak adds what is alive at the worst moment, such as the gathered inputs:
 
 # %% tags=["nbval-check-output"]
 from coursekit.experiments import block_memory
@@ -793,21 +711,18 @@ for t in (2, 4):
     print(f"t={t}: TP + SP against plain TP, plateau {sp.plateau / tp.plateau:.2f}, peak {sp.peak / tp.peak:.2f}")
 
 # %% [markdown]
-# Every plateau is the course's count to the byte. The peak adds what is alive at the worst moment; "born in
-# backward" is the part of it the backward made (tests/test_live_memory.py derives each row). The dense block
-# and plain TP at t = 2: the first gradient of backward, entering the MLP's hidden layer (b·s·d_ff/t), made
-# while everything the forward kept is alive; at t = 4, where d_ff/t = h, a forward moment of the same size
-# comes first (born in backward: 0). With sequence parallelism at t = 2 the output's gradient is all-gathered
-# whole (b·s·h) beside that hidden gradient; at t = 4 fc's backward is worse: its input all-gathered again and
-# its input's gradient before the reduce-scatter (b·s·h each), with the pieces being sent and received —
-# more than peak − plateau, as backward has freed part of what the forward kept by then. Those
-# gathered tensors are whole, so at the peak sequence parallelism saves less than on the plateau (the last
-# two lines).
+# **Takeaway:** against plain tensor parallelism at t = 4, sequence parallelism cuts the plateau to 0.57 but the
+# peak only to 0.81, because the gathered tensors are whole.
 #
-# The whole transformer this way is the strategy `"sequence_tensor"`: the embedding's partial lookups
-# reduce-scattered along the sequence, every block on S/t tokens, the tied head all-gathering them; the
-# LayerNorm weights, position embedding and row-parallel biases see only their rank's tokens, so their
-# gradients are summed over the group. Three SGD steps on 2 real ranks against one process:
+# <details><summary>Where each peak comes from</summary>
+#
+# The dense block and plain TP at t = 2 peak at the first gradient of backward, entering the MLP's hidden layer,
+# made while everything the forward kept is alive. At t = 4, where d_ff/t = h, a forward moment of the same size
+# comes first. With sequence parallelism the output's gradient is all-gathered whole beside that hidden
+# gradient; at t = 4, fc's input is gathered again beside its input's gradient before the reduce-scatter.
+# </details>
+#
+# The whole transformer this way is the strategy `"sequence_tensor"`. Three SGD steps on 2 ranks:
 
 # %% tags=["nbval-check-output"]
 def train_sp_tp(rank, world_size):
@@ -819,15 +734,13 @@ print("Megatron-style SP x TP, t=2: same outputs, loss, gradients and parameters
       compare(reference, [runs[0]]).ok and compare(reference, runs, check_output=False).ok)
 
 # %% [markdown]
-# ## 8. How it composes: sequence × data on a mesh, for real
+# ## 8. Sequence × data on a mesh
 #
-# Sequence parallelism is orthogonal to data parallelism and can be combined with it (P9). On
-# `Mesh({"dp": 2, "sp": 2})`, 4 real ranks: the `dp` [axis](../docs/glossary.md#axis) cuts the batch of 5 into slices of 3 and 2, and the
-# 2 ranks of each slice split every sequence along `sp` with zig-zag ring attention. After backward, each
-# rank's gradient holds its own tokens' share of its slice's loss: summed over `sp` it is the slice's gradient,
-# averaged over `dp` the batch's. Both happen in **one** ring all-reduce over all four ranks, the `dp×sp` group
-# that `Mesh.flatten(("dp", "sp"))` builds (as torchtitan flattens its data and context axes), divided by the
-# 2 slices. Every message is counted and assigned to the axes it crossed:
+# Sequence parallelism combines with data parallelism (P9). On `Mesh({"dp": 2, "sp": 2})`, the `dp`
+# [axis](../docs/glossary.md#axis) cuts the batch of 5 into 3 and 2, and the 2 ranks of each slice split every sequence with
+# zig-zag ring attention. The gradients are summed over `sp` and averaged over `dp` in **one** ring all-reduce
+# over all four ranks, as torchtitan flattens its data and context axes. Every message is counted and assigned
+# to the axes it crossed:
 
 # %% tags=["nbval-check-output"]
 from coursekit.parallel.sequence import sequence_data_traffic, traffic_per_axis
@@ -858,27 +771,18 @@ for axis in ("sp", "dp", "dp×sp"):
     print(f"{axis:<6}{per_axis[axis]:>24,}{CONFIG['steps'] * formula[axis]:>12,}   {', '.join(phases) or '-'}")
 
 # %% [markdown]
-# Along `sp` travel ring attention's key/value blocks and their gradients, and the links of the gradients'
-# ring (reduce-scatter, all-gather) that join the two ranks of a slice; the ring's other two links (rank 1 → 2
-# and 3 → 0) join one slice to the other and so cross both axes; nothing travels along `dp` alone, and no
-# logits travel at all. One ring over the D·G ranks sends 2(DG − 1)·Ψ elements per step; reducing twice (a sum
-# over each `sp` group, then a mean over each `dp` group) would send D·2(G − 1)·Ψ + G·2(D − 1)·Ψ, here 8Ψ
-# against 6Ψ. Tensor parallelism would add a third axis the same way (`Mesh({"dp": 2, "sp": 2,
-# "tp": 2})`, tensor parallelism usually inside a node where links are fastest; not implemented here). Ring
-# attention overlaps its 2(G−1)·n forward elements with the blocks' compute; Ulysses sends a volume per rank
-# that stays bounded (nearly constant) when S and G grow together, but needs the heads divisible by the degree;
-# production systems combine them, Ulysses inside a node and the ring across nodes (Fang & Zhao 2024, "USP: A
-# Unified Sequence Parallelism Approach").
+# **Takeaway:** sequence × data trains like one process, and nothing travels along `dp` alone.
 #
-# ## The same thing in production
+# Along `sp` travel ring attention's blocks and part of the gradients' ring. The ring's other links join one
+# slice to the other, so they cross both axes. One ring over the 4 ranks sends 6Ψ elements a step; reducing
+# twice, over `sp` and then over `dp`, would send 8Ψ.
 #
-# PyTorch's production API is `torch.distributed.tensor.experimental.context_parallel`: on a device mesh it
-# shards the given buffers along their sequence dims (reordered for load balance under causal masks, on by
-# default) and, inside the `with` block, runs `scaled_dot_product_attention` blockwise over the ranks with
-# the GPU kernels (flash, memory-efficient or cuDNN attention) merging the partial results by their
-# log-sum-exp, as here. The key/value shards are all-gathered by default, or passed around the ring with
-# `set_rotate_method("alltoall")`. On CPU with torch 2.13.0 it does not run: the CPU attention kernel has no
-# sharding rule. Caught, here is its own message:
+# ## 9. The same thing in production
+#
+# PyTorch's API is `torch.distributed.tensor.experimental.context_parallel`. It shards the given buffers along
+# their sequence dimension, reordered for load balance, and runs `scaled_dot_product_attention` blockwise over
+# the ranks with the GPU kernels, merging by log-sum-exp as here. On CPU with torch 2.13.0 it does not run: the
+# CPU attention kernel has no sharding rule. Its own message:
 
 # %% tags=["nbval-ignore-output"]
 def context_parallel_on_cpu(rank, world_size):
@@ -899,6 +803,7 @@ def context_parallel_on_cpu(rank, world_size):
 print(coursekit.launch(context_parallel_on_cpu, 2)[0])
 
 # %% [markdown]
-# That is why this chapter builds its own: the same code runs on a laptop, in the simulator, and on GPUs.
-# Next: the graded exercise `exercises/06_ring_attention.ipynb` asks you to write the merge, the pass that
-# carries the gradients back, and the ring loop.
+# That is why this chapter builds its own: the same code runs on a laptop, in the simulator and on GPUs.
+#
+# **Exercise** `exercises/06_ring_attention.ipynb`: write the merge, the pass that carries the gradients back,
+# and the ring loop.

@@ -1,27 +1,25 @@
 # ci_parameters: {"TOP": 3}
 # %% [markdown]
-# # 07 · Choosing a strategy: a memory and time model, checked, and a planner
+# # 07 · Choosing a strategy: a memory and time model, and a planner
 #
-# Chapters 02-06 built every strategy and measured it. This chapter turns what they measured into a
-# **model** you can ask before you rent the GPUs: how many bytes each GPU holds and how long a training step
-# takes, for any model on any machine, for any way of combining the strategies. Then a **planner** searches
-# every combination and ranks the ones that fit. The seed's recommendations (**P1**, **P8**, **P10**) come out
-# of the numbers instead of being stated:
+# Chapters 02-06 built every strategy and measured it. This chapter turns those measurements into a **model** you
+# can ask before you rent the GPUs: how many bytes each GPU holds and how long a step takes, for any model, any
+# machine and any way of combining the strategies. A **planner** then searches every combination and ranks the
+# ones that fit. The seed's recommendations, **P1**, **P8** and **P10**, come out of the numbers:
 #
-# 1. what a *[layout](../docs/glossary.md#layout)* is: dp, tp, pp, sp and ZeRO, and the order of the [axes](../docs/glossary.md#axis) on the mesh;
-# 2. memory: parameters, model states with ZeRO 0-3, activations -- each formula beside this course's measurement;
-# 3. time: compute, the pipeline's bubble, communication through chapter 01's network model;
-# 4. the planner on three scenarios, with its reasons; where pipelining pays and where it does not (**P7**, **P10**);
-#    long sequences;
+# 1. what a *[layout](../docs/glossary.md#layout)* is, and the order of the [axes](../docs/glossary.md#axis) on the mesh;
+# 2. memory: each formula beside this course's measurement;
+# 3. time: compute, the pipeline's bubble, communication;
+# 4. the planner on three scenarios, what it can and cannot tell apart, and long sequences;
 # 5. a calculator: your model, your machine.
 #
-# The library is `coursekit.costmodel`: plain functions whose docstrings cite their source (the ZeRO paper,
-# Korthikanti et al. 2022, Narayanan et al. 2021), tested against published figures and against the course's runs.
+# The library is `coursekit.costmodel`: plain functions whose docstrings cite their sources.
 
 # %% tags=["parameters"]
 # Parameters: the measurements are one training step at 2 ranks; the rest is arithmetic (seconds).
 RANKS = 2                  # ranks of the measured runs (section 2)
 TOP = 5                    # layouts printed per scenario (section 4)
+TIE = 0.05                 # layouts closer than this to the first are a tie for the time model
 
 # %%
 # %matplotlib inline
@@ -46,19 +44,19 @@ torch.set_num_threads(1)
 # %% [markdown]
 # ## 1. What a layout is
 #
-# A **layout** says how `G` GPUs are used: `dp × tp × pp × sp = G` (any degree may be 1), with
+# A **layout** says how G GPUs are used: dp × tp × pp × sp = G, any degree possibly 1.
 #
-# * **dp** data parallelism (chapter 02): each group of replicas takes a slice of the batch; **ZeRO** stage 0-3
-#   shards the optimizer state, the gradients, the parameters over dp;
-# * **tp** tensor parallelism (chapter 05): every weight matrix split, collectives inside every layer;
-#   Megatron's **sequence parallelism** (`sequence_parallel=True`, chapter 06) splits what tp leaves whole;
-# * **pp** pipeline parallelism (chapter 04): the layers in stages, `m` micro-batches, a schedule;
-# * **sp** [context parallelism](../docs/glossary.md#sequence-parallelism) (chapter 06's ring attention or Ulysses): each GPU takes a block of the sequence.
+# * **dp**, data parallelism, chapter 02: each replica takes a slice of the batch. **ZeRO** stages 1-3 shard the
+#   optimizer state, then the gradients, then the parameters over dp.
+# * **tp**, tensor parallelism, chapter 05: every weight matrix split, collectives inside every layer. Megatron's
+#   **sequence parallelism**, chapter 06, splits what tp leaves whole.
+# * **pp**, pipeline parallelism, chapter 04: the layers in stages, *m* micro-batches, a schedule.
+# * **sp**, [context parallelism](../docs/glossary.md#sequence-parallelism), chapter 06's ring attention or Ulysses: each GPU
+#   takes a block of the sequence.
 #
-# torchtitan and the cost model put the ranks on the mesh in the order **pp, dp, sp, tp** (outermost first, tp
-# innermost): neighbouring ranks differ in tp. So "**dp 8, tp 2, cp 2, pp 2**" (torchtitan calls sp *cp*,
-# context parallel) is 8 · 2 · 2 · 2 = 64 GPUs, and a rank's number written in that mixed radix is where it sits
-# (`coursekit.comm.mesh.coordinates_of`, chapter 05's mesh):
+# torchtitan and the cost model put the ranks on the mesh in the order **pp, dp, sp, tp**, outermost first, so
+# neighbouring ranks differ in tp. torchtitan calls sp *cp*, for context parallel. So "**dp 8, tp 2, cp 2, pp 2**"
+# is 64 GPUs, and a rank's number, written in that mixed radix, says where it sits:
 
 # %% tags=["nbval-check-output"]
 axes = {"pp": 2, "dp": 8, "sp": 2, "tp": 2}
@@ -73,19 +71,17 @@ for axis, stride in (("tp", 1), ("sp", 2), ("dp", 4), ("pp", 32)):
     print(f"rank 0's {axis} group: {groups[axis]} -> {link}")
 
 # %% [markdown]
-# With 8 GPUs a node, rank 0's tp group {0, 1} and its sp group {0, 2} stay on NVLink, its dp group spans 4
-# nodes' worth of ranks 4 apart (two GPUs per node: both links), and its pp partner is 32 ranks away, on
-# another node. That order is a choice that follows from the traffic (section 3): tp talks in every layer, so it
-# goes where the link is fastest; pp sends one activation per micro-batch and stage, so it can cross nodes.
+# With 8 GPUs a node, rank 0's tp group and its sp group stay on NVLink. Its dp group spans ranks 4 apart, two per
+# node, so it uses both links. Its pp partner is 32 ranks away, on another node. The order follows the traffic:
+# tp talks in every layer, so it goes where the link is fastest; pp sends one activation per micro-batch and
+# stage, so it can cross nodes.
 #
 # ## 2. Memory, and what this course measured
 #
-# Per GPU, three terms (`coursekit.costmodel.memory`):
-#
-# * **[model states](../docs/glossary.md#model-states)** -- `model_state_bytes(num_params, dp, zero_stage, precision)`: with Adam, 16 bytes a
-#   parameter in fp32 (4 + 4 + 8) and in mixed precision (2 + 2 + 12, the ZeRO paper's K = 12); ZeRO-1 divides
-#   the optimizer state by dp, ZeRO-2 also the gradients, ZeRO-3 also the parameters. The ZeRO paper's Figure 1
-#   (Rajbhandari et al. 2020: Ψ = 7.5 B, N_d = 64):
+# How much does each GPU hold? Three terms. First the **[model states]({G}#model-states)**: with Adam, 16 bytes a
+# parameter, in fp32 as 4 + 4 + 8 and in mixed precision as 2 + 2 + 12. ZeRO-1 divides the optimizer state by dp,
+# ZeRO-2 also the gradients, ZeRO-3 also the parameters. The ZeRO paper's Figure 1, for 7.5 B parameters on 64
+# GPUs:
 
 # %% tags=["nbval-check-output"]
 for stage in range(4):
@@ -97,13 +93,13 @@ print(f"num_params(GPT-2 small) = {num_params(gpt2).total:,}; "
       f"the course transformer: {num_params(ModelConfig.course()).total:,}")
 
 # %% [markdown]
-# The paper prints 120, 31.4, 16.6 and 1.88 GB. The parameter count is N = h(v + s) + L(12h² + 13h) + 2h for
-# the GPT shape with a tied head (GPT-2 small: 124,439,808, its published size).
+# The paper prints 120, 31.4, 16.6 and 1.88 GB. The parameter count for the GPT shape with a tied head gives
+# GPT-2 small's published 124,439,808.
 #
-# * **activations** -- `activation_bytes_per_layer(s, b, h, a, tp, sequence_parallel, recompute)`: Korthikanti
-#   et al. 2022, Table 2, sbh(34 + 5as/h) bytes a layer in 16 bits with dropout; sbh(10 + 24/t + 5as/(ht)) with
-#   tp; sbh(34/t + 5as/(ht)) with tp + sp; selective [recomputation](../docs/glossary.md#activation-recomputation) drops the 5as/h term, full keeps 2sbh. For
-#   GPT-3 175B at s = 2,048, b = 1, tp = 8 (their Figure 1's row):
+# Second, the **activations**, from Korthikanti et al. 2022, Table 2: sbh(34 + 5as/h) bytes a layer in 16 bits
+# with dropout. Tensor parallelism turns the 24 into 24/t; sequence parallelism divides the whole by t; selective
+# [recomputation](../docs/glossary.md#activation-recomputation) drops the 5as/h term of the attention scores. For GPT-3 175B at
+# s = 2,048, b = 1, tp = 8:
 
 # %% tags=["nbval-check-output"]
 s, h, a = 2048, 12288, 96
@@ -113,14 +109,11 @@ for label, kw in (("no parallelism", {}), ("tp 8", {"tp": 8}), ("tp 8 + sp", {"t
     print(f"{label:<22} {per_layer / (s * h):6.2f} · sbh = {per_layer / 2**20:8.1f} MiB a layer")
 
 # %% [markdown]
-# 34 + 5 · 96 · 2048 / 12288 = 114 for no parallelism; 10 + 24/8 + 10 = 23 with tp 8; 34/8 + 10 = 14.25 with
-# sp; 34/8 = 4.25 selective -- Table 2's rows.
+# These are Table 2's rows: 114, 23, 14.25 and 4.25.
 #
-# **Against this course's runs.** One training step of the course transformer on 2 ranks (fp32 Adam, so 16
-# bytes a parameter as 4 + 4 + 8): chapter 02's four ZeRO stages, measured by `coursekit.measure.memory` inside
-# `train` (the storage actually allocated, after the step); chapter 04's 1F1B pipeline on 2 stages,
-# micro-batches of b = 4 sequences of s = 31 tokens, measured by what autograd saves; and the traffic each
-# sends, counted message by message (chapter 01's counter).
+# **Against this course's runs.** One training step of the course transformer on 2 ranks, in fp32 with Adam.
+# Chapter 02's four ZeRO stages are measured by the storage each allocated. Chapter 04's 1F1B pipeline on 2
+# stages is measured by what autograd saves. The traffic each sends is counted message by message:
 
 # %%
 STAGES = ("naive", "zero1", "zero2", "zero3")
@@ -168,15 +161,12 @@ for term, formula, got, model, explained in rows:
     print(f"{term:<24} {formula:<16} {got:>10,} {model:>10,.0f}  {note}")
 
 # %% [markdown]
-# Ψ = 104,832 parameters. Every model state is exact but for Adam's `step` counter, 4 bytes for each
-# parameter tensor, which the 16Ψ of the ZeRO paper leaves out. The activations are Table 2 at 4 bytes without
-# dropout masks (the course model has none), *selective*: PyTorch's `scaled_dot_product_attention` never keeps
-# the a·s² scores, it recomputes them in backward, which is what selective recomputation models; what the
-# model leaves out is LayerNorm's mean and 1/std, attention's log-sum-exp and the token ids (named in
-# tests/test_costmodel_memory_measured.py, which checks them to the byte). On the last stage the logits the
-# loss keeps are added (section 4.3 of the paper).
+# Every model state is exact except for Adam's `step` counter: 4 bytes for each parameter tensor, which the ZeRO
+# paper's 16Ψ leaves out. The activations are Table 2 at 4 bytes without dropout, *selective*, because PyTorch's
+# fused attention never keeps the a·s² scores. The model leaves out LayerNorm's statistics, attention's
+# log-sum-exp and the token ids: about 1%.
 #
-# And the traffic: `communication_bytes(config, layout, micro_batch)` against what was counted (in elements):
+# And the traffic, `communication_bytes`, against what was counted:
 
 # %% tags=["nbval-check-output"]
 for name, zero in (("zero1", 1), ("zero3", 3)):
@@ -190,14 +180,20 @@ print(f"pipeline, pp = {RANKS}, m = 2: counted {max(pipe_counted.values()):,.0f}
       f"model {pipe_model:,.0f}: {'equal' if max(pipe_counted.values()) == pipe_model else 'DIFFERENT'}")
 
 # %% [markdown]
+# **Takeaway:** every byte of model state and every element sent matches the formulas; the activations match
+# within 1%.
+#
 # ## 3. Time: compute, bubble, communication
 #
-# `compute_time`: 6·P FLOPs a token for the parameters' matrices (forward 2, backward 4), plus attention's
-# 12·L·s·h (Narayanan et al. 2021, eq. 3), at the GPU's peak times an efficiency (`Hardware()`: an A100,
-# 312 TFLOP/s in bf16, at 50%). `bubble_fraction`: chapter 04's (p − 1)/(m + p − 1) for 1F1B.
-# `communication_time`: each collective through chapter 01's network model on the link its group uses
-# (NVLink inside a node, InfiniBand across). `step_time` adds them; what overlaps what is a named argument
-# (`dp_overlap=1` hides the gradient all-reduce behind backward, as chapter 02's buckets do), zero by default.
+# How long does a step take? The model adds three terms:
+#
+# * **compute**: 6 FLOPs a parameter and token, plus attention's, at the GPU's peak times an assumed
+#   efficiency. `Hardware()` is an A100, 312 TFLOP/s in bf16, at 50%.
+# * **the bubble**: chapter 04's (p − 1)/(m + p − 1) for 1F1B.
+# * **communication**: each collective through chapter 01's network model, on the link its group uses: NVLink
+#   inside a node, InfiniBand across.
+#
+# What overlaps what is a named argument, zero by default. For GPT-3 175B on 1,024 A100s:
 
 # %% tags=["nbval-check-output"]
 a100 = Hardware()
@@ -225,19 +221,22 @@ print(f"tp = 16 crosses the node: {tp_seconds:.3f} s of tp communication a step,
       f"of its {m} micro-batches of one sequence ({axis_network(tp16.layout, a100, 'tp')[1]})")
 
 # %% [markdown]
-# Read the table across: compute is the same for every layout of 1,024 GPUs (the FLOPs are the model's), so
-# what ranks them is the bubble, the exposed communication, and whether they fit. A tp of 16 on nodes of 8
-# sends every layer's all-reduces over InfiniBand (the last line: seconds a step, and per micro-batch); dp × pp without tp
-# does not fit, because each GPU then keeps a whole stage's parameters with Adam's state and the activations of
-# its micro-batches unsplit (the line before it).
+# **Takeaway:** compute is the same for every layout, so the bubble, the communication and the memory rank them:
+# tp = 16 across nodes spends 38.509 s a step in its all-reduces, and dp × pp without tp does not fit.
+#
+# The first row is Narayanan et al. 2021's layout for this model, from their Table 1: **tp 8 × pp 16 × dp 8**.
 #
 # ## 4. The planner: three scenarios (P1, P8, P10)
 #
-# `plan(config, hardware, gpus, global_batch)` walks every valid layout -- the degrees, ZeRO 0-3, the four
-# schedules of chapter 04, every number of micro-batches, the three recomputations, sequence parallelism on
-# and off -- keeps those that fit, and ranks them by step time (it prunes by a lower bound;
-# tests/test_costmodel_planner.py checks that its ranking equals `brute_force`'s). Every reason is computed
-# from the numbers. Nothing says "tp stays in a node" or "use data parallelism for small models": those come out.
+# `plan(config, hardware, gpus, global_batch)` walks every valid layout: the degrees, ZeRO 0-3, chapter 04's four
+# schedules, every number of micro-batches, the recomputations, sequence parallelism on and off. It keeps those
+# that fit and ranks them by modelled step time. Every reason it prints is computed from the numbers; nothing
+# says "tp stays in a node".
+#
+# **What the model can tell apart.** Its bytes are exact, as section 2 checked, so *fits or not* is firm. Its
+# time is coarse: compute at an assumed efficiency, ideal links, none of the fixed cost each operation has. It has
+# been checked against one published step only, within a factor of 1.5. So it separates gaps like tp across
+# nodes, 61 s against 26 s. Layouts a few percent apart are a tie for it, and the planner says so.
 
 # %%
 def show(config, hardware, gpus, batch, top=TOP, space=Space(), where="", **assumptions):
@@ -248,6 +247,11 @@ def show(config, hardware, gpus, batch, top=TOP, space=Space(), where="", **assu
     for i, c in enumerate(ranked):
         print(f"  {i + 1}. {layout_label(c.layout).replace(chr(10), ', '):<34} {c.seconds * 1e3:9.1f} ms  "
               f"{c.memory.total / 1e9:5.1f} GB")
+    if len(ranked) > 1:
+        spread = ranked[-1].seconds / ranked[0].seconds - 1
+        print(f"  these {len(ranked)} are within {spread:.1%} of the first: a tie for this model "
+              f"(its time is checked to a factor of 1.5)" if spread < TIE else
+              f"  the last is {spread:.0%} slower than the first")
     if ranked:
         used = [f"{axis} {getattr(ranked[0].layout, axis)}" for axis in ("pp", "dp", "sp", "tp")
                 if getattr(ranked[0].layout, axis) > 1]
@@ -263,17 +267,14 @@ def show(config, hardware, gpus, batch, top=TOP, space=Space(), where="", **assu
 small = show(PRESETS["GPT-2 small"], a100, 8, 64)
 
 # %% [markdown]
-# **A model that fits one GPU** (GPT-2 small, 125 M parameters, 2 GB of model states on an 80 GB GPU): the
-# fastest layouts are data parallelism alone (**P1**, **P10**: "a small model that fits one GPU → data
-# parallelism"). Its gradient collectives stay on NVLink and cost 3% of the step; any tp or pp would add
-# communication or a bubble to a step whose compute already fits. The five differ only in how the batch is cut
-# into micro-batches and in ZeRO-1, which saves memory the model does not need. (Labels: the degrees in mesh
-# order, then `Z1` for ZeRO-1, `m` the micro-batches, `sel` selective recomputation, `SP` Megatron's
-# sequence parallelism.)
+# **A model that fits one GPU**: GPT-2 small has 2 GB of model states on an 80 GB GPU. Every layout listed is data
+# parallelism alone, **P1** and **P10**: "a small model that fits one GPU → data parallelism". Its collectives
+# stay on NVLink and cost 3% of the step. The five differ only in how the batch is cut into micro-batches and in
+# ZeRO-1. In the labels, `Z1` is ZeRO-1, `m` the micro-batches, `sel` selective recomputation and `SP` Megatron's
+# sequence parallelism.
 #
-# **A model too large for one GPU**: 13 B parameters (h = 5,120, 40 layers, 40 heads, s = 2,048; the GPT-3
-# paper's 13B) on one node of 8 × 80 GB. Its model states alone are 16 × 13 B = 206 GB: plain data parallelism
-# cannot hold them on any GPU.
+# **A model too large for one GPU**: GPT-3's 13 B shape on one node of 8 × 80 GB. Its model states alone are
+# 206 GB, so plain data parallelism cannot hold them:
 
 # %% tags=["nbval-check-output"]
 gpt3_13b = ModelConfig(51200, 2048, 5120, 40, 40, name="GPT-3 13B")
@@ -283,15 +284,16 @@ print()
 big_overlap = show(gpt3_13b, a100, 8, 64, dp_overlap=1.0)
 
 # %% [markdown]
-# The first ranking answers **P8** ("too large for one GPU → data + tensor parallelism combined"): tp inside the
-# node, dp over the rest, ZeRO-1 to bring the model states under 80 GB. Chapter 02's buckets overlap the
-# gradient all-reduce with the backward pass; granted that (`dp_overlap=1.0`, the second ranking), ZeRO-3 over all
-# 8 GPUs comes first instead: its collectives then hide behind compute, and the seed's other answer for a model
-# that does not fit -- shard it with data parallelism (DeepSpeed's ZeRO) -- wins. Which of the two is faster rests
-# on that assumption, which is why it is a named argument and not a rule. In the first list pipelined layouts
-# follow less than 1% behind, their bubble priced in.
+# **Takeaway:** for the 13B model, every layout that fits shards the model states: tensor parallelism inside
+# the node with ZeRO-1, or ZeRO-3 alone. Which is faster, the model cannot tell.
 #
-# **A model that fills a cluster**: GPT-3 175B on 1,024 A100s (128 nodes of 8), batch 1,536 sequences.
+# The first ranking answers **P8**: "too large for one GPU → data + tensor parallelism combined". Granted that
+# the gradient collectives overlap the backward pass, `dp_overlap=1.0`, ZeRO-3 over all 8 GPUs comes first
+# instead. That is the seed's other answer: shard the model with data parallelism, as DeepSpeed's ZeRO does. Both
+# rankings hold layouts within 2% of their first, pipelined ones among them: ties for this model.
+#
+# **A model that fills a cluster**: GPT-3 175B on 1,024 A100s, batch 1,536. The second ranking searches only
+# what Megatron-LM offered in 2021: tp × pp × dp, 1F1B or interleaved, no ZeRO, no context parallelism.
 
 # %% tags=["nbval-check-output"]
 huge = show(gpt3, a100, 1024, 1536)
@@ -303,24 +305,15 @@ print(f"Megatron-LM's shape, tp 8 × pp 16 × dp 8, 1F1B: {megatron.seconds:.2f}
       f"{huge[0].seconds:.2f} s: Megatron-LM's takes {100 * (megatron.seconds / huge[0].seconds - 1):.0f}% longer")
 
 # %% [markdown]
-# In the whole space (the first ranking) every one of the fastest layouts has a pipeline (the next cell finds
-# none without one among the 200 fastest that fit): the model states alone are 16 × 175 B = 2.8 TB, and the pp
-# line says what tp, dp and ZeRO would hold without a pipeline. pp is the axis whose traffic (one activation per
-# micro-batch and stage) can cross InfiniBand; tp stays inside a node (a tp group across nodes would pay section
-# 3's 38 s a micro-batch).
+# **Takeaway:** for GPT-3 175B every fast layout has a pipeline, because without one the model states
+# alone would not fit; in Megatron-LM's 2021 space the planner finds the paper's tp 8 × pp 16 × dp 8.
 #
-# The second ranking searches only what Megatron-LM offered when Narayanan et al. 2021 trained GPT-3 175B on
-# 1,024 A100s (`Space.megatron_2021()`: tp × pp × dp, 1F1B or interleaved, no ZeRO, no context or sequence
-# parallelism, no selective recomputation): its first is **tp 8 inside the node × pp 16 × dp 8**, the paper's
-# PTD-P shape. tests/test_costmodel_planner.py checks its step time against the paper's: eq. 3's FLOPs for a
-# batch of 1,536 over 1,024 GPUs at 140 TFLOP/s per GPU (the throughput that test cites from the paper) take
-# 31.5 s, and the model's 25.6 s is within its stated factor of 1.5 (this `Hardware()` computes at 156 TFLOP/s
-# before the bubble and the communication). With the choices that came later -- ZeRO-1, context parallelism,
-# ZB-H1's smaller bubble -- the model finds a faster layout still: Megatron-LM's shape takes the percentage
-# printed longer.
+# pp is the axis whose traffic can cross InfiniBand, and tp stays inside a node. With the choices that came later,
+# such as ZeRO-1, context parallelism and ZB-H1's smaller bubble, the model prices a layout 10% faster than
+# Megatron-LM's, a margin near what it can tell apart.
 #
-# **Where pipelining pays, and where it does not (P7, P10).** For each scenario, the best layout with a
-# pipeline against the best without one, from the same search:
+# **Where pipelining pays, and where it does not (P7, P10).** For each scenario, the best layout with a pipeline
+# against the best without one:
 
 # %% tags=["nbval-check-output"]
 for config, gpus, batch in ((PRESETS["GPT-2 small"], 8, 64), (gpt3_13b, 8, 64), (gpt3, 1024, 1536)):
@@ -334,14 +327,13 @@ for config, gpus, batch in ((PRESETS["GPT-2 small"], 8, 64), (gpt3_13b, 8, 64), 
     print(f"{config.name}: " + "; ".join(words))
 
 # %% [markdown]
-# For GPT-2 small and the 13B the best pipeline is slower than the best layout without one: the bubble and the
-# sends cost more than anything a pipeline saves when the model fits without it (**P10**: "pipeline parallelism
-# may bring little for small models"; **P7**: "bubbles remain" -- here they are priced). For 175B on 1,024 GPUs
-# a pipeline is what makes it fit.
+# **Takeaway:** a pipeline never wins where the model fits without one; for 175B it is what makes the model fit.
 #
-# **Long sequences.** The activations grow with s (and the scores with s²), the parameters do not. The
-# Llama-style 7B (the GPT shape at Llama's sizes: an approximation, see `coursekit.viz.costmodel.PRESETS`) on
-# 8 GPUs of 80 GB, 8 sequences, at s = 4,096 and at s = 32,768 (learned positions: s·h more parameters):
+# That is **P10**'s "pipeline parallelism may bring little for small models", and **P7**'s "bubbles remain",
+# priced.
+#
+# **Long sequences.** The activations grow with s, and the scores with s²; the parameters do not. A Llama-style
+# 7 B on 8 GPUs of 80 GB, 8 sequences, at s = 4,096 and at s = 32,768:
 
 # %% tags=["nbval-check-output"]
 llama = PRESETS["Llama-style 7B"]
@@ -349,21 +341,19 @@ for seq_len in (4096, 32768):
     show(replace(llama, seq_len=seq_len), a100, 8, 8, top=3)
 
 # %% [markdown]
-# At 4,096 tokens tp 2 × dp 4 is enough. At 32,768 the activations of that layout without recomputation would be 1.4 TB a GPU:
-# the planner adds context parallelism (sp 2: each GPU keeps half of every sequence, chapter 06's ring attention
-# passing the key and value blocks around) and selective recomputation, which drops the a·s² scores whose
-# size grows with the square of the sequence (**P9**: sequence parallelism splits the sequence "to overcome the
-# memory limits of attention").
+# **Takeaway:** at 32,768 tokens the activations would need 1,423 GB a GPU; context parallelism and selective
+# recomputation bring them to 48.6 GB.
+#
+# That is **P9**: split the sequence "to overcome the memory limits of attention". Each GPU keeps half of every
+# sequence, with chapter 06's ring passing the key and value blocks around.
 
 # %% [markdown]
 # ## 5. The calculator
 #
-# Choose a model, a sequence length, a global batch, the GPUs and their links: the left chart stacks what the
-# most loaded GPU holds for the fastest layouts that fit (one per choice of degrees), with plain data
-# parallelism on every GPU at the right for comparison, and the GPU's memory as a dashed line; the right chart
-# splits each step into compute, bubble and exposed communication. Its default state, as a static image (so the
-# chapter reads where widgets do not render): the Llama-style 7B, s = 4,096, batch 64, 16 GPUs of 80 GB,
-# 8 per node, NVLink 300 GB/s, a network of 25 GB/s per GPU.
+# Choose a model, a sequence length, a batch, the GPUs and their links. The left chart stacks what the most
+# loaded GPU holds, for the fastest layouts that fit and for plain data parallelism; the dashed line is the
+# GPU's memory, and a layout that does not fit is hatched. The right chart splits each step into compute, bubble and exposed communication. Its default
+# state, as a static image: the Llama-style 7 B, s = 4,096, batch 64, 16 GPUs of 80 GB, 8 per node.
 
 # %%
 from coursekit.widgets.costmodel import calculator_inputs, strategy_calculator, summary
@@ -376,9 +366,9 @@ print(summary(calculator_candidates(*calculator_inputs()), *calculator_inputs()[
 strategy_calculator()
 
 # %% [markdown]
-# Try it: GPT-3 175B on 16 GPUs fits nowhere (the sentence says so); raise the GPUs until it does. Set the
-# network to 3.125 GB/s and watch the exposed communication of the layouts whose groups cross nodes grow.
-# Change GPUs per node to 4 and see which tensor-parallel degrees still rank.
+# Try it: GPT-3 175B on 16 GPUs fits nowhere; raise the GPUs until it does. Set the network to 3.125 GB/s and
+# watch the exposed communication grow where groups cross nodes. Change GPUs per node to 4 and see which
+# tensor-parallel degrees still rank.
 #
 # **Exercise** `exercises/07_choose_a_layout.ipynb`: three scenarios; for each, choose a layout that fits and is
 # within 10% of the planner's best step time.

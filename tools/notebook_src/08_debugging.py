@@ -2,32 +2,37 @@
 # %% [markdown]
 # # 08 · Debugging distributed programs: every classic hang and desync, made on purpose
 #
-# Writing the ring was chapter 01. The hard part of distributed training in practice is the job that [hangs](../docs/glossary.md#hang) at
-# step 3,000 without a word, or dies with a connection error on a rank that did nothing wrong, or trains on and
-# on with a loss that is slightly off. This chapter makes each of those bugs on purpose, in a few lines, and
-# runs it for real. For each one you see
+# Writing the ring was chapter 01. The hard part in practice is the job that [hangs](../docs/glossary.md#hang) at step 3,000
+# without a word. Or it dies with a connection error on a rank that did nothing wrong. Or it trains on with a
+# loss that is slightly off. This chapter makes each of those bugs on purpose, in a few lines, and runs it for
+# real. For each one you see:
 #
 # 1. the buggy program, a plain function launched with `coursekit.launch`;
-# 2. what plain `torch.distributed` says about it: gloo's own message, or its silence until a [timeout](../docs/glossary.md#timeout) (set
-#    short here, so the cell ends: a real job's default is 30 minutes);
+# 2. what plain `torch.distributed` says about it: gloo's own message, or silence until a
+#    [timeout](../docs/glossary.md#timeout), set short here so the cell ends; a real job's default is 30 minutes;
 # 3. what coursekit reports;
 # 4. how to read that report back to the bug.
 #
-# The cases: a [collective](../docs/glossary.md#collective) on only some ranks (§1), a rank that dies (§2), tensors of different
-# sizes (§3), collectives in a different order, a [desync](../docs/glossary.md#desync) (§4), [point-to-point](../docs/glossary.md#point-to-point)
-# [deadlocks](../docs/glossary.md#deadlock) (§5), a pipeline that cannot work (§6), replicas that drift apart without a sound, a
-# [silent divergence](../docs/glossary.md#silent-divergence) (§7), a NaN that spreads to every rank (§8). The chapter ends with
-# PyTorch's own tools for the same bugs (§9): `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the
-# [monitored barrier](../docs/glossary.md#monitored-barrier) and the [Flight Recorder](../docs/glossary.md#flight-recorder).
+# The cases:
+#
+# * §1, a [collective](../docs/glossary.md#collective) that only some ranks call;
+# * §2, a rank that dies;
+# * §3, tensors of different sizes;
+# * §4, collectives in a different order: a [desync](../docs/glossary.md#desync);
+# * §5, [point-to-point](../docs/glossary.md#point-to-point) [deadlocks](../docs/glossary.md#deadlock);
+# * §6, a pipeline that cannot work;
+# * §7, replicas that drift apart without a sound: a [silent divergence](../docs/glossary.md#silent-divergence);
+# * §8, a NaN that spreads to every rank;
+# * §9, PyTorch's own tools: `TORCH_DISTRIBUTED_DEBUG=DETAIL`, the [monitored barrier](../docs/glossary.md#monitored-barrier)
+#   and the [Flight Recorder](../docs/glossary.md#flight-recorder).
 #
 # **How to read coursekit's two reports.** A launch that cannot return results raises one of two errors:
 #
-# * `RankError`: a rank raised, or its process died. `.rank` is the rank to blame: after a failure the launcher
-#   waits (at most 5 s) for the other ranks to fail, return or get stuck, then names the lowest rank that *died*
+# * `RankError`: a rank raised, or its process died. `.rank` is the rank to blame. After a failure the launcher
+#   waits at most 5 s for the other ranks to fail, return or get stuck. Then it names the lowest rank that *died*
 #   without a word, else the lowest that raised, so the same bug always reads the same.
-# * `LaunchTimeout`: ranks still running at the deadline. For each: what it waits on (the note coursekit's
-#   communication layer writes before it blocks, or the `torch.distributed` call it is inside), and its innermost
-#   Python frames, your line among them; and which ranks had already returned.
+# * `LaunchTimeout`: ranks still running at the deadline. For each, it shows what the rank waits on and its
+#   innermost Python frames, your line among them. It also lists the ranks that had already returned.
 
 # %% tags=["parameters"]
 # Parameters: every hang is cut short by one of these two timeouts (seconds).
@@ -103,13 +108,13 @@ def run_plain(program, world_size=2):
 print("torch", torch.__version__, "| gloo's default timeout:", dist.constants.default_pg_timeout)
 
 # %% [markdown]
-# `as_plain_torch` gives the program a group of its own whose timeout is `GLOO_TIMEOUT_S` instead of the default
-# printed above, so that plain gloo gives up before the launcher does; `run` prints each launch's outcome.
+# `as_plain_torch` gives the program a process group whose timeout is `GLOO_TIMEOUT_S`, not the default printed
+# above, so plain gloo gives up before the launcher does. `run` prints each launch's outcome.
 #
 # ## 1. A collective that only some ranks call
 #
-# The classic: a collective inside an `if`. Here only rank 0 all-reduces (think of a metric logged "on rank 0
-# only", computed with an all-reduce).
+# The classic: a collective inside an `if`. Here only rank 0 all-reduces, like a metric logged "on rank 0 only"
+# but computed with an all-reduce.
 
 # %%
 def only_rank_0_reduces(rank, world_size, group=None):
@@ -122,10 +127,10 @@ def only_rank_0_reduces(rank, world_size, group=None):
 run_plain(only_rank_0_reduces)
 
 # %% [markdown]
-# **Plain gloo**: rank 1 returned its result; rank 0 waited the whole timeout for a message that never came,
-# then raised `Timed out waiting 1000ms for recv operation to complete`. The error names a file of gloo's and
-# a *recv*, though the program never called recv: the all-reduce is built of sends and receives. It does not
-# say which peer, nor why. With the default timeout a real job sits there for 30 minutes first.
+# **Plain gloo**: rank 1 returned its result. Rank 0 waited the whole timeout for a message that never came, then
+# raised `Timed out waiting 1000ms for recv operation to complete`. The error names a *recv*, though the program
+# never called recv: the all-reduce is built of sends and receives. It does not say which peer, nor why. With the
+# default timeout a real job sits there for 30 minutes first.
 #
 # **coursekit**, the same program:
 
@@ -133,14 +138,14 @@ run_plain(only_rank_0_reduces)
 run(only_rank_0_reduces, timeout=TIMEOUT_S)
 
 # %% [markdown]
-# **Reading it back**: one rank still running (rank 0), inside `torch.distributed.all_reduce`, at the line of
-# `only_rank_0_reduces` shown in its frames; rank 1 *had returned*. A collective that some ranks are inside
-# while others have moved on is a collective that not every rank calls: look for the `if` around it.
+# **Reading it back**: one rank is still running, rank 0, inside `torch.distributed.all_reduce`, at the line of
+# `only_rank_0_reduces` shown in its frames. Rank 1 *had returned*. A collective that some ranks are inside while
+# others have moved on is a collective that not every rank calls: look for the `if` around it.
 #
 # ## 2. A rank that dies while the others wait
 #
-# A rank's process can end without a Python exception: the kernel's out-of-memory killer, a segfault in a data
-# loader, a stray `os._exit`. Here rank 1 exits before the all-reduce.
+# A rank's process can end without a Python exception: the out-of-memory killer, a segfault in a data loader, a
+# stray `os._exit`. Here rank 1 exits before the all-reduce.
 
 # %%
 def rank_1_dies(rank, world_size, group=None):
@@ -154,25 +159,25 @@ def rank_1_dies(rank, world_size, group=None):
 run_plain(rank_1_dies)
 
 # %% [markdown]
-# **Plain gloo**: the error is on **rank 0**, the innocent one: its read from rank 1 failed (`Read error ...
-# Connection reset by peer` in this run). In a job of 1,000 ranks, every rank that was talking to the dead one
-# prints such a line: they point at the ranks that lost a peer, not at the one that died. (The launcher already blamed rank 1 here: `run_plain` runs under it.)
+# **Plain gloo**: the error is on **rank 0**, the innocent one. Its read from rank 1 failed, here with `Connection
+# reset by peer`. In a job of 1,000 ranks, every rank that was talking to the dead one prints such a line. They
+# point at the ranks that lost a peer, not at the one that died.
 #
-# **coursekit** reports the rank that died, with its exit code, because a death without a word explains its
-# peers' errors, not the other way round:
+# **coursekit** reports the rank that died, with its exit code. A death without a word explains its peers'
+# errors, not the other way round:
 
 # %%
 run(rank_1_dies, timeout=TIMEOUT_S)
 
 # %% [markdown]
-# **Reading it back**: "rank 1 exited with code 3 before returning a result". Look at rank 1's own log (its last
-# lines are in `error.output`) and at the machine's (`dmesg` for the OOM killer); rank 0's connection error is
+# **Reading it back**: "rank 1 exited with code 3 before returning a result". Look at rank 1's own log, whose last
+# lines are in `error.output`, and at the machine's: `dmesg` shows the OOM killer. Rank 0's connection error is
 # only the echo.
 #
 # ## 3. Tensors of different sizes in one collective
 #
 # Every rank must pass a tensor of the same length and dtype to a collective. A rank that builds its gradient
-# buffer differently (an extra parameter, a different padding) breaks that.
+# buffer differently, with an extra parameter or another padding, breaks that.
 
 # %%
 def lengths_differ(rank, world_size, group=None):
@@ -184,12 +189,12 @@ def lengths_differ(rank, world_size, group=None):
 run_plain(lengths_differ)
 
 # %% [markdown]
-# **Plain gloo** (this build, torch 2.13 on the CPU): no size error at all. Rank 1 *returned*, with a wrong sum
-# (the sum of two tensors of ones is all 2.0), and rank 0 waited until its timeout. So a size mismatch in gloo's
-# all-reduce shows up as a hang on one rank and a silently wrong tensor on the other.
+# **Plain gloo**, torch 2.13 on the CPU: no size error at all. Rank 1 *returned* a wrong sum, all 2.0, and rank 0
+# waited until its timeout. So a size mismatch in gloo's all-reduce shows up as a hang on one rank and a silently
+# wrong tensor on the other.
 #
-# The same mismatch in a point-to-point message is louder: gloo *aborts* the receiving process. The message below
-# (on a red background) is written by gloo's C++ straight to the rank's standard error, and the rank dies of
+# The same mismatch in a point-to-point message is louder: gloo *aborts* the receiving process. The message below,
+# on a red background, is written by gloo's C++ straight to the rank's standard error, and the rank dies of
 # `SIGABRT`:
 
 # %%
@@ -208,23 +213,23 @@ except comm.SimulatorError as error:
     print("simulator:", exception_of(error.remote_traceback))
 
 # %% [markdown]
-# `Received data size doesn't match expected size`, with the two sizes in bytes (`16 vs 12`), is gloo's whole
-# explanation; the launcher adds which rank died and how. The simulator, running the same function, says it in a
-# sentence, before any process could die.
+# `Received data size doesn't match expected size`, with the two sizes in bytes, is gloo's whole explanation. The
+# launcher adds which rank died and how. The simulator, running the same function, says it in a sentence before
+# any process could die.
 #
-# **coursekit**'s collectives check lengths before any payload moves (`coursekit.collectives.base.LengthCheck`:
-# each rank tells its peers its `(length, dtype)` first):
+# **coursekit**'s collectives check lengths before any payload moves: each rank first tells its peers its length
+# and dtype.
 
 # %%
 run(lambda rank, world_size: ring_all_reduce(torch.ones(4 if rank == 0 else 3)), timeout=TIMEOUT_S)
 
 # %% [markdown]
-# **Reading it back**: both lengths, both ranks, before anything was summed: find where rank 1 builds its tensor.
+# **Reading it back**: both lengths, both ranks, before anything was summed. Find where rank 1 builds its tensor.
 #
 # ## 4. Collectives in a different order on different ranks
 #
-# Rank 0 all-reduces then broadcasts; rank 1 broadcasts then all-reduces (two branches of an `if` that each
-# call the same two collectives, in their own order).
+# Rank 0 all-reduces then broadcasts; rank 1 broadcasts then all-reduces. Think of two branches of an `if` that
+# call the same two collectives, each in its own order.
 
 # %%
 def order_differs(rank, world_size, group=None):
@@ -241,8 +246,8 @@ def order_differs(rank, world_size, group=None):
 run_plain(order_differs)
 
 # %% [markdown]
-# **Plain gloo**: both ranks time out, each with the same message as in §1; nothing says the two ranks were in
-# two *different* collectives.
+# **Plain gloo**: both ranks time out, each with the same message as in §1. Nothing says the two ranks were in two
+# *different* collectives.
 #
 # **coursekit**:
 
@@ -250,15 +255,15 @@ run_plain(order_differs)
 run(order_differs, timeout=TIMEOUT_S)
 
 # %% [markdown]
-# **Reading it back**: both ranks are stuck, rank 0 inside `all_reduce`, rank 1 inside `broadcast`, each at its
-# own line. Two ranks in two different collectives at once: the order differs. (§9 shows PyTorch's own check,
-# `TORCH_DISTRIBUTED_DEBUG=DETAIL`, catching this at the first mismatched call.)
+# **Reading it back**: both ranks are stuck, rank 0 inside `all_reduce` and rank 1 inside `broadcast`, each at its
+# own line. Two ranks in two different collectives at once: the order differs. §9 shows PyTorch's own check
+# catching this at the first mismatched call.
 #
 # ## 5. Point-to-point deadlocks: the simulator and the real ranks side by side
 #
-# `coursekit.comm`'s `send`/`recv` run on two transports: real ranks (gloo) and a single-process simulator
-# (chapter 01), which is as strict as gloo about waiting: a send completes only once its receive is posted. So a
-# deadlock is a deadlock in both, and both name each stuck rank's call in the same words.
+# `coursekit.comm`'s `send` and `recv` run on two transports: real ranks over gloo, and chapter 01's
+# single-process simulator. The simulator is as strict as gloo about waiting: a send completes only once its
+# receive is posted. So a deadlock is a deadlock in both, and both name each stuck rank's call in the same words.
 #
 # **A send without its receive:**
 
@@ -277,9 +282,9 @@ except comm.Deadlock as deadlock:
 run(send_without_receive, timeout=TIMEOUT_S)
 
 # %% [markdown]
-# The simulator answers at once ("rank 0 waits in send to rank 1, 4 elements (rank 1 already returned)"); the
-# real ranks at the timeout, with the same note ("waiting on send to rank 1, 4 elements") and the same "rank 1
-# had returned". A send to a rank that has moved on: the receive is missing, or on a path rank 1 did not take.
+# The simulator answers at once: "rank 0 waits in send to rank 1, 4 elements". The real ranks answer at the
+# timeout, with the same note and the same "rank 1 had returned". A send to a rank that has moved on means the
+# receive is missing, or sits on a path rank 1 did not take.
 #
 # **A receive posted to the wrong peer**, on a ring of 3: each rank sends to its right neighbour, and should
 # receive from its left one, but receives from the right too.
@@ -301,17 +306,16 @@ except comm.Deadlock as deadlock:
 run(receive_from_the_wrong_side, 3, timeout=TIMEOUT_S)
 
 # %% [markdown]
-# **Reading it back**: every rank waits on a recv from `rank + 1`, which is the rank it *sends* to. On a ring,
-# messages go one way; a rank that receives from the rank it sends to is looking the wrong way. The simulator
-# found it in milliseconds, without starting a process: when a real run hangs in point-to-point code, running the
-# same function under `comm.simulate` is the quickest way to see who waits on whom.
+# **Reading it back**: every rank waits on a recv from `rank + 1`, the rank it *sends* to. On a ring, messages go
+# one way; a rank that receives from the rank it sends to is looking the wrong way. The simulator found it in
+# milliseconds, without starting a process. When a real run hangs in point-to-point code, running the same
+# function under `comm.simulate` is the quickest way to see who waits on whom.
 #
 # ## 6. A pipeline that cannot work: refused before anything runs
 #
-# A [pipeline schedule](../docs/glossary.md#pipeline-schedule) that waits for a message nobody sends hangs like any other deadlock, at the first step, on
-# every rank. Chapter 04's schedules are data, so they are checked
-# before anything runs: `coursekit.make_schedule` refuses an interleaved schedule with fewer micro-batches than
-# ranks, and `coursekit.validate` finds a missing receive.
+# A [pipeline schedule](../docs/glossary.md#pipeline-schedule) that waits for a message nobody sends hangs like any other deadlock.
+# Chapter 04's schedules are data, so they are checked before anything runs. `coursekit.make_schedule` refuses an
+# interleaved schedule with fewer micro-batches than ranks, and `coursekit.validate` finds a missing receive.
 
 # %% tags=["nbval-check-output"]
 try:
@@ -327,17 +331,17 @@ except coursekit.ScheduleError as error:
     print("validate:", error)
 
 # %% [markdown]
-# **Reading it back**: the validator names the rank, the action that would wait forever (`F1@s1`: the forward of
-# micro-batch 1 on stage 1) and what is missing before it. With GPipe and 1F1B, fewer micro-batches than stages is
-# allowed, only slow (a bubble of (p−1)/(m+p−1) of the time, chapter 04).
+# **Reading it back**: the validator names the rank, the action that would wait forever, and what is missing
+# before it. `F1@s1` is the forward of micro-batch 1 on stage 1. With GPipe and 1F1B, fewer micro-batches than
+# stages is allowed, only slow: chapter 04's bubble.
 #
 # ## 7. Silent divergence: nothing hangs, the loss is just off
 #
-# Data parallelism is the same training as one process only while every replica holds the same weights (claim
-# **R2**: before updating, the gradients are communicated "so that all devices agree"). Averaging the gradients is
-# not enough: the replicas must also *start* equal. Here each rank draws its own initial weights (a seed from the
-# rank, or a forgotten broadcast of rank 0's weights, which [DDP](../docs/glossary.md#ddp) does in its constructor). The helpers are plain data
-# parallelism, as in chapter 02.
+# Data parallelism is the same training as one process only while every replica holds the same weights. Claim
+# **R2**: before updating, the gradients are communicated "so that all devices agree". Averaging the gradients is
+# not enough: the replicas must also *start* equal. Here each rank draws its own initial weights, as with a seed
+# from the rank, or a forgotten broadcast of rank 0's weights. [DDP](../docs/glossary.md#ddp) does that broadcast in its
+# constructor. The helpers are plain data parallelism, as in chapter 02.
 
 # %%
 data = TeacherData()
@@ -391,11 +395,10 @@ for name, runs in (("seeded by rank", buggy), ("broadcast first", fixed)):
     print(f"{name:>15}: at the start {runs[0][1]}\n{'':>15}  after {STEPS} steps {runs[0][2]}")
 
 # %% [markdown]
-# Nothing hung and nothing raised: both runs trained. `check_replicas` (every rank gathers every rank's copy of
-# each parameter) says the seeded-by-rank replicas differ, first in `layers.0.weight`, and by as much after the
-# training as at the start (compare the two numbers above): every rank applies the same averaged update to its own
-# weights, so the difference between the replicas never shrinks. What the loss shows, averaged over the two ranks
-# as a logger would print it, beside the one-process reference:
+# Nothing hung and nothing raised: both runs trained. `check_replicas` gathers every rank's copy of each
+# parameter. It says the seeded-by-rank replicas differ, first in `layers.0.weight`, and by as much after training
+# as at the start. Every rank applies the same averaged update to its own weights, so the difference never
+# shrinks. What the loss shows, averaged over the two ranks as a logger would print it, beside one process:
 
 # %%
 def global_loss(runs):
@@ -417,17 +420,16 @@ print(f"broadcast first: largest gap to the reference {gap:.2g}; seeded by rank:
 
 # %% [markdown]
 # **Reading it back**: a loss curve that falls is no proof; only the comparison says the run is the reference's
-# training. In a real job there is no one-process reference at scale, but the replicas can always be compared with
-# each other: `check_replicas(model)` after the first step (or the broadcast) finds a missing broadcast at once,
-# naming the first parameter whose copies differ. (`coursekit.measure.verify.compare`, chapter 02, does the comparison
-# against a reference, step by step.)
+# training. A real job has no one-process reference at scale, but the replicas can always be compared with each
+# other. `check_replicas(model)` after the first step finds a missing broadcast at once, naming the first
+# parameter whose copies differ.
 #
 # ## 8. A NaN on one rank spreads to every rank
 #
-# One bad sample (a division by zero in preprocessing, a corrupt record) makes one rank's loss NaN, so are its
-# gradients; the all-reduce adds them to everyone's, and from the next step on every rank's weights are NaN. Asked
-# afterwards, every rank is guilty. `nonfinite_ranks` asks *before* the all-reduce: each rank says whether its own
-# gradients are finite, in one small all-reduce of one number per rank, and every rank gets the same answer.
+# One bad sample, such as a corrupt record, makes one rank's loss NaN, and so its gradients. The all-reduce adds
+# them to everyone's, and from the next step on every rank's weights are NaN. Asked afterwards, every rank is
+# guilty. `nonfinite_ranks` asks *before* the all-reduce. Each rank says whether its own gradients are finite, in
+# one small all-reduce of one number per rank, and every rank gets the same answer.
 
 # %%
 def bad_sample_on_rank_1(rank, world_size, steps):
@@ -465,33 +467,32 @@ ax.set_title("local loss NaN (red): rank 1 first, then every rank")
 plt.show()
 
 # %% [markdown]
-# **Reading it back**: the losses show the spread (rank 1 NaN at step `NAN_STEP`, rank 0 one step later, after the
-# all-reduce), but at the later steps they cannot tell who started it. The check before the all-reduce names the
-# step and the rank (with its first non-finite gradient): look at rank 1's batch of that step. In a real job, put
-# the check where it stops the run before the update (every rank gets the same answer, so they all stop at the same
-# step, and none is left waiting in a collective).
+# **Reading it back**: the losses show the spread. Rank 1 is NaN at step `NAN_STEP`, rank 0 one step later, after
+# the all-reduce. But the later steps cannot tell who started it. The check before the all-reduce names the step
+# and the rank, with its first non-finite gradient: look at rank 1's batch of that step. In a real job, put the
+# check before the update. Every rank gets the same answer, so they all stop at the same step, and none is left
+# waiting in a collective.
 #
 # ## 9. The same bugs with PyTorch's own tools
 #
-# Three tools come with `torch.distributed`; all three run with gloo on the CPU, as here.
+# Three tools come with `torch.distributed`; all three run with gloo on the CPU.
 #
-# **`TORCH_DISTRIBUTED_DEBUG=DETAIL`** wraps every process group so that, before each collective, the ranks
-# compare what they are about to call (op, sizes, dtypes). It must be set *before* `init_process_group` in every
-# rank, and torch reads it when `torch.distributed` is imported: setting it in a notebook that has already imported
-# torch does nothing. `coursekit.launch(..., env={...})` sets variables in every rank and has torch read the debug
-# level again, before the process group exists. §4's program:
+# **`TORCH_DISTRIBUTED_DEBUG=DETAIL`** wraps every process group. Before each collective, the ranks compare what
+# they are about to call: op, sizes, dtypes. It must be set in every rank *before* `init_process_group`, and torch
+# reads it when `torch.distributed` is imported. So setting it in a notebook that already imported torch does
+# nothing. `coursekit.launch(..., env={...})` sets variables in every rank before the process group exists. §4's
+# program:
 
 # %%
 run(order_differs, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=TIMEOUT_S)
 
 # %% [markdown]
 # The first mismatched call raises on the spot instead of hanging: rank 0 runs `OpType=ALLREDUCE` while rank 1 runs
-# `OpType=BROADCAST`, both as their collective number 0 (`SequenceNumber=0`). The price: the ranks exchange these
-# fingerprints before every collective, an extra round of communication each time, so DETAIL is for debugging runs.
+# `OpType=BROADCAST`, both as collective number 0. The price is an extra exchange before every collective, so
+# DETAIL is for debugging runs.
 #
-# **`dist.monitored_barrier(timeout=...)`** (gloo only): a barrier where rank 0 waits for each other rank in turn
-# and says which one did not arrive. Here rank 1 is stuck elsewhere (a sleep stands for a deadlock, a slow disk, an
-# endless loop):
+# **`dist.monitored_barrier(timeout=...)`**, gloo only, is a barrier where rank 0 waits for each other rank in turn
+# and says which one did not arrive. Here rank 1 is stuck elsewhere; a sleep stands for a deadlock or a slow disk:
 
 # %%
 def rank_1_never_arrives(rank, world_size):
@@ -504,17 +505,15 @@ def rank_1_never_arrives(rank, world_size):
 run(rank_1_never_arrives, timeout=10 * TIMEOUT_S)
 
 # %% [markdown]
-# Rank 0 raises "Rank 1 failed to pass monitoredBarrier in 1000 ms" after `GLOO_TIMEOUT_S` (the line on a red
-# background is gloo's log of the same, written by C++ straight to the rank's standard error); the launcher then
-# finds rank 1 idle (stuck), reports rank 0's error and stops both. A `monitored_barrier` at the top of every N-th
-# step is a cheap way to turn "the job hangs" into "rank 1 is late".
+# Rank 0 raises "Rank 1 failed to pass monitoredBarrier in 1000 ms" after `GLOO_TIMEOUT_S`. The line on a red
+# background is gloo's log of the same, from C++. The launcher then finds rank 1 idle, reports rank 0's error and
+# stops both. A `monitored_barrier` every N steps cheaply turns "the job hangs" into "rank 1 is late".
 #
-# **The Flight Recorder** keeps, in every rank, a ring buffer of the last collectives it enqueued (op, sizes,
-# sequence number, Python frames), to be dumped when a job hangs and compared across ranks. PyTorch's tutorial
-# describes it for NCCL. What this chapter checked on the installed build (torch 2.13, CPU): the buffer exists for gloo too and
-# records without any setting (the variable below is unset); `torch._C._distributed_c10d._dump_fr_trace()` returns
-# it as pickled bytes. §1's bug, this time with one matched all-reduce before it, and a per-call timeout so that rank
-# 0 can dump its buffer after waiting:
+# **The Flight Recorder** keeps, in every rank, a ring buffer of the last collectives it enqueued: op, sizes,
+# sequence number, Python frames. It is dumped when a job hangs and compared across ranks. PyTorch's tutorial
+# describes it for NCCL. On this build, torch 2.13 on the CPU, it records for gloo too, with no setting, and
+# `torch._C._distributed_c10d._dump_fr_trace()` returns it as pickled bytes. Below, §1's bug with one matched
+# all-reduce before it, and a timeout per call so that rank 0 can dump its buffer after waiting:
 
 # %%
 def flight_recorded(rank, world_size):
@@ -541,10 +540,10 @@ for rank, dump in enumerate(dumps):
               f"started {entry['time_discovered_started_ns']}, completed {entry['time_discovered_completed_ns']}")
 
 # %% [markdown]
-# Read across the ranks: rank 0 enqueued collective #2 (an all-reduce of 4 elements, at the line of the cell inside
-# the `if`), rank 1's last is #1. The first sequence number one rank has and another lacks is the collective that not every
-# rank called, the same answer as §1's report. PyTorch's analyser for a folder of such dumps is
-# `python -m torch.distributed.flight_recorder.fr_trace`; on these gloo dumps, with this build:
+# Read across the ranks: rank 0 enqueued collective #2, an all-reduce of 4 elements at the line inside the `if`.
+# Rank 1's last is #1. The first sequence number one rank has and another lacks is the collective that not every
+# rank called: the same answer as §1's report. PyTorch's analyser for a folder of such dumps is
+# `python -m torch.distributed.flight_recorder.fr_trace`. On these gloo dumps, with this build:
 
 # %%
 with tempfile.TemporaryDirectory() as folder:
@@ -556,11 +555,15 @@ with tempfile.TemporaryDirectory() as folder:
 print("exit code", analyser.returncode, "| last line:", (analyser.stderr or analyser.stdout).strip().splitlines()[-1])
 
 # %% [markdown]
-# So the analyser does not read gloo's dumps on this build: its last line above is where it stopped. (The entries
-# name their group `('0', 'default_pg')`, while `pg_config` lists it under the name `''`, as printed above; the
-# analyser looks the one up by the other.) Reading the dumps by hand, as above, works. Other fields are of little
-# use on gloo here: every entry's `state` is `'scheduled'` and its start and end times are `None`, the one that
-# never completed included.
+# So the analyser does not read gloo's dumps on this build: its last line above is where it stopped. Reading the
+# dumps by hand, as above, works.
+#
+# <details><summary>Why the analyser stops, and what else the dumps hold</summary>
+#
+# The entries name their group `('0', 'default_pg')`, while `pg_config` lists it under the name `''`, as printed
+# above; the analyser looks the one up by the other. Other fields are of little use on gloo here: every entry's
+# `state` is `'scheduled'` and its start and end times are `None`, the one that never completed included.
+# </details>
 #
 # ## What to remember
 #
