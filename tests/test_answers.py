@@ -81,13 +81,10 @@ def test_nested_blocks_from_several_threads_release_only_when_the_last_leaves():
 
 
 def _answer_functions():
-    import importlib
-
-    from coursekit.answers import ANSWERS
+    from coursekit.answers import ANSWERS, resolve
 
     for qualified, (exercise, _) in ANSWERS.items():
-        module, _, name = qualified.rpartition(".")
-        obj = getattr(importlib.import_module(module), name)
+        obj = resolve(qualified)
         if hasattr(obj, "__code__"):
             yield qualified, exercise, obj
 

@@ -94,8 +94,8 @@ def _torchrun(config: Config) -> int:
     try:
         check(config, world)
     except ValueError as error:
-        if rank == 0:
-            print(f"coursekit train: {with_flags(error)}", file=sys.stderr)
+        # every rank says it: the first to exit makes torchrun stop the others, rank 0 perhaps before it printed
+        print(f"coursekit train (rank {rank}): {with_flags(error)}", file=sys.stderr)
         return 2
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
