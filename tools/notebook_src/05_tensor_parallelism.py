@@ -456,7 +456,7 @@ for degree in even:
 # head's inputs do not shrink at all. And even at this small batch, the activations are five to nine times the
 # parameters. Chapter 06 splits the rest along the sequence.
 #
-# What must fit in memory is the **peak**: the most bytes alive at one moment, not only what the forward keeps.
+# What must fit in memory is the **[peak](../docs/glossary.md#peak-memory)**: the most bytes alive at one moment, not only what the forward keeps.
 # `LiveMemory` counts every tensor from its creation until it is freed. Each rank of one block runs in turn in
 # this process, with a fake process group that moves nothing:
 
@@ -597,7 +597,7 @@ else:
 # **Takeaway:** where compute dominates, tensor parallelism runs about 1.7× faster than one process on 2 ranks,
 # and model parallelism is no faster at all.
 #
-# On a GPU the proportions reverse, as long as the all-reduces stay on fast links. Chapter 01's network model
+# On a GPU the proportions reverse, as long as the all-reduces stay on fast links: [NVLink](../docs/glossary.md#nvlink-and-infiniband). Chapter 01's network model
 # prices one all-reduce of a GPT-3-sized layer's activations: one sequence of 2,048 tokens, h = 12,288, in bf16,
 # over a tensor group of 8 GPUs. The compute it sits between is about $24\,bsh^2$ operations, shared by the 8.
 #

@@ -503,7 +503,7 @@ for name, layout, attend in (
     print(f"{name:<14} " + "   ".join(f"G={g}: {b:>7} bytes" for g, b in zip((1, 2, 4), row)))
 
 # %% [markdown]
-# Exactly half at G = 2 and a quarter at G = 4. But what must fit is the **peak**, not only what backward keeps.
+# Exactly half at G = 2 and a quarter at G = 4. But what must fit is the **[peak](../docs/glossary.md#peak-memory)**, not only what backward keeps.
 # `capacity_table` measures the peak of one causal call, forward and backward, on each rank exactly. It then
 # finds the longest sequence each method fits in a budget per rank, every candidate measured:
 

@@ -2,7 +2,8 @@
 # %% [markdown]
 # # 07 · Choosing a strategy: a memory and time model, and a planner
 #
-# Chapters 02-06 built every strategy and measured it. This chapter turns those measurements into a **model** you
+# Chapters 02-06 built every strategy and measured it. This chapter turns those measurements into a
+# **[cost model](../docs/glossary.md#cost-model)** you
 # can ask before you rent the GPUs: how many bytes each GPU holds and how long a step takes, for any model, any
 # machine and any way of combining the strategies. A **planner** then searches every combination and ranks the
 # ones that fit. The seed's recommendations, **P1**, **P8** and **P10**, come out of the numbers:
@@ -71,7 +72,7 @@ for axis, stride in (("tp", 1), ("sp", 2), ("dp", 4), ("pp", 32)):
     print(f"rank 0's {axis} group: {groups[axis]} -> {link}")
 
 # %% [markdown]
-# With 8 GPUs a node, rank 0's tp group and its sp group stay on NVLink. Its dp group spans ranks 4 apart, two per
+# With 8 GPUs a node, rank 0's tp group and its sp group stay on [NVLink](../docs/glossary.md#nvlink-and-infiniband). Its dp group spans ranks 4 apart, two per
 # node, so it uses both links. Its pp partner is 32 ranks away, on another node. The order follows the traffic:
 # tp talks in every layer, so it goes where the link is fastest; pp sends one activation per micro-batch and
 # stage, so it can cross nodes.

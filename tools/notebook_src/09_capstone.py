@@ -139,7 +139,7 @@ print(f"largest relative difference over {len(curves)} layouts and {STEPS} steps
 #
 # On a cluster, `torchrun` starts the same script. Each process reads its rank from the environment: `RANK`,
 # `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`. It joins the process group and calls `run`. On one
-# machine, `--standalone` does the rendezvous:
+# machine, `--standalone` does the [rendezvous](../docs/glossary.md#rendezvous):
 
 # %%
 log = Path(tempfile.mkdtemp()) / "curve.json"
@@ -192,7 +192,8 @@ print(f"its curve against the launch in §3: largest difference "
 #
 # ## 6. A checkpoint saved under one layout, resumed under another
 #
-# `--checkpoint-dir` saves the model and Adam's state with `torch.distributed.checkpoint`, DCP. A rank holds plain
+# `--checkpoint-dir` saves the model and Adam's state with `torch.distributed.checkpoint`,
+# [DCP](../docs/glossary.md#distributed-checkpoint). A rank holds plain
 # tensors: its stage's parameters, whole or, under tensor parallelism, its share of them. The trainer *describes*
 # each as a DTensor: `Shard` along `tp`, `Replicate` along `dp` and `sp`. DCP writes each piece once, with its
 # place in the whole tensor. At load, every rank of the *new* layout reads the region it holds. Below: half the
