@@ -8,7 +8,8 @@ Every sentence is computed from the cost model's numbers for the learner's layou
   the model states; more micro-batches, recomputation or tp + sequence parallelism for the activations;
 * :func:`slow_advice` -- the step against the best (compute, bubble, exposed communication per axis), and the
   term that costs the most beyond the best's: a tp group crossing nodes, the bubble at this m, the exposed dp
-  collectives (ZeRO-3's gathers every micro-batch), recomputation that memory did not need.
+  collectives (ZeRO-3's gathers every micro-batch), recomputation that memory did not need;
+* :func:`tp_advice` -- what a tp group costs, across nodes against the same all-reduces on NVLink.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import replace
 
 from ..costmodel import Candidate, Hardware, Layout, axis_network, bubble_fraction, communication_time
 
-__all__ = ["describe", "gb", "seconds", "memory_advice", "slow_advice"]
+__all__ = ["describe", "gb", "seconds", "memory_advice", "slow_advice", "tp_advice"]
 
 LINK = {"intra": "inside the node (NVLink)", "net": "across nodes (InfiniBand)",
         "intra+net": "across nodes (NVLink inside, InfiniBand between)"}
@@ -93,12 +94,13 @@ def memory_advice(candidate: Candidate, hardware: Hardware) -> str:
             f"{gb(size)} per GPU: {advice}")
 
 
-def _tp_advice(candidate: Candidate, scenario, extra: float) -> str:
+def tp_advice(candidate: Candidate, scenario, extra: float | None = None) -> str:
+    """What tp costs this layout: across nodes, against the same all-reduces on NVLink; inside, against the best."""
     layout, hw = candidate.layout, scenario.hardware
     tp, link = candidate.time.exposed.tp, axis_network(layout, hw, "tp")[1]
     if link == "intra":
         return (f"tp = {layout.tp}'s all-reduces (4 a layer and micro-batch) take {seconds(tp)}, "
-                f"{seconds(extra)} more than the best spends there: tp pays only where the model does not fit "
+                f"{seconds(extra or 0.0)} more than the best spends there: tp pays only where the model does not fit "
                 f"without it; less tp and more dp sends less")
     nvlink = replace(hw, bandwidth=hw.intra_bandwidth, latency=hw.intra_latency)
     inside = communication_time(scenario.config, layout, nvlink, candidate.micro_batch).tp
@@ -127,15 +129,16 @@ def _dp_advice(candidate: Candidate, hardware: Hardware) -> str:
             f"groups (more tp or pp) send less")
 
 
-def slow_advice(candidate: Candidate, best: Candidate, scenario) -> str:
-    """The step against the planner's best, term by term, then the term that costs the most beyond the best's."""
+def slow_advice(candidate: Candidate, best: Candidate, scenario, band: float, only: str | None = None) -> str:
+    """The step against the planner's best, term by term, then the term that costs the most beyond the best's
+    (``only``: that term, named whatever the others cost)."""
     mine, ref = candidate.time, best.time
     excess = {"compute": mine.compute - ref.compute, "bubble": mine.bubble - ref.bubble,
               **{axis: getattr(mine.exposed, axis) - getattr(ref.exposed, axis) for axis in ("dp", "tp", "pp", "sp")}}
-    worst = max(excess, key=excess.get)
+    worst = only or max(excess, key=excess.get)
     layout = candidate.layout
     if worst == "tp":
-        why = _tp_advice(candidate, scenario, excess["tp"])
+        why = tp_advice(candidate, scenario, excess["tp"])
     elif worst == "bubble":
         why = _bubble_advice(candidate)
     elif worst == "dp":
@@ -146,7 +149,9 @@ def slow_advice(candidate: Candidate, best: Candidate, scenario) -> str:
     else:
         why = (f"{worst} = {getattr(layout, worst)}'s exposed communication takes "
                f"{seconds(getattr(mine.exposed, worst))}, {seconds(excess[worst])} more than the best's")
+    if only == "bubble":
+        return f"{why} (a bubble under a fifth of the step earns the point)"
     return (f"step {seconds(candidate.seconds)}, {candidate.seconds / best.seconds:.2f} × the planner's best "
-            f"{seconds(best.seconds)} (within 10% earns the point): compute {seconds(mine.compute)}, bubble "
-            f"{seconds(mine.bubble)}, exposed communication {seconds(mine.exposed_communication)}. Most of the "
-            f"difference: {why}")
+            f"{seconds(best.seconds)} (within {band:g} × earns the point: the factor the time model is checked to): "
+            f"compute {seconds(mine.compute)}, bubble {seconds(mine.bubble)}, exposed communication "
+            f"{seconds(mine.exposed_communication)}. Most of the difference: {why}")

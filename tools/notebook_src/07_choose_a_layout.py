@@ -1,7 +1,7 @@
 # %% [markdown]
 # BEGIN SOLUTION
-# # Solution 07 · Choosing a strategy: lay out three training runs
-# EXERCISE: # # Exercise 07 · Choosing a strategy: lay out three training runs
+# # Solution 07 · Choosing a strategy: lay out any training run
+# EXERCISE: # # Exercise 07 · Choosing a strategy: lay out any training run
 # END SOLUTION
 #
 # Chapters 02–06 each measured one way of spreading a model over GPUs; chapter 07's cost model
@@ -9,7 +9,8 @@
 # and the time of one training step (compute, the pipeline's bubble, the communication left exposed), for any
 # **layout** `dp × tp × pp × sp` with a ZeRO stage, a schedule, its micro-batches and a recomputation.
 #
-# You write **`choose_layout(scenario)`**: a `Layout` for each of three training runs (`scenario.key`):
+# You write **`choose_layout(scenario)`**: a `Layout` for *any* training run, decided from its numbers. Three
+# runs to try it on (`scenario.key`):
 #
 # | key | model | GPUs | global batch |
 # |---|---|---|---|
@@ -17,19 +18,22 @@
 # | `"13b"` | GPT-3 13B (h = 5,120, 40 layers, 40 heads) | 8, one node | 128 × 2,048 tokens |
 # | `"175b"` | GPT-3 175B (h = 12,288, 96 layers, 96 heads) | 1,024, 128 nodes of 8 | 1,536 × 2,048 tokens |
 #
-# Every GPU is an A100 with 80 GB; NVLink inside a node (300 GB/s), InfiniBand between nodes (25 GB/s per
-# GPU). The vocabulary is GPT-2's, padded to 51,200 as Megatron-LM does. `Layout(dp=, tp=, pp=, sp=, zero=,
-# schedule=, micro_batches=, recompute=, sequence_parallel=)`: `micro_batches` is `m`, how many micro-batches
-# each data-parallel replica cuts its share of the batch into (`global_batch / (dp · m)` sequences each).
+# The grader runs three more it does not show you, of the same kinds at other sizes: so your function reads
+# `scenario.config` (`.heads`, `.layers`, ...), `.hardware` (`.memory`, `.gpus_per_node`), `.gpus` and
+# `.global_batch`, never the key. Here every GPU is an A100 with 80 GB; NVLink inside a node (300 GB/s),
+# InfiniBand between nodes (25 GB/s per GPU). `Layout(dp=, tp=, pp=, sp=, zero=, schedule=, micro_batches=,
+# recompute=, sequence_parallel=)`: `micro_batches` is `m`, how many micro-batches each data-parallel replica cuts
+# its share of the batch into.
 #
-# **Grading** (`check_choose_layout`), one point per scenario in each of three checks: the layout is valid
-# (the degrees multiply to the GPUs and divide the heads and the layers, `dp × m` divides the batch, a
-# pipeline has `m ≥ p`); it fits in 80 GB (`memory_per_gpu`); and its step time is within 10% of the
-# planner's best (`plan(...)[0]`). The feedback names what does not fit (which memory term, and what shrinks
-# it) or what is slow (the bubble at this `m`, a tp group crossing nodes, the exposed dp collectives).
-# The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded, and from the
-# first cell under `coursekit grade`: choose with the numbers. `evaluate` -- one layout's memory, step time and reasons -- is your calculator.
-# From a terminal: `coursekit grade exercises/07_choose_a_layout.ipynb`.
+# **Grading** (`check_choose_layout`), one point per run in each check: the layout is valid (the degrees
+# multiply to the GPUs and divide the heads and the layers, `dp × m` divides the batch, a pipeline has `m ≥ p`);
+# it fits in the GPU's memory; and it **follows chapter 07**: a model whose states fit one GPU runs on data
+# parallelism alone; tp stays inside a node; a pipeline only where every layout without one is more than 10%
+# slower than the planner's best, and then with a bubble under a fifth of the step; the step within 1.5× the
+# planner's best, the factor its time model is checked to. A hidden check runs the same on the three runs you do
+# not see. The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded, and from
+# the first cell under `coursekit grade`: choose with the numbers. `evaluate` -- one layout's memory, step time
+# and reasons -- is your calculator. From a terminal: `coursekit grade exercises/07_choose_a_layout.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: the scenario the calculator cell below prices first ("125m", "13b" or "175b").
@@ -83,15 +87,15 @@ price(SCENARIOS["125m"], Layout(dp=8), reasons=True)
 # The model states are tiny, the activations are not: 32 sequences of 2,048 tokens at once on each GPU.
 # That is what `micro_batches` is for (gradient accumulation: the same batch, fewer sequences at a time).
 #
-# What the chapter found, to reason with:
+# What the chapter found, to reason with -- in this order:
 #
-# * **fits one GPU → data parallelism** (P1): the only communication is one all-reduce of the gradients a step;
-# * **too large → tensor parallelism inside a node + data parallelism** (P8), or ZeRO to shard the model
-#   states over dp: tp's all-reduces (4 a layer and micro-batch) are cheap on NVLink, ten times dearer across
-#   nodes;
-# * **pipelining** (P10) splits the layers across nodes; it pays when the model does not fit otherwise, and
-#   its bubble `(p − 1)/(m + p − 1)` needs many micro-batches;
-# * **activations** shrink with more micro-batches, recomputation, and tp with `sequence_parallel`.
+# 1. **the model's states fit one GPU → data parallelism alone** (P1, P10): `model_state_bytes(num_params(config)
+#    .total).total` against `hardware.memory`; the only communication is one all-reduce of the gradients a step;
+# 2. **too large → tensor parallelism inside a node + data parallelism** (P8), ZeRO-1 to shard Adam's state over
+#    dp: tp's all-reduces (4 a layer and micro-batch) are cheap on NVLink, ten times dearer across nodes;
+# 3. **still too large → a pipeline across nodes** (P10): it pays only where nothing else fits well, and its
+#    bubble `(p − 1)/(m + p − 1)` needs many micro-batches (P7);
+# 4. **activations** shrink with more micro-batches, recomputation, and tp with `sequence_parallel`.
 #
 # Try layouts here (change `TRY` or the layouts); the grader prices them exactly so.
 
@@ -101,28 +105,73 @@ for layout in (Layout(dp=8, micro_batches=8), Layout(dp=8, zero=3, micro_batches
     price(SCENARIOS[TRY], layout)
 
 # %% [markdown]
-# ## Your layouts
+# ## Your function
+#
+# Write it as the chapter reasons, step by step: each step tries its layouts with `evaluate` and keeps the first
+# that fits. The helper `first_that_fits` is yours to keep.
 
 # %%
+from coursekit.costmodel import Layout, evaluate, model_state_bytes, num_params
+
+
 def choose_layout(scenario):
-    """A Layout for scenario.key: "125m", "13b" or "175b" (scenario.config, .hardware, .gpus, .global_batch)."""
+    """A Layout for any scenario (.config, .hardware, .gpus, .global_batch), by chapter 07's rules."""
 # BEGIN SOLUTION
-    if scenario.key == "125m":
-        # 2 GB of model states fit any GPU: data parallelism on all 8 (one all-reduce a step, on NVLink).
-        # 32 sequences at once hold 130 GB of activations: 8 micro-batches of 4 hold 16 GB.
-        return Layout(dp=8, micro_batches=8)
-    if scenario.key == "13b":
-        # 208 GB of model states on 8 GPUs: tp = 2 inside the node halves them, ZeRO-1 shards the optimizer
-        # state over dp = 4 (45 GB of states); 32 micro-batches of 1 sequence keep the activations at 26 GB.
-        return Layout(dp=4, tp=2, zero=1, micro_batches=32)
-    if scenario.key == "175b":
-        # Megatron-style: tp = 8 fills each node (NVLink), pp = 8 stages across nodes, dp = 16 pipelines.
-        # Narayanan et al. 2021 (Table 1) ran tp 8 x pp 16 x dp 8 without ZeRO; with ZeRO-1 the model states fit
-        # in 8 stages. 96 micro-batches of one sequence keep the bubble small, and ZB-H1 shrinks it further.
-        return Layout(dp=16, tp=8, pp=8, zero=1, schedule="zb_h1", micro_batches=96)
-    raise ValueError(f"unknown scenario {scenario.key!r}")
-# EXERCISE:     # YOUR CODE HERE: return one Layout per scenario.key
-# EXERCISE:     raise NotImplementedError("return a Layout for each scenario: '125m', '13b' and '175b'")
+    config, hardware, gpus, batch = scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch
+
+    def first_that_fits(candidates):
+        # the first layout that can run and fits in memory; evaluate refuses what cannot run
+        for layout in candidates:
+            try:
+                if evaluate(config, layout, hardware, batch).fits:
+                    return layout
+            except ValueError:
+                continue
+        return None
+
+    def micro_batch_counts(dp, at_least=1):
+        # every m that splits this replica's share of the batch evenly, fewest first (larger micro-batches)
+        share = batch // dp if batch % dp == 0 else 0
+        return [m for m in range(at_least, share + 1) if share % m == 0]
+
+    # 1. The model's states fit one GPU: data parallelism alone (P1, P10); micro-batches for the activations.
+    if model_state_bytes(num_params(config).total).total <= hardware.memory:
+        layout = first_that_fits(Layout(dp=gpus, micro_batches=m) for m in micro_batch_counts(gpus))
+        if layout:
+            return layout
+    # 2. Too large: tensor parallelism inside a node, ZeRO-1 over the rest (P8). The smallest tp that fits.
+    node = [t for t in range(2, hardware.gpus_per_node + 1) if config.heads % t == 0 and gpus % t == 0]
+    for tp in node:
+        dp = gpus // tp
+        layout = first_that_fits(Layout(dp=dp, tp=tp, zero=1 if dp > 1 else 0, micro_batches=m)
+                                 for m in micro_batch_counts(dp))
+        if layout:
+            return layout
+    # 3. Too large for a node's tensor group: a pipeline across nodes, tp filling each node, and enough
+    #    micro-batches that the bubble (p - 1)/(m + p - 1) stays under a tenth of the step.
+    tp = max(node)
+    for pp in (p for p in range(2, config.layers + 1) if config.layers % p == 0 and gpus % (tp * p) == 0):
+        dp = gpus // (tp * pp)
+        layout = first_that_fits(Layout(dp=dp, tp=tp, pp=pp, zero=1 if dp > 1 else 0, micro_batches=m)
+                                 for m in micro_batch_counts(dp, at_least=9 * (pp - 1)))
+        if layout:
+            return layout
+    raise ValueError(f"no layout found for {scenario.title}")
+# EXERCISE:     config, hardware, gpus, batch = scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch
+# EXERCISE: 
+# EXERCISE:     def first_that_fits(candidates):
+# EXERCISE:         # the first layout that can run and fits in memory; evaluate refuses what cannot run
+# EXERCISE:         for layout in candidates:
+# EXERCISE:             try:
+# EXERCISE:                 if evaluate(config, layout, hardware, batch).fits:
+# EXERCISE:                     return layout
+# EXERCISE:             except ValueError:
+# EXERCISE:                 continue
+# EXERCISE:         return None
+# EXERCISE: 
+# EXERCISE:     # YOUR CODE HERE: 1. data parallelism alone if the model's states fit one GPU; 2. tp inside a node with
+# EXERCISE:     # ZeRO-1 over dp; 3. a pipeline across nodes, with enough micro-batches for a small bubble.
+# EXERCISE:     raise NotImplementedError("return a Layout for any scenario, by chapter 07's rules")
 # END SOLUTION
 
 # %% [markdown]

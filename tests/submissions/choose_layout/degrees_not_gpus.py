@@ -7,7 +7,7 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"125m": Layout(dp=4, micro_batches=8)})
 
-SCORE = 6
+SCORE = 9   # 2 of 3 in the three checks of the shown runs; the hidden runs are the solution's
 LOSES = {"valid_layout": (2, "125m: dp × tp × pp × sp = 4 × 1 × 1 × 1 = 4 GPUs, but the scenario has 8"),
          "fits_in_memory": (2, "125m: not judged: not a valid layout"),
-         "near_best_step_time": (2, "125m: not judged: not a valid layout")}
+         "follows_the_chapter": (2, "125m: not judged: not a valid layout")}

@@ -10,8 +10,8 @@ def choose_layout(scenario):
     return solution(scenario)
 
 
-SCORE = 6   # 2 of 3 in each check
+SCORE = 9   # 2 of 3 in each check of the shown runs; the hidden runs are the solution's
 NOT_DONE = "175b: not done yet: choose_layout raises NotImplementedError for it"
 LOSES = {"valid_layout": (2, NOT_DONE),
          "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
-         "near_best_step_time": (2, "175b: not judged: not a valid layout (see valid_layout)")}
+         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)")}

@@ -7,7 +7,7 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"175b": Layout(dp=16, tp=8, pp=8, zero=1, micro_batches=4)})
 
-SCORE = 6   # 2 of 3 in each check: 175b is invalid, so neither priced nor timed
+SCORE = 9   # 2 of 3 in each shown check: 175b is invalid, so neither priced nor judged; hidden runs: the solution's
 LOSES = {"valid_layout": (2, "175b: pp = 8 with micro_batches = 4: m < p, the pipeline never fills"),
          "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
-         "near_best_step_time": (2, "175b: not judged: not a valid layout (see valid_layout)")}
+         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)")}

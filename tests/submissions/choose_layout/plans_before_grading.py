@@ -8,7 +8,7 @@ SCORE = 0
 NOTEBOOK_STOPS = ("coursekit.costmodel.planner.plan was called", "exercise 07_choose_a_layout",
                   "choose the degrees yourself")
 LOSES = {check: (0, "the notebook never ran this check")
-         for check in ("valid_layout", "fits_in_memory", "near_best_step_time")}
+         for check in ("valid_layout", "fits_in_memory", "follows_the_chapter", "hidden_scenarios")}
 
 from coursekit.costmodel import plan  # noqa: E402
 from coursekit.grading.choose_layout import SCENARIOS  # noqa: E402

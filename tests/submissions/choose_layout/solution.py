@@ -3,5 +3,5 @@ tp 8 × pp 8 × dp 16 for 175B -- each valid, fitting, and within 10% of the pla
 
 from _cl_solution import solution as choose_layout  # noqa: F401
 
-SCORE = 9   # 3 checks × 3 scenarios, one point each
+SCORE = 12  # 4 checks × 3 runs, one point each (the last on the hidden runs)
 LOSES = {}
