@@ -102,9 +102,11 @@ def _torchrun(config: Config) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the ranks on this machine: one GPU each, if there are
     dist.init_process_group(default_backend(local), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
     try:
-        run(rank, world, config)
+        refused = "refused" in run(rank, world, config)   # a damaged checkpoint: rank 0 said so in one sentence
     finally:
         dist.destroy_process_group()
+    if refused:
+        return 2
     # Leave without the interpreter's shutdown, as coursekit.launch's ranks do. The group lives on after
     # destroy_process_group() (references the run leaves), and gloo's worker thread may still be letting go of
     # the last collective's tensors (all_gather_object's): freeing one that Python made takes the GIL, and a
@@ -127,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import coursekit
 
-    coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
-    return 0
+    results = coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
+    return 2 if "refused" in results[0] else 0
 
 
 if __name__ == "__main__":

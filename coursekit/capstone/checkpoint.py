@@ -18,6 +18,11 @@ for the region *it* holds and DCP reads it from whichever chunks cover it. No re
   (a barrier), rank 0 renames it ``step-000010/`` -- one atomic rename. A job killed while saving leaves a
   ``.tmp`` directory that :func:`latest` ignores, so the next start resumes from the last complete checkpoint
   and says what it skipped. The directory must be one every rank can reach (on a cluster: a shared filesystem).
+* **A damaged checkpoint gets a sentence.** Before DCP reads anything, :func:`load` checks the newest complete
+  checkpoint against this run: its ``meta.json`` and DCP's ``.metadata`` readable, every file they name there
+  and long enough, every tensor this rank will ask for present with this run's shape. Each rank checks the same
+  files, so all of them raise the same :class:`CheckpointError` -- one sentence naming the directory, what is
+  wrong and what to do -- and none waits in a collective. A ``--resume`` never starts at step 0 over it.
 
 The step is the data position: :class:`~coursekit.models.LanguageData` draws batch ``step`` from the seed and
 the step alone, so a resumed run reads on exactly where the saved one stopped.
@@ -39,11 +44,16 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ..comm.mesh import Mesh
 
-__all__ = ["device_mesh", "state_dict", "save", "load", "latest", "incomplete", "KILL_ENV"]
+__all__ = ["CheckpointError", "device_mesh", "state_dict", "save", "load", "latest", "incomplete", "unfinished",
+           "KILL_ENV"]
 
 STEP = re.compile(r"step-(\d{6})$")
 KILL_ENV = "COURSEKIT_KILL_DURING_SAVE"  # "rank:step": that rank kills itself in that save (the torn-checkpoint test)
 STATE = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint this run cannot resume from: the message is one sentence, naming it and what to do."""
 
 
 def device_mesh(mesh: Mesh, device_type: str = "cpu") -> DeviceMesh:
@@ -140,15 +150,73 @@ def incomplete(directory) -> list[Path]:
     return sorted(Path(directory).glob("step-*.tmp"))
 
 
+def unfinished(directory) -> list[Path]:
+    """Step directories without the marker :func:`save` writes last (``meta.json``, or DCP's ``.metadata``):
+    copied or written in part, never complete; :func:`latest` passes over them."""
+    return sorted(p for p in Path(directory).glob("step-*") if STEP.match(p.name)
+                  and not ((p / ".metadata").exists() and (p / "meta.json").exists()))
+
+
+_WHAT_TO_DO = "delete it to resume from the checkpoint before it, or leave out --resume to start at step 0"
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def verify(path: Path, expected: dict) -> dict:
+    """``path``'s ``meta.json``, after checking the checkpoint can fill ``expected`` (``{key: tensor}``, as
+    :func:`state_dict` makes it); :class:`CheckpointError` with one sentence where it cannot."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path} is damaged: its meta.json cannot be read ({_first_line(error)}): "
+                              f"{_WHAT_TO_DO}.") from None
+    try:
+        metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as error:  # a pickle of anything: any error says the same, it is not DCP's metadata
+        raise CheckpointError(f"{path} is damaged: its .metadata is not a torch.distributed.checkpoint index "
+                              f"({_first_line(error)}): {_WHAT_TO_DO}.") from None
+    sizes: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+    for name, needed in sorted(sizes.items()):
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(f"{path} is incomplete: {name} is missing (its .metadata names it): "
+                                  f"{_WHAT_TO_DO}.")
+        if file.stat().st_size < needed:
+            raise CheckpointError(f"{path} is damaged: {name} holds {file.stat().st_size:,} bytes, its .metadata "
+                                  f"expects {needed:,} (a truncated file): {_WHAT_TO_DO}.")
+    saved = metadata.state_dict_metadata
+    for key, tensor in expected.items():
+        if key not in saved:
+            raise CheckpointError(f"{path} was saved from another model: it has no {key}, which this run needs; "
+                                  f"resume with the model it was saved from, or use another --checkpoint-dir.")
+        shape = tuple(getattr(saved[key], "size", ()))
+        if isinstance(tensor, torch.Tensor) and tensor.dim() and shape != tuple(tensor.shape):
+            raise CheckpointError(f"{path} was saved from another model: {key} is {list(shape)} there and "
+                                  f"{list(tensor.shape)} in this run; resume with the model it was saved from, or "
+                                  f"use another --checkpoint-dir.")
+    return meta
+
+
 def load(directory, shards, optimizer, dmesh: DeviceMesh) -> tuple[int, Path, dict] | None:
     """Fill this rank's parameters and optimizer state from the last complete checkpoint; every rank calls it.
 
     Returns ``(step, path, meta)`` (``meta``: what :func:`save` was given as ``extra``), or None when there is no
-    complete checkpoint. The layout may differ from the one that saved it.
+    complete checkpoint. The layout may differ from the one that saved it. A checkpoint this run cannot read
+    raises :class:`CheckpointError` on every rank (:func:`verify`).
     """
     found = latest(directory)
     if found is None:
         return None
     step, path = found
-    dcp.load(state_dict(shards, optimizer, dmesh), checkpoint_id=str(path))
-    return step, path, json.loads((path / "meta.json").read_text())
+    wanted = state_dict(shards, optimizer, dmesh)
+    meta = verify(path, wanted)
+    try:
+        dcp.load(wanted, checkpoint_id=str(path))
+    except Exception as error:  # what the checks above could not see (bytes damaged inside a file): still a sentence
+        raise CheckpointError(f"{path} could not be read ({_first_line(error)}): {_WHAT_TO_DO}.") from None
+    return step, path, meta

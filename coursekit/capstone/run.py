@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     tokens = config.batch * (config.seq_len - 1)
     say = rank == 0 and not config.quiet
     hooks = _checkpoints(config) if config.checkpoint_dir else {}
+    refusal = hooks.get("refusal", ())  # () catches nothing: without checkpoints there is nothing to refuse
 
     def on_step(step, loss, seconds, runner):
         if say:
@@ -166,11 +168,16 @@ def run(rank: int, world_size: int, config: Config) -> dict:
 
     if say:
         print(f"coursekit capstone: {config.layout} on {world_size} rank(s), mesh {mesh}", flush=True)
-    result = train(rank, world_size, strategy, model=_model(config),
-                   data=_data(config),
-                   steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
-                   seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
-                   **options)
+    try:
+        result = train(rank, world_size, strategy, model=_model(config),
+                       data=_data(config),
+                       steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
+                       seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
+                       **options)
+    except refusal as refused:  # a damaged checkpoint: every rank raises it, at the same point: one sentence, no traceback
+        if rank == 0:
+            print(f"coursekit train: {refused}", file=sys.stderr, flush=True)
+        return {"layout": config.layout, "refused": str(refused)}
     first = config.steps - len(result["losses"])
     placement = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on
     here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
@@ -199,6 +206,8 @@ def _checkpoints(config: Config) -> dict:
             return 0
         for torn in checkpoint.incomplete(config.checkpoint_dir):
             say(f"ignoring {torn}: incomplete (the job stopped while saving it)")
+        for part in checkpoint.unfinished(config.checkpoint_dir):
+            say(f"ignoring {part}: not a complete checkpoint (no .metadata or meta.json)")
         found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"])
         if found is None:
             say(f"no complete checkpoint in {config.checkpoint_dir}: starting at step 0")
@@ -214,4 +223,4 @@ def _checkpoints(config: Config) -> dict:
                                    extra={"layout": config.layout, "loss": loss})
             say(f"saved {path}")
 
-    return {"on_start": on_start, "on_step": on_step}
+    return {"on_start": on_start, "on_step": on_step, "refusal": checkpoint.CheckpointError}
