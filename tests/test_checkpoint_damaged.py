@@ -10,6 +10,7 @@ without its marker not mentioned (the skip said nothing).
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -100,3 +101,17 @@ def test_a_step_directory_without_its_marker_is_passed_over(saved, tmp_path, cap
     said = capfd.readouterr().out
     assert resumed["first_step"] == 2, resumed
     assert f"ignoring {later}: not a complete checkpoint" in said and "resuming from" in said, said
+
+
+def test_under_torchrun_the_same_sentence_and_status_2(saved, tmp_path):
+    """The torchrun path: every rank says the sentence and exits 2; torchrun reports the job failed (its own
+    traceback), but no frame of ours. Planted, seen failing: _torchrun ignoring the refusal (status 0)."""
+    from test_capstone import TORCHRUN, _finish, _job
+
+    folder, step = _copy(saved, tmp_path)
+    (step / ".metadata").write_bytes(b"garbage")
+    rc, _, err = _finish(_job(TORCHRUN + ["--standalone", "--nproc-per-node", "2", "-m", "coursekit.capstone",
+                                          *COMMON, "--checkpoint-dir", str(folder), "--resume"]), 120)
+    assert rc != 0, err[-2000:]
+    assert f"): {step} is damaged: its .metadata" in err, err[-3000:]
+    assert not re.search(r'File ".*coursekit/', err), err[-3000:]

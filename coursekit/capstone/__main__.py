@@ -102,10 +102,11 @@ def _torchrun(config: Config) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the ranks on this machine: one GPU each, if there are
     dist.init_process_group(default_backend(local), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
     try:
-        refused = "refused" in run(rank, world, config)   # a damaged checkpoint: rank 0 said so in one sentence
+        refused = run(rank, world, config).get("refused")
     finally:
         dist.destroy_process_group()
-    if refused:
+    if refused:  # a damaged checkpoint: every rank says it, as a refused layout (the first to exit stops the rest)
+        print(f"coursekit train (rank {rank}): {refused}", file=sys.stderr, flush=True)
         return 2
     # Leave without the interpreter's shutdown, as coursekit.launch's ranks do. The group lives on after
     # destroy_process_group() (references the run leaves), and gloo's worker thread may still be letting go of
@@ -130,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     import coursekit
 
     results = coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
-    return 2 if "refused" in results[0] else 0
+    if "refused" in results[0]:
+        print(f"coursekit train: {results[0]['refused']}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

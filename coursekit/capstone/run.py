@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -147,7 +146,8 @@ def _data(config: Config) -> LanguageData:
 
 
 def run(rank: int, world_size: int, config: Config) -> dict:
-    """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured."""
+    """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured, or
+    ``{"refused": sentence}`` on every rank where ``--resume`` meets a checkpoint it cannot read."""
     check(config, world_size)
     mesh = Mesh(config.shape)
     pure_zero = config.zero >= 2
@@ -174,9 +174,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
                        steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
                        seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
                        **options)
-    except refusal as refused:  # a damaged checkpoint: every rank raises it, at the same point: one sentence, no traceback
-        if rank == 0:
-            print(f"coursekit train: {refused}", file=sys.stderr, flush=True)
+    except refusal as refused:  # a damaged checkpoint: every rank raises it at the same point; the caller says it
         return {"layout": config.layout, "refused": str(refused)}
     first = config.steps - len(result["losses"])
     placement = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on
