@@ -76,7 +76,8 @@ from ...measure.memory import held_bytes
 from ...comm.mesh import as_group, rank_size
 from .core import broadcast_parameters
 from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for
-from .units import CommThread, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units
+from .units import (CommThread, Unit, average_whole, cast_whole, default_units, gather_whole, kept_whole,
+                    plan_units, restore_whole)
 
 __all__ = ["ShardedUnits", "Unit", "default_units"]
 
@@ -104,7 +105,8 @@ class ShardedUnits(nn.Module):
             ``(name, parameter) -> bool`` (:func:`~coursekit.parallel.data.kept_whole`; e.g. ``lambda n, p:
             p.ndim == 1`` for norms and biases). Their gradients are averaged by an all-reduce at the end of
             backward, as plain data parallelism does (FSDP2's nearest is ``fully_shard(ignored_params=...)``,
-            which leaves their gradients to you); they stay in their own dtype.
+            which leaves their gradients to you). With ``mp_policy`` they compute in ``param_dtype`` like the
+            units (a layer's weight and bias must agree) and keep an fp32 master: the optimiser steps the master.
 
     An optimiser may take :meth:`shard_parameters` or, as with FSDP2, ``model.parameters()``: after backward
     those are the pieces of my segments (and the whole parameters), so stepping them steps the segments, and
@@ -136,6 +138,7 @@ class ShardedUnits(nn.Module):
         self._thread = CommThread(tracer, asynchronous=prefetch)
         weakref.finalize(self, self._thread.close)
         self._sync, self._order = True, []
+        self._masters: dict[int, torch.Tensor] = {}  # mixed precision: whole parameter -> its fp32 data, while cast
         whole = list(self.frozen.values()) + list(self.whole.values())
         self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + whole)
         for unit in self.units:
@@ -197,6 +200,8 @@ class ShardedUnits(nn.Module):
                 unit.shard.grad = None  # drop the segment's gradient with them, or the next backward adds to it
         if self.policy.mixed and self.policy.cast_forward_inputs:
             args, kwargs = cast_inputs(args, kwargs, self.policy.param_dtype)
+        if self.policy.mixed:
+            self._cast_whole()
         if self.root is not None:
             self._issue(self.root)
         if self.prefetch and self.blocks:
@@ -215,7 +220,15 @@ class ShardedUnits(nn.Module):
             output.register_hook(self._root_backward)
         if self.root is not None:
             self._free(self.root)
+        if not torch.is_grad_enabled():
+            self._restore_whole()  # no backward will: the masters come back now
         return output
+
+    def _cast_whole(self) -> None:
+        cast_whole(self.whole.values(), self._masters, self.policy.param_dtype)
+
+    def _restore_whole(self) -> None:
+        restore_whole(self.whole.values(), self._masters)
 
     def _before_forward(self, unit: Unit, module, args) -> None:
         self._order.append(unit)
@@ -299,6 +312,7 @@ class ShardedUnits(nn.Module):
                 unit.reduced, unit.flat_grad = None, None
                 self._expose_pieces(unit)  # the full gradient buffer is freed: only my segment stays
         if self.whole:  # on the comm thread too: every rank's collectives in one order
+            self._restore_whole()  # mixed precision: the masters back, gradients in fp32 before they are summed
             whole, dtype = list(self.whole.values()), self.policy.reduce_dtype
             self._thread.wait(self._thread.run("all-reduce whole", lambda: average_whole(
                 whole, self.comm.all_reduce, self.group, self.world_size, dtype)), "wait all-reduce whole")

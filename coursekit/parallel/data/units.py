@@ -25,7 +25,8 @@ from ... import comm
 from ...comm import state as comm_state
 from ...collectives import TORCH, owned_segment, segment_bounds
 
-__all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole"]
+__all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole",
+           "cast_whole", "restore_whole"]
 
 
 def default_units(model: nn.Module) -> list[str]:
@@ -231,3 +232,24 @@ def average_whole(params: list[nn.Parameter], all_reduce, group, size: int, redu
         summed = p.grad if reduce_dtype in (None, p.grad.dtype) else p.grad.to(reduce_dtype)
         all_reduce(summed, group=group)
         p.grad.copy_(summed).div_(size)
+
+
+def cast_whole(params, masters: dict, dtype: torch.dtype) -> None:
+    """Mixed precision for the parameters kept whole: they compute in ``dtype``, as the units do (a layer's
+    weight and bias must agree). Each fp32 master is kept aside in ``masters`` (``id(p) -> data``) -- once:
+    several forwards may come before one backward -- and the parameter's data is cast."""
+    for p in params:
+        if id(p) not in masters and p.dtype != dtype:
+            masters[id(p)] = p.data
+            p.data = p.data.to(dtype)
+
+
+def restore_whole(params, masters: dict) -> None:
+    """Each parameter :func:`cast_whole` cast back to its master, its gradient (if any) in the master's dtype:
+    what the optimiser then steps."""
+    for p in params:
+        master = masters.pop(id(p), None)
+        if master is not None:
+            grad, p.grad = p.grad, None
+            p.data = master
+            p.grad = None if grad is None else grad.to(master.dtype)
