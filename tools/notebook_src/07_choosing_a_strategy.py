@@ -59,6 +59,12 @@ torch.set_num_threads(1)
 # neighbouring ranks differ in tp. torchtitan calls sp *cp*, for context parallel. So "**dp 8, tp 2, cp 2, pp 2**"
 # is 64 GPUs, and a rank's number, written in that mixed radix, says where it sits:
 
+# %%
+coursekit.show(coordinates_of)
+
+# %% [markdown]
+# For each rank, its place on each axis, and the link rank 0's group on that axis uses:
+
 # %% tags=["nbval-check-output"]
 axes = {"pp": 2, "dp": 8, "sp": 2, "tp": 2}
 torchtitan = Layout(dp=8, tp=2, sp=2, pp=2)
@@ -318,10 +324,9 @@ print(f"Megatron-LM's shape, tp 8 × pp 16 × dp 8, 1F1B: {megatron.seconds:.2f}
 
 # %% tags=["nbval-check-output"]
 for config, gpus, batch in ((PRESETS["GPT-2 small"], 8, 64), (gpt3_13b, 8, 64), (gpt3, 1024, 1536)):
-    fitting = [c for c in (evaluate(config, layout, a100, batch) for layout in layouts(config, a100, gpus, batch))
-               if c.fits]                                  # the planner's whole space, priced: every layout that fits
-    best = {kind: min((c for c in fitting if (c.layout.pp > 1) == kind), key=lambda c: c.seconds, default=None)
-            for kind in (False, True)}
+    flat = (evaluate(config, layout, a100, batch) for layout in layouts(config, a100, gpus, batch) if layout.pp == 1)
+    best = {False: min((c for c in flat if c.fits), key=lambda c: c.seconds, default=None),  # the whole space, pp = 1
+            True: next((c for c in plan(config, a100, gpus, batch, top=50) if c.layout.pp > 1), None)}
     words = [f"{'with' if kind else 'without'} pp: {layout_label(c.layout).replace(chr(10) + '-', '').replace(chr(10), ', ')} "
              f"{c.seconds * 1e3:.1f} ms (bubble {c.time.bubble * 1e3:.1f} ms)" for kind, c in best.items() if c]
     ratio = best[False].seconds / best[True].seconds

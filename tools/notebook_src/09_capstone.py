@@ -83,8 +83,14 @@ for bad in (Config(dp=3, tp=2), Config(tp=2, sp=2), Config(pp=4, layers=1), Conf
 #
 # ## 3. One layout, trained live
 #
-# `run(rank, world_size, config)` is what every rank executes, under `torchrun` or, here, started by
-# `coursekit.launch`. Rank 0 prints one line a step, live:
+# `run(rank, world_size, config)` is what every rank executes, under `torchrun` or here. It checks the layout,
+# builds the mesh, and hands the composed strategy to chapter 02's training loop:
+
+# %%
+coursekit.show(run)
+
+# %% [markdown]
+# Started here by `coursekit.launch`, on 4 ranks. Rank 0 prints one line a step, live:
 
 # %%
 live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
@@ -107,10 +113,12 @@ LAYOUTS = [dict(dp=4), dict(dp=4, zero=1), dict(dp=4, zero=3), dict(dp=2, tp=2),
            dict(pp=2, sp=2, microbatches=2), dict(dp=2, sp=2),
            dict(pp=2, microbatches=4, schedule="interleaved", stages_per_rank=2, dp=2),
            dict(pp=2, dp=2, tp=2, microbatches=2)]                  # three axes on 8 ranks
-curves = {}
+curves, peaks = {}, {}  # peaks: each layout's peak bytes on every rank, for section 7
 for degrees in LAYOUTS:
     c = Config(steps=STEPS, batch=BATCH, quiet=True, **degrees)
-    curves[c.layout + (f" {c.schedule}" if c.pp > 1 else "")] = coursekit.launch(run, c.world_size, c)[0]["losses"]
+    ranks = coursekit.launch(run, c.world_size, c)
+    curves[c.layout + (f" {c.schedule}" if c.pp > 1 else "")] = ranks[0]["losses"]
+    peaks[c.layout] = [r["peak_memory"] for r in ranks]
 worst = {name: max(abs(a - b) / b for a, b in zip(losses, one)) for name, losses in curves.items()}
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
@@ -245,12 +253,15 @@ print(f"\nresumed at step {again['first_step'] + 1}; steps {again['first_step'] 
 # forward, while the cost model gathers one layer at a time, as FSDP does.
 
 # %%
-from coursekit.bench.capstone import measure, modeled_state  # noqa: E402
+from coursekit.bench.capstone import STATE, modeled_state  # noqa: E402
 
+alone = Config(steps=2, batch=BATCH, quiet=True)
+peaks[alone.layout] = [coursekit.launch(run, 1, alone)[0]["peak_memory"]]
 rows = []
-for degrees in [{}] + LAYOUTS[:-2]:  # the interleaved and the 8-rank layouts left out
+for degrees in [{}] + LAYOUTS[:-2]:  # the interleaved and the 8-rank layouts left out; each measured in section 4
     c = Config(steps=2, batch=BATCH, quiet=True, **degrees)
-    rows.append((c.layout, measure(c)["state"], modeled_state(c)))
+    held = max(sum(p.get(k, 0) for k in STATE) for p in peaks[c.layout])  # the largest rank's model state
+    rows.append((c.layout, held, modeled_state(c)))
 fig, ax = plt.subplots(figsize=(9, 3.6))
 x = range(len(rows))
 ax.bar([i - 0.2 for i in x], [r[1] / 1e6 for r in rows], 0.4, label="measured peak (largest rank)")
