@@ -297,7 +297,7 @@ big_overlap = show(gpt3_13b, a100, 8, 64, dp_overlap=1.0)
 # The first ranking answers **P8**: "too large for one GPU → data + tensor parallelism combined". Granted that
 # the gradient collectives overlap the backward pass, `dp_overlap=1.0`, ZeRO-3 over all 8 GPUs comes first
 # instead. That is the seed's other answer: shard the model with data parallelism, as DeepSpeed's ZeRO does. Both
-# rankings hold layouts within 2% of their first, pipelined ones among them: ties for this model.
+# rankings list layouts within 2% of their first, pipelined ones among the first: ties for this model.
 #
 # **A model that fills a cluster**: GPT-3 175B on 1,024 A100s, batch 1,536. The second ranking searches only
 # what Megatron-LM offered in 2021: tp × pp × dp, 1F1B or interleaved, no ZeRO, no context parallelism.
