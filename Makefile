@@ -51,7 +51,8 @@ browser-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-# nbval re-executes a notebook to compare outputs, so only those with cells marked for it.
+# nbval re-executes a notebook to compare outputs, so only those with cells marked for it. It skips the cells
+# tagged nbval-skip: long runs whose outputs no checked cell reads (papermill and the browser suite run them).
 NBVAL_NOTEBOOKS = $(shell grep -l -e nbval-check-output -e NBVAL_CHECK_OUTPUT notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>/dev/null)
 
 # The code's shape: pyflakes' checks (pyproject.toml [tool.ruff]); the architecture (no import cycles, no private

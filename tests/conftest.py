@@ -2,10 +2,16 @@ import signal
 
 import matplotlib
 import pytest
+import torch
 
 # Figures drawn by the library in this process stay off screen. (Not MPLBACKEND:
 # the kernels papermill starts inherit the environment, and would lose inline figures.)
 matplotlib.use("agg")
+
+# One thread in each test process, as every rank has. make test runs three workers on two cores: a worker's
+# second intra-op thread then waits for a core another worker holds, and a matmul's caller spins until it comes
+# back (the copy-task test took 83-90 s under make test and 8 s alone; with one thread its work is the same).
+torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -117,7 +117,7 @@ coursekit.show(chunked_attention)
 # We train the course transformer with full attention and with 2 and 4 chunks, once per seed. Then we measure
 # the loss at every position, on sequences no step trained on:
 
-# %%
+# %% tags=["nbval-skip"]
 copy_data = CopyData(seq_len=32)
 copy_losses = copy_task_losses(COPY_CHUNKS, COPY_SEEDS, steps=COPY_STEPS, seq_len=32)  # about 5 s a model
 chance, first_half = copy_data.chance, copy_data.sources() < 0
@@ -168,7 +168,7 @@ plt.show()
 # Does it get worse on longer sequences? Below, chunks of a fixed 8 tokens, and longer sequences, so more chunks.
 # *Out of reach* is the share of predictions whose source sits in another chunk:
 
-# %%
+# %% tags=["nbval-skip"]
 print(f"chunks of {CHUNK_TOKENS} tokens; mean loss over every position after {COPY_STEPS} steps (seed 0)")
 print("   S  chunks  out of reach  full attention  chunk-local     gap  share × ln V")
 for length in SWEEP_LENGTHS:
@@ -187,7 +187,7 @@ for length in SWEEP_LENGTHS:
 #
 # On the course's own language, the same split barely shows. Each token there needs only the two before it:
 
-# %%
+# %% tags=["nbval-skip"]
 losses = chunk_local_losses(CHUNKS, steps=ACCURACY_STEPS)
 print("chunks  tokens per chunk  final loss   vs full attention")
 for n, loss in losses.items():

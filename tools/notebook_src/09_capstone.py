@@ -93,7 +93,7 @@ coursekit.show(run)
 # %% [markdown]
 # Started here by `coursekit.launch`, on 4 ranks. Rank 0 prints one line a step, live:
 
-# %%
+# %% tags=["nbval-skip"]
 live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
 
 # %% [markdown]
@@ -152,7 +152,7 @@ print(f"largest relative difference over {len(curves)} layouts and {STEPS} steps
 # `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, `MASTER_PORT`. It joins the process group and calls `run`. On one
 # machine, `--standalone` does the [rendezvous](../docs/glossary.md#rendezvous):
 
-# %%
+# %% tags=["nbval-skip"]
 log = Path(tempfile.mkdtemp()) / "curve.json"
 command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
            "-m", "coursekit.capstone", "--dp", "2", "--tp", "2", "--steps", str(STEPS), "--batch", str(BATCH),
@@ -168,7 +168,7 @@ print(f"exit status {done.returncode}; its curve against the launch in §3: larg
 # Two "nodes" on this machine are two `torchrun` agents that meet at one c10d rendezvous endpoint, each starting
 # 2 processes. Node 1 is started first:
 
-# %%
+# %% tags=["nbval-skip"]
 import socket  # noqa: E402
 
 with socket.socket() as s:
@@ -210,7 +210,7 @@ print(f"its curve against the launch in §3: largest difference "
 # place in the whole tensor. At load, every rank of the *new* layout reads the region it holds. Below: half the
 # steps under `dp2 × tp2`, saved; the rest under `pp2 × dp2`, resumed:
 
-# %%
+# %% tags=["nbval-skip"]
 folder = Path(tempfile.mkdtemp())
 half = max(STEPS // 2, 1)
 saved = Config(dp=2, tp=2, steps=half, batch=BATCH, checkpoint_dir=str(folder), checkpoint_every=half)
@@ -228,7 +228,7 @@ print(f"\nsteps 1-{half} under {saved.layout}, {half + 1}-{STEPS} under {resumed
 # Now a job that dies while saving. The save writes `step-NNNNNN.tmp/`, and only when every rank has finished does
 # rank 0 rename it, in one atomic step. Here rank 1 is killed in the middle of the last save:
 
-# %%
+# %% tags=["nbval-skip"]
 folder = Path(tempfile.mkdtemp())                # a new job, saving every `half` steps
 os.environ[checkpoint.KILL_ENV] = f"1:{STEPS}"  # rank 1 SIGKILLs itself inside the save after the last step
 try:
