@@ -7,7 +7,7 @@ tests/submissions/find_the_bug/ is graded with its score and feedback (README th
 
 Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
 * the letters compared as given, not upper-cased and stripped -> reads_the_hints "names_each_bug's feedback lacks
-  'program_b: B is not it: every rank waits at ring step 0 ...'";
+  'not every reading is the one its report supports'";
 * program A's length error left to the generic words -> broken_unchanged and loss_all_reduced_after_step_on_rank_0
   "program_a_fixed's feedback lacks 'the loss all-reduce still runs on rank 0 only'";
 * the sum-not-mean test left out -> loss_divided_on_rank_0_only "feedback lacks \"the sum of the ranks' losses, not
@@ -31,6 +31,8 @@ Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):
 """
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 import torch
@@ -73,9 +75,9 @@ def test_every_typical_mistake_has_an_attempt():
 
 def test_the_options_do_not_give_the_answer_away():
     """One right letter per program, a different one each time; the right option is never the longest and every
-    option is within 10% of its program's mean length; every wrong letter of a program gets the same sentence.
-    (Issue 42, item 5: the right option was always the longest, and B, C, D in turn.) Planted, seen failing: the
-    right option of program_a made the longest -> 'program_a: the right option is the longest'."""
+    option is within 10% of its program's mean length. (Issue 42, item 5: the right option was always the longest,
+    and B, C, D in turn.) Planted, seen failing: the right option of program_a made the longest -> 'program_a: the
+    right option is the longest'."""
     assert set(ANSWERS) == set(OPTIONS) and len(set(ANSWERS.values())) == len(ANSWERS)
     for program, options in OPTIONS.items():
         assert set(options) == {"A", "B", "C", "D"}, program
@@ -84,9 +86,24 @@ def test_the_options_do_not_give_the_answer_away():
         assert right < max(lengths.values()), f"{program}: the right option is the longest"
         mean = (right + sum(lengths.values())) / 4
         assert all(abs(n - mean) <= 0.1 * mean for n in [right, *lengths.values()]), (program, lengths, right)
-        said = {judge_diagnosis({program: letter})[0][list(OPTIONS).index(program)].split(" is not it: ")[1]
-                for letter in lengths}
-        assert len(said) == 1, f"{program}: the wrong letters are told different things: {said}"
+
+
+def test_trying_letters_learns_nothing_about_any_one_letter():
+    """Of the 64 ways to answer with three letters, one is right and the other 63 get the same words: a retry
+    learns only "not this set" (issue 42, item 5: a sentence per wrong program let a retry find each letter in at
+    most three tries). Answered in part, the letters given are not judged. Planted, seen failing: judging each
+    program on its own ("63 wrong sets were told 7 different things"), and judging the letters given beside a "?"."""
+    told = {}
+    for letters in itertools.product("ABCD", repeat=3):
+        problems, nothing = judge_diagnosis(dict(zip(OPTIONS, letters)))
+        assert not nothing
+        told[letters] = "\n".join(problems)
+    right = tuple(ANSWERS[program] for program in OPTIONS)
+    assert told.pop(right) == "", "the right letters were not judged right"
+    assert len(set(told.values())) == 1, f"{len(told)} wrong sets were told {len(set(told.values()))} different things"
+    partial = {"\n".join(judge_diagnosis({"program_a": "?", **dict(zip(list(OPTIONS)[1:], letters))})[0])
+               for letters in itertools.product("ABCD", repeat=2)}
+    assert len(partial) == 1, f"with program_a unanswered, the others' letters were told {len(partial)} things"
 
 
 # ----------------------------------------------------------------------------- what the notebook says

@@ -8,8 +8,9 @@ The notebook runs three broken programs and shows what coursekit reports: progra
 not on two (a ring that sends to the wrong neighbour), program C runs and is silently wrong (a forgotten
 broadcast of the initial weights). For each, the learner
 
-* names the bug: ``diagnosis = {"program_a": "B", ...}``, one of four readings of the report
-  (:mod:`.find_the_bug_options`; one point each, a wrong reading told where in the report to look), and
+* names the bug: ``diagnosis = {"program_a": "B", ...}``, one of four readings of each report
+  (:mod:`.find_the_bug_options`; three points when all three are right, none otherwise, and a wrong set told
+  where to look in every report, whichever letters are wrong), and
 * fixes the one function of it the harness calls (:mod:`.find_the_bug_programs`): three points each, one case
   per world size, graded by running the fix against a one-process reference. Program C's reference starts from
   rank 0's replica as its seed draws it (:func:`~.find_the_bug_programs.drawn_replica`), not as the fix left
@@ -134,14 +135,17 @@ def _cases(name: str, judge) -> float:
 # ----------------------------------------------------------------------------- the diagnosis
 @check(EXERCISE, points=3)
 def names_each_bug(submission, ctx):
-    """diagnosis names each program's bug: the reading of its report that explains it (one point each)."""
+    """diagnosis names each program's bug: the reading of its report that explains it (all three right: 3 points;
+    otherwise none, and the same words whichever letters are wrong)."""
     answers = submission.diagnosis
     if not isinstance(answers, dict):
         raise NotDone("not answered yet: diagnosis = {\"program_a\": \"?\", ...}, one letter per program")
-    outcomes, nothing = judge_diagnosis(answers)
+    problems, nothing = judge_diagnosis(answers)
     if nothing:
         raise NotDone("not answered yet: replace each \"?\" in diagnosis by the letter of the reading you choose")
-    return partial_credit(outcomes)
+    if problems:
+        raise CheckFailed("\n".join(problems))
+    return 1.0
 
 
 # ----------------------------------------------------------------------------- program A

@@ -3,15 +3,19 @@
 The wrong readings are the ones a report invites: program A's length error ends "did one rank build its
 gradients differently?"; program B's timeout says "pass a larger timeout="; program C's loss differs from
 one process, which could be the averaging, the data or rounding. The options are about as long as each other
-(the right one is never the longest) and the right letter differs from program to program. A wrong pick is
-told where in the report to look -- the same sentence whichever wrong letter it is, so trying the letters in
-turn learns nothing the report does not say (:func:`judge_diagnosis`). The notebook prints the options from
-here (:func:`options_text`), so the question and the grader never disagree.
+(the right one is never the longest) and the right letter differs from program to program.
+
+The three readings are judged together (:func:`judge_diagnosis`): right only when all three are, and a wrong set
+is told where to look in every report, in the same words whichever letters are wrong. So a score or a feedback
+says nothing about any one letter: finding the letters by trying them takes up to 4 x 4 x 4 = 64 gradings,
+where reading the reports takes three. (One point per program, with a sentence for each wrong one, let a retry
+find each letter in at most three tries: issue 42, item 5.) The notebook prints the options from here
+(:func:`options_text`), so the question and the grader never disagree.
 """
 
 from __future__ import annotations
 
-__all__ = ["OPTIONS", "ANSWERS", "LOOK_AGAIN", "options_text", "judge_diagnosis"]
+__all__ = ["OPTIONS", "ANSWERS", "LOOK_AGAIN", "NOT_EVERY_READING", "options_text", "judge_diagnosis"]
 
 OPTIONS: dict[str, dict[str, str]] = {
     "program_a": {
@@ -35,7 +39,7 @@ OPTIONS: dict[str, dict[str, str]] = {
 }
 ANSWERS = {"program_a": "D", "program_b": "A", "program_c": "B"}
 
-#: What a wrong pick is told: where in the report the answer is, the same for every wrong letter of a program.
+#: Where in each report the answer is: said for every program whenever the three readings are not all right.
 LOOK_AGAIN = {
     "program_a": "read the length error again: what did each rank pass to the call that failed (1 element is "
                  "the loss), and where in its step was each rank then?",
@@ -51,21 +55,31 @@ def options_text(program: str) -> str:
     return "\n".join(f"{letter}) {text}" for letter, text in OPTIONS[program].items())
 
 
-def judge_diagnosis(answers: dict) -> tuple[list[str | None], bool]:
-    """One outcome per program (None: right, else why not) and whether nothing was answered at all."""
-    outcomes, answered = [], False
+#: The first line of what a wrong set of readings is told, whichever of its letters are wrong.
+NOT_EVERY_READING = ("not every reading is the one its report supports. These words are the same whichever "
+                     "letters are wrong: look again at each report")
+
+
+def judge_diagnosis(answers: dict) -> tuple[list[str], bool]:
+    """What is wrong with the three readings (an empty list: all right) and whether nothing was answered at all.
+
+    A program not answered, or answered with something other than a letter, is named; the letters are then not
+    judged (judging them would tell which of the others are right). Three letters are judged together.
+    """
+    problems, answered, letters = [], False, {}
     for program, options in OPTIONS.items():
         given = str(answers.get(program, "?")).strip().upper()
         if given in ("?", ""):
-            outcomes.append(f"{program}: not answered: give one of {', '.join(options)} (got {answers.get(program)!r})")
+            problems.append(f"{program}: not answered: give one of {', '.join(options)} (got {answers.get(program)!r})")
             continue
         answered = True
         if given not in options:
-            outcomes.append(f"{program}: a letter is expected, one of {', '.join(options)}: the reading you choose "
+            problems.append(f"{program}: a letter is expected, one of {', '.join(options)}: the reading you choose "
                             f"from the options printed under the program (got {answers.get(program)!r})")
             continue
-        if given == ANSWERS[program]:
-            outcomes.append(None)
-        else:
-            outcomes.append(f"{program}: {given} is not it: {LOOK_AGAIN[program]}")
-    return outcomes, not answered
+        letters[program] = given
+    if problems:
+        return problems + ["the readings are judged once all three are letters, and together"], not answered
+    if letters == ANSWERS:
+        return [], False
+    return [NOT_EVERY_READING] + [f"{program}: {LOOK_AGAIN[program]}" for program in OPTIONS], False

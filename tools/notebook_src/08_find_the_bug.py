@@ -14,11 +14,13 @@
 #    the other readings are what the report seems to say at first sight), and
 # 2. **fix it**: copy the broken function, change what is wrong, and keep the rest as it is.
 #
-# **Grading** (`check_find_the_bug`): one point per program for the diagnosis (a wrong letter is told where in
-# the report to look); three points per fix, which runs on real ranks at the world sizes where the bug shows (fixes of B
-# and C on the strict simulator first, where a deadlock is found at once) and is compared with one process
-# doing the same work. The feedback says what is still wrong. As in the other exercises, `torch.distributed`'s collectives are switched off while your fix runs:
-# send with `coursekit.comm` and sum with `coursekit.collectives.ring_all_reduce`, as the broken programs do.
+# **Grading** (`check_find_the_bug`): three points for the diagnosis, earned when all three letters are right. A
+# wrong set is told where to look in each report, in the same words whichever letters are wrong: trying letters
+# would take up to 64 gradings, reading the reports takes three. Three points per fix, which runs on real ranks at
+# the world sizes where the bug shows (fixes of B and C on the strict simulator first, where a deadlock is found at
+# once) and is compared with one process doing the same work. The feedback says what is still wrong. As in the other
+# exercises, `torch.distributed`'s collectives are switched off while your fix runs: send with `coursekit.comm` and
+# sum with `coursekit.collectives.ring_all_reduce`, as the broken programs do.
 # From a terminal: `coursekit grade exercises/08_find_the_bug.ipynb`.
 
 # %% tags=["parameters"]

@@ -1,6 +1,6 @@
 """Each report read the way it first reads: the length error's "did one rank build its gradients differently?",
 the timeout's "pass a larger timeout=", and "the ranks' samples differ". The fixes are right (taken from the
-solution): only the diagnosis loses, each wrong letter told where in its report to look."""
+solution): only the diagnosis loses, told where to look in every report."""
 
 from _fb_solution import solution
 
@@ -8,6 +8,7 @@ diagnosis = {"program_a": "A", "program_b": "b ", "program_c": "C"}   # lower ca
 train_step, ring_sum, make_replica = solution["train_step"], solution["ring_sum"], solution["make_replica"]
 
 SCORE = 9
-LOSES = {"names_each_bug": (0, ("program_a: A is not it: read the length error again",
-                                "program_b: B is not it: read the timeout report again",
-                                "program_c: C is not it: look at the replicas before the first step"))}
+LOSES = {"names_each_bug": (0, ("not every reading is the one its report supports",
+                                "program_a: read the length error again",
+                                "program_b: read the timeout report again",
+                                "program_c: look at the replicas before the first step"))}
