@@ -10,6 +10,7 @@ Under ``torchrun`` every process is one rank (the rendezvous comes from the envi
 Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`coursekit.launch`::
 
     coursekit train --pp 2 --dp 2 --microbatches 4 --log-json curve.json
+    coursekit train --dp 2 --tp 2 --precision bf16     # any layout: bf16 compute, fp32 weights, gradients, Adam
 
 A layout that cannot run is refused before any rank starts, with what to change (exit status 2).
 """
@@ -31,7 +32,7 @@ __all__ = ["main", "parse", "in_torchrun", "FLAGS", "with_flags"]
 FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero", "schedule": "--schedule",
          "stages_per_rank": "--stages-per-rank", "micro_batches": "--microbatches", "global_batch": "--batch",
          "layers": "--layers", "d_model": "--d-model", "heads": "--heads", "steps": "--steps",
-         "checkpoint_dir": "--checkpoint-dir", "resume": "--resume"}
+         "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision"}
 
 
 def with_flags(error: Exception) -> str:
@@ -60,6 +61,9 @@ def parse(argv: list[str] | None = None) -> Config:
     run_.add_argument("--seed", type=int, default=d.seed)
     run_.add_argument("--batch", type=int, default=d.batch, help="sequences per step, over all data ranks")
     run_.add_argument("--lr", type=float, default=d.lr)
+    run_.add_argument("--precision", default=d.precision,
+                      help="fp32, bf16 or fp16: the dtype the model computes in (weights, gradients, Adam: fp32; "
+                           "fp16 with a loss scale)")
     run_.add_argument("--log-json", dest="log", default=None, help="write the loss curve and tokens/s to this JSON file")
     run_.add_argument("--checkpoint-dir", default=None)
     run_.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
@@ -76,7 +80,7 @@ def parse(argv: list[str] | None = None) -> Config:
     return Config(dp=a.dp, tp=a.tp, pp=a.pp, sp=a.sp, zero=a.zero, schedule=a.schedule,
                   stages_per_rank=a.stages_per_rank, microbatches=a.microbatches, steps=a.steps, seed=a.seed,
                   batch=a.batch, seq_len=a.seq_len, layers=a.layers, d_model=a.d_model, heads=a.heads,
-                  vocab=a.vocab, lr=a.lr, log=a.log, checkpoint_dir=a.checkpoint_dir,
+                  vocab=a.vocab, lr=a.lr, precision=a.precision, log=a.log, checkpoint_dir=a.checkpoint_dir,
                   checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
                   extra={"timeout": a.timeout})
 

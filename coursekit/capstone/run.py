@@ -21,10 +21,11 @@ import statistics
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from ..comm.mesh import Mesh
-from ..models import LanguageData, tiny_transformer
+from ..models import LanguageData, loss_fn, tiny_transformer
 from ..parallel.hybrid import Refusal, layout_problem, mesh_shape, nearest, refuse
 from ..train import train
 
@@ -52,6 +53,7 @@ class Config:
     heads: int = 4
     vocab: int = 16
     lr: float = 1e-3
+    precision: str = "fp32"    # "bf16" or "fp16": 16-bit compute, fp32 weights, gradients and Adam
     log: str | None = None     # a JSON file for the loss curve (rank 0 writes it)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
@@ -72,7 +74,8 @@ class Config:
     def layout(self) -> str:
         """``"dp2×tp2"``: the degrees above 1 (``"single"`` when all are 1), ZeRO appended."""
         name = "×".join(f"{a}{d}" for a, d in self.shape.items() if d > 1)
-        return (name or "single") + (f" zero{self.zero}" if self.zero else "")
+        return (name or "single") + (f" zero{self.zero}" if self.zero else "") + (
+            f" {self.precision}" if self.precision != "fp32" else "")
 
 
 def check(config: Config, world_size: int | None = None) -> None:
@@ -99,6 +102,9 @@ def check(config: Config, world_size: int | None = None) -> None:
 #: The library's name of a setting -> its :class:`Config` field, where they differ (the sentences use the former).
 FIELDS = {"micro_batches": "microbatches", "global_batch": "batch"}
 
+#: What ``--precision`` takes: the compute dtype (the weights, gradients and Adam stay fp32).
+PRECISIONS = ("fp32", "bf16", "fp16")
+
 
 def _problem(config: Config, world_size: int) -> Refusal | None:
     """The first reason ``config`` cannot run on ``world_size`` ranks: the layout's, then the trainer's own."""
@@ -108,6 +114,9 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
                              stages_per_rank=config.stages_per_rank, zero=config.zero)
     if refusal is not None:
         return refusal
+    if config.precision not in PRECISIONS:
+        return Refusal(f"precision = {config.precision!r}: use one of {', '.join(PRECISIONS)} (the dtype the model "
+                       f"computes in; weights, gradients and Adam stay fp32)", ({"precision": "bf16"},))
     if config.d_model % config.heads:
         above = config.d_model + config.heads - config.d_model % config.heads
         return Refusal(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}: use a multiple "
@@ -135,10 +144,34 @@ def _model(config: Config):
 def one_process_losses(config: Config) -> list[float]:
     """The curve every layout of ``config`` must reproduce: chapter 02's one-process loop on the same model and data.
 
-    It shares no code with the composed strategy but the model and the data, so it is the reference.
+    It shares no code with the composed strategy but the model and the data, so it is the reference. In bf16 or
+    fp16 it is PyTorch's own recipe instead: ``torch.autocast`` around the forward and, for fp16, ``GradScaler``.
     """
+    if config.precision != "fp32":
+        return _autocast_losses(config)
     return train(0, 1, "single", model=_model(config), data=_data(config), steps=config.steps,
                  global_batch=config.batch, lr=config.lr, seed=config.seed, record=False)["losses"]
+
+
+def _autocast_losses(config: Config) -> list[float]:
+    """The one-process loop of PyTorch's mixed-precision recipe: fp32 weights and Adam, the forward under
+    ``torch.autocast`` in ``config.precision``, the loss on fp32 logits; fp16 scaled by ``torch.amp.GradScaler``."""
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[config.precision]
+    model, data = _model(config)(), _data(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+    losses = []
+    for step in range(config.steps):
+        inputs, targets = data.batch(step, config.batch)
+        with torch.autocast("cpu", dtype=dtype):
+            logits = model(inputs)
+        loss = loss_fn(logits.float(), targets)
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        losses.append(loss.item())
+    return losses
 
 
 def _data(config: Config) -> LanguageData:
@@ -154,6 +187,8 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     strategy = f"zero{config.zero}" if pure_zero else "hybrid"
     options = {} if pure_zero else {"zero": config.zero, "schedule": config.schedule,
                                     "stages_per_rank": config.stages_per_rank}
+    if config.precision != "fp32":  # ZeRO-2/3 keep a 16-bit copy and an fp32 master (chapter 02); hybrid autocasts
+        options["precision"] = config.precision
     tokens = config.batch * (config.seq_len - 1)
     say = rank == 0 and not config.quiet
     hooks = _checkpoints(config) if config.checkpoint_dir else {}

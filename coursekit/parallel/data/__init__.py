@@ -27,7 +27,7 @@ Every name below is importable from here (``from coursekit.parallel.data import 
 
 # In this order: the strategies register with the training loop in the order chapter 02 meets them.
 from .buckets import DDP_BUCKET_CAP_MB, bucket_capacity, megabytes
-from .precision import LossScaler, MixedPrecision, as_policy, cast_inputs, loss_scaler_for, scaler_counters
+from .precision import LossScaler, MixedPrecision, as_policy, autocast, cast_inputs, loss_scaler_for, scaler_counters
 from .flat import Bucket, lay_flat, make_buckets
 from .core import DataParallel, all_reduce_flat, average_gradients, broadcast_parameters, shard_batch
 from .replicated import Bucketed, MeasuredDataParallel, Naive, Replicated
@@ -41,7 +41,7 @@ from .fsdp_strategy import Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
 from .clip import clip_grad_norm_
 
-__all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
+__all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "autocast", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
            "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "all_reduce_flat", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "MeasuredZeRO", "ZeroStrategy",
            "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",

@@ -103,7 +103,7 @@ def as_policy(precision: MixedPrecision | str | None) -> MixedPrecision:
                      f"reduce_dtype=...) or one of {sorted(SHORTHANDS)}.")
 
 
-def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu"):
+def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu", who: str = "plain data parallelism"):
     """Mixed precision for *plain* data parallelism, as ``DistributedDataParallel`` is used with it: the forward
     under ``torch.autocast(device_type, dtype=param_dtype)``. The parameters stay fp32 (they are the master
     weights: there is no 16-bit copy to keep), matmuls run in bf16 or fp16, the gradients come out fp32 and are
@@ -112,7 +112,8 @@ def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu"):
 
     fp16 needs a loss scale (:class:`LossScaler`, which the strategies add by default, as
     ``torch.amp.GradScaler`` is used with DDP). A bf16 reduce is refused: the gradients autocast leaves are
-    fp32, and reducing them in bf16 would need a cast copy of every bucket (ZeRO does that).
+    fp32, and reducing them in bf16 would need a cast copy of every bucket (ZeRO does that). The composed strategy
+    ``"hybrid"`` uses the same design on every layout (``who`` names the strategy in the refusal).
     """
     from contextlib import nullcontext
 
@@ -120,7 +121,7 @@ def autocast(precision: MixedPrecision | str | None, device_type: str = "cpu"):
     if policy.param_dtype is None:
         return nullcontext()
     if policy.param_dtype not in (torch.bfloat16, torch.float16) or policy.reduce(torch.float32) != torch.float32:
-        raise ValueError(f"precision={precision!r} with plain data parallelism: only 'bf16' or 'fp16' (16-bit "
+        raise ValueError(f"precision={precision!r} with {who}: only 'bf16' or 'fp16' (16-bit "
                          f"compute under torch.autocast, fp32 gradients reduced in fp32). A bf16 reduce is ZeRO's: "
                          f"train(..., 'zero2', precision=...).")
     return torch.autocast(device_type, dtype=policy.param_dtype)

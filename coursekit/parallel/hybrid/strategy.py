@@ -19,6 +19,13 @@ executor of chapter 04 runs whatever results:
 The tied embedding's gradient is summed over the pipeline's first and last stage (chapter 03) before the
 data-parallel reduce; sums commute, so the order does not matter. Each rank reports the global batch's loss.
 
+Mixed precision (``precision="bf16"`` or ``"fp16"``) is plain data parallelism's on every layout: the step's
+forwards run under ``torch.autocast`` (16-bit matmuls: tensor parallelism's all-reduces and ring attention's keys
+and values travel in 16 bits; the residual stream, an fp32 embedding plus 16-bit sums, and so the pipeline's
+messages stay fp32); the weights, their gradients, the reduce over ``dp × sp`` and Adam stay fp32, and the loss
+is taken on fp32 logits. fp16 adds a dynamic loss scale; a step with an inf or NaN gradient on any rank is
+skipped on every rank (one all-reduce of a flag over the whole world: each rank holds other gradients).
+
     >>> train(rank, world_size, "hybrid", model="transformer", mesh=Mesh(mesh_shape(pp=2, dp=2)),
     ...       micro_batches=2, record=False)                              # doctest: +SKIP
 """
@@ -34,7 +41,7 @@ from ...comm.mesh import rank_size
 from ...models import loss_fn
 from ...strategy import Setup, Strategy, register
 from ...measure.verify import NamedPart
-from ..data import optimizer_class_and_defaults
+from ..data import autocast, loss_scaler_for, optimizer_class_and_defaults, scaler_counters
 from ..pipeline import layer_costs, partition
 from ..sequence import AttentionWork, ring_attention, shard_sequence
 from ..tensor import dense_name, gather_dense, shard_dim, vocab_parallel_cross_entropy
@@ -49,12 +56,13 @@ class Hybrid(Strategy):
     """The course transformer on a ``pp × dp × sp × tp`` mesh (any degree may be 1).
 
     Options: ``schedule`` and ``stages_per_rank`` (the pipeline's), ``zero`` (0 or 1: the optimizer state
-    sharded over ``dp``), ``layout`` (the sequence split), and ``pp``/``sp``/``tp`` to size the mesh when
-    none is given (``dp`` is the rest of the world). The loop's ``micro_batches`` is the pipeline's m.
+    sharded over ``dp``), ``layout`` (the sequence split), ``precision`` (None, ``"bf16"``, ``"fp16"``) with
+    ``loss_scaler`` (fp16's, as for ``"naive"``), and ``pp``/``sp``/``tp`` to size the mesh when none is given
+    (``dp`` is the rest of the world). The loop's ``micro_batches`` is the pipeline's m.
     """
 
     options = {"pp": 1, "sp": 1, "tp": 1, "zero": 0, "schedule": "1f1b", "stages_per_rank": 1, "layout": "zigzag",
-               "kernel": "textbook", "collectives": "ring"}
+               "kernel": "textbook", "collectives": "ring", "precision": None, "loss_scaler": None}
     axes = AXES
 
     @classmethod
@@ -84,6 +92,8 @@ class Hybrid(Strategy):
         if self.option("zero") not in (0, 1):
             raise ValueError(f"zero={self.option('zero')}: 'hybrid' shards the optimizer state (zero=1) or nothing; "
                              f"ZeRO-2 and -3 of a whole model are the strategies 'zero2' and 'zero3'.")
+        autocast(self.option("precision"), who="'hybrid'")  # refuses a 16-bit reduce before a step, by name
+        self.scaler = loss_scaler_for(self.option("precision"), self.option("loss_scaler"))
         self.group = self.dp_axis.group  # the loop's data-parallel group
         self.layout, self.seq_len, self.work = self.option("layout"), 0, AttentionWork()
         sizes = partition(layer_costs(dense, "params"), self.pp * v)  # from the dense model: alike on every rank
@@ -115,10 +125,15 @@ class Hybrid(Strategy):
 
     def run_step(self, micro_batches, micro_loss):
         self.seq_len = micro_batches[0][0].shape[1]  # every rank reads the batch: the ring's whole length
-        return self.pipe.run_step(micro_batches, micro_loss)
+        with autocast(self.option("precision"), micro_batches[0][0].device.type):  # fp32 for precision=None
+            return self.pipe.run_step(micro_batches, micro_loss)
 
     def loss(self, output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """On the last stage: the vocabulary-parallel loss (tp), this rank's tokens' share (sp), or the plain one."""
+        """On the last stage: the vocabulary-parallel loss (tp), this rank's tokens' share (sp), or the plain one;
+        always on fp32 logits. Under fp16 the gradient entering backward is multiplied by the loss scale."""
+        output = output.float()
+        if self.scaler is not None and output.requires_grad:
+            output.register_hook(self.scaler.scale_gradient)  # backward of (loss x scale), the loss itself unscaled
         if self.tp > 1:
             return vocab_parallel_cross_entropy(output, targets, self.base.tok_emb.vocab_start, self.tp_axis.group).mean()
         if self.sp > 1:
@@ -132,6 +147,12 @@ class Hybrid(Strategy):
         """Chapter 02: one all-reduce of every gradient over ``dp × sp``, then divided by ``dp`` (:func:`apply_dp`)."""
         with self.span("comm", "all-reduce grads over dp×sp"):
             self.data.synchronize([p for _, p in self.own])
+
+    def step(self) -> None:
+        """Adam on this rank's parameters; under fp16, after unscaling, and on no rank if any gradient overflowed."""
+        grads = [p.grad for _, p in self.own]
+        if self.scaler is None or self.scaler.unscale_and_update(grads, group=None):  # group None: the whole world
+            super().step()
 
     def global_loss(self, local_loss: float) -> float:
         """Σ over ``dp × sp`` of this rank's loss / dp: the sp shares add up, the dp slices average."""
@@ -177,5 +198,5 @@ class Hybrid(Strategy):
 
     def counters(self) -> dict:
         moved = self.record.collective_counts("collectives")  # the gradients' all-reduce over dp × sp
-        return {**self.pipe.counters(), "elements_reduced": moved.total("all_reduce"),
+        return {**self.pipe.counters(), **scaler_counters(self.scaler), "elements_reduced": moved.total("all_reduce"),
                 "attention_score_elements": self.work.score_elements}
