@@ -1,4 +1,4 @@
-"""The capstone trainer under torchrun: every layout's loss curve is the one-process curve, step for step.
+"""The capstone trainer under torchrun: its loss curve is the one-process curve, step for step.
 
 Each job is a real ``torchrun`` (env rendezvous, one process per rank), bounded in time; its process group is
 killed whatever happens, so no rank outlives its test. The reference is chapter 02's one-process loop
@@ -70,10 +70,12 @@ def _same_curve(losses: list[float], reference: list[float]) -> None:
         assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: {got!r} against one process's {want!r}"
 
 
+# Under torchrun, the layouts whose start differs: the composed strategy on two axes with a pipeline and ring
+# attention (every kind of group it builds), and ZeRO-3 of a whole model (the other strategy run() picks); the two-node
+# test below adds dp2×tp2 over two agents. Every other layout's numbers are the same code under coursekit.launch,
+# held to one process in tests/test_parallel_hybrid.py (eleven layouts, and dp2×tp2×pp2 on 8 ranks): here each
+# torchrun costs a fresh interpreter importing torch per rank, 20-26 s of make test's time.
 LAYOUTS = {
-    "dp2xtp2": (4, ["--dp", "2", "--tp", "2"]),
-    "dp2xpp2": (4, ["--dp", "2", "--pp", "2", "--microbatches", "2"]),
-    "tp2xpp2": (4, ["--tp", "2", "--pp", "2", "--microbatches", "2", "--schedule", "gpipe"]),
     "pp2xsp2": (4, ["--pp", "2", "--sp", "2", "--microbatches", "2"]),
     "dp4-zero3": (4, ["--dp", "4", "--zero", "3"]),
 }
@@ -83,13 +85,6 @@ LAYOUTS = {
 def test_every_layout_under_torchrun_equals_one_process(reference, tmp_path, name):
     nproc, args = LAYOUTS[name]
     _same_curve(torchrun(nproc, args, tmp_path / "log.json")["losses"], reference)
-
-
-@pytest.mark.slow
-def test_eight_ranks_dp2_tp2_pp2(reference, tmp_path):
-    log = torchrun(8, ["--dp", "2", "--tp", "2", "--pp", "2", "--microbatches", "2"], tmp_path / "log.json", 240)
-    _same_curve(log["losses"], reference)
-    assert log["tp_groups"] == [[0, 1], [2, 3], [4, 5], [6, 7]]  # tp innermost: neighbours
 
 
 def _free_port() -> int:
