@@ -7,6 +7,12 @@ Under ``torchrun`` every process is one rank (the rendezvous comes from the envi
     torchrun --nnodes 2 --nproc-per-node 2 --node-rank 0 --rdzv-backend c10d \\
              --rdzv-endpoint 127.0.0.1:29400 -m coursekit.capstone --dp 2 --tp 2      # and --node-rank 1
 
+A lost rank is survived the way real jobs survive it: torchrun restarts every rank, and they resume from the last
+complete checkpoint (a save the lost rank left torn is skipped)::
+
+    torchrun --standalone --nproc-per-node 2 --max-restarts 3 -m coursekit.capstone --dp 2 \\
+             --checkpoint-dir ckpt --checkpoint-every 2 --resume
+
 Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`coursekit.launch`::
 
     coursekit train --pp 2 --dp 2 --microbatches 4 --log-json curve.json
@@ -104,7 +110,9 @@ def _torchrun(config: Config) -> int:
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the ranks on this machine: one GPU each, if there are
-    dist.init_process_group(default_backend(local), timeout=timedelta(seconds=config.extra.get("timeout", 300.0)))
+    timeout = timedelta(seconds=config.extra.get("timeout", 300.0))
+    dist.init_process_group(default_backend(local), timeout=timeout, store=_store_of_this_attempt(world, timeout),
+                            rank=rank, world_size=world)
     try:
         refused = run(rank, world, config).get("refused")
     finally:
@@ -121,6 +129,31 @@ def _torchrun(config: Config) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+#: The key of the shared store every rank of every attempt adds 1 to, once (see :func:`_store_of_this_attempt`).
+JOINED = "coursekit/joined"
+
+
+def _store_of_this_attempt(world: int, timeout: timedelta):
+    """The store the process group meets in: torchrun's, under a prefix of its own for each attempt of the job.
+
+    ``torchrun --max-restarts`` restarts every rank after one dies. Since PyTorch 2.5 the ranks meet in the agent's
+    TCPStore (``TORCHELASTIC_USE_AGENT_STORE``), which outlives them: the restarted ranks find the dead ones' keys
+    there -- gloo's addresses, the barrier's counts -- and connect to ranks that are gone ("connectFullMesh"), or
+    wait at a barrier counted for the last attempt (pytorch/pytorch#135712; ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``
+    on torchrun avoids it too). So each rank adds 1 to one counter as it joins: attempt ``a`` of a job of ``world``
+    ranks reads ``a·world + 1`` ... ``(a+1)·world`` (all of an attempt's ranks join before any rank is restarted),
+    and every rank of it meets under ``attempt{a}/``. (``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each
+    node's agent counts only its own restarts.)"""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return None  # rank 0 hosts a store of its own, new every attempt: init_process_group builds it
+    import torch.distributed as dist
+
+    shared = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                           timeout=timeout)
+    attempt = (shared.add(JOINED, 1) - 1) // world
+    return dist.PrefixStore(f"attempt{attempt}/", shared)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,8 +126,8 @@ def save(directory, step: int, shards, optimizer, dmesh: DeviceMesh, extra: dict
         shutil.rmtree(tmp, ignore_errors=True)  # a torn attempt at this step, from a killed job
         tmp.mkdir(parents=True)
     dist.barrier()
-    if os.environ.get(KILL_ENV) == f"{rank}:{step}":
-        os.kill(os.getpid(), 9)  # SIGKILL, mid-save: the other ranks are writing their part
+    if os.environ.get(KILL_ENV) == f"{rank}:{step}" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        os.kill(os.getpid(), 9)  # SIGKILL, mid-save (the first attempt only: a job torchrun restarts runs on)
     dcp.save(state_dict(shards, optimizer, dmesh), checkpoint_id=str(tmp))
     dist.barrier()  # every rank's files are written: now, and only now, it becomes a checkpoint
     if rank == 0:
