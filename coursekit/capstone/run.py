@@ -219,6 +219,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     summary = {"layout": config.layout, "world_size": world_size, "config": asdict(config), "first_step": first,
                "losses": result["losses"], "step_times": result["step_times"],
                "tokens_per_s": tokens / statistics.median(times) if times else None, "peak_memory": result["peak_memory"],
+               "compute_dtype": result.get("compute_dtype"),  # the composed strategy's (ZeRO-2/3 report none)
                "placement": placement, "tp_groups": mesh.all_groups("tp")}
     if rank == 0 and config.log:
         Path(config.log).parent.mkdir(parents=True, exist_ok=True)

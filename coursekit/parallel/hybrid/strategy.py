@@ -41,7 +41,7 @@ from ...comm.mesh import rank_size
 from ...models import loss_fn
 from ...strategy import Setup, Strategy, register
 from ...measure.verify import NamedPart
-from ..data import autocast, loss_scaler_for, optimizer_class_and_defaults, scaler_counters
+from ..data import as_policy, autocast, loss_scaler_for, optimizer_class_and_defaults, scaler_counters
 from ..pipeline import layer_costs, partition
 from ..sequence import AttentionWork, ring_attention, shard_sequence
 from ..tensor import dense_name, gather_dense, shard_dim, vocab_parallel_cross_entropy
@@ -198,5 +198,7 @@ class Hybrid(Strategy):
 
     def counters(self) -> dict:
         moved = self.record.collective_counts("collectives")  # the gradients' all-reduce over dp × sp
-        return {**self.pipe.counters(), **scaler_counters(self.scaler), "elements_reduced": moved.total("all_reduce"),
+        compute = as_policy(self.option("precision")).compute_dtype(torch.float32)  # what the forwards ran in
+        return {**self.pipe.counters(), **scaler_counters(self.scaler), "compute_dtype": str(compute).split(".")[-1],
+                "elements_reduced": moved.total("all_reduce"),
                 "attention_score_elements": self.work.score_elements}
