@@ -211,7 +211,7 @@ def test_files_and_functions_stay_short():
 
 
 # One core per parallelism: the algorithm alone, for a learner to read top to bottom (torch, comm and the mesh).
-CORES = ("tensor", "pipeline", "data", "sequence")
+CORES = ("tensor", "pipeline", "data", "sequence", "expert")
 CORE_MAX_LINES = 350
 INSTRUMENTS = ("coursekit.measure", "coursekit.comm.traffic",
                "coursekit.answers", "coursekit.grading", "coursekit.viz", "coursekit.widgets", "coursekit.bench",

@@ -13,8 +13,11 @@ side -- and registers its :class:`coursekit.strategy.Strategy` subclasses for :f
   "dp_tp"); DTensor's ``parallelize_module`` beside them;
 * ``sequence`` -- chapter 06: chunk-local attention, ring attention, Ulysses ("chunk_local",
   "ring_attention", "ulysses"); Megatron-style beside tensor parallelism ("sequence_tensor"); sequence x
-  data on a mesh ("sequence_data").
+  data on a mesh ("sequence_data");
+* ``expert`` -- mixture-of-experts layers: routing, balance, capacity, experts over ranks with all-to-all
+  dispatch and combine (the layer and its parallel form; no strategy yet).
 """
 
 from . import data, pipeline, tensor, sequence  # noqa: F401  (in this order: chapters 02, 03-04, 05, 06)
+from . import expert  # noqa: F401,E402  (expert parallelism: a mixture of experts over ranks)
 from . import hybrid  # noqa: F401,E402  (the capstone: all of them on one mesh)
