@@ -29,9 +29,12 @@ def test_without_gpus_it_skips_cleanly_and_says_what_to_run_instead():
 
 @pytest.mark.slow
 def test_every_check_passes_on_cpu_ranks():
-    """The collectives at 2-4 ranks and every capstone layout (the chapters' cores) equal to one process."""
+    """The collectives at 2-4 ranks, every capstone layout (the chapters' cores) and expert parallelism equal to one
+    process."""
     done = _run("--backend", "gloo", "--max-ranks", "4", "--steps", "3")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "G=2 (gloo): ok" in done.stdout and "G=4 (gloo): ok" in done.stdout, done.stdout
     capstone = [line for line in done.stdout.splitlines() if line.startswith("capstone ")]
     assert len(capstone) == 8 and all(": ok, " in line for line in capstone), done.stdout
+    experts = [line for line in done.stdout.splitlines() if line.startswith("expert ")]
+    assert len(experts) == 2 and all(": ok, " in line for line in experts), done.stdout

@@ -10,7 +10,9 @@ whose lengths do not divide evenly by the world size:
 * every chapter's core equivalence, through the capstone trainer (:mod:`coursekit.capstone`) for 20 steps on
   the rank's GPU (``coursekit.device()``): data parallelism with ZeRO-1 and ZeRO-3, the pipeline (1F1B and
   ZB-H1), tensor parallelism, ring attention (sequence parallelism), and dp × tp, tp × pp on 4 GPUs -- each
-  loss curve equal to one process's on the CPU (relative 1e-4: GPU kernels add in other orders).
+  loss curve equal to one process's on the CPU (relative 1e-4: GPU kernels add in other orders);
+* expert parallelism (``train(..., "expert")``: tokens to their experts' GPUs and back, uneven all-to-alls) at
+  ep = 2, and dp 2 × ep 2 on 4 GPUs, against one process on the CPU alike.
 
 The process group is ``"cpu:gloo,cuda:nccl"`` (:mod:`coursekit.comm.devices`): CUDA tensors over NCCL, the few CPU
 tensors of the bookkeeping over gloo. About 2 minutes on a machine with 4 GPUs.
@@ -106,6 +108,36 @@ def capstone(backend: str, top: int, steps: int = 20) -> list[str]:
     return failures
 
 
+EXPERT = [("experts over 2", 2, 2), ("data × experts", 4, 2)]  # (label, ranks, ep)
+
+
+def _expert_losses(rank: int, world_size: int, ep: int, steps: int) -> list[float]:
+    from coursekit.models import LanguageData
+    from coursekit.parallel.expert import tiny_moe
+    from coursekit.train import train
+
+    strategy, options = ("single", {}) if world_size == 1 else ("expert", {"ep": ep})
+    return train(rank, world_size, strategy, model=lambda: tiny_moe(n_experts=4, k=2), data=LanguageData(),
+                 steps=steps, global_batch=7, record=False, **options)["losses"]
+
+
+def expert(backend: str, top: int, steps: int = 20) -> list[str]:
+    """Expert parallelism's layouts that fit ``top`` ranks, each against one process's curve (on the CPU)."""
+    failures, want = [], _expert_losses(0, 1, 1, steps)
+    for label, ranks, ep in EXPERT:
+        if ranks > top:
+            print(f"expert {label}: skipped (needs {ranks} ranks)")
+            continue
+        got = coursekit.launch(_expert_losses, ranks, ep, steps, backend=backend, timeout=300)[0]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        ok = len(got) == len(want) and worst <= 1e-4
+        print(f"expert {label} (ep{ep} on {ranks}, {backend}): {'ok' if ok else 'FAILED'}, largest relative "
+              f"difference {worst:.1e}")
+        if not ok:
+            failures.append(f"expert {label}: its loss curve differs from one process's by {worst:.2e} (relative)")
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("nccl", "gloo"), default="nccl")
@@ -133,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"G={world_size} ({options.backend}): {'ok' if not found else f'{len(found)} FAILED'} "
               f"({time.perf_counter() - start:.1f} s)")
     failures += capstone(backend, top, options.steps)
+    failures += expert(backend, top, options.steps)
     for failure in failures:
         print("  " + failure)
     return 1 if failures else 0

@@ -113,7 +113,7 @@ class Routing:
     """One batch's assignments, sorted by expert: which token each row is, its gate, how many rows per expert."""
 
     def __init__(self, chosen: torch.Tensor, gates: torch.Tensor, keep: torch.Tensor, n_experts: int):
-        token = torch.arange(chosen.shape[0]).unsqueeze(1).expand_as(chosen)[keep]
+        token = torch.arange(chosen.shape[0], device=chosen.device).unsqueeze(1).expand_as(chosen)[keep]
         expert, gate = chosen[keep], gates[keep]
         order = torch.argsort(expert, stable=True)                  # by expert, then token
         self.token, self.gate, self.expert = token[order], gate[order], expert[order]
@@ -158,7 +158,7 @@ def dispatch(x: torch.Tensor, route: Routing, group=None):
         incoming = torch.stack(exchange(list(counts), [[local]] * ep, group, "expert counts"))  # (from j, our e)
     rows = all_to_all(x[route.token], 0, 0, counts.sum(1).tolist(), incoming.sum(1).tolist(), group, "dispatch")
     # arrived grouped by sender, then expert; our experts want them grouped by expert, then sender
-    by_sender = torch.arange(rows.shape[0]).split(incoming.flatten().tolist())
+    by_sender = torch.arange(rows.shape[0], device=rows.device).split(incoming.flatten().tolist())
     by_expert = torch.cat([by_sender[j * local + e] for e in range(local) for j in range(ep)])
     return rows[by_expert], incoming.sum(0).tolist(), (counts, incoming, by_expert)
 
