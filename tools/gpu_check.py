@@ -98,14 +98,17 @@ def capstone(backend: str, top: int, steps: int = 20) -> list[str]:
         config = Config(steps=steps, quiet=True, **layout)
         start = time.perf_counter()
         got = coursekit.launch(run, ranks, config, backend=backend, timeout=300)[0]["losses"]
-        want = one_process_losses(config)
-        worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
-        ok = len(got) == len(want) and worst <= 1e-4
-        print(f"capstone {label} ({config.layout}, {backend}): {'ok' if ok else 'FAILED'}, largest relative "
-              f"difference {worst:.1e} ({time.perf_counter() - start:.1f} s)")
-        if not ok:
-            failures.append(f"capstone {label}: its loss curve differs from one process's by {worst:.2e} (relative)")
+        failures += _judged(f"capstone {label}", f"{config.layout}, {backend}", got, one_process_losses(config), start)
     return failures
+
+
+def _judged(name: str, detail: str, got: list[float], want: list[float], start: float) -> list[str]:
+    """Print one line for a loss curve against one process's (relative 1e-4); return the failure, if any."""
+    worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    ok = len(got) == len(want) and worst <= 1e-4
+    print(f"{name} ({detail}): {'ok' if ok else 'FAILED'}, largest relative difference {worst:.1e} "
+          f"({time.perf_counter() - start:.1f} s)")
+    return [] if ok else [f"{name}: its loss curve differs from one process's by {worst:.2e} (relative)"]
 
 
 EXPERT = [("experts over 2", 2, 2), ("data × experts", 4, 2)]  # (label, ranks, ep)
@@ -128,13 +131,9 @@ def expert(backend: str, top: int, steps: int = 20) -> list[str]:
         if ranks > top:
             print(f"expert {label}: skipped (needs {ranks} ranks)")
             continue
+        start = time.perf_counter()
         got = coursekit.launch(_expert_losses, ranks, ep, steps, backend=backend, timeout=300)[0]
-        worst = max(abs(a - b) / abs(b) for a, b in zip(got, want))
-        ok = len(got) == len(want) and worst <= 1e-4
-        print(f"expert {label} (ep{ep} on {ranks}, {backend}): {'ok' if ok else 'FAILED'}, largest relative "
-              f"difference {worst:.1e}")
-        if not ok:
-            failures.append(f"expert {label}: its loss curve differs from one process's by {worst:.2e} (relative)")
+        failures += _judged(f"expert {label}", f"ep{ep} on {ranks}, {backend}", got, want, start)
     return failures
 
 
