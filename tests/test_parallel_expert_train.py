@@ -62,3 +62,19 @@ def test_what_cannot_run_is_refused_with_what_to_change(case, world, words):
     with pytest.raises(coursekit.RankError) as caught:
         coursekit.launch(_refused, world, case, timeout=60)
     assert words in caught.value.remote_traceback, caught.value.remote_traceback[-800:]
+
+
+def _biased(rank, world_size, ep, steps, rate):
+    return train(rank, world_size, "expert", ep=ep, bias_rate=rate, model=lambda: tiny_moe(n_experts=4, k=1),
+                 data=LanguageData(vocab_size=16), steps=steps, global_batch=8)["records"]
+
+
+def test_the_bias_nudge_uses_the_global_counts_on_every_rank():
+    """``bias_rate``: after each step every router's bias moves by the counts of the whole global batch, so dp2×ep2
+    trains as one rank does with the same nudge (a rank nudging by its own counts would route differently from
+    step 1 on). Planted bug, seen failing: the counts not all-reduced -> "NOT equivalent: first divergence at step
+    1"."""
+    one = coursekit.launch(_biased, 1, 1, 4, 0.05, timeout=60)[0]
+    four = coursekit.launch(_biased, 4, 2, 4, 0.05, timeout=60)
+    report = compare(one, four, check_output=False)
+    assert report.ok, f"dp2×ep2 with the bias nudge: {report}"

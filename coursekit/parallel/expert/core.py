@@ -187,6 +187,7 @@ class ExpertParallelMoE(nn.Module):
 
     def forward(self, x: torch.Tensor):
         probs, chosen, gates = self.router(x)
+        self.chosen_counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)  # for balancing (nudge_bias)
         route = Routing(chosen, gates, keep_within_capacity(chosen, self.n_experts, self.capacity_factor),
                         self.n_experts)
         rows, per_expert, plan = dispatch(x, route, self.group)

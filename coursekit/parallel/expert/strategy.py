@@ -14,6 +14,11 @@ parallel" group):
 
 Both are then divided by the world size: the global batch's mean loss is the mean over all ranks' slices.
 
+Load balance, two ways: ``aux_weight`` adds the Switch Transformer's balance loss to the training loss (each
+rank's on its own tokens); ``bias_rate`` nudges every router's bias after each step by the global batch's counts
+of tokens per expert, summed over the world, so every rank keeps the same bias (DeepSeek-V3; torchtitan does the
+same with an all-reduce of the counts).
+
     >>> train(rank, world_size, "expert", ep=2, model=lambda: tiny_moe(), data=LanguageData())   # doctest: +SKIP
 """
 
@@ -27,17 +32,17 @@ from ... import collectives as _collectives
 from ...models import loss_fn
 from ...strategy import Setup, Strategy, register
 from ..data import all_reduce_flat
-from .core import ExpertParallelMoE
+from .core import ExpertParallelMoE, nudge_bias
 
 __all__ = ["ExpertParallel"]
 
 
 @register("expert")
 class ExpertParallel(Strategy):
-    """Options: ``ep`` (experts split over this many ranks; ``dp`` is the rest of the world) and ``aux_weight``
-    (the balance loss's weight in the training loss; 0 by default)."""
+    """Options: ``ep`` (experts split over this many ranks; ``dp`` is the rest of the world), ``aux_weight`` (the
+    balance loss's weight in the training loss) and ``bias_rate`` (the routers' bias nudge per step); 0: off."""
 
-    options = {"ep": 1, "aux_weight": 0.0}
+    options = {"ep": 1, "aux_weight": 0.0, "bias_rate": 0.0}
     axes = ("dp", "ep")
 
     def __init__(self, setup: Setup):
@@ -78,6 +83,15 @@ class ExpertParallel(Strategy):
         for p in self.model.parameters():
             if p.grad is not None:
                 p.grad.div_(self.world)
+
+    def step(self) -> None:
+        super().step()
+        if self.option("bias_rate"):
+            for moe in self.model.moes:  # the global batch's counts: every rank nudges its router alike
+                counts = moe.chosen_counts.clone()
+                if self.world > 1:
+                    dist.all_reduce(counts)
+                nudge_bias(moe.router, counts, self.option("bias_rate"))
 
     def global_loss(self, local_loss: float) -> float:
         total = torch.tensor([local_loss / self.world], dtype=torch.float64)
