@@ -23,7 +23,7 @@ Planted bugs, seen failing:
   alone stay inside the band: bf16 moves this model's loss by 1e-4);
 * fp16's unscale and its flag left out of ``Hybrid.step`` -> "fp16 tp2: NOT equivalent: first divergence at step 0, grad
   'tok_emb.weight' ... expected -0.00566825, got -371.442" (65,536 times too large);
-  and test_an_overflow_on_some_ranks_skips_the_step_on_every_rank "skipped [0, 0, 0, 0]".
+  and test_an_overflow_skips_the_step_on_every_rank "skipped [0, 0, 0, 0]".
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def test_every_layout_computes_in_16_bits_within_the_band_of_one_process(precisi
     assert [r["skipped"] for r in ranks] == [0] * world
 
 
-def test_an_overflow_on_some_ranks_skips_the_step_on_every_rank():
+def test_an_overflow_skips_the_step_on_every_rank():
     """fp16 with a loss scale of 2^40 on pp2 x tp2: the gradient entering backward is about 1/(5 x 31) = 2^-7.3 a
     logit, times 2^40 = 2^32.7, beyond fp16's largest number (65,504 < 2^16), and each overflow only halves the
     scale: all three steps overflow, every rank skips all three, the scale ends at 2^37 everywhere, and no weight
