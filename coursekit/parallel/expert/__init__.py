@@ -10,10 +10,10 @@ Every name below is importable from here (``from coursekit.parallel.expert impor
 """
 
 from .core import (Experts, ExpertParallelMoE, MoE, Router, Routing, combine, dispatch, keep_within_capacity,
-                   load_balance_loss, nudge_bias)
+                   load_balance_loss, nudge_bias, route)
 from .model import MoEModel, tiny_moe
 from .strategy import ExpertParallel
 
 __all__ = ["Experts", "ExpertParallelMoE", "MoE", "Router", "Routing", "combine", "dispatch", "keep_within_capacity",
-           "load_balance_loss", "nudge_bias",
+           "load_balance_loss", "nudge_bias", "route",
            "MoEModel", "tiny_moe", "ExpertParallel"]

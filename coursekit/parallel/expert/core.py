@@ -13,7 +13,7 @@ Read in this order:
    tokens spread evenly, up to E when they all go to one expert.
 3. :func:`keep_within_capacity` -- the capacity regime (GShard, Switch): an expert takes at most
    ``C = ceil(factor · k · T / E)`` of the ``T`` tokens' assignments; the rest are dropped (first choices first).
-4. :class:`MoE` -- the layer on one process: the reference.
+4. :func:`route` and :class:`MoE` -- the assignments sorted by expert; the layer on one process: the reference.
 5. :func:`dispatch` and :func:`combine` -- expert parallelism: each of ``ep`` ranks holds ``E / ep`` experts.
    Dispatch sends every token to the ranks of its experts (first how many, then one all-to-all of uneven
    pieces); each rank runs its experts on what arrived; combine is the all-to-all back and the gate-weighted sum.
@@ -35,7 +35,7 @@ from ..sequence.comm import all_to_all
 from ..sequence.exchange import exchange
 
 __all__ = ["Router", "Experts", "MoE", "ExpertParallelMoE", "load_balance_loss", "nudge_bias",
-           "keep_within_capacity", "dispatch", "combine", "Routing"]
+           "keep_within_capacity", "route", "dispatch", "combine", "Routing"]
 
 
 class Router(nn.Module):
@@ -120,6 +120,12 @@ class Routing:
         self.per_expert = torch.bincount(self.expert, minlength=n_experts)
 
 
+def route(router: Router, x: torch.Tensor, n_experts: int, capacity_factor: float | None):
+    """Route ``x``: ``(probs, chosen, routing)``, the assignments within capacity sorted by expert."""
+    probs, chosen, gates = router(x)
+    return probs, chosen, Routing(chosen, gates, keep_within_capacity(chosen, n_experts, capacity_factor), n_experts)
+
+
 class MoE(nn.Module):
     """The layer on one process: route, run each expert on its rows, add the gate-weighted outputs.
 
@@ -137,39 +143,37 @@ class MoE(nn.Module):
         self.experts = Experts(n_experts, d_model, d_ff, seed=seed)
 
     def forward(self, x: torch.Tensor):
-        probs, chosen, gates = self.router(x)
-        route = Routing(chosen, gates, keep_within_capacity(chosen, self.n_experts, self.capacity_factor),
-                        self.n_experts)
-        y = self.experts(x[route.token], route.per_expert.tolist())
-        out = torch.zeros_like(x).index_add(0, route.token, y * route.gate.unsqueeze(1))
+        probs, chosen, routing = route(self.router, x, self.n_experts, self.capacity_factor)
+        y = self.experts(x[routing.token], routing.per_expert.tolist())
+        out = torch.zeros_like(x).index_add(0, routing.token, y * routing.gate.unsqueeze(1))
         return out, load_balance_loss(probs, chosen, self.n_experts)
 
 
-def dispatch(x: torch.Tensor, route: Routing, group=None):
+def dispatch(x: torch.Tensor, routing: Routing, group=None):
     """Send each assignment's token to the rank of its expert; returns ``(rows, rows_per_local_expert, plan)``.
 
     ``rows`` holds what every rank sent us, grouped by our experts; ``plan`` is what :func:`combine` needs to
     send the outputs back. Experts are laid out in order: rank r holds experts ``r·E/ep ... (r+1)·E/ep - 1``.
     """
     rank, ep = rank_size(group)
-    local = len(route.per_expert) // ep
-    counts = route.per_expert.view(ep, local)                       # (to rank j, its expert e): rows we send
+    local = len(routing.per_expert) // ep
+    counts = routing.per_expert.view(ep, local)                       # (to rank j, its expert e): rows we send
     with comm.control():                                            # how many rows each rank will receive
         incoming = torch.stack(exchange(list(counts), [[local]] * ep, group, "expert counts"))  # (from j, our e)
-    rows = all_to_all(x[route.token], 0, 0, counts.sum(1).tolist(), incoming.sum(1).tolist(), group, "dispatch")
+    rows = all_to_all(x[routing.token], 0, 0, counts.sum(1).tolist(), incoming.sum(1).tolist(), group, "dispatch")
     # arrived grouped by sender, then expert; our experts want them grouped by expert, then sender
     by_sender = torch.arange(rows.shape[0], device=rows.device).split(incoming.flatten().tolist())
     by_expert = torch.cat([by_sender[j * local + e] for e in range(local) for j in range(ep)])
     return rows[by_expert], incoming.sum(0).tolist(), (counts, incoming, by_expert)
 
 
-def combine(y: torch.Tensor, route: Routing, plan, tokens: int, group=None) -> torch.Tensor:
+def combine(y: torch.Tensor, routing: Routing, plan, tokens: int, group=None) -> torch.Tensor:
     """The experts' outputs back to the ranks their tokens came from, each weighted by its gate and summed
     into its token's row (``tokens`` rows)."""
     counts, incoming, by_expert = plan
     back = torch.empty_like(y).index_copy(0, by_expert, y)          # grouped by sender again
     mine = all_to_all(back, 0, 0, incoming.sum(1).tolist(), counts.sum(1).tolist(), group, "combine")
-    return y.new_zeros(tokens, y.shape[1]).index_add(0, route.token, mine * route.gate.unsqueeze(1))
+    return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, mine * routing.gate.unsqueeze(1))
 
 
 class ExpertParallelMoE(nn.Module):
@@ -186,10 +190,8 @@ class ExpertParallelMoE(nn.Module):
         self.router, self.experts = moe.router, moe.experts.part(rank * local, local)
 
     def forward(self, x: torch.Tensor):
-        probs, chosen, gates = self.router(x)
+        probs, chosen, routing = route(self.router, x, self.n_experts, self.capacity_factor)
         self.chosen_counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)  # for balancing (nudge_bias)
-        route = Routing(chosen, gates, keep_within_capacity(chosen, self.n_experts, self.capacity_factor),
-                        self.n_experts)
-        rows, per_expert, plan = dispatch(x, route, self.group)
-        out = combine(self.experts(rows, per_expert), route, plan, x.shape[0], self.group)
+        rows, per_expert, plan = dispatch(x, routing, self.group)
+        out = combine(self.experts(rows, per_expert), routing, plan, x.shape[0], self.group)
         return out, load_balance_loss(probs, chosen, self.n_experts)
