@@ -55,26 +55,24 @@ class Router(nn.Module):
 
 
 class Experts(nn.Module):
-    """Experts ``first ... first + count - 1`` of ``n_experts`` MLPs (d -> d_ff -> d, GELU), weights stacked on
-    dim 0: a rank keeps the rows of its experts. Built from one seed, so every rank's rows are the whole's rows."""
+    """Experts ``first, first + 1, ...`` of a layer's MLPs (d -> d_ff -> d, GELU), their weights stacked on dim 0
+    (``w1``: ``(experts, d, d_ff)``): a rank of expert parallelism keeps the rows of its experts (:meth:`part`)."""
 
-    def __init__(self, n_experts: int, d_model: int, d_ff: int, first: int = 0, count: int | None = None,
-                 seed: int = 0):
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, first: int = 0):
         super().__init__()
-        count = n_experts - first if count is None else count
+        self.first, self.w1, self.w2 = first, nn.Parameter(w1), nn.Parameter(w2)
+
+    @classmethod
+    def drawn(cls, n_experts: int, d_model: int, d_ff: int, seed: int = 0) -> "Experts":
+        """All ``n_experts``, weights drawn from ``seed``."""
         g = torch.Generator().manual_seed(seed)
-        w1 = torch.randn(n_experts, d_model, d_ff, generator=g) / math.sqrt(d_model)
-        w2 = torch.randn(n_experts, d_ff, d_model, generator=g) / math.sqrt(d_ff)
-        self.first, self.count = first, count
-        self.w1, self.w2 = nn.Parameter(w1[first:first + count].clone()), nn.Parameter(w2[first:first + count].clone())
+        return cls(torch.randn(n_experts, d_model, d_ff, generator=g) / math.sqrt(d_model),
+                   torch.randn(n_experts, d_ff, d_model, generator=g) / math.sqrt(d_ff))
 
     def part(self, first: int, count: int) -> "Experts":
         """A copy of experts ``first ... first + count - 1`` of these (what one rank of expert parallelism keeps)."""
-        part = Experts(self.count, 1, 1, count=0)
-        part.first, part.count = self.first + first, count
-        part.w1 = nn.Parameter(self.w1.detach()[first:first + count].clone())
-        part.w2 = nn.Parameter(self.w2.detach()[first:first + count].clone())
-        return part
+        rows = slice(first, first + count)
+        return Experts(self.w1.detach()[rows].clone(), self.w2.detach()[rows].clone(), self.first + first)
 
     def forward(self, x: torch.Tensor, rows_per_expert: list[int]) -> torch.Tensor:
         """``x``: the rows of local expert 0, then of expert 1, ... (``rows_per_expert`` of each)."""
@@ -140,7 +138,7 @@ class MoE(nn.Module):
         with torch.random.fork_rng():                                # the router's weights from the seed alone
             torch.manual_seed(seed)
             self.router = Router(d_model, n_experts, k)
-        self.experts = Experts(n_experts, d_model, d_ff, seed=seed)
+        self.experts = Experts.drawn(n_experts, d_model, d_ff, seed=seed)
 
     def forward(self, x: torch.Tensor):
         probs, chosen, routing = route(self.router, x, self.n_experts, self.capacity_factor)
