@@ -36,7 +36,7 @@ __all__ = ["launch", "Cluster", "RankError", "LaunchTimeout", "ClusterClosed", "
            # chapter 05: Megatron-LM tensor parallelism
            "ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "ParallelSelfAttention",
            "parallelize_transformer", "gather_dense", "VocabParallelEmbedding", "vocab_parallel_cross_entropy",
-           # chapter 08: do the replicas agree, and where did a NaN come in
+           # chapter 09: do the replicas agree, and where did a NaN come in
            "check_replicas", "ReplicaReport", "nonfinite_ranks",
            # every chapter: the library's own code, shown
            "show"]

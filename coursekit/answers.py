@@ -3,7 +3,7 @@
 Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both (:mod:`coursekit.collectives.ring`), and
 exercise 02 tells learners to import them. Exercise 04 asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it;
 exercise 06's merge and ring loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``;
-exercise 07's choice is what the planner computes. A learner who calls the library's function has written
+exercise 08's choice is what the planner computes. A learner who calls the library's function has written
 nothing, so every function that answers an exercise is listed here, in :data:`ANSWERS`, by its qualified name --
 the algorithm's own file carries no grading hook -- and while a grader runs the learner's code for that exercise
 it holds them back (:func:`held_back`): calling one raises :class:`AnswerHeldBack`, whose message says what to
@@ -55,13 +55,13 @@ ANSWERS: dict[str, tuple[str, str]] = {
                           "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)"),
     _SEQUENCE + "ring_attention": ("06_ring_attention",
                                    "write the ring loop yourself: block_attention, merge and PassRight, G steps"),
-    **{_PLANNER + name: ("07_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
+    **{_PLANNER + name: ("08_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
 }
 
-#: Exercises whose answer a notebook could compute in any cell and hand back from the graded function (exercise 07's
+#: Exercises whose answer a notebook could compute in any cell and hand back from the graded function (exercise 08's
 #: layouts: one call of the planner per scenario, stored). ``coursekit grade`` holds their answers back from the
 #: notebook's first cell (:func:`hold_for_this_process`), not only while the graded function runs.
-WHOLE_NOTEBOOK = ("07_choose_a_layout",)
+WHOLE_NOTEBOOK = ("08_choose_a_layout",)
 
 _lock = threading.Lock()
 _held: Counter[str] = Counter()                  # exercise -> how many blocks hold its answers back now
@@ -157,7 +157,7 @@ def hold_for_this_process(exercise: str) -> None:
 @contextmanager
 def released(exercise: str):
     """Inside the block ``exercise``'s answers run as themselves even where they are held back: the grader's own
-    reference (exercise 07's best layout), computed while the learner's whole notebook is held."""
+    reference (exercise 08's best layout), computed while the learner's whole notebook is held."""
     with _lock:
         held = list(_saved.get(exercise, []))
         refusals = [(fn, fn.__code__) for fn, _ in held]

@@ -1,6 +1,6 @@
-"""Exercise 07's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
+"""Exercise 08's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves.
 
-The solution and the stub come from the notebook's one source (tools/notebook_src/07_choose_a_layout.py, both sides
+The solution and the stub come from the notebook's one source (tools/notebook_src/08_choose_a_layout.py, both sides
 of its SOLUTION block, through tests/submissions/choose_layout/_cl_solution.py); every attempt in
 tests/submissions/choose_layout/ is graded with its score and feedback (README there). Nothing runs on ranks: the
 grader prices each layout with coursekit.costmodel.evaluate and holds it to plan(...)[0].
@@ -11,7 +11,7 @@ and coursekit/costmodel/__init__.py's marking):
 * plan, brute_force and layouts not listed in ``coursekit.answers.ANSWERS`` -> the same two, and the held-back test fails;
 * every layout taken to fit -> no_zero_13b and no_micro_batches_125m "fits_in_memory earned 3.0, not 2";
 * the chapter's rules judged on layouts that do not fit -> the same two "follows_the_chapter earned 3.0, not 2";
-* (issue 42, item 4: the 10% band became chapter 07's rules and the hidden runs) each rule switched off: the
+* (issue 42, item 4: the 10% band became chapter 08's rules and the hidden runs) each rule switched off: the
   pipeline rule -> pipelines_the_13b (pure pipelining for 13B, 0.8% *faster* on paper, was credited); the
   fits-one-GPU rule -> tp_for_a_small_model; the bubble rule -> pipeline_few_micro_batches; the hidden runs
   replaced by the shown ones -> copies_the_chapter (and calls_plan, degrees_not_gpus, ...) earn hidden points;
@@ -54,7 +54,7 @@ ATTEMPTS = attempts("choose_layout")
 
 
 def graded_as_coursekit_grade_runs_it(name: str):
-    """Load attempt ``name`` and grade it as ``coursekit grade`` runs exercise 07's notebook: the planner held back
+    """Load attempt ``name`` and grade it as ``coursekit grade`` runs exercise 08's notebook: the planner held back
     from the first cell (coursekit.answers.WHOLE_NOTEBOOK). An attempt whose cell calls it stops there: the report
     is the one the CLI makes of a notebook that stopped (every check not run, the error's line as its note)."""
     with held_back(EXERCISE):
@@ -153,7 +153,7 @@ def test_the_planner_is_held_back_only_while_the_learner_chooses():
     from coursekit.answers import held_back
     with held_back(EXERCISE):
         for answer in (plan, brute_force, layouts):
-            with pytest.raises(AnswerHeldBack, match="07_choose_a_layout"):
+            with pytest.raises(AnswerHeldBack, match="08_choose_a_layout"):
                 answer(s.config, s.hardware, s.gpus, s.global_batch)
         assert evaluate(s.config, Layout(dp=8, micro_batches=8), s.hardware, s.global_batch).fits  # the calculator
 

@@ -1,8 +1,8 @@
-"""Exercise 08's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves;
+"""Exercise 09's grader: the notebook's solution full marks, its stub zero, each typical mistake what it deserves;
 and the broken programs fail on real ranks the way the notebook says they do.
 
 The solution, the stub and the broken programs come from the notebook's one source
-(tools/notebook_src/08_find_the_bug.py, through tests/submissions/find_the_bug/_fb_solution.py); every attempt in
+(tools/notebook_src/09_find_the_bug.py, through tests/submissions/find_the_bug/_fb_solution.py); every attempt in
 tests/submissions/find_the_bug/ is graded with its score and feedback (README there).
 
 Planted bugs, each seen failing (in coursekit/grading/find_the_bug*.py):

@@ -120,7 +120,7 @@ def test_175b_on_1024_gpus_is_megatrons_tp_8_pp_dp():
     of batch 1,536 over 1,024 GPUs at 140 TFLOP/s = 31.5 s (our A100 at 50% of 312 TFLOP/s is 156 TFLOP/s
     before the bubble and communication, so the model's step is a little faster)."""
     best = plan(GPT3, A100, 1024, 1536, top=1, space=Space.megatron_2021())[0]
-    # Table 1's row for 175 B: t = 8, p = 16 on 1,024 GPUs, so d = 8 -- the one name chapter 07 gives it
+    # Table 1's row for 175 B: t = 8, p = 16 on 1,024 GPUs, so d = 8 -- the one name chapter 08 gives it
     assert (best.layout.tp, best.layout.pp, best.layout.dp) == (8, 16, 8), best.layout
     B, s, L, h, V = 1536, 2048, 96, 12288, 51200
     published = 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)) / (1024 * 140e12)

@@ -172,7 +172,7 @@ def test_tensor_parallel_time_is_its_all_reduces_on_nvlink():
 
 def test_communication_time_is_per_step_every_micro_batch_of_it():
     """Seconds a *step*: tensor parallelism's all-reduces run for every micro-batch, so 192 micro-batches take
-    192 times one (chapter 07 prints both; it once called the step's 38.5 s "per micro-batch"). Planted, seen
+    192 times one (chapter 08 prints both; it once called the step's 38.5 s "per micro-batch"). Planted, seen
     failing: the micro-batches left out of the tp rows (ratio 1)."""
     config, a100 = ModelConfig.gpt3_175b(), Hardware()
     one = communication_time(config, Layout(dp=8, tp=16, pp=8, micro_batches=1), a100, 1).tp

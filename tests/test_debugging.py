@@ -1,4 +1,4 @@
-"""Chapter 08's cases, one launch each: every classic bug made on purpose, and the sentence of the report that names it.
+"""Chapter 09's cases, one launch each: every classic bug made on purpose, and the sentence of the report that names it.
 
 Two ranks wherever the bug allows (the course's machine has 2 cores), timeouts of 2 s for the cases that hang.
 The expected phrases are the bug's facts (which rank, which call, which peer, which tensor), written from the
@@ -225,7 +225,7 @@ def test_monitored_barrier_names_the_missing_rank():
     assert error.rank == 0 and "Rank 1 failed to pass monitoredBarrier in 1000 ms" in str(error)
 
 
-# The Flight Recorder, as chapter 08 reads it on gloo.
+# The Flight Recorder, as chapter 09 reads it on gloo.
 def flight_record(rank, world_size):
     dist.all_reduce(torch.ones(4))
     if rank == 0:

@@ -40,7 +40,7 @@ def two_cpu_hogs():
 
 def graded(folder: str, name: str):
     """(score, per check (name, earned, status, feedback)) of one grading of the attempt, as ``coursekit grade``
-    runs it (exercise 07's answers held back from the first cell: an attempt that stops there is its note)."""
+    runs it (exercise 08's answers held back from the first cell: an attempt that stops there is its note)."""
     exercise = BY_FOLDER[folder]
     with held_back(exercise.name) if exercise.name in WHOLE_NOTEBOOK else nullcontext():
         attempt, stopped = load_as_graded(exercise.name, folder, name)

@@ -1,6 +1,6 @@
 """A refused layout names its own reason, and every change its sentence suggests passes the same check.
 
-Chapter 09 shows these sentences to learners, so each is held to two things: the words of its own reason (not
+Chapter 10 shows these sentences to learners, so each is held to two things: the words of its own reason (not
 the world size's, when the layout has a reason of its own), and each "e.g." -- read back from the sentence, and
 from the error's ``suggestion`` -- applied to the config and checked again on the same ranks.
 
@@ -27,7 +27,7 @@ from coursekit.capstone.run import FIELDS
 from coursekit.parallel.hybrid import LayoutError, check_degrees, mesh_shape
 
 REFUSED = [  # (config, ranks, words only its own reason says)
-    # chapter 09's six, on 4 ranks
+    # chapter 10's six, on 4 ranks
     (Config(dp=3, tp=2), 4, "multiply to 6, but the job has 4 ranks"),
     (Config(tp=2, sp=2), 4, "ring attention over tensor-parallel heads"),
     (Config(pp=4, layers=1), 4, "the model has 3 layers to cut"),

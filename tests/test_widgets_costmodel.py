@@ -1,4 +1,4 @@
-"""Chapter 07's strategy calculator: its default state drawn at construction and equal to the chapter's static
+"""Chapter 08's strategy calculator: its default state drawn at construction and equal to the chapter's static
 image, every control redraws, and the bars are the cost model's numbers.
 
 Each test names the bug it was seen failing on (planted in coursekit/widgets/costmodel.py or
@@ -26,7 +26,7 @@ from figure_support import drawn_texts  # noqa: E402
 from coursekit.viz.costmodel import (PRESETS, calculator_candidates, draw_memory_per_gpu,  # noqa: E402
                                      draw_step_time, layout_label)
 
-SOURCE = Path(__file__).resolve().parents[1] / "tools" / "notebook_src" / "07_choosing_a_strategy.py"
+SOURCE = Path(__file__).resolve().parents[1] / "tools" / "notebook_src" / "08_choosing_a_strategy.py"
 
 
 def _spy(monkeypatch):

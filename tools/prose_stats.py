@@ -1,6 +1,6 @@
 """How long a page reads: words of prose, long sentences and parentheses, in README or a chapter notebook.
 
-    python tools/prose_stats.py README.md notebooks/0*.ipynb
+    python tools/prose_stats.py README.md notebooks/*.ipynb
 
 Prose is what a reader reads as text: fenced code, tables, images, headings and HTML comments are left out, and
 a link counts by its text, not its address. In a notebook only the markdown cells count, split into the main

@@ -9,7 +9,7 @@ activations), the largest over the ranks. Caveat: 4 ranks share 2 CPU cores here
 tokens/s measures the course's communication and Python overhead, not the layouts' merit; the memory is
 exact whatever the machine.
 
-Two columns come from chapter 07's cost model (:mod:`coursekit.costmodel`), which never ran anything:
+Two columns come from chapter 08's cost model (:mod:`coursekit.costmodel`), which never ran anything:
 
 * its model-state bytes on the most loaded rank for the *same* layout of the *same* model in fp32
   (:func:`~coursekit.costmodel.memory_per_gpu`) -- compared with the measured peak;

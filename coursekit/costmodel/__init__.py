@@ -1,4 +1,4 @@
-"""costmodel: chapter 07's memory and time model of a training step, and a planner on top of it (P1, P8, P10).
+"""costmodel: chapter 08's memory and time model of a training step, and a planner on top of it (P1, P8, P10).
 
 Plain functions, each citing where its formula comes from, each checked against this course's own
 measured runs and against published figures (tests/test_costmodel_*.py). What the model is asked about

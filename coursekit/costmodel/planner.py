@@ -54,7 +54,7 @@ from .step import TrainingStepTime, step_time
 __all__ = ["Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key"]
 
-# Exercise 07 asks for a layout chosen from the numbers: while it is graded, the searches refuse (coursekit.answers).
+# Exercise 08 asks for a layout chosen from the numbers: while it is graded, the searches refuse (coursekit.answers).
 
 INTERLEAVED_CHUNKS = 2
 

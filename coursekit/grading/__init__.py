@@ -25,22 +25,22 @@ schedule), ``data_parallel`` 02 (with ``data_parallel_runs``, what runs on the r
 ``data_parallel_hints``), ``model_parallel`` 03 (activations forward, gradients back; with
 ``model_parallel_ranks``), ``pipeline_schedule`` 04 (a 1F1B generator), ``tensor_parallel``
 05 (column- and row-parallel linear; with ``tensor_parallel_cases``, ``tensor_parallel_mistakes`` (the
-typical mistakes, named) and ``tensor_tools``, the learner's counted collectives), ``ring_attention`` 06 (with ``ring_attention_runs``, ``ring_attention_merges`` and ``ring_attention_work``, the blockwise work each rank did) and ``choose_layout`` 07 (a layout per scenario,
-held to the cost model's planner; with ``choose_layout_feedback``) and ``find_the_bug`` 08 (three broken
+typical mistakes, named) and ``tensor_tools``, the learner's counted collectives), ``ring_attention`` 06 (with ``ring_attention_runs``, ``ring_attention_merges`` and ``ring_attention_work``, the blockwise work each rank did) and ``choose_layout`` 08 (a layout per scenario,
+held to the cost model's planner; with ``choose_layout_feedback``) and ``find_the_bug`` 09 (three broken
 programs, each named from its report and fixed; with ``find_the_bug_programs``, what runs on the ranks, and
 ``find_the_bug_options``, the multiple choice). Each exercise is registered once, in
 :data:`~.registry.EXERCISES`; ``grade(name, ...)`` imports its module the first time, and
 its ``@check`` decorators fill the registry.
 
-Writing the checks of a new exercise ``07_x`` (in ``coursekit/grading/x.py``, then
-``Exercise("07_x", "x", "check_x", ("average",))`` in ``registry.EXERCISES``)::
+Writing the checks of a new exercise ``10_x`` (in ``coursekit/grading/x.py``, then
+``Exercise("10_x", "x", "check_x", ("average",))`` in ``registry.EXERCISES``)::
 
     from .registry import check
     from .scoring import CheckFailed, partial_credit
 
     INSTEAD = "use chapter 01's ring_all_reduce"   # said if torch.distributed's collectives are called
 
-    @check("07_x", points=2, hidden=True)
+    @check("10_x", points=2, hidden=True)
     def averages_gradients(submission, ctx):
         results = ctx.run(some_rank_function, 4, submission.average, accept=looks_right)  # simulator, then ranks
         if wrong:

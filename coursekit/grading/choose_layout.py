@@ -1,4 +1,4 @@
-"""Checks of exercise 07 (``exercises/07_choose_a_layout.ipynb``): choose a layout for three training runs.
+"""Checks of exercise 08 (``exercises/08_choose_a_layout.ipynb``): choose a layout for three training runs.
 
     from coursekit.grading import check_choose_layout
     check_choose_layout(choose_layout)
@@ -7,7 +7,7 @@ The learner writes ``choose_layout(scenario) -> Layout`` for *any* training run 
 and global batch, the GPUs and how many share a node): the degrees ``dp × tp × pp × sp``, the ZeRO stage, the
 schedule and its micro-batches, the recomputation. :data:`SCENARIOS` are the three the notebook shows (GPT-3 Small
 and 13B on one node of 8 GPUs, GPT-3 175B on 1,024); :data:`HIDDEN` three more of the same kinds at other sizes,
-which only the grader runs -- so a layout copied from chapter 07, or a function that knows only the three keys,
+which only the grader runs -- so a layout copied from chapter 08, or a function that knows only the three keys,
 earns nothing there. Checks (one point per scenario):
 
 * ``valid_layout``: the layout can run: its degrees multiply to the scenario's GPUs, tp divides the heads
@@ -16,7 +16,7 @@ earns nothing there. Checks (one point per scenario):
 * ``fits_in_memory``: the most loaded GPU holds it (:func:`coursekit.costmodel.memory_per_gpu` ≤ the GPU's
   memory); the feedback names the largest term and what shrinks it ("optimizer state 154.3 GB per GPU: add
   ZeRO over dp ...");
-* ``follows_the_chapter``: the reasoning chapter 07 teaches, not a ranking its time model cannot make (it is
+* ``follows_the_chapter``: the reasoning chapter 08 teaches, not a ranking its time model cannot make (it is
   checked to a factor of 1.5, and layouts 1% apart are a tie for it): a model whose states fit one GPU runs on
   data parallelism alone (P1, P10); tp stays inside a node; a pipeline only where every layout without one is
   more than :data:`PIPELINE_PAYS` slower than the planner's best (P10), and then with a bubble under
@@ -51,7 +51,7 @@ from .scoring import CheckFailed, NotDone, partial_credit
 __all__ = ["EXERCISE", "Scenario", "SCENARIOS", "HIDDEN", "BAND", "PIPELINE_PAYS", "MAX_BUBBLE", "best",
            "best_without_pipeline", "judge"]
 
-EXERCISE = "07_choose_a_layout"
+EXERCISE = "08_choose_a_layout"
 BAND = 1.5                  # the step within 1.5x the planner's best: the factor the time model is checked to
 PIPELINE_PAYS = 0.10        # a pipeline only where every layout without one is more than 10% slower than the best
 MAX_BUBBLE = 0.20           # a pipeline's bubble under a fifth of the step
@@ -217,7 +217,7 @@ def _fits(v: Judged) -> str | None:
 
 
 def _lesson(v: Judged) -> str | None:
-    """The first of chapter 07's rules the layout breaks (fits one GPU -> dp alone; tp inside a node; a pipeline
+    """The first of chapter 08's rules the layout breaks (fits one GPU -> dp alone; tp inside a node; a pipeline
     only where it pays, with a small bubble; the step within BAND of the best), or None."""
     if v.candidate is None:
         return _not_judged(v)
@@ -261,7 +261,7 @@ def fits_in_memory(submission, ctx):
 
 @check(EXERCISE, points=3)
 def follows_the_chapter(submission, ctx):
-    """Each layout that fits follows chapter 07: dp alone if the model fits one GPU, tp inside a node, a pipeline
+    """Each layout that fits follows chapter 08: dp alone if the model fits one GPU, tp inside a node, a pipeline
     only where it pays and with a small bubble, the step within 1.5x the planner's best."""
     return _credit([(v.scenario.key, _lesson(v)) for v in _judged(submission, ctx)])
 

@@ -1,4 +1,4 @@
-"""Exercise 07's feedback: what does not fit, or where a layout's step time goes that the planner's best does not spend.
+"""Exercise 08's feedback: what does not fit, or where a layout's step time goes that the planner's best does not spend.
 
 Every sentence is computed from the cost model's numbers for the learner's layout (a
 :class:`~coursekit.costmodel.Candidate`, as :func:`~coursekit.costmodel.evaluate` prices it):

@@ -1,4 +1,4 @@
-"""Checks of exercise 08 (``exercises/08_find_the_bug.ipynb``): three broken programs, each named and fixed.
+"""Checks of exercise 09 (``exercises/09_find_the_bug.ipynb``): three broken programs, each named and fixed.
 
     from coursekit.grading import check_find_the_bug
     check_find_the_bug(diagnosis, train_step, ring_sum, make_replica)
@@ -55,7 +55,7 @@ from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 __all__ = ["EXERCISE", "INSTEAD", "WORLD_SIZES", "RING_LENGTH"]
 
-EXERCISE = "08_find_the_bug"  # registered in registry.EXERCISES, the one place exercises are named
+EXERCISE = "09_find_the_bug"  # registered in registry.EXERCISES, the one place exercises are named
 # Said when torch.distributed's collectives are called (they are switched off while grading):
 INSTEAD = ("send with coursekit.comm.send/recv (or isend/irecv) and sum with coursekit.collectives.ring_all_reduce, "
            "as the broken programs do, so that every message is counted")

@@ -1,4 +1,4 @@
-"""Exercise 08's multiple choice: for each broken program, four readings of its report, one of them right.
+"""Exercise 09's multiple choice: for each broken program, four readings of its report, one of them right.
 
 The wrong readings are the ones a report invites: program A's length error ends "did one rank build its
 gradients differently?"; program B's timeout says "pass a larger timeout="; program C's loss differs from

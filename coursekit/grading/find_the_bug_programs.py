@@ -1,6 +1,6 @@
-"""What runs on each rank in exercise 08 (find the bug), and the one-process runs each fix is held to.
+"""What runs on each rank in exercise 09 (find the bug), and the one-process runs each fix is held to.
 
-Exercise 08 shows three broken programs, each run for real, with the report coursekit gives. The learner
+Exercise 09 shows three broken programs, each run for real, with the report coursekit gives. The learner
 fixes one function of each; the rest of the program is the harness here, the same for the broken program
 (the notebook launches it to show the report) and for the fix (the grader launches it to judge it):
 

@@ -166,7 +166,7 @@ def launch(fn: Callable[..., Any], world_size: int, *args, backend: str = "auto"
         output: ``"live"`` (default): each line the ranks print appears as it arrives, ``[rank N]`` first;
             ``"ordered"``: all of it at the end, rank by rank, the same on every run.
         env: environment variables every rank sets before ``init_process_group``, e.g.
-            ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` (torch's collective checks, chapter 08); the
+            ``{"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}`` (torch's collective checks, chapter 09); the
             notebook's own environment is left as it is.
 
     Raises:

@@ -1,4 +1,4 @@
-"""Chapter 07's calculator drawn: memory per GPU and step time for the planner's ranked layouts.
+"""Chapter 08's calculator drawn: memory per GPU and step time for the planner's ranked layouts.
 
 Two stacked-bar charts over the same layouts, side by side, read from :mod:`coursekit.costmodel` (this module
 computes nothing of its own):

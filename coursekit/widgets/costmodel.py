@@ -1,4 +1,4 @@
-"""Chapter 07's strategy calculator: pick a model and a machine, see which layouts fit and how fast they run.
+"""Chapter 08's strategy calculator: pick a model and a machine, see which layouts fit and how fast they run.
 
     >>> from coursekit.widgets.costmodel import strategy_calculator
     >>> box = strategy_calculator()   # a notebook cell ending in strategy_calculator() shows it, drawn at once

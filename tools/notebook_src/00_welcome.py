@@ -12,7 +12,7 @@
 # **How to use the course**
 # 1. Run the cells in order with Shift+Enter. The first code cell holds the `parameters`. Their defaults are
 #    small, so each chapter runs in seconds. Raise them to see bigger effects.
-# 2. Chapters 01–08 each end with a graded exercise. Your copy is in `exercises/`, a worked one in
+# 2. Chapters 01–09 each end with a graded exercise. Your copy is in `exercises/`, a worked one in
 #    `solutions/`. Grade it with its grading cell, or from a terminal:
 #    `coursekit grade exercises/01_ring_allreduce.ipynb`. Your file is never changed.
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
@@ -150,7 +150,7 @@ except coursekit.LaunchTimeout as error:
 
 # %% [markdown]
 # **Takeaway:** a failing rank never leaves the others hanging. You get an error that names the rank, and
-# chapter 08 teaches how to read it.
+# chapter 09 teaches how to read it.
 #
 # ## 4. Warm ranks for interactive work
 #
@@ -228,8 +228,8 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8, P10 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
-# | 07 | choosing a strategy: a memory and time model, a planner, a calculator | P1, P8, P10 |
-# | 08 | debugging: hangs, crashes and silent divergence, made on purpose and found | R2 |
-# | 09 | the capstone: one trainer for every layout, under `torchrun` | P1, P8, P9 |
+# | 08 | choosing a strategy: a memory and time model, a planner, a calculator | P1, P8, P10 |
+# | 09 | debugging: hangs, crashes and silent divergence, made on purpose and found | R2 |
+# | 10 | the capstone: one trainer for every layout, under `torchrun` | P1, P8, P9 |
 #
 # Next: `01_gradient_sync.ipynb`.

@@ -1,4 +1,4 @@
-"""The solution of exercise 07 (and its stub), taken from the notebook's one source, for attempts to reuse."""
+"""The solution of exercise 08 (and its stub), taken from the notebook's one source, for attempts to reuse."""
 
 import re
 import sys
@@ -12,7 +12,7 @@ def choose_layout_of(exercise: bool = False):
     sys.path.insert(0, str(ROOT / "tools"))
     from build_notebook import select
 
-    source = select((ROOT / "tools" / "notebook_src" / "07_choose_a_layout.py").read_text(), exercise)
+    source = select((ROOT / "tools" / "notebook_src" / "08_choose_a_layout.py").read_text(), exercise)
     cells = re.split(r"^# %%.*$", source, flags=re.M)
     namespace: dict = {}
     exec("from coursekit.costmodel import Layout\n" + next(c for c in cells if "def choose_layout" in c), namespace)

@@ -11,7 +11,7 @@ def choose_layout(scenario):
 SCORE = 0
 NOT_JUDGED = "not judged: choose_layout calls coursekit's own planner here (see valid_layout)"
 LOSES = {"valid_layout": (0, ("125m, 13b and 175b: coursekit.costmodel.planner.plan was called: it is coursekit's own answer to "
-                              "exercise 07_choose_a_layout", "evaluate(config, Layout(...), hardware, global_batch) "
+                              "exercise 08_choose_a_layout", "evaluate(config, Layout(...), hardware, global_batch) "
                               "prices one layout")),
          "fits_in_memory": (0, "125m, 13b and 175b: " + NOT_JUDGED),
          "follows_the_chapter": (0, "125m, 13b and 175b: " + NOT_JUDGED),

@@ -1,4 +1,4 @@
-"""Chapter 07's printed answers, copied into a table by scenario key: its planner's first layout for GPT-2-sized,
+"""Chapter 08's printed answers, copied into a table by scenario key: its planner's first layout for GPT-2-sized,
 13B and 175B models (the 175B one is the chapter's worked example, run for run). The chapter laid the 13B out for a
 batch of 64, this run has 128: 16 micro-batches of 2 sequences hold 52.5 GB of activations, and it does not fit. The
 175B layout is right -- and the three runs the grader keeps hidden get nothing: the table does not know them (issue

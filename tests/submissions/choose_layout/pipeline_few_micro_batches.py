@@ -1,6 +1,6 @@
 """175B in Megatron-LM's degrees with 16 micro-batches of 6 sequences (and full recomputation to make them fit):
 valid (m = 16 >= p = 8), it fits (42 GB), but 1F1B idles (p − 1)/(m + p − 1) = 7/23 = 30% of the step: over
-the fifth chapter 07's rule allows (P7: many micro-batches for a small bubble).
+the fifth chapter 08's rule allows (P7: many micro-batches for a small bubble).
 
 Checked by hand: full recomputation makes the compute 21.20 s × (6P + 12Lsh + 2·P_layers + 4Lsh)/(6P + 12Lsh) =
 21.20 × 1.332 = 28.24 s; the bubble 28.24 × (p − 1)/m = 28.24 × 7/16 = 12.36 s."""

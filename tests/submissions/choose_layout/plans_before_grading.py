@@ -5,7 +5,7 @@ the planner's sentence and no check runs. (Graded here as `coursekit grade` runs
 tests/test_checks_choose_layout.py.)"""
 
 SCORE = 0
-NOTEBOOK_STOPS = ("coursekit.costmodel.planner.plan was called", "exercise 07_choose_a_layout",
+NOTEBOOK_STOPS = ("coursekit.costmodel.planner.plan was called", "exercise 08_choose_a_layout",
                   "choose the degrees yourself")
 LOSES = {check: (0, "the notebook never ran this check")
          for check in ("valid_layout", "fits_in_memory", "follows_the_chapter", "hidden_scenarios")}

@@ -13,7 +13,7 @@ def choose_layout(scenario):
 
 SCORE = 0
 LOSES = {"valid_layout": (0, "125m, 13b and 175b: coursekit.costmodel.planner.layouts was called: it is coursekit's own answer to "
-                             "exercise 07_choose_a_layout"),
+                             "exercise 08_choose_a_layout"),
          "fits_in_memory": (0, "not judged: choose_layout calls coursekit's own planner here"),
          "follows_the_chapter": (0, "not judged: choose_layout calls coursekit's own planner here"),
          "hidden_scenarios": (0, ("350m: GPT-3 Medium (350 M parameters) on 16 GPUs (2 nodes of 8): "

@@ -1,5 +1,5 @@
 """Tensor parallelism for every model, the 125 M one too: dp 4 × tp 2. Its model states, 2.0 GB with Adam, fit one
-GPU of 80 GB, so chapter 07's first rule (P1, P10: a model that fits one GPU -> data parallelism alone) says tp only
+GPU of 80 GB, so chapter 08's first rule (P1, P10: a model that fits one GPU -> data parallelism alone) says tp only
 adds all-reduces inside every layer. The same rule catches it on the hidden GPT-3 Medium run."""
 
 from _cl_solution import solution

@@ -1,4 +1,4 @@
-"""Exercise 08 as its notebook defines it, taken from the one source: the broken programs, the solution's
+"""Exercise 09 as its notebook defines it, taken from the one source: the broken programs, the solution's
 diagnosis and fixes, and the exercise's stubs, for the attempts to reuse.
 
 The functions are defined in one namespace with the notebook's imports (``torch``, ``comm``, ``ring_all_reduce``,
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCE = ROOT / "tools" / "notebook_src" / "08_find_the_bug.py"
+SOURCE = ROOT / "tools" / "notebook_src" / "09_find_the_bug.py"
 IMPORTS = ("import torch\nfrom coursekit import comm\nfrom coursekit.collectives import ring_all_reduce\n"
            "from coursekit.models import loss_fn\n")
 NAMES = ("broken_train_step", "broken_ring_sum", "broken_make_replica", "train_step", "ring_sum", "make_replica")
@@ -31,7 +31,7 @@ def notebook(exercise: bool = False) -> dict:
             or (isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["diagnosis"])]
     code = IMPORTS + "\n\n".join(kept) + "\n"
     SEGMENTS.update((node.split("(", 1)[0][len("def "):], node) for node in kept if node.startswith("def "))
-    return define(code, f"<08_find_the_bug {'exercise' if exercise else 'solution'}>")
+    return define(code, f"<09_find_the_bug {'exercise' if exercise else 'solution'}>")
 
 
 SEGMENTS: dict[str, str] = {}  # function name -> its source in the solution notebook

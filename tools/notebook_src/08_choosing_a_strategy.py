@@ -1,6 +1,6 @@
 # ci_parameters: {"TOP": 3}
 # %% [markdown]
-# # 07 · Choosing a strategy: a memory and time model, and a planner
+# # 08 · Choosing a strategy: a memory and time model, and a planner
 #
 # Chapters 02-06 built every strategy and measured it. This chapter turns those measurements into a
 # **[cost model](../docs/glossary.md#cost-model)** you
@@ -377,5 +377,5 @@ strategy_calculator()
 # watch the exposed communication grow where groups cross nodes. Change GPUs per node to 4 and see which
 # tensor-parallel degrees still rank.
 #
-# **Exercise** `exercises/07_choose_a_layout.ipynb`: write a function that lays out any training run by this
+# **Exercise** `exercises/08_choose_a_layout.ipynb`: write a function that lays out any training run by this
 # chapter's rules; it is graded on three runs you see and three you do not.

@@ -1,10 +1,10 @@
 # %% [markdown]
 # BEGIN SOLUTION
-# # Solution 07 · Choosing a strategy: lay out any training run
-# EXERCISE: # # Exercise 07 · Choosing a strategy: lay out any training run
+# # Solution 08 · Choosing a strategy: lay out any training run
+# EXERCISE: # # Exercise 08 · Choosing a strategy: lay out any training run
 # END SOLUTION
 #
-# Chapters 02–06 each measured one way of spreading a model over GPUs; chapter 07's cost model
+# Chapters 02–06 each measured one way of spreading a model over GPUs; chapter 08's cost model
 # (`coursekit.costmodel`) adds them up: memory per GPU (parameters, gradients, optimizer state, activations)
 # and the time of one training step (compute, the pipeline's bubble, the communication left exposed), for any
 # **layout** `dp × tp × pp × sp` with a ZeRO stage, a schedule, its micro-batches and a recomputation.
@@ -27,13 +27,13 @@
 #
 # **Grading** (`check_choose_layout`), one point per run in each check: the layout is valid (the degrees
 # multiply to the GPUs and divide the heads and the layers, `dp × m` divides the batch, a pipeline has `m ≥ p`);
-# it fits in the GPU's memory; and it **follows chapter 07**: a model whose states fit one GPU runs on data
+# it fits in the GPU's memory; and it **follows chapter 08**: a model whose states fit one GPU runs on data
 # parallelism alone; tp stays inside a node; a pipeline only where every layout without one is more than 10%
 # slower than the planner's best, and then with a bubble under a fifth of the step; the step within 1.5× the
 # planner's best, the factor its time model is checked to. A hidden check runs the same on the three runs you do
 # not see. The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded, and from
 # the first cell under `coursekit grade`: choose with the numbers. `evaluate` -- one layout's memory, step time
-# and reasons -- is your calculator. From a terminal: `coursekit grade exercises/07_choose_a_layout.ipynb`.
+# and reasons -- is your calculator. From a terminal: `coursekit grade exercises/08_choose_a_layout.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: the scenario the calculator cell below prices first ("125m", "13b" or "175b").
@@ -115,7 +115,7 @@ from coursekit.costmodel import Layout, evaluate, model_state_bytes, num_params
 
 
 def choose_layout(scenario):
-    """A Layout for any scenario (.config, .hardware, .gpus, .global_batch), by chapter 07's rules."""
+    """A Layout for any scenario (.config, .hardware, .gpus, .global_batch), by chapter 08's rules."""
 # BEGIN SOLUTION
     config, hardware, gpus, batch = scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch
 
@@ -171,7 +171,7 @@ def choose_layout(scenario):
 # EXERCISE: 
 # EXERCISE:     # YOUR CODE HERE: 1. data parallelism alone if the model's states fit one GPU; 2. tp inside a node with
 # EXERCISE:     # ZeRO-1 over dp; 3. a pipeline across nodes, with enough micro-batches for a small bubble.
-# EXERCISE:     raise NotImplementedError("return a Layout for any scenario, by chapter 07's rules")
+# EXERCISE:     raise NotImplementedError("return a Layout for any scenario, by chapter 08's rules")
 # END SOLUTION
 
 # %% [markdown]

@@ -1,6 +1,6 @@
 # ci_parameters: {"STEPS": 4, "EVERY_LAYOUT": false}
 # %% [markdown]
-# # 09 · The capstone: one trainer, any layout, under `torchrun`
+# # 10 · The capstone: one trainer, any layout, under `torchrun`
 #
 # Chapters 02–06 each proved one parallelism equal to one process. Real trainers, such as torchtitan,
 # Megatron-LM and picotron, are one script whose layout is a command-line choice. The seed calls these hybrids
@@ -12,7 +12,7 @@
 # 3. one layout trained live (§3), then eleven layouts whose loss curves match one process's (§4);
 # 4. the same script under `torchrun`, on one "node" and on two (§5);
 # 5. a checkpoint saved under one layout and resumed under another (§6);
-# 6. what each rank holds, against chapter 07's cost model (§7), and the commands for a cluster (§8).
+# 6. what each rank holds, against chapter 08's cost model (§7), and the commands for a cluster (§8).
 #
 # **What composes with what.** Each chapter's parallelism is applied in turn to the course transformer.
 # Tensor parallelism makes it Megatron's form on the `tp` axis, as in chapter 05. Sequence parallelism makes every
@@ -98,7 +98,7 @@ live = coursekit.launch(run, 4, Config(dp=2, tp=2, steps=STEPS, batch=BATCH))[0]
 
 # %% [markdown]
 # Tokens per second say little here: 4 ranks share 2 cores, and this model of 202,368 parameters spends more time
-# in every collective than in the compute it splits. Chapter 07 prices the same layouts on a real cluster.
+# in every collective than in the compute it splits. Chapter 08 prices the same layouts on a real cluster.
 #
 # ## 4. Eleven layouts, one curve
 #
@@ -250,7 +250,7 @@ print(f"\nresumed at step {again['first_step'] + 1}; steps {again['first_step'] 
 #
 # ## 7. What each rank holds, against the cost model
 #
-# Chapter 07's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it is
+# Chapter 08's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it is
 # beside what each layout's largest rank really held at its peak: parameters, gradients and Adam's two moments,
 # 4 + 4 + 8 bytes a parameter. One exception to expect: this trainer's ZeRO-3 gathers the whole model for its
 # forward, while the cost model gathers one layer at a time, as FSDP does.

@@ -1,6 +1,6 @@
 # ci_parameters: {"STEPS": 5}
 # %% [markdown]
-# # 08 · Debugging distributed programs: every classic hang and desync, made on purpose
+# # 09 · Debugging distributed programs: every classic hang and desync, made on purpose
 #
 # Writing the ring was chapter 01. The hard part in practice is the job that [hangs](../docs/glossary.md#hang) at step 3,000
 # without a word. Or it dies with a connection error on a rank that did nothing wrong. Or it trains on with a
@@ -578,4 +578,4 @@ print("exit code", analyser.returncode, "| last line:", (analyser.stderr or anal
 # | no error, the loss is off | `check_replicas`: the first parameter whose copies differ | replicas that did not start equal (§7) |
 # | NaN everywhere | `nonfinite_ranks` before the all-reduce: the first rank and step | one rank's bad data (§8) |
 #
-# **Exercise** `exercises/08_find_the_bug.ipynb`: three broken programs; name each bug from its report, then fix it.
+# **Exercise** `exercises/09_find_the_bug.ipynb`: three broken programs; name each bug from its report, then fix it.
