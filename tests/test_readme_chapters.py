@@ -49,12 +49,13 @@ def claims(cell: str) -> set[str]:
     return found
 
 
-def test_the_chapter_table_lists_chapters_00_to_09():
+def test_the_chapter_table_lists_chapters_00_to_10():
     rows = chapter_rows()
-    assert [row[0] for row in rows] == [f"{n:02d}" for n in range(10)]
+    assert [row[0] for row in rows] == [f"{n:02d}" for n in range(11)]
     assert all(len(row) == 6 for row in rows), [row for row in rows if len(row) != 6]
-    assert "notebooks/08_debugging.ipynb" in rows[8][1] and rows[8][5] == "`08_find_the_bug`"
-    assert "notebooks/09_capstone.ipynb" in rows[9][1]
+    row = {row[0]: row for row in rows}
+    assert "notebooks/09_debugging.ipynb" in row["09"][1] and row["09"][5] == "`09_find_the_bug`"
+    assert "notebooks/10_capstone.ipynb" in row["10"][1]
 
 
 def test_the_footnote_states_the_rule_the_times_follow():
