@@ -159,7 +159,7 @@ def torchtitan_moe(moe, group=None, w3: torch.Tensor | None = None) -> nn.Module
     if moe.capacity_factor is not None:
         raise ValueError(f"torchtitan's MoE is dropless; this layer drops tokens (capacity_factor "
                          f"{moe.capacity_factor}): compare with MoE(..., capacity_factor=None)")
-    group = group or dist.group.WORLD
+    group = group if group is not None else dist.group.WORLD
     rank, ep = dist.get_rank(group), dist.get_world_size(group)
     n_experts, (d_model, d_ff) = moe.n_experts, moe.experts.w1.shape[1:]
     if n_experts % ep:
