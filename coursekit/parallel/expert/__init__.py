@@ -4,7 +4,9 @@
   the capacity regime, the layer on one process (:class:`MoE`), and expert parallelism: :func:`dispatch`,
   :func:`combine` (uneven all-to-alls, counted) and :class:`ExpertParallelMoE`;
 * ``model`` -- a small model of MoE blocks (:func:`tiny_moe`);
-* ``strategy`` -- ``"expert"``: experts over ``ep``, copies over ``dp``, each parameter averaged over its group.
+* ``strategy`` -- ``"expert"``: experts over ``ep``, copies over ``dp``, each parameter averaged over its group;
+* ``torch`` -- the same layer in PyTorch's production stack: torchtitan's dropless MoE with expert parallelism, to
+  run side by side (needs ``pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1``; imported only when used).
 
 Every name below is importable from here (``from coursekit.parallel.expert import MoE``).
 """
@@ -13,7 +15,9 @@ from .core import (Experts, ExpertParallelMoE, MoE, Router, Routing, combine, di
                    load_balance_loss, nudge_bias, route)
 from .model import MoEModel, tiny_moe
 from .strategy import ExpertParallel
+from .torch import TORCHTITAN_INSTALL, gelu_grouped_experts, torchtitan_gradients, torchtitan_moe, torchtitan_step
 
 __all__ = ["Experts", "ExpertParallelMoE", "MoE", "Router", "Routing", "combine", "dispatch", "keep_within_capacity",
            "load_balance_loss", "nudge_bias", "route",
-           "MoEModel", "tiny_moe", "ExpertParallel"]
+           "MoEModel", "tiny_moe", "ExpertParallel",
+           "TORCHTITAN_INSTALL", "torchtitan_moe", "torchtitan_step", "torchtitan_gradients", "gelu_grouped_experts"]
