@@ -5,7 +5,10 @@ measured runs and against published figures (tests/test_costmodel_*.py). What th
 is described once, in :mod:`.config`:
 
 * memory -- :mod:`.params` (parameter counts), :mod:`.memory` (model states with ZeRO, activations after
-  Korthikanti et al. 2022, pipeline in-flight micro-batches, :func:`memory_per_gpu` for a layout);
+  Korthikanti et al. 2022, pipeline in-flight micro-batches), :mod:`.gpu_memory` (:func:`memory_per_gpu`
+  for a layout);
+* mixture of experts -- :mod:`.experts` (the experts' parameters, the rows expert parallelism's
+  all-to-alls carry, an MoE layer's activations), used by all the others when ``ModelConfig.experts > 0``;
 * time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.comm` (every collective of a step, its
   bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
@@ -13,10 +16,12 @@ is described once, in :mod:`.config`:
 """
 
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
-from .params import ParamCount, layer_params, num_params, params_per_rank, stage_layers
-from .memory import (PRECISIONS, ActivationBytes, GPUMemory, LogitsBytes, ModelStateBytes, PipelineActivations,
-                     activation_bytes_per_layer, logits_bytes, memory_per_gpu, model_state_bytes,
-                     pipeline_activation_bytes)
+from .experts import (ExpertRows, check_experts, expert_collectives, expert_params, expert_rows,
+                      mlp_activation_bytes, moe_activation_bytes, router_params)
+from .params import ParamCount, active_params, layer_params, num_params, params_per_rank, stage_layers
+from .memory import (PRECISIONS, ActivationBytes, LogitsBytes, ModelStateBytes, PipelineActivations,
+                     activation_bytes_per_layer, logits_bytes, model_state_bytes, pipeline_activation_bytes)
+from .gpu_memory import GPUMemory, memory_per_gpu, rank_state_bytes
 from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute_time
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, group_network, step_collectives)
@@ -26,13 +31,16 @@ from .planner import (Candidate, Space, brute_force, check_layout, evaluate, lay
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # memory
-           "ParamCount", "num_params", "layer_params", "stage_layers", "params_per_rank", "PRECISIONS",
-           "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes_per_layer", "LogitsBytes",
+           "ParamCount", "num_params", "layer_params", "stage_layers", "params_per_rank", "active_params", "PRECISIONS",
+           "ModelStateBytes", "model_state_bytes", "rank_state_bytes", "ActivationBytes", "activation_bytes_per_layer", "LogitsBytes",
            "logits_bytes", "PipelineActivations", "pipeline_activation_bytes", "GPUMemory", "memory_per_gpu",
            # time
            "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
            "step_collectives", "communication_bytes", "axis_network", "group_network", "collective_seconds", "communication_time",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
+           # mixture of experts
+           "ExpertRows", "check_experts", "expert_collectives", "expert_params", "expert_rows", "mlp_activation_bytes",
+           "moe_activation_bytes", "router_params",
            # the planner
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key"]

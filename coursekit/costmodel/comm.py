@@ -49,6 +49,14 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   Then the gradients summed over the ``sp`` group (every rank saw its own tokens), and with
   ``gather_logits`` a gather of the logits along the sequence (what the course's strategies did before
   they took each rank's loss on its own tokens, chapter 06; off by default).
+* **ep** -- an MoE's experts split over ``ep`` of the dp ranks (:mod:`.experts`): per MoE layer and
+  micro-batch a *dispatch* all-to-all (each token's ``k`` rows to their experts' ranks) and a *combine* (the
+  outputs back) forward, both again backward: ``4 · (ep−1)/ep · k·b·s·h`` per GPU for even routing (GShard's
+  dispatch and combine, Lepikhin et al. 2020; what chapter 07's ``dispatch``/``combine`` count), the busiest
+  rank ``imbalance`` times that, capped by a capacity factor (:func:`~.experts.expert_rows`); the counts
+  they announce first are control, not counted. The gradients then go to two groups, both booked under
+  **dp**: the dense parameters' over all ``dp`` ranks, the experts' over the ``dp/ep`` ranks that hold the
+  same experts (``axes=("edp",)``, ``ep`` apart); ZeRO shards each over its own group.
 * **dp × sp** -- with ``dp > 1`` and ``sp > 1`` (and no ZeRO) the two gradient all-reduces, a sum over
   ``sp`` and then an average over ``dp``, are **one** all-reduce of ``Ψ`` over the ``D·G`` ranks of the
   flattened group, as the course's ``"sequence_data"`` does
@@ -72,66 +80,24 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import replace
 
 from ..netsim import Network, closed_form_time
 from .params import num_params
 from .config import Hardware, Layout, ModelConfig
+from .experts import check_experts, expert_collectives
+from .rows import AXES, OPS, Collective, PerAxis
 
 __all__ = ["Collective", "PerAxis", "step_collectives", "communication_bytes", "axis_network", "group_network",
            "collective_seconds", "communication_time", "ATTENTIONS", "AXES", "OPS"]
 
-AXES = ("dp", "tp", "pp", "sp")           # innermost last: the mesh is laid out pp, dp, sp, tp (torchtitan's order)
 ATTENTIONS = ("ring", "ulysses")          # how the sp axis attends across its ranks
-OPS = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send")
 
 
-@dataclass(frozen=True)
-class Collective:
-    """One row of a step: ``count`` times ``op`` of ``numel`` elements over ``group`` GPUs along ``axis``.
-
-    ``numel`` is an even share, fractional when the tokens do not divide by the ranks (31 over 2: 15.5
-    each); summed over the ranks it is exact. ``what`` says what the row carries, for a learner's table.
-    ``axes``: the mesh axes the group spans when it is more than ``axis`` alone (``("sp", "dp")``: the
-    gradients' one all-reduce over the flattened dp×sp group); empty for a group along ``axis``.
-    """
-
-    axis: str
-    op: str
-    group: int
-    numel: float
-    count: int
-    what: str = ""
-    axes: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if self.op not in OPS:
-            raise ValueError(f"Collective.op must be one of {OPS} (got {self.op!r}).")
-
-    @property
-    def sent(self) -> float:
-        """Elements one GPU sends, all ``count`` runs together (the module docstring's table)."""
-        G, N = self.group, self.numel
-        each = {"all_reduce": 2 * (G - 1) * N / G, "send": N}.get(self.op, (G - 1) * N / G)
-        return self.count * each
-
-
-@dataclass(frozen=True)
-class PerAxis:
-    """A quantity per axis of the layout (bytes or seconds); ``total`` is their sum."""
-
-    dp: float = 0.0
-    tp: float = 0.0
-    pp: float = 0.0
-    sp: float = 0.0
-
-    @property
-    def total(self) -> float:
-        return self.dp + self.tp + self.pp + self.sp
-
-
-def _data(psi: int, layout: Layout) -> list[Collective]:
-    D, m = layout.dp, layout.micro_batches
+def _data(psi: int, layout: Layout, group: int | None = None, axes: tuple[str, ...] = (),
+          whose: str = "") -> list[Collective]:
+    """dp's rows for ``psi`` parameters over ``group`` ranks (default all ``dp``; an MoE's experts: ``dp/ep``)."""
+    D, m = layout.dp if group is None else group, layout.micro_batches
     if layout.sp > 1 and layout.zero == 0:          # one all-reduce over the flattened dp×sp group
         return [Collective("dp", "all_reduce", D * layout.sp, psi, 1, "gradients, once over dp×sp", ("sp", "dp"))]
     rows = {0: [("all_reduce", 1, "gradients")],
@@ -139,7 +105,20 @@ def _data(psi: int, layout: Layout) -> list[Collective]:
             2: [("reduce_scatter", m, "gradients, every backward"), ("all_gather", 1, "updated parameters")],
             3: [("all_gather", 2 * m, "parameters, before every forward and backward"),
                 ("reduce_scatter", m, "gradients, every backward")]}[layout.zero]
-    return [Collective("dp", op, D, psi, count, what) for op, count, what in rows]
+    return [Collective("dp", op, D, psi, count, what + whose, axes) for op, count, what in rows]
+
+
+def _experts_data(config: ModelConfig, layout: Layout) -> list[Collective]:
+    """With ``ep > 1`` two groups: the dense parameters over all ``dp`` (replicas on every rank), each rank's
+    experts over the ``dp/ep`` ranks that hold the same ones (whose tokens reached them through the all-to-alls:
+    chapter 07's ``"expert"``, torchtitan's ``dp_shard_in_ep``, Megatron Core's expert-data-parallel group)."""
+    count = num_params(config)
+    dense = -(-(count.total - count.experts) // layout.pp)
+    experts = -(-count.experts // (layout.ep * layout.pp))
+    rows = _data(dense, layout, whose=" (dense)")
+    if layout.dp > layout.ep:
+        rows += _data(experts, layout, layout.dp // layout.ep, ("edp",), " (experts, over their dp/ep copies)")
+    return rows
 
 
 def _tensor(config: ModelConfig, layout: Layout, b: int, s: float, vocab_parallel_loss: bool) -> list[Collective]:
@@ -201,27 +180,29 @@ def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gathe
 
 
 def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_len: int | None = None,
-                     attention: str = "ring", gather_logits: bool = False,
-                     vocab_parallel_loss: bool = True) -> tuple[Collective, ...]:
+                     attention: str = "ring", gather_logits: bool = False, vocab_parallel_loss: bool = True,
+                     imbalance: float = 1.0) -> tuple[Collective, ...]:
     """Every collective one GPU takes part in during one training step (the module docstring says which).
 
     ``micro_batch``: samples per micro-batch on one data-parallel rank (``layout.micro_batches`` of them a
     step); ``seq_len``: tokens per sample (default ``config.seq_len``, the model's positions); ``attention``:
     ``"ring"`` or ``"ulysses"`` along ``sp``; ``gather_logits``: the ``sp`` ranks gather the logits (the course's
     strategies no longer do: each rank's loss is on its own tokens); ``vocab_parallel_loss``: Megatron's loss on the vocabulary shards (else the
-    logits are all-gathered over ``tp``). An axis of degree 1 has no rows.
+    logits are all-gathered over ``tp``); ``imbalance``: an MoE's busiest rank's rows over the mean
+    (:func:`~.experts.expert_rows`), 1 for even routing. An axis of degree 1 has no rows.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS} (got {attention!r}).")
     if micro_batch < 1:
         raise ValueError(f"micro_batch must be >= 1 sample (got {micro_batch}).")
+    check_experts(config, layout)
     tokens = config.seq_len if seq_len is None else seq_len
-    stage = ModelConfig(config.vocab, tokens, config.hidden, -(-config.layers // layout.pp), config.heads,
-                        config.tied, config.qkv_bias, config.name)     # one sample through the busiest stage
+    stage = replace(config, seq_len=tokens, layers=-(-config.layers // layout.pp))  # a sample, the busiest stage
     psi = -(-num_params(config).total // (layout.tp * layout.pp))
     rows: list[Collective] = []
     if layout.dp > 1:
-        rows += _data(psi, layout)
+        rows += _data(psi, layout) if layout.ep == 1 else _experts_data(config, layout)
+    rows += expert_collectives(stage, layout, micro_batch, tokens, stage.layers, imbalance)
     if layout.tp > 1:
         rows += _tensor(stage, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)
     if layout.pp > 1:
@@ -277,13 +258,17 @@ def group_network(layout: Layout, hardware: Hardware, axes: tuple[str, ...]) -> 
         >>> [group_network(Layout(tp=4, sp=2, dp=2), Hardware(), a)[1] for a in (("sp",), ("dp",), ("sp", "dp"))]
         ['intra', 'net', 'intra+net']
     """
-    degrees = {"pp": layout.pp, "dp": layout.dp, "sp": layout.sp, "tp": layout.tp}
-    order = ("tp", "sp", "dp", "pp")
-    first = order.index(axes[0])
-    if tuple(axes) != order[first:first + len(axes)]:
-        raise ValueError(f"axes must be adjacent in the order {order} (got {axes!r}).")
+    # dp's ranks are ep's groups (ep innermost: neighbours) times dp/ep of them ("edp"), as torchtitan lays
+    # out dp_shard_in_ep outside ep; without expert parallelism ep = 1 and edp is dp
+    degrees = {"tp": layout.tp, "sp": layout.sp, "ep": layout.ep, "edp": layout.dp // layout.ep, "pp": layout.pp}
+    order = ("tp", "sp", "ep", "edp", "pp")
+    fine = tuple(b for a in axes for b in (("ep", "edp") if a == "dp" else (a,)))
+    first = order.index(fine[0]) if fine and fine[0] in order else -1
+    if first < 0 or fine != order[first:first + len(fine)]:
+        raise ValueError(f"axes must be adjacent in the order tp, sp, dp, pp (dp being ep inside edp = dp/ep) "
+                         f"(got {axes!r}).")
     stride = math.prod(degrees[a] for a in order[:first])
-    G, k = math.prod(degrees[a] for a in axes), hardware.gpus_per_node
+    G, k = math.prod(degrees[a] for a in fine), hardware.gpus_per_node
     intra = Network(hardware.intra_bandwidth, hardware.intra_latency)
     net = Network(hardware.bandwidth, hardware.latency)
     if stride * G <= k:

@@ -24,6 +24,12 @@ the whole ``s×s`` score matrix (no causal halving); so does this module.
 
 (the 0.02% between them: ``P`` here counts the biases, LayerNorms and positions, which the paper's
 ``12Lh² + Vh`` leaves out).
+
+A mixture of experts costs a token ``k`` experts, not ``E``: ``6·P·T`` counts the parameters a token *uses*,
+every dense one and the router, and ``k`` of each layer's ``E`` experts (:func:`~.params.active_params`; the
+Switch Transformer's "FLOPs per token" are those of its active parameters, Fedus et al. 2021, section 2).
+The experts' share is kept apart (:attr:`Flops.experts`) because expert parallelism's busiest rank does more
+of it than the mean: :func:`compute_time` scales it by the imbalance.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from dataclasses import dataclass
 
 from ..parallel.pipeline.planning import bubble_formula
 from .config import RECOMPUTE, Hardware, Layout, ModelConfig
+from .experts import expert_params, expert_rows
 from .params import num_params
 
 __all__ = ["Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction"]
@@ -39,15 +46,17 @@ __all__ = ["Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_frac
 
 @dataclass(frozen=True)
 class Flops:
-    """One step's FLOPs: the parameters' matmuls (``dense``), attention's ``s×s`` products, the recomputation."""
+    """One step's FLOPs: the parameters' matmuls (``dense``), attention's ``s×s`` products, the recomputation;
+    ``experts``: an MoE's experts' matmuls, ``k`` a token, forward, backward and recomputed (0 if dense)."""
 
     dense: float
     attention: float
     recompute: float = 0.0
+    experts: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.dense + self.attention + self.recompute
+        return self.dense + self.attention + self.recompute + self.experts
 
 
 def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -> Flops:
@@ -55,15 +64,28 @@ def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -
 
     ``dense = 6·P·tokens``, ``attention = 12·L·s·h·tokens``; recomputation adds one forward: ``"full"`` of
     every layer (``2·P_layers·tokens + 4·L·s·h·tokens``, Narayanan et al. 2021's 96 in place of 72),
-    ``"selective"`` of attention's core (``4·L·s·h·tokens``, Korthikanti et al. 2022).
+    ``"selective"`` of attention's core (``4·L·s·h·tokens``, Korthikanti et al. 2022). An MoE: ``dense`` counts
+    every parameter but the experts', ``experts = 6·L·k·2hf·tokens`` (``8·...`` with full recomputation).
 
         >>> compute_flops(ModelConfig.course(), tokens=64).dense == 6 * 104_832 * 64
+        True
+        >>> moe = ModelConfig.course(n_layers=2)
+        >>> from dataclasses import replace
+        >>> compute_flops(replace(moe, experts=8, top_k=2), tokens=64).experts == 6 * 2 * 2 * (2 * 64 * 256) * 64
         True
     """
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {RECOMPUTE} (got {recompute!r}).")
     h, L, s = config.hidden, config.layers, config.seq_len
     attention_forward = 4 * L * s * h * tokens
+    if config.experts:   # the dense part (attention, router, norms...) as above; k experts a token apart
+        count = num_params(config)
+        used = L * config.top_k * expert_params(config)                  # k of the E experts, every layer
+        forwards = 4 if recompute == "full" else 3                        # forward + backward (2×), + one more
+        extra = {"none": 0.0, "selective": attention_forward,
+                 "full": 2 * (count.layers - count.experts) * tokens + attention_forward}[recompute]
+        return Flops(6 * (count.total - count.experts) * tokens, 3 * attention_forward, extra,
+                     2 * forwards * used * tokens)
     layers = L * (12 * h * h + (13 if config.qkv_bias else 10) * h)
     extra = {"none": 0.0, "selective": attention_forward, "full": 2 * layers * tokens + attention_forward}[recompute]
     return Flops(6 * num_params(config).total * tokens, 3 * attention_forward, extra)
@@ -94,7 +116,7 @@ class ComputeTime:
 
 
 def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
-                 efficiency: float | None = None) -> ComputeTime:
+                 efficiency: float | None = None, imbalance: float = 1.0) -> ComputeTime:
     """``compute = compute_flops(global_batch·s).total / gpus / (flops · efficiency)``; the bubble on top.
 
     Every GPU does ``1/gpus`` of the work (dp splits the batch, tp the matrices, pp the layers, sp the
@@ -106,9 +128,17 @@ def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global
         >>> t = compute_time(ModelConfig.gpt3_175b(), Layout(dp=1, tp=8, pp=8, micro_batches=8), Hardware(), 8)
         >>> round(t.bubble / t.compute, 4)                            # (p − 1)/m = 7/8
         0.875
+
+    An MoE with ``ep > 1``: the busiest rank's experts compute :func:`~.experts.expert_rows`' busiest rows, not
+    the mean (``imbalance`` times more, at most the capacity's ``E·C``), and the step waits for it.
     """
     reached = hardware.flops * (hardware.efficiency if efficiency is None else efficiency)
-    flops = compute_flops(config, global_batch * config.seq_len, layout.recompute).total
-    compute = flops / layout.gpus / reached
+    flops = compute_flops(config, global_batch * config.seq_len, layout.recompute)
+    total = flops.total
+    if flops.experts:
+        tokens = global_batch // (layout.dp * layout.micro_batches) * config.seq_len / layout.sp
+        rows = expert_rows(config, tokens, layout.ep, imbalance)
+        total += flops.experts * (rows.busiest / (config.top_k * tokens) - 1)
+    compute = total / layout.gpus / reached
     f = bubble_fraction(layout)
     return ComputeTime(compute, compute * f / (1 - f))

@@ -6,8 +6,11 @@ compute, the planner), so that each formula names its inputs the same way:
 * :class:`ModelConfig` -- a GPT-shaped decoder: ``layers`` blocks of attention + a 4h MLP, learned
   positions, a final norm, an output head tied to the embedding or not. The course's own
   :func:`coursekit.models.tiny_transformer` is one (``qkv_bias=False``); GPT-2 and GPT-3 are others.
+  With ``experts > 0`` every block's MLP is a mixture of experts (chapter 07's
+  :class:`coursekit.parallel.expert.MoE`): a router and ``experts`` MLPs, ``top_k`` of them per token.
 * :class:`Layout` -- how ``gpus`` are used: degrees ``dp × tp × pp × sp`` (torchtitan's axis names),
-  the ZeRO stage over ``dp``, the pipeline schedule and micro-batches, activation recomputation.
+  the ZeRO stage over ``dp``, the pipeline schedule and micro-batches, activation recomputation, and
+  ``ep``: the experts split over ``ep`` of the ``dp`` ranks (expert parallelism borrows from dp).
 * :class:`Hardware` -- one GPU's memory and speed, and the links inside and between nodes.
 
     >>> ModelConfig.gpt2_small().hidden, Layout(dp=2, tp=4).gpus
@@ -27,7 +30,15 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")  # chapter 04's schedules
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-shaped decoder-only transformer: ``h`` = ``hidden``, ``L`` = ``layers``, ``a`` = ``heads``,
-    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions)."""
+    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions).
+
+    A mixture of experts when ``experts`` = ``E`` > 0 (0: dense): every block's MLP is a router (``E·h``
+    weights, no bias) and ``E`` MLPs ``h -> f -> h`` (GELU, no biases: ``2hf`` each, ``f`` =
+    ``expert_hidden``, 4h by default), each token going to ``top_k`` = ``k`` of them -- chapter 07's
+    :class:`~coursekit.parallel.expert.MoE`, Mixtral's and torchtitan's ``GroupedExperts`` (no biases).
+    ``capacity_factor``: GShard's and Switch's capacity regime, at most ``C = ceil(factor·k·T/E)`` of a
+    batch's ``T`` tokens' assignments per expert (the rest dropped); None: dropless.
+    """
 
     vocab: int
     seq_len: int
@@ -37,13 +48,33 @@ class ModelConfig:
     tied: bool = True          # the output head is the token embedding (GPT-2, the course model)
     qkv_bias: bool = True      # GPT-2 has one; the course model has none (see coursekit.models.SelfAttention)
     name: str = "custom"
+    experts: int = 0           # E; 0: a dense MLP in every block
+    top_k: int = 1             # k: experts per token
+    expert_hidden: int | None = None   # f: each expert's hidden size; None: 4h, the dense MLP's
+    capacity_factor: float | None = None  # None: dropless
 
     def __post_init__(self):
-        for field in ("vocab", "seq_len", "hidden", "layers", "heads"):
+        for field in ("vocab", "seq_len", "hidden", "layers", "heads", "top_k"):
             if getattr(self, field) < 1:
                 raise ValueError(f"ModelConfig.{field} must be >= 1 (got {getattr(self, field)}).")
         if self.hidden % self.heads:
             raise ValueError(f"hidden ({self.hidden}) must be divisible by heads ({self.heads}).")
+        if self.experts < 0 or self.experts == 1:
+            raise ValueError(f"ModelConfig.experts is 0 (a dense MLP) or the number of experts, >= 2 (got "
+                             f"{self.experts}).")
+        if self.experts and self.top_k > self.experts:
+            raise ValueError(f"top_k = {self.top_k} experts per token, but only {self.experts} experts: use "
+                             f"top_k <= experts.")
+        if self.expert_hidden is not None and self.expert_hidden < 1:
+            raise ValueError(f"ModelConfig.expert_hidden must be >= 1 (got {self.expert_hidden}).")
+        if self.capacity_factor is not None and self.capacity_factor <= 0:
+            raise ValueError(f"ModelConfig.capacity_factor must be > 0, or None: dropless "
+                             f"(got {self.capacity_factor}).")
+
+    @property
+    def expert_ffn(self) -> int:
+        """``f``: each expert's hidden size (``expert_hidden``, or 4h)."""
+        return 4 * self.hidden if self.expert_hidden is None else self.expert_hidden
 
     @classmethod
     def course(cls, vocab: int = 16, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
@@ -62,10 +93,37 @@ class ModelConfig:
         """GPT-3 175B (Brown et al. 2020, Table 2.1): h = 12,288, 96 layers, 96 heads, s = 2,048."""
         return cls(50257, 2048, 12288, 96, 96, name="GPT-3 175B")
 
+    @classmethod
+    def mixtral_8x7b(cls) -> "ModelConfig":
+        """Mixtral 8x7B's shape in this config's terms: h = 4,096, 32 layers, 32 heads, v = 32,000 (untied),
+        8 experts, top-2, 32,768 positions (its ``config.json`` on the Hugging Face hub; Jiang et al. 2024,
+        "Mixtral of Experts", arXiv:2401.04088). Its experts are SwiGLU MLPs: three ``h × 14,336`` matrices,
+        as many parameters and FLOPs as the two of a GELU expert of ``f = 1.5 · 14,336 = 21,504`` (Shazeer
+        2020 compares them at equal cost the same way), so ``expert_hidden=21504``.
+
+        Mistral AI's figures, 46.7 B parameters in all and 12.9 B used per token, are what
+        :func:`~coursekit.costmodel.num_params` counts less four named differences of the GPT-shaped block
+        (multi-head attention: Mixtral's 8 key-value heads make K and V ``h × h/4``; learned positions:
+        Mixtral has RoPE; LayerNorm's bias: RMSNorm has none; the attention projection's bias): 939.9 M,
+        2.0% -- tests/test_costmodel_experts.py checks both figures to their three digits.
+        """
+        return cls(32000, 32768, 4096, 32, 32, tied=False, qkv_bias=False, name="Mixtral 8x7B", experts=8,
+                   top_k=2, expert_hidden=21504)
+
 
 @dataclass(frozen=True)
 class Layout:
-    """How the GPUs are used: ``dp × tp × pp × sp`` GPUs in all (any degree may be 1)."""
+    """How the GPUs are used: ``dp × tp × pp × sp`` GPUs in all (any degree may be 1).
+
+    ``ep``: expert parallelism *borrows from dp* -- the ``dp`` ranks that split the batch are grouped in
+    ``dp/ep`` groups of ``ep`` neighbours, and each group splits a model's experts ``ep`` ways (``E/ep`` a
+    rank), so ``ep`` must divide ``dp`` and adds no GPUs. torchtitan's ``ParallelDims`` ("EP would borrow
+    all cp and some dp_shard degree": ``(dp_shard · cp) % ep == 0``) and Megatron Core's expert-data-parallel
+    group do the same, and so does chapter 07's ``"expert"`` on its ``dp × ep`` mesh (its ``dp`` is this
+    ``dp/ep``). An expert's gradient is then summed over the ``dp/ep`` ranks that hold it (the
+    *expert-data-parallel* group), the dense ones over all ``dp``. With ``ep > 1`` the other model axes stay
+    1: expert parallelism with tp or sp (torchtitan's ETP, its cp folding) is not modelled here.
+    """
 
     dp: int = 1
     tp: int = 1
@@ -77,9 +135,10 @@ class Layout:
     chunks: int = 1                 # model chunks per rank (interleaved schedule's v)
     recompute: str = "none"
     sequence_parallel: bool = False  # Megatron-style: tp's all-reduces become reduce-scatter + all-gather
+    ep: int = 1                     # experts split over ep of the dp ranks (class docstring)
 
     def __post_init__(self):
-        for field in ("dp", "tp", "pp", "sp", "micro_batches", "chunks"):
+        for field in ("dp", "tp", "pp", "sp", "micro_batches", "chunks", "ep"):
             if getattr(self, field) < 1:
                 raise ValueError(f"Layout.{field} must be >= 1 (got {getattr(self, field)}).")
         if self.zero not in (0, 1, 2, 3):
@@ -88,6 +147,12 @@ class Layout:
             raise ValueError(f"Layout.schedule must be one of {SCHEDULES} (got {self.schedule!r}).")
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"Layout.recompute must be one of {RECOMPUTE} (got {self.recompute!r}).")
+        if self.dp % self.ep:
+            raise ValueError(f"ep = {self.ep} must divide dp = {self.dp}: the ep ranks are data-parallel ranks that "
+                             f"also split the experts (ep borrows from dp); use a dp that is a multiple of {self.ep}.")
+        if self.ep > 1 and (self.tp > 1 or self.sp > 1):
+            raise ValueError(f"ep = {self.ep} with tp = {self.tp}, sp = {self.sp}: expert parallelism is modelled "
+                             f"with dp and pp only; use tp = sp = 1, or ep = 1.")
 
     @property
     def gpus(self) -> int:

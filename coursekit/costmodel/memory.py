@@ -1,6 +1,7 @@
 """Memory per GPU: model states (the ZeRO paper), activations (Korthikanti et al. 2022) and what a pipeline holds.
 
-Three terms, one function each, then :func:`memory_per_gpu` for a whole :class:`~.config.Layout`:
+Three terms, one function each (:func:`~.gpu_memory.memory_per_gpu` puts them together for a whole
+:class:`~.config.Layout`):
 
 * :func:`model_state_bytes` -- parameters, gradients and Adam's state per rank (Rajbhandari et al. 2020,
   section 3.1 and Figure 1), ZeRO stages 1-3 over ``dp``; chapter 02's :mod:`coursekit.measure.memory` is the
@@ -27,12 +28,11 @@ from dataclasses import dataclass
 from ..measure.memory import PRECISIONS as CHAPTER02_PRECISIONS
 from ..measure.memory import exact_share, formula_bytes
 from ..parallel.pipeline.planning import peak_activations_formula
-from .config import RECOMPUTE, Layout, ModelConfig
-from .params import layer_params, params_per_rank, stage_layers
+from .config import RECOMPUTE
+from .params import stage_layers
 
 __all__ = ["PRECISIONS", "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes_per_layer",
-           "LogitsBytes", "logits_bytes", "PipelineActivations", "pipeline_activation_bytes", "GPUMemory",
-           "memory_per_gpu"]
+           "LogitsBytes", "logits_bytes", "PipelineActivations", "pipeline_activation_bytes"]
 
 # bytes per parameter: (parameters, gradients, optimizer state). Chapter 02's fp32 (4, 4, 8) and mixed
 # (2, 2, 12: the ZeRO paper's K = 12, an fp32 copy + m + v), and Megatron-LM's mixed precision, which keeps
@@ -226,69 +226,3 @@ def pipeline_activation_bytes(per_layer: float, layers: int, pp: int = 1, micro_
         raise ValueError(f"{layers} layers cannot fill {pp} stages × {v} chunks: each chunk needs at least one layer.")
     held = stage_layers(layers, pp, rank) if v == 1 else -(-layers // (pp * v))
     return PipelineActivations(per_layer, held, peak_activations_formula(schedule, pp, micro_batches, rank, v))
-
-
-@dataclass(frozen=True)
-class GPUMemory:
-    """Bytes on the most loaded GPU of a layout (pipeline ``stage``), by kind; ``buffers``: ZeRO-3's gathered layer."""
-
-    params: float
-    grads: float
-    optimizer: float
-    activations: float
-    buffers: float
-    stage: int
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
-
-
-def memory_per_gpu(config: ModelConfig, layout: Layout, micro_batch: int, precision: str = "mixed",
-                   dropout: bool = True, gathered_params: int | None = None) -> GPUMemory:
-    """Model states + activations on the most loaded GPU of ``layout``: the first or the last pipeline stage.
-
-    Model states: :func:`~.params.params_per_rank` of the stage (tp-split, the embedding on the first
-    stage, the head on the last), ZeRO ``layout.zero`` over ``layout.dp`` (:func:`model_state_bytes`).
-    Activations: :func:`activation_bytes_per_layer` at ``config.seq_len`` and ``micro_batch`` sequences
-    (2 bytes, or 4 with ``precision="fp32"``), times layers and micro-batches in flight
-    (:func:`pipeline_activation_bytes`), plus on the last stage the logits of the micro-batches between
-    its forward and backward (:func:`logits_bytes`: one, GPipe's m). Context parallelism (``layout.sp``)
-    divides the activations: each rank keeps s/sp of every sequence, and its queries' scores (ring
-    attention's blockwise softmax keeps even fewer). Buffers: with ZeRO-3, ``gathered_params`` gathered at
-    once (parameters and gradients; default: the larger of one block and the embedding, tp-split, as
-    DeepSpeed's "largest layer"; chapter 02's ZeRO-3 gathers the whole model). Not modelled: the embedding's
-    dropout mask and token ids, communication buffers, the allocator's fragmentation, a recomputed layer's
-    working set.
-
-        >>> course, plain = ModelConfig.course(), Layout(dp=2)          # 104,832 parameters, fp32: 16 bytes each
-        >>> m = memory_per_gpu(course, plain, micro_batch=4, precision="fp32", dropout=False)
-        >>> m.params + m.grads + m.optimizer
-        1677312
-    """
-    if micro_batch < 1:
-        raise ValueError(f"micro_batch must be >= 1 (got {micro_batch}).")
-    stages = {0, layout.pp - 1}
-    candidates = [_stage_memory(config, layout, micro_batch, stage, precision, dropout, gathered_params)
-                  for stage in sorted(stages)]
-    return max(candidates, key=lambda m: m.total)
-
-
-def _stage_memory(config, layout, micro_batch, stage, precision, dropout, gathered_params) -> GPUMemory:
-    count = params_per_rank(config, layout.tp, layout.pp, stage)
-    if gathered_params is None:
-        gathered_params = max(layer_params(config, layout.tp), count.embedding, count.head)
-    states = model_state_bytes(count.total, layout.dp, layout.zero, precision, largest_layer=gathered_params)
-    e = 4 if precision == "fp32" else 2
-    s, h = config.seq_len, config.hidden
-    per_layer = activation_bytes_per_layer(s, micro_batch, h, config.heads, layout.tp, layout.sequence_parallel,
-                                           layout.recompute, e, dropout).total
-    pipe = pipeline_activation_bytes(per_layer, config.layers, layout.pp, layout.micro_batches, layout.schedule,
-                                     layout.chunks, stage)
-    activations = pipe.total
-    if stage == layout.pp - 1:
-        in_flight = layout.micro_batches if layout.schedule == "gpipe" else 1
-        activations += in_flight * logits_bytes(s, micro_batch, h, config.vocab, layout.tp, layout.sequence_parallel,
-                                                e, 4).total
-    return GPUMemory(states.params, states.grads, states.optimizer, exact_share(activations, layout.sp), states.live,
-                     stage)

@@ -16,12 +16,17 @@ Valid, as the frameworks require (each refused by :func:`evaluate` with what to 
 * ``dp × micro_batches`` divides the global batch; with ``pp > 1``, ``micro_batches ≥ pp`` -- torchtitan
   accepts fewer and hangs, chapter 04's validator refuses it -- and a multiple of ``pp`` for the interleaved
   schedule (its rounds);
+* ``ep`` (an MoE's experts over ``ep`` of the ``dp`` ranks, :class:`~.config.Layout`) divides ``dp`` and the
+  experts, only for a model with experts (never for a dense one), and with ``tp = sp = 1``; an MoE's experts'
+  hidden size divides by ``tp``, and its layers take no Megatron-style ``sequence_parallel``
+  (:func:`~.experts.check_experts`);
 * ZeRO 2 and 3 only without a pipeline (DeepSpeed's pipeline engine asserts ``zero_optimization_stage() <
   ZeroStageEnum.gradients``: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"; ZeRO-2 would
   reduce-scatter every micro-batch's gradients), a ZeRO stage only with ``dp > 1``,
   Megatron's ``sequence_parallel`` only with ``tp > 1``.
 
-The space :func:`layouts` walks: every factorisation of ``gpus`` into valid degrees; ZeRO 0-3; with a pipeline
+The space :func:`layouts` walks: every factorisation of ``gpus`` into valid degrees (for an MoE, every ``ep``
+that divides ``dp`` and the experts); ZeRO 0-3; with a pipeline
 the four schedules of chapter 04 (interleaved with ``chunks=2``); every number of micro-batches that divides
 the data-parallel slice of the batch (at least ``pp``); the three recomputations; ``sequence_parallel`` on and
 off when ``tp > 1``. :class:`Space` narrows it (``Space.megatron_2021()``: what Megatron-LM offered in 2021).
@@ -45,8 +50,8 @@ from typing import Iterator
 
 from .compute import bubble_fraction, compute_time
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
-from .memory import GPUMemory, memory_per_gpu, model_state_bytes
-from .params import params_per_rank
+from .gpu_memory import GPUMemory, memory_per_gpu, rank_state_bytes
+from .experts import check_experts
 from .comm import communication_time
 from .reasons import layout_reasons
 from .step import TrainingStepTime, step_time
@@ -121,6 +126,7 @@ def check_layout(config: ModelConfig, layout: Layout, global_batch: int, gpus: i
     if p > 1 and layout.zero >= 2:
         raise ValueError(f"ZeRO-{layout.zero} shards the gradients, which a pipeline accumulates over its "
                          f"micro-batches: DeepSpeed refuses ZeRO 2-3 with pipeline parallelism; use zero <= 1.")
+    check_experts(config, layout)
 
 
 def evaluate(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
@@ -132,7 +138,7 @@ def evaluate(config: ModelConfig, layout: Layout, hardware: Hardware, global_bat
     """
     check_layout(config, layout, global_batch, attention=assumptions.get("attention", "ring"))
     micro_batch = global_batch // (layout.dp * layout.micro_batches)
-    memory = memory_per_gpu(config, layout, micro_batch)
+    memory = memory_per_gpu(config, layout, micro_batch, imbalance=assumptions.get("imbalance", 1.0))
     time = step_time(config, layout, hardware, global_batch, **assumptions)
     fits = memory.total <= hardware.memory
     return Candidate(layout, micro_batch, memory, time, fits,
@@ -143,23 +149,25 @@ def evaluate(config: ModelConfig, layout: Layout, hardware: Hardware, global_bat
 class Space:
     """Which choices the search may make (every valid one by default). ``megatron_2021()`` is what Megatron-LM
     offered when Narayanan et al. 2021 ran GPT-3 175B: tp × pp × dp, 1F1B or interleaved, no ZeRO, no context
-    or sequence parallelism, full recomputation or none (selective came with Korthikanti et al. 2022)."""
+    or sequence parallelism, full recomputation or none (selective came with Korthikanti et al. 2022), no
+    expert parallelism (Megatron Core's MoE came later)."""
 
     zero: tuple[int, ...] = (0, 1, 2, 3)
     schedules: tuple[str, ...] = SCHEDULES
     recompute: tuple[str, ...] = RECOMPUTE
     sequence_parallel: tuple[bool, ...] = (False, True)
     max_sp: int | None = None           # None: any sp that divides the sequence
+    max_ep: int | None = None           # None: any ep that divides dp and the experts (an MoE's only)
 
     @classmethod
     def megatron_2021(cls) -> "Space":
         return cls(zero=(0,), schedules=("1f1b", "interleaved"), recompute=("none", "full"),
-                   sequence_parallel=(False,), max_sp=1)
+                   sequence_parallel=(False,), max_sp=1, max_ep=1)
 
 
 def _degrees(config: ModelConfig, gpus: int, space: Space, attention: str) -> Iterator[tuple[int, int, int, int]]:
     for tp in _divisors(gpus):
-        if config.heads % tp or config.vocab % tp:
+        if config.heads % tp or config.vocab % tp or (config.experts and config.expert_ffn % tp):
             continue
         for pp in _divisors(gpus // tp):
             if config.layers % pp:
@@ -171,22 +179,29 @@ def _degrees(config: ModelConfig, gpus: int, space: Space, attention: str) -> It
                     yield gpus // (tp * pp * sp), tp, pp, sp
 
 
+def _eps(config: ModelConfig, dp: int, tp: int, sp: int, space: Space) -> list[int]:
+    """The expert-parallel degrees of a group: 1 for a dense model, else every ep dividing dp and the experts."""
+    if not config.experts or tp > 1 or sp > 1:
+        return [1]
+    return [ep for ep in _divisors(dp) if config.experts % ep == 0 and (space.max_ep is None or ep <= space.max_ep)]
+
+
 def _groups(config: ModelConfig, gpus: int, global_batch: int, space: Space, attention: str) -> Iterator[Layout]:
     """One layout per group (degrees and ZeRO stage), the rest at its defaults."""
     for dp, tp, pp, sp in _degrees(config, gpus, space, attention):
         if global_batch % dp:
             continue
-        for zero in space.zero:
+        for ep, zero in itertools.product(_eps(config, dp, tp, sp, space), space.zero):
             if (zero and dp == 1) or (pp > 1 and zero >= 2):
                 continue
-            yield Layout(dp=dp, tp=tp, pp=pp, sp=sp, zero=zero)
+            yield Layout(dp=dp, tp=tp, pp=pp, sp=sp, zero=zero, ep=ep)
 
 
 def _members(config: ModelConfig, group: Layout, global_batch: int, space: Space) -> Iterator[Layout]:
     """Every valid layout of a group: schedules, micro-batches, recomputation, sequence_parallel."""
     p = group.pp
     schedules = space.schedules if p > 1 else ("1f1b",)
-    sp_choices = space.sequence_parallel if group.tp > 1 else (False,)
+    sp_choices = space.sequence_parallel if group.tp > 1 and not config.experts else (False,)
     for schedule, m, recompute, sp_on in itertools.product(schedules, _divisors(global_batch // group.dp),
                                                            space.recompute, sp_choices):
         chunks = INTERLEAVED_CHUNKS if schedule == "interleaved" else 1
@@ -214,7 +229,7 @@ def ranking_key(candidate: Candidate) -> tuple:
     layout = candidate.layout
     return (not candidate.fits, float(f"{candidate.seconds:.9g}"), float(f"{candidate.memory.total:.9g}"),
             (layout.dp, layout.tp, layout.pp, layout.sp, layout.zero, layout.schedule, layout.micro_batches,
-             layout.recompute, layout.sequence_parallel))
+             layout.recompute, layout.sequence_parallel, layout.ep))
 
 
 def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, space: Space = Space(),
@@ -228,8 +243,7 @@ def brute_force(config: ModelConfig, hardware: Hardware, gpus: int, global_batch
 def states_fit(config: ModelConfig, group: Layout, hardware: Hardware) -> bool:
     """Whether the group's model states alone (no activations) fit: if not, none of its layouts does."""
     for stage in {0, group.pp - 1}:
-        count = params_per_rank(config, group.tp, group.pp, stage).total
-        if model_state_bytes(count, group.dp, group.zero).total > hardware.memory:
+        if rank_state_bytes(config, group, stage).total > hardware.memory:
             return False
     return True
 
@@ -238,12 +252,13 @@ def lower_bound(config: ModelConfig, group: Layout, hardware: Hardware, global_b
                 **assumptions) -> float:
     """Seconds no layout of ``group`` (its degrees and ZeRO stage) beats: the module docstring's bound."""
     compute = compute_time(config, replace(group, recompute="none"), hardware, global_batch,
-                           assumptions.get("efficiency")).compute
+                           assumptions.get("efficiency"), assumptions.get("imbalance", 1.0)).compute
     fractions = [bubble_fraction(layout) for layout in _members(config, group, global_batch, space)]
     smallest = min(fractions, default=0.0)
-    comm = {k: v for k, v in assumptions.items() if k in ("attention", "gather_logits", "vocab_parallel_loss")}
-    shares = {axis: assumptions.get(f"{axis}_overlap", 0.0) for axis in ("dp", "tp", "pp", "sp")}
-    sp_choices = space.sequence_parallel if group.tp > 1 else (False,)
+    comm = {k: v for k, v in assumptions.items()
+            if k in ("attention", "gather_logits", "vocab_parallel_loss", "imbalance")}
+    shares = {axis: assumptions.get(f"{axis}_overlap", 0.0) for axis in ("dp", "tp", "pp", "sp", "ep")}
+    sp_choices = space.sequence_parallel if group.tp > 1 and not config.experts else (False,)
     exposed = min(sum(getattr(seconds, axis) * (1 - share) for axis, share in shares.items())
                   for seconds in (communication_time(config, replace(group, micro_batches=1, sequence_parallel=on),
                                                      hardware, global_batch // group.dp,

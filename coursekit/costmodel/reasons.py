@@ -19,8 +19,7 @@ from dataclasses import replace
 from .comm import axis_network, communication_time, group_network
 from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
-from .memory import GPUMemory, memory_per_gpu, model_state_bytes
-from .params import params_per_rank
+from .gpu_memory import GPUMemory, memory_per_gpu, rank_state_bytes
 from .step import TrainingStepTime
 
 __all__ = ["layout_reasons", "gb", "ms", "duration"]
@@ -54,7 +53,8 @@ def _tp_reason(config, layout, hardware, global_batch, time, **assumptions) -> s
     slow = replace(hardware, intra_bandwidth=hardware.bandwidth, intra_latency=hardware.latency)
     fast = replace(hardware, bandwidth=hardware.intra_bandwidth, latency=hardware.intra_latency)
     micro = global_batch // (layout.dp * layout.micro_batches)
-    comm = {k: v for k, v in assumptions.items() if k in ("attention", "gather_logits", "vocab_parallel_loss")}
+    comm = {k: v for k, v in assumptions.items()
+            if k in ("attention", "gather_logits", "vocab_parallel_loss", "imbalance")}
     if link == "intra":
         other = communication_time(config, layout, slow, micro, **comm).tp
         return (f"tp = {t} {LINKS[link]}: its all-reduces per layer take {duration(seconds)} "
@@ -69,7 +69,7 @@ def _pp_reason(config, layout, hardware, time) -> str:
     p, m = layout.pp, layout.micro_batches
     f = bubble_fraction(layout)
     advice = " -- raise m" if f > 0.1 else ""
-    flat = model_state_bytes(params_per_rank(config, layout.tp).total, layout.dp, layout.zero).total
+    flat = rank_state_bytes(config, replace(layout, pp=1)).total
     without = (f"without a pipeline the model states alone would need {gb(flat)} per GPU > {gb(hardware.memory)}"
                if flat > hardware.memory else f"without a pipeline the model states would be {gb(flat)} per GPU")
     return (f"pp = {p}: the bubble costs {100 * f:.0f}% at m = {m} ({layout.schedule}, {duration(time.bubble)}){advice}; "
@@ -82,13 +82,32 @@ def _dp_reason(layout, hardware, time) -> str:
     what = "all-reduce of the gradients takes" if layout.zero == 0 else f"ZeRO-{layout.zero} collectives take"
     if once:
         what = f"one all-reduce of the gradients over dp×sp = {layout.dp * layout.sp} ranks takes"
+    if layout.ep > 1:
+        kind, verb = ("all-reduce", "takes") if layout.zero == 0 else (f"ZeRO-{layout.zero} collectives", "take")
+        what = (f"{kind} of the dense gradients (each expert lives on one rank: nothing to sum) {verb}"
+                if layout.dp == layout.ep else
+                f"{kind} of the dense gradients and the experts' (over dp/ep = {layout.dp // layout.ep}) take")
     return (f"dp = {layout.dp} {LINKS[link]}: the {what} {duration(time.communication.dp)} "
             f"({_share(time.communication.dp, time.total)} of the step)")
 
 
-def _zero_reason(config, layout, hardware, memory, global_batch) -> str:
+def _ep_reason(config, layout, hardware, memory, time, global_batch, imbalance) -> str:
+    """How many experts a GPU keeps, its model states against ep = 1's, and what the all-to-alls cost."""
+    _, link = axis_network(layout, hardware, "ep")
     micro = global_batch // (layout.dp * layout.micro_batches)
-    plain = memory_per_gpu(config, replace(layout, zero=0), micro)
+    alone = memory_per_gpu(config, replace(layout, ep=1), micro, imbalance=imbalance)
+    verdict = (f"; without it {gb(alone.total)} > {gb(hardware.memory)}: it would not fit"
+               if alone.total > hardware.memory >= memory.total else "")
+    routing = f" at imbalance {imbalance:g}" if imbalance != 1 else ""
+    return (f"ep = {layout.ep} {LINKS[link]}: each GPU keeps {config.experts // layout.ep} of {config.experts} experts, "
+            f"model states {gb(memory.params + memory.grads + memory.optimizer)} per GPU instead of "
+            f"{gb(alone.params + alone.grads + alone.optimizer)}{verdict}; the dispatch and combine all-to-alls "
+            f"take {duration(time.communication.ep)}{routing} ({_share(time.communication.ep, time.total)} of the step)")
+
+
+def _zero_reason(config, layout, hardware, memory, global_batch, imbalance=1.0) -> str:
+    micro = global_batch // (layout.dp * layout.micro_batches)
+    plain = memory_per_gpu(config, replace(layout, zero=0), micro, imbalance=imbalance)
     saved = plain.total - memory.total
     verdict = (f"; without it {gb(plain.total)} > {gb(hardware.memory)}: it would not fit"
                if plain.total > hardware.memory >= memory.total else "")
@@ -97,11 +116,12 @@ def _zero_reason(config, layout, hardware, memory, global_batch) -> str:
             f"{gb(plain.params + plain.grads + plain.optimizer)} ({gb(saved)} saved){verdict}")
 
 
-def _recompute_reason(config, layout, hardware, global_batch, memory) -> str:
+def _recompute_reason(config, layout, hardware, global_batch, memory, imbalance=1.0) -> str:
     micro = global_batch // (layout.dp * layout.micro_batches)
-    kept = memory_per_gpu(config, replace(layout, recompute="none"), micro)
-    extra = (compute_time(config, layout, hardware, global_batch).compute
-             - compute_time(config, replace(layout, recompute="none"), hardware, global_batch).compute)
+    kept = memory_per_gpu(config, replace(layout, recompute="none"), micro, imbalance=imbalance)
+    extra = (compute_time(config, layout, hardware, global_batch, imbalance=imbalance).compute
+             - compute_time(config, replace(layout, recompute="none"), hardware, global_batch,
+                            imbalance=imbalance).compute)
     return (f"recompute = {layout.recompute}: activations {gb(memory.activations)} instead of "
             f"{gb(kept.activations)}, for {duration(extra)} more compute")
 
@@ -121,6 +141,7 @@ def _fit_reason(memory: GPUMemory, hardware: Hardware, fits: bool) -> str:
 def layout_reasons(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int, memory: GPUMemory,
                    time: TrainingStepTime, fits: bool, **assumptions) -> tuple[str, ...]:
     """One line per decision of ``layout`` (its axes of degree > 1, ZeRO, recomputation) and one on memory."""
+    imbalance = assumptions.get("imbalance", 1.0)
     lines = [f"step {duration(time.total)}: compute {duration(time.compute)}, bubble {duration(time.bubble)}, exposed "
              f"communication {duration(time.exposed_communication)}"]
     if layout.tp > 1:
@@ -133,9 +154,11 @@ def layout_reasons(config: ModelConfig, layout: Layout, hardware: Hardware, glob
         _, link = axis_network(layout, hardware, "sp")
         lines.append(f"sp = {layout.sp} {LINKS[link]}: attention's blocks cost {duration(time.communication.sp)}, each "
                      f"rank keeps 1/{layout.sp} of the activations")
+    if layout.ep > 1:
+        lines.append(_ep_reason(config, layout, hardware, memory, time, global_batch, imbalance))
     if layout.zero:
-        lines.append(_zero_reason(config, layout, hardware, memory, global_batch))
+        lines.append(_zero_reason(config, layout, hardware, memory, global_batch, imbalance))
     if layout.recompute != "none":
-        lines.append(_recompute_reason(config, layout, hardware, global_batch, memory))
+        lines.append(_recompute_reason(config, layout, hardware, global_batch, memory, imbalance))
     lines.append(_fit_reason(memory, hardware, fits))
     return tuple(lines)
