@@ -26,6 +26,8 @@ Planted bugs, each seen failing (in coursekit/grading/dispatch_combine*.py and c
   counts_of_own_tokens, combine_returns_rows: the others wait on its all-to-all, "deadlock" instead of the mistake;
 * no INSTEAD in the grader -> calls_dist_all_to_all "dispatch_rows's feedback lacks 'torch.distributed.all_to_all_single
   was called: this exercise asks you to send the rows with all_to_all ...'" (it said "build it from coursekit.comm");
+* dispatch_rows judging the run with combine (not dispatch alone) -> combine_raises "dispatch_rows should earn full
+  marks";
 * process_groups blaming the groups whatever went wrong -> detaches_gates "process_groups's feedback lacks 'it is
   wrong with the whole world as the group too'".
 """
@@ -86,4 +88,4 @@ def test_every_typical_mistake_has_an_attempt():
             "not_regrouped_by_expert", "counts_as_payload", "float_counts_as_payload", "rows_as_control",
             "pads_pieces", "detaches_gates", "sends_back_without_autograd", "combine_keeps_expert_order",
             "combine_returns_rows", "counts_of_own_tokens", "ignores_group",
-            "senders_reversed_within_an_expert", "calls_dist_all_to_all"} <= set(ATTEMPTS)
+            "senders_reversed_within_an_expert", "calls_dist_all_to_all", "combine_raises"} <= set(ATTEMPTS)

@@ -58,9 +58,9 @@ SKEWED = [Case(2, 4, 1, None, (5, 8), skew=True), Case(4, 8, 2, 1.0, (5, 8, 6, 1
 HIDDEN = [Case(3, 6, 2, 1.25, (7, 0, 12), d=6, seed=11), Case(4, 8, 1, None, (3, 9, 1, 6), skew=True, d=6, seed=13)]
 
 
-def _judged(ctx, submission, case: Case, judge) -> str | None:
+def _judged(ctx, submission, case: Case, judge, with_combine: bool = True) -> str | None:
     """``judge(run)`` of the case's run, or the sentence saying why it did not run; the case named first."""
-    result = run(ctx, submission, case)
+    result = run(ctx, submission, case, with_combine)
     if isinstance(result, Refused):
         return str(result)
     said = result if isinstance(result, str) else judge(result)
@@ -87,8 +87,8 @@ def _outputs_and_gradients(result) -> str | None:
 def dispatch_rows(submission, ctx):
     """Each rank receives exactly the rows of its experts' assignments, grouped by expert, and their counts."""
     cases = [PLAIN[0], PLAIN[2], SKEWED[2]]
-    return _credit([_judged(ctx, submission, c, _dispatch) for c in cases],
-                   [_judged(ctx, submission, ONE_RANK, _dispatch)])
+    return _credit([_judged(ctx, submission, c, _dispatch, with_combine=False) for c in cases],
+                   [_judged(ctx, submission, ONE_RANK, _dispatch, with_combine=False)])
 
 
 @check(EXERCISE, points=3)

@@ -223,12 +223,13 @@ def _mismatch(said: str) -> str | None:
             f"{f' ({where[1]})' if where else ''}: {MISMATCH}")
 
 
-def run(ctx, submission, case: Case):
+def run(ctx, submission, case: Case, with_combine: bool = True):
     """The learner's dispatch and combine on ``case`` (once per grading: ``ctx.memo``): a :class:`Run`, or a
     sentence saying why there is none (:class:`Refused`: the same for every case). Not done and a deadlock end the
-    check (no other case could do better)."""
+    check (no other case could do better). ``with_combine=False``: dispatch alone (a combine that raises costs
+    dispatch nothing)."""
     def compute():
-        combine = None if is_stub(submission.combine) else submission.combine
+        combine = None if not with_combine or is_stub(submission.combine) else submission.combine
         moe, sent = _moe(case), []
         routers = [copy.deepcopy(moe.router) for _ in range(case.ep)]
         experts = [moe.experts.part(rank * case.local, case.local) for rank in range(case.ep)]
@@ -247,7 +248,7 @@ def run(ctx, submission, case: Case):
                 return Refused(said)
             return _mismatch(said) or said
         return Run(case, ranks, sent, reference(case), combine is not None)
-    return ctx.memo(("run", case), compute)
+    return ctx.memo(("run", case, with_combine), compute)
 
 
 GROUP_CASE = Case(2, 4, 2, None, (5, 8, 6, 11), seed=9)  # per global rank's tokens; the ep groups are {0,1}, {2,3}
