@@ -24,6 +24,11 @@ Planted bugs, each seen failing (in coursekit/grading/dispatch_combine*.py and c
   assumes_even_splits "dispatch_rows's feedback lacks ..." (each named only the symptom);
 * the simulated ranks not agreeing before combine and backward (a rank that cannot go on returning alone) ->
   counts_of_own_tokens, combine_returns_rows: the others wait on its all-to-all, "deadlock" instead of the mistake;
+* the agreement a threading.Barrier aborted by the rank that raised -> combine_raises, under `make determinism`:
+  "grading 2 of 20 differs from the first" (a slow rank that had passed the barrier was broken by it, and rank 1's
+  error reported instead of rank 0's); the agreement waiting outside the simulator's block ->
+  skips_when_it_has_nothing "dispatch_rows earned 1.33, not 0", after 90 s of "still running after 30 s" (three
+  timeouts, not one deadlock found at once);
 * no INSTEAD in the grader -> calls_dist_all_to_all "dispatch_rows's feedback lacks 'torch.distributed.all_to_all_single
   was called: this exercise asks you to send the rows with all_to_all ...'" (it said "build it from coursekit.comm");
 * dispatch_rows judging the run with combine (not dispatch alone) -> combine_raises "dispatch_rows should earn full
@@ -88,4 +93,5 @@ def test_every_typical_mistake_has_an_attempt():
             "not_regrouped_by_expert", "counts_as_payload", "float_counts_as_payload", "rows_as_control",
             "pads_pieces", "detaches_gates", "sends_back_without_autograd", "combine_keeps_expert_order",
             "combine_returns_rows", "counts_of_own_tokens", "ignores_group",
-            "senders_reversed_within_an_expert", "calls_dist_all_to_all", "combine_raises"} <= set(ATTEMPTS)
+            "senders_reversed_within_an_expert", "calls_dist_all_to_all", "combine_raises",
+            "skips_when_it_has_nothing"} <= set(ATTEMPTS)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import torch
 
+from .. import comm
 from ..comm.mesh import Mesh
 from ..parallel.expert import MoE, route
 from .feedback import is_stub
@@ -150,15 +151,39 @@ def _rows_and_counts(returned, case: Case):
 class Agreement:
     """The grader's own word between simulated ranks (not a message: nothing is counted): every rank goes on to
     combine, or to backward, only if every rank can. One rank skipping a step its peers take would leave them
-    waiting on its all-to-all. A rank that raises breaks it, so the others stop instead of waiting."""
+    waiting on its all-to-all. A rank that raised never comes: the others stop quietly (the simulator reports it).
+
+    By round, not a reusable barrier: a round every rank reached answers the same whatever happens after it (a
+    barrier aborted by a fast rank's error could still break a slow rank that had in fact passed it: a report
+    that depended on timing). A rank waits here as in a receive, through the simulator's ``block``, so a rank
+    stuck in a receive that a rank waiting here never sent is a deadlock, found at once."""
 
     def __init__(self, ranks: int):
-        self.barrier, self.flags = threading.Barrier(ranks), [False] * ranks
+        self.ranks, self.rounds, self.failed = ranks, {}, False
 
-    def all(self, rank: int, ok: bool) -> bool:
-        self.flags[rank] = ok
-        self.barrier.wait()
-        return all(self.flags)
+    def all(self, rank: int, step: str, ok: bool) -> bool:
+        world = comm.current_transport().world
+        with world.cond:
+            votes = self.rounds.setdefault(step, {})
+            votes[rank] = ok
+            world.cond.notify_all()
+            world.block(rank, f"the grader, after its {step} returned",
+                        lambda: len(votes) == self.ranks or self.failed)
+            if len(votes) < self.ranks:
+                raise Stopped
+            return all(votes.values())
+
+    def fail(self) -> None:
+        """This rank raised: every rank waiting here stops (called on the raising rank's thread)."""
+        self.failed = True
+        world = getattr(comm.current_transport(), "world", None)
+        if world is not None:
+            with world.cond:
+                world.cond.notify_all()
+
+
+class Stopped(Exception):
+    """Another rank raised before this one's round was complete."""
 
 
 def _rank(rank, ep, dispatch, combine, case, routers, experts, xs, grads, agreement):
@@ -166,10 +191,10 @@ def _rank(rank, ep, dispatch, combine, case, routers, experts, xs, grads, agreem
     error ends it quietly (the simulator reports that one)."""
     try:
         return _steps(rank, dispatch, combine, case, routers[rank], experts[rank], xs[rank], grads[rank], agreement)
-    except threading.BrokenBarrierError:
+    except Stopped:
         return None
     except BaseException:
-        agreement.barrier.abort()
+        agreement.fail()
         raise
     finally:
         _STAGE.name = None
@@ -182,7 +207,7 @@ def _steps(rank, dispatch, combine, case, router, mine, x, grad, agreement):
     rows, per, plan = _rows_and_counts(dispatch(x, routing, None), case)
     result = {"rows": rows.detach().clone(), "per": per, "out": None}
     fits = rows.dim() == 2 and rows.shape[1] == case.d and len(per) == case.local and sum(per) == rows.shape[0]
-    if not agreement.all(rank, combine is not None and fits and min(per, default=0) >= 0):
+    if not agreement.all(rank, "dispatch", combine is not None and fits and min(per, default=0) >= 0):
         return result  # combine not written, or nothing the experts could run on: the checks say which
     _STAGE.name = "combine"
     out = combine(mine(rows, per), routing, plan, x.shape[0], None)
@@ -190,7 +215,7 @@ def _steps(rank, dispatch, combine, case, router, mine, x, grad, agreement):
         raise ValueError(f"combine returned {type(out).__name__}, not a tensor of (tokens, d)")
     result["out"] = out.detach().clone()
     _STAGE.name = "backward"
-    if agreement.all(rank, out.requires_grad and out.shape == x.shape):
+    if agreement.all(rank, "combine", out.requires_grad and out.shape == x.shape):
         (out * grad).sum().backward()
     return {**result, "x_grad": x.grad, "router_grad": router.score.weight.grad, "w1_grad": mine.w1.grad,
             "w2_grad": mine.w2.grad}
