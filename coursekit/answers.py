@@ -31,6 +31,7 @@ _SCHEDULES = "coursekit.parallel.pipeline.schedules."
 _SEQUENCE = "coursekit.parallel.sequence.core."
 _PLANNER = "coursekit.costmodel.planner."
 _TENSOR = "coursekit.parallel.tensor.core."
+_EXPERT = "coursekit.parallel.expert.core."
 _ACTIONS = "write each rank's list of actions yourself"
 _CHOOSE = ("choose the degrees yourself from the numbers: evaluate(config, Layout(...), hardware, global_batch) "
            "prices one layout -- its memory, its step time and why")
@@ -56,6 +57,10 @@ ANSWERS: dict[str, tuple[str, str]] = {
     _SEQUENCE + "ring_attention": ("06_ring_attention",
                                    "write the ring loop yourself: block_attention, merge and PassRight, G steps"),
     **{_PLANNER + name: ("08_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
+    _EXPERT + "dispatch": ("07_dispatch_combine", "write dispatch yourself: exchange the counts (comm.control()), "
+                                                  "send the rows with all_to_all, regroup what arrived by expert"),
+    _EXPERT + "combine": ("07_dispatch_combine", "write combine yourself: undo dispatch's regrouping, all_to_all "
+                                                 "the rows back, add each into its token's row times its gate"),
 }
 
 #: Exercises whose answer a notebook could compute in any cell and hand back from the graded function (exercise 08's

@@ -56,7 +56,7 @@ def test_no_chapter_cell_holds_a_solution(chapter):
 
 
 def test_every_exercise_has_solution_code_to_compare():
-    assert len(EXERCISES) == 8 and all(solution_blocks(p.read_text()) for p in EXERCISES), \
+    assert len(EXERCISES) == 9 and all(solution_blocks(p.read_text()) for p in EXERCISES), \
         [p.name for p in EXERCISES if not solution_blocks(p.read_text())]
 
 

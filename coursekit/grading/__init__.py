@@ -28,7 +28,8 @@ schedule), ``data_parallel`` 02 (with ``data_parallel_runs``, what runs on the r
 typical mistakes, named) and ``tensor_tools``, the learner's counted collectives), ``ring_attention`` 06 (with ``ring_attention_runs``, ``ring_attention_merges`` and ``ring_attention_work``, the blockwise work each rank did) and ``choose_layout`` 08 (a layout per scenario,
 held to the cost model's planner; with ``choose_layout_feedback``) and ``find_the_bug`` 09 (three broken
 programs, each named from its report and fixed; with ``find_the_bug_programs``, what runs on the ranks, and
-``find_the_bug_options``, the multiple choice). Each exercise is registered once, in
+``find_the_bug_options``, the multiple choice), and ``dispatch_combine`` 07 (expert parallelism's dispatch and
+combine; with ``dispatch_combine_runs``, what runs on the ranks, and ``dispatch_combine_judge``). Each exercise is registered once, in
 :data:`~.registry.EXERCISES`; ``grade(name, ...)`` imports its module the first time, and
 its ``@check`` decorators fill the registry.
 
@@ -79,10 +80,11 @@ check_tensor_parallel = ENTRY_POINTS["check_tensor_parallel"]
 check_ring_attention = ENTRY_POINTS["check_ring_attention"]
 check_choose_layout = ENTRY_POINTS["check_choose_layout"]
 check_find_the_bug = ENTRY_POINTS["check_find_the_bug"]
+check_dispatch_combine = ENTRY_POINTS["check_dispatch_combine"]
 
 __all__ = ["check", "CheckFailed", "NotDone", "Deadlocked", "Check", "Context", "Result", "Report", "grade",
            "checks_for", "forget", "instead_of", "partial_credit", "forbid_torch_collectives", "EXERCISES",
            "Exercise", "EXERCISE_MODULES", "REPORT_ENV", "FORBIDDEN", "ForbiddenCall", "RING", "saved_report",
            "notes_from_timeout", "not_done", "check_ring_all_reduce", "check_data_parallel",
            "check_model_parallel", "check_pipeline_schedule", "check_tensor_parallel", "check_ring_attention",
-           "check_choose_layout", "check_find_the_bug"]
+           "check_choose_layout", "check_find_the_bug", "check_dispatch_combine"]

@@ -38,6 +38,7 @@ EXERCISES = {e.name: e for e in (
     Exercise("08_choose_a_layout", "choose_layout", "check_choose_layout", ("choose_layout",)),
     Exercise("09_find_the_bug", "find_the_bug", "check_find_the_bug",
              ("diagnosis", "train_step", "ring_sum", "make_replica")),
+    Exercise("07_dispatch_combine", "dispatch_combine", "check_dispatch_combine", ("dispatch", "combine")),
 )}
 # Exercise -> the module defining its checks.
 EXERCISE_MODULES = {name: f"{__package__}.{e.module}" for name, e in EXERCISES.items()}

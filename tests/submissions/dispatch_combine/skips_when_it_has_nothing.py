@@ -1,0 +1,29 @@
+"""A rank with nothing to send returns from dispatch and combine at once, without taking part in the exchanges:
+"no tokens, nothing to do". But its peers post their receives from it (and it may hold experts others send rows
+to): they wait for a message it never sends, and every rank stops: a deadlock, which ends the check. Right
+wherever every rank has tokens."""
+
+import torch
+
+from coursekit import comm
+from _dc_solution import combine as solution_combine
+from _dc_solution import dispatch as solution_dispatch
+
+EXERCISE = "07_dispatch_combine"
+SCORE = 3 + 2 + 2 + 1  # dispatch_rows, skewed_routing, hidden_sizes 0: each has a case with a rank of no tokens
+DEADLOCK = ("deadlock (a send waits until its receive is posted, as on gloo)",
+            "rank 1 waits in the grader, after its dispatch returned")
+LOSES = {"dispatch_rows": (0, DEADLOCK), "skewed_routing": (0, DEADLOCK), "hidden_sizes": (0, DEADLOCK)}
+
+
+def dispatch(x, routing, group=None):
+    if len(x) == 0:                                    # nothing to send: nothing to do?
+        ep = comm.get_world_size(group)
+        return x.new_zeros(0, x.shape[1]), [0] * (len(routing.per_expert) // ep), None
+    return solution_dispatch(x, routing, group)
+
+
+def combine(y, routing, plan, tokens, group=None):
+    if plan is None:
+        return y.new_zeros(tokens, y.shape[1])
+    return solution_combine(y, routing, plan, tokens, group)
