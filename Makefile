@@ -7,6 +7,9 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 LAB_PORT ?= 8888
+# Chapter 07 runs torchtitan's expert-parallel MoE beside the course's. Installed without its dependencies
+# (datasets, wandb, ...: ~60 packages): its MoE needs only torch and spmd_types (14 MB in all; spmd_types at the version torchtitan 0.3.0 declares).
+TORCHTITAN ?= torchtitan==0.3.0 spmd_types==0.2.3
 PYTEST_ARGS ?=
 # Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
 # meeting, a browser drawing). Each file stays on one worker (loadfile): module fixtures
@@ -26,6 +29,7 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
 	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e .
+	$(PIP) install --quiet --no-deps $(TORCHTITAN)
 	touch $@
 
 # The test extra in the same pip run as the package (one resolution, one editable build): what a fresh
@@ -34,6 +38,7 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
 	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e ".[test]"
+	$(PIP) install --quiet --no-deps $(TORCHTITAN)
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

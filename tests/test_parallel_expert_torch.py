@@ -8,7 +8,7 @@ the same weights, tokens and output gradient.
 
 Needs torchtitan, which CI installs into a folder of its own (its ~60 training dependencies are not needed)::
 
-    pip install --no-deps --target DIR torchtitan==0.3.0 spmd_types==0.3.1
+    pip install --no-deps --target DIR torchtitan==0.3.0 spmd_types==0.2.3
     COURSEKIT_TORCHTITAN_PATH=DIR pytest tests/test_parallel_expert_torch.py
 
 ``COURSEKIT_TORCHTITAN_PATH`` is put first on ``sys.path`` (the ranks fork and inherit it); without it the tests
@@ -209,6 +209,6 @@ def test_without_torchtitan_the_error_names_the_install(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchtitan" else real(name, *a))
-    with pytest.raises(ImportError, match="pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1"):
+    with pytest.raises(ImportError, match="pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3"):
         torchtitan_moe(MoE(D, FF, 4))
-    assert TORCHTITAN_INSTALL == "pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1"
+    assert TORCHTITAN_INSTALL == "pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3"

@@ -7,7 +7,10 @@ Each chapter imports its experiment from here; no algorithm imports one.
 * ``tensor_versus_model`` -- P10 measured (chapter 05): tensor against model parallelism on the same wide MLP;
 * ``chunk_local_accuracy`` -- what attention that stays inside its chunk loses on a copy task (chapter 06);
 * ``ring_overlap`` -- how much of ring attention's transfers its compute hides (chapter 06);
-* ``sequence_capacity`` -- the longest sequence each attention fits in a memory budget (chapter 06).
+* ``sequence_capacity`` -- the longest sequence each attention fits in a memory budget (chapter 06);
+* ``expert_balance`` -- how evenly a router spreads tokens, with no balancing, the balance loss or the bias
+  nudge, and what a capacity limit drops (chapter 07; imported from there, not here);
+* ``expert_imbalance`` -- an expert-parallel step's time against its routing's imbalance, 2 ranks (chapter 07).
 """
 
 from .pipeline_sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired,

@@ -35,10 +35,10 @@ EXERCISES = {e.name: e for e in (
     Exercise("05_tensor_parallel", "tensor_parallel", "check_tensor_parallel",
              ("ColumnParallelLinear", "RowParallelLinear")),
     Exercise("06_ring_attention", "ring_attention", "check_ring_attention", ("merge", "ring_attention_forward")),
+    Exercise("07_dispatch_combine", "dispatch_combine", "check_dispatch_combine", ("dispatch", "combine")),
     Exercise("08_choose_a_layout", "choose_layout", "check_choose_layout", ("choose_layout",)),
     Exercise("09_find_the_bug", "find_the_bug", "check_find_the_bug",
              ("diagnosis", "train_step", "ring_sum", "make_replica")),
-    Exercise("07_dispatch_combine", "dispatch_combine", "check_dispatch_combine", ("dispatch", "combine")),
 )}
 # Exercise -> the module defining its checks.
 EXERCISE_MODULES = {name: f"{__package__}.{e.module}" for name, e in EXERCISES.items()}

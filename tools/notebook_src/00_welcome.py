@@ -228,6 +228,7 @@ strategy_explorer(n_gpus=N_GPUS_FIGURE)
 # | 04 | pipeline parallelism: micro-batches and bubbles | P7, P10 |
 # | 05 | tensor parallelism, and data × tensor | P5, P6, P8, P10 |
 # | 06 | sequence parallelism: exact and inexact | P9 |
+# | 07 | expert parallelism: many experts, tokens sent to theirs and back | — |
 # | 08 | choosing a strategy: a memory and time model, a planner, a calculator | P1, P8, P10 |
 # | 09 | debugging: hangs, crashes and silent divergence, made on purpose and found | R2 |
 # | 10 | the capstone: one trainer for every layout, under `torchrun` | P1, P8, P9 |

@@ -6,7 +6,7 @@
 * ``model`` -- a small model of MoE blocks (:func:`tiny_moe`);
 * ``strategy`` -- ``"expert"``: experts over ``ep``, copies over ``dp``, each parameter averaged over its group;
 * ``torch`` -- the same layer in PyTorch's production stack: torchtitan's dropless MoE with expert parallelism, to
-  run side by side (needs ``pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1``; imported only when used).
+  run side by side (needs ``pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3``; imported only when used).
 
 Every name below is importable from here (``from coursekit.parallel.expert import MoE``).
 """

@@ -43,9 +43,9 @@ What differs, and how it is matched:
   needs the trainer's global meshes, and its uneven all-to-all is ``dist.all_to_all`` on lists, which gloo
   refuses for pieces of unequal sizes; ``"partial_dtensor"`` calls ``all_to_all_single``, which gloo runs.
 
-Install (into a folder of its own, its ~60 training dependencies are not needed here)::
+Install (``make lab`` and ``make test`` do; its ~60 training dependencies are not needed here)::
 
-    pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1
+    pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ import torch.nn.functional as F
 __all__ = ["TORCHTITAN_INSTALL", "torchtitan_moe", "torchtitan_step", "torchtitan_gradients",
            "gelu_grouped_experts"]
 
-TORCHTITAN_INSTALL = "pip install --no-deps torchtitan==0.3.0 spmd_types==0.3.1"
+TORCHTITAN_INSTALL = "pip install --no-deps torchtitan==0.3.0 spmd_types==0.2.3"
 
 
 class _Unavailable:
