@@ -53,6 +53,17 @@ REFUSED = [  # (config, ranks, words only its own reason says)
     (Config(dp=2, zero=1, checkpoint_dir="/tmp/unused"), 2, "does not checkpoint"),
     (Config(zero=5), 1, "use 0 (none), 1, 2 or 3"),
     (Config(schedule="1f2b"), 1, "use one of"),
+    # a mixture of experts (tests/test_capstone_expert.py has each sentence whole, from the command line)
+    (Config(dp=2, ep=2), 2, "experts = 0 trains the dense transformer"),
+    (Config(aux_weight=0.01), 1, "balances the load of experts"),
+    (Config(dp=3, ep=2, experts=4), 3, "expert parallelism borrows its ranks from dp"),
+    (Config(dp=4, ep=4, experts=6), 4, "holds experts / ep whole experts"),
+    (Config(dp=2, tp=2, ep=2, experts=4), 4, "on data and expert parallelism only"),
+    (Config(dp=2, ep=2, experts=4, zero=1), 2, "ZeRO shards one dense model's state"),
+    (Config(dp=2, ep=2, experts=4, precision="bf16"), 2, "computes in fp32"),
+    (Config(dp=2, ep=2, experts=4, microbatches=2), 2, "routes each rank's slice in one"),
+    (Config(dp=2, ep=2, experts=4, checkpoint_dir="/tmp/unused"), 2, "not experts spread over ep"),
+    (Config(experts=4, top_k=5), 1, "use a top_k of at most 4"),
 ]
 IDS = [f"{c.layout}-{w}-{i}" for i, (c, w, _) in enumerate(REFUSED)]
 
