@@ -9,13 +9,14 @@ tokens'). Equal curves would not show the experts spread (``ep = 1`` trains the 
 says how many experts each rank held and the ``ep`` groups. Whatever cannot run is refused before any rank starts,
 with why and what works instead (exit status 2).
 
-Planted bugs, seen failing:
-* the experts' gradients summed over the world instead of dp (``"expert"``'s synchronize) -> the torchrun test:
-  "step 1: 2.74... against one process's 2.73...";
-* ``ep`` not handed to the strategy (its mesh dp4 × ep1) -> "each rank should hold E / ep = 2 experts a layer: [4,
-  4, 4, 4]";
-* ``--aux-weight`` not handed to the strategy -> "step 0: ... against one process's ...";
-* ``--bias-rate`` not handed to the strategy -> "step 1: ... against one process's ...";
+Planted bugs, seen failing (each undone):
+* the experts' gradients summed over the world instead of dp (``"expert"``'s synchronize) -> the torchrun test
+  "step 1: 2.7688785791397095 against one process's 2.766089916229248", and dp4 × ep2 alike (dp2 × ep1 passes: there
+  dp is the world);
+* ``ep`` not handed to the strategy (its mesh dp × ep1) -> "each rank should hold E / ep = 2 experts a layer:
+  [4, 4]" under torchrun, "[4, 4, 4, 4]" under launch -- the curve alone would have passed;
+* ``--aux-weight`` not handed to the strategy -> "step 0: 2.800656318664551 against one process's 2.845012068748474";
+* ``--bias-rate`` not handed to the strategy -> "step 1: 2.8148796558380127 against one process's 2.814628541469574";
 * the precision refusal dropped -> ``--precision bf16 --experts 4`` trained in fp32 and exited 0: "assert 0 == 2".
 """
 

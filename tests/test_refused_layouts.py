@@ -12,6 +12,9 @@ Planted, seen failing:
 * the old advice for pp2 zero3, "dp = 2 with the others as given", as its only fix -> checked, it fits
   nothing, so the suggestion is None and the sentence has no "e.g."; taken unchecked, the sentence says
   "e.g. dp = 2", and check refuses pp2 × dp2 zero3 in turn.
+* ``check`` not telling :func:`~coursekit.parallel.hybrid.refuse` the run's ``checkpoint_dir`` (as it was when
+  ``--experts`` came) -> dp2 × ep2 with checkpoints: "no suggestion for: checkpoint_dir with experts = 4: ..." (the
+  fix "checkpoint_dir = None" looked like no change).
 """
 
 from __future__ import annotations
