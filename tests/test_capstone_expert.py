@@ -82,8 +82,10 @@ E4 = ["--experts", "4"]
 REFUSED = {
     "ep without experts": (["--dp", "2", "--ep", "2"],
                            "ep = 2 spreads the experts of a mixture of experts, but experts = 0 trains the dense "
-                           "transformer: give experts, a multiple of ep, e.g. experts = 4, or ep = 1.",
+                           "transformer: give experts, a multiple of ep, e.g. experts = 4.",
                            "--ep, --experts"),
+    "ep alone": (["--ep", "2"], "ep = 2 spreads the experts of a mixture of experts, but experts = 0 trains the dense "
+                 "transformer: give experts, a multiple of ep, e.g. experts = 4 and dp = 2.", "--dp, --ep, --experts"),
     "ep not dividing dp": (["--dp", "3", "--ep", "2", *E4],
                            "ep = 2 does not divide dp = 3: expert parallelism borrows its ranks from dp (groups of ep "
                            "data-parallel ranks split the experts); use an ep that divides dp, e.g. ep = 1, or dp = 4.",
@@ -137,7 +139,7 @@ def test_under_torchrun_the_refusal_fits_the_jobs_ranks():
     same check every rank runs before it joins: ``coursekit.capstone.__main__._torchrun``)."""
     with pytest.raises(ValueError) as caught:
         check(Config(dp=2, ep=2), world_size=2)
-    assert str(caught.value).endswith("give experts, a multiple of ep, e.g. experts = 4, or ep = 1."), caught.value
+    assert str(caught.value).endswith("give experts, a multiple of ep, e.g. experts = 4."), caught.value
     assert caught.value.suggestion == {"experts": 4}
     check(Config(dp=4, ep=2, experts=4), world_size=4)  # ep borrows from dp: 4 ranks, not 8
 

@@ -54,7 +54,7 @@ def _dense_problem(config) -> Refusal | None:
     if config.ep > 1:
         return Refusal(f"ep = {config.ep} spreads the experts of a mixture of experts, but experts = 0 trains the "
                        f"dense transformer: give experts, a multiple of ep",
-                       ({"experts": 2 * config.ep}, {"ep": 1}))
+                       ({"experts": 2 * config.ep, "dp": config.ep * -(-config.dp // config.ep)},))
     for name in ("aux_weight", "bias_rate"):
         if getattr(config, name):
             return Refusal(f"{name} = {getattr(config, name)!r} balances the load of experts, but experts = 0 trains "
