@@ -4,6 +4,7 @@
     coursekit doctor
     coursekit grade exercises/01_ring_allreduce.ipynb
     coursekit train --dp 2 --tp 2 --steps 20
+    coursekit train --dp 4 --ep 2 --experts 4 --steps 20     # a mixture of experts, its experts over 2 ranks
 
 ``grade`` runs a copy of the notebook with papermill; the notebook's own grading
 cells (:func:`coursekit.grading.grade`) leave their results in a file this
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     grade = commands.add_parser("grade", help="execute a copy of an exercise notebook and print its score",
                                 add_help=False)
     grade.add_argument("rest", nargs=argparse.REMAINDER)
-    commands.add_parser("train", help="train the course transformer on any layout (--dp --tp --pp --sp)",
+    commands.add_parser("train", help="train the course transformer on any layout (--dp --tp --pp --sp; --ep "
+                                      "with --experts)",
                         add_help=False)
     options = parser.parse_args(argv)
     if options.command == "doctor":

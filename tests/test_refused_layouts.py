@@ -12,6 +12,9 @@ Planted, seen failing:
 * the old advice for pp2 zero3, "dp = 2 with the others as given", as its only fix -> checked, it fits
   nothing, so the suggestion is None and the sentence has no "e.g."; taken unchecked, the sentence says
   "e.g. dp = 2", and check refuses pp2 × dp2 zero3 in turn.
+* ``check`` not telling :func:`~coursekit.parallel.hybrid.refuse` the run's ``checkpoint_dir`` (as it was when
+  ``--experts`` came) -> dp2 × ep2 with checkpoints: "no suggestion for: checkpoint_dir with experts = 4: ..." (the
+  fix "checkpoint_dir = None" looked like no change).
 """
 
 from __future__ import annotations
@@ -53,6 +56,17 @@ REFUSED = [  # (config, ranks, words only its own reason says)
     (Config(dp=2, zero=1, checkpoint_dir="/tmp/unused"), 2, "does not checkpoint"),
     (Config(zero=5), 1, "use 0 (none), 1, 2 or 3"),
     (Config(schedule="1f2b"), 1, "use one of"),
+    # a mixture of experts (tests/test_capstone_expert.py has each sentence whole, from the command line)
+    (Config(dp=2, ep=2), 2, "experts = 0 trains the dense transformer"),
+    (Config(aux_weight=0.01), 1, "balances the load of experts"),
+    (Config(dp=3, ep=2, experts=4), 3, "expert parallelism borrows its ranks from dp"),
+    (Config(dp=4, ep=4, experts=6), 4, "holds experts / ep whole experts"),
+    (Config(dp=2, tp=2, ep=2, experts=4), 4, "on data and expert parallelism only"),
+    (Config(dp=2, ep=2, experts=4, zero=1), 2, "ZeRO shards one dense model's state"),
+    (Config(dp=2, ep=2, experts=4, precision="bf16"), 2, "computes in fp32"),
+    (Config(dp=2, ep=2, experts=4, microbatches=2), 2, "routes each rank's slice in one"),
+    (Config(dp=2, ep=2, experts=4, checkpoint_dir="/tmp/unused"), 2, "not experts spread over ep"),
+    (Config(experts=4, top_k=5), 1, "use a top_k of at most 4"),
 ]
 IDS = [f"{c.layout}-{w}-{i}" for i, (c, w, _) in enumerate(REFUSED)]
 

@@ -17,6 +17,11 @@ Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`co
 
     coursekit train --pp 2 --dp 2 --microbatches 4 --log-json curve.json
     coursekit train --dp 2 --tp 2 --precision bf16     # any layout: bf16 compute, fp32 weights, gradients, Adam
+    coursekit train --dp 4 --ep 2 --experts 4          # a mixture of experts: 4 ranks, each holds 2 of the 4
+    torchrun --standalone --nproc-per-node 2 -m coursekit.capstone --dp 2 --ep 2 --experts 4 --top-k 1
+
+``--ep`` borrows from ``--dp`` (as torchtitan's and the cost model's layouts do): ``--dp 4 --ep 2`` is 4 ranks,
+each with its own slice of the batch, in pairs that split the experts; ``ep`` divides ``dp`` and ``--experts``.
 
 A layout that cannot run is refused before any rank starts, with what to change (exit status 2).
 """
@@ -38,7 +43,9 @@ __all__ = ["main", "parse", "in_torchrun", "FLAGS", "with_flags"]
 FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero", "schedule": "--schedule",
          "stages_per_rank": "--stages-per-rank", "micro_batches": "--microbatches", "global_batch": "--batch",
          "layers": "--layers", "d_model": "--d-model", "heads": "--heads", "steps": "--steps",
-         "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision"}
+         "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision",
+         "ep": "--ep", "experts": "--experts", "top_k": "--top-k", "aux_weight": "--aux-weight",
+         "bias_rate": "--bias-rate"}
 
 
 def with_flags(error: Exception) -> str:
@@ -53,7 +60,7 @@ def parse(argv: list[str] | None = None) -> Config:
     """The command line as a :class:`~coursekit.capstone.run.Config`."""
     d = Config()
     p = argparse.ArgumentParser(prog="coursekit train", description=__doc__.split("\n\n")[0])
-    layout = p.add_argument_group("layout (the degrees multiply to the number of ranks)")
+    layout = p.add_argument_group("layout (the degrees multiply to the number of ranks; --ep borrows from --dp)")
     for axis, what in (("dp", "data"), ("tp", "tensor (heads, MLP, vocabulary)"), ("pp", "pipeline (stages)"),
                        ("sp", "sequence (ring attention)")):
         layout.add_argument(f"--{axis}", type=int, default=1, help=f"{what} parallel degree (default 1)")
@@ -62,6 +69,17 @@ def parse(argv: list[str] | None = None) -> Config:
     layout.add_argument("--schedule", default=d.schedule, help="gpipe, 1f1b, interleaved or zb_h1")
     layout.add_argument("--stages-per-rank", type=int, default=1, help="v, for --schedule interleaved")
     layout.add_argument("--microbatches", type=int, default=1, help="per step and data-parallel slice (m)")
+    moe = p.add_argument_group("mixture of experts (the transformer's MLPs as experts: chapter 07's 'expert')")
+    moe.add_argument("--experts", type=int, default=d.experts,
+                     help="experts per block (default 0: the dense transformer)")
+    moe.add_argument("--ep", type=int, default=d.ep,
+                     help="expert parallel degree: the experts split over groups of ep of the dp ranks (ep borrows "
+                          "from dp and adds no ranks: --dp 4 --ep 2 is 4 ranks; default 1)")
+    moe.add_argument("--top-k", type=int, default=d.top_k, help=f"experts per token (default {d.top_k})")
+    moe.add_argument("--aux-weight", type=float, default=d.aux_weight,
+                     help="the Switch Transformer's balance loss, this times it added to the loss (default 0: off)")
+    moe.add_argument("--bias-rate", type=float, default=d.bias_rate,
+                     help="DeepSeek-V3's balancing: the routers' bias nudged by this per step (default 0: off)")
     run_ = p.add_argument_group("run")
     run_.add_argument("--steps", type=int, default=d.steps)
     run_.add_argument("--seed", type=int, default=d.seed)
@@ -86,7 +104,8 @@ def parse(argv: list[str] | None = None) -> Config:
     return Config(dp=a.dp, tp=a.tp, pp=a.pp, sp=a.sp, zero=a.zero, schedule=a.schedule,
                   stages_per_rank=a.stages_per_rank, microbatches=a.microbatches, steps=a.steps, seed=a.seed,
                   batch=a.batch, seq_len=a.seq_len, layers=a.layers, d_model=a.d_model, heads=a.heads,
-                  vocab=a.vocab, lr=a.lr, precision=a.precision, log=a.log, checkpoint_dir=a.checkpoint_dir,
+                  vocab=a.vocab, lr=a.lr, precision=a.precision, experts=a.experts, ep=a.ep, top_k=a.top_k,
+                  aux_weight=a.aux_weight, bias_rate=a.bias_rate, log=a.log, checkpoint_dir=a.checkpoint_dir,
                   checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
                   extra={"timeout": a.timeout})
 

@@ -4,7 +4,8 @@
 degrees (``pp, dp, sp, tp``, tp innermost), the course transformer and its data from the seed, and hands all of
 it to the one training loop (:func:`coursekit.train.train`) with the composed strategy ``"hybrid"``
 (:mod:`coursekit.parallel.hybrid`) -- or, for ``--zero 2`` and ``3`` of a whole model, chapter 02's
-``"zero2"``/``"zero3"``. Rank 0 prints one line per step (loss, tokens/s) and writes the loss curve to a JSON log.
+``"zero2"``/``"zero3"``; with ``experts > 0``, the transformer with MoE blocks and chapter 07's ``"expert"``, its
+experts spread over ``ep`` of the ``dp`` ranks (:mod:`coursekit.capstone.experts`). Rank 0 prints one line per step (loss, tokens/s) and writes the loss curve to a JSON log.
 
     >>> config = Config(dp=2, tp=2, steps=5)
     >>> coursekit.launch(run, config.world_size, config)[0]["losses"]       # doctest: +SKIP
@@ -28,6 +29,7 @@ from ..comm.mesh import Mesh
 from ..models import LanguageData, loss_fn, tiny_transformer
 from ..parallel.hybrid import Refusal, layout_problem, mesh_shape, nearest, refuse
 from ..train import train
+from .experts import expert_mesh, expert_problem, moe_model, one_process_moe_losses
 
 __all__ = ["Config", "run", "check", "one_process_losses"]
 
@@ -54,6 +56,11 @@ class Config:
     vocab: int = 16
     lr: float = 1e-3
     precision: str = "fp32"    # "bf16" or "fp16": 16-bit compute, fp32 weights, gradients and Adam
+    experts: int = 0           # experts per block (0: the dense course transformer)
+    top_k: int = 2             # experts per token
+    ep: int = 1                # experts split over ep of the dp ranks (ep borrows from dp: no more ranks)
+    aux_weight: float = 0.0    # the balance loss's weight in the training loss ("expert" strategy's option)
+    bias_rate: float = 0.0     # the routers' bias nudge per step ("expert" strategy's option)
     log: str | None = None     # a JSON file for the loss curve (rank 0 writes it)
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
@@ -72,10 +79,12 @@ class Config:
 
     @property
     def layout(self) -> str:
-        """``"dp2×tp2"``: the degrees above 1 (``"single"`` when all are 1), ZeRO appended."""
-        name = "×".join(f"{a}{d}" for a, d in self.shape.items() if d > 1)
+        """``"dp2×tp2"``: the degrees above 1 (``"single"`` when all are 1), ZeRO appended; a mixture of experts
+        as the cost model's ``Layout(dp=4, ep=2)`` says it, ``"dp4×ep2 E4 k2"`` (ep of the dp ranks, not more)."""
+        name = "×".join(f"{a}{d}" for a, d in {**self.shape, "ep": self.ep}.items() if d > 1)
         return (name or "single") + (f" zero{self.zero}" if self.zero else "") + (
-            f" {self.precision}" if self.precision != "fp32" else "")
+            f" {self.precision}" if self.precision != "fp32" else "") + (
+            f" E{self.experts} k{self.top_k}" if self.experts else "")
 
 
 def check(config: Config, world_size: int | None = None) -> None:
@@ -95,7 +104,10 @@ def check(config: Config, world_size: int | None = None) -> None:
 
         settings = {**config.shape, "zero": config.zero, "schedule": config.schedule,
                     "stages_per_rank": config.stages_per_rank, "micro_batches": config.microbatches,
-                    "global_batch": config.batch, "d_model": config.d_model, "steps": config.steps}
+                    "global_batch": config.batch, "d_model": config.d_model, "steps": config.steps,
+                    "ep": config.ep, "experts": config.experts, "top_k": config.top_k, "precision": config.precision,
+                    "aux_weight": config.aux_weight, "bias_rate": config.bias_rate,
+                    "checkpoint_dir": config.checkpoint_dir, "resume": config.resume}
         raise refuse(refusal, settings, world, fits, free=world_size is None, rename=FIELDS)
 
 
@@ -117,6 +129,9 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
     if config.precision not in PRECISIONS:
         return Refusal(f"precision = {config.precision!r}: use one of {', '.join(PRECISIONS)} (the dtype the model "
                        f"computes in; weights, gradients and Adam stay fp32)", ({"precision": "bf16"},))
+    refusal = expert_problem(config)
+    if refusal is not None:
+        return refusal
     if config.d_model % config.heads:
         above = config.d_model + config.heads - config.d_model % config.heads
         return Refusal(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}: use a multiple "
@@ -137,6 +152,8 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
 
 
 def _model(config: Config):
+    if config.experts:
+        return moe_model(config)
     return lambda: tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,
                                     n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
 
@@ -146,7 +163,11 @@ def one_process_losses(config: Config) -> list[float]:
 
     It shares no code with the composed strategy but the model and the data, so it is the reference. In bf16 or
     fp16 it is PyTorch's own recipe instead: ``torch.autocast`` around the forward and, for fp16, ``GradScaler``.
+    A mixture of experts' is :func:`~coursekit.capstone.experts.one_process_moe_losses` (the same loop, or, with
+    the balance loss, the batch in the ranks' slices).
     """
+    if config.experts:
+        return one_process_moe_losses(config, _data(config))
     if config.precision != "fp32":
         return _autocast_losses(config)
     return train(0, 1, "single", model=_model(config), data=_data(config), steps=config.steps,
@@ -182,13 +203,8 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured, or
     ``{"refused": sentence}`` on every rank where ``--resume`` meets a checkpoint it cannot read."""
     check(config, world_size)
-    mesh = Mesh(config.shape)
-    pure_zero = config.zero >= 2
-    strategy = f"zero{config.zero}" if pure_zero else "hybrid"
-    options = {} if pure_zero else {"zero": config.zero, "schedule": config.schedule,
-                                    "stages_per_rank": config.stages_per_rank}
-    if config.precision != "fp32":  # ZeRO-2/3 keep a 16-bit copy and an fp32 master (chapter 02); hybrid autocasts
-        options["precision"] = config.precision
+    strategy, shape, options = _strategy(config)
+    mesh = Mesh(shape)
     tokens = config.batch * (config.seq_len - 1)
     say = rank == 0 and not config.quiet
     hooks = _checkpoints(config) if config.checkpoint_dir else {}
@@ -212,19 +228,41 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     except refusal as refused:  # a damaged checkpoint: every rank raises it at the same point; the caller says it
         return {"layout": config.layout, "refused": str(refused)}
     first = config.steps - len(result["losses"])
-    placement = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on
+    gathered = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on; its experts
     here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
-    dist.all_gather_object(placement, here)
+    dist.all_gather_object(gathered, (here, result.get("experts_here")))
+    placement = [where for where, _ in gathered]
     times = result["step_times"][1:] or result["step_times"]  # the first step also builds shapes and buffers
     summary = {"layout": config.layout, "world_size": world_size, "config": asdict(config), "first_step": first,
                "losses": result["losses"], "step_times": result["step_times"],
                "tokens_per_s": tokens / statistics.median(times) if times else None, "peak_memory": result["peak_memory"],
                "compute_dtype": result.get("compute_dtype"),  # the composed strategy's (ZeRO-2/3 report none)
-               "placement": placement, "tp_groups": mesh.all_groups("tp")}
+               "placement": placement, "tp_groups": _groups(mesh, "tp", world_size)}
+    if config.experts:  # what the "expert" strategy built: each rank's experts per layer, the ep groups
+        summary.update(experts_here=[experts for _, experts in gathered], ep_groups=mesh.all_groups("ep"))
     if rank == 0 and config.log:
         Path(config.log).parent.mkdir(parents=True, exist_ok=True)
         Path(config.log).write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _strategy(config: Config) -> tuple[str, dict[str, int], dict]:
+    """The strategy ``config`` trains with, its mesh's shape and its options."""
+    if config.experts:
+        return "expert", expert_mesh(config), {"ep": config.ep, "aux_weight": config.aux_weight,
+                                               "bias_rate": config.bias_rate}
+    if config.zero >= 2:  # ZeRO-2/3 of a whole model: chapter 02's, which keeps a 16-bit copy and an fp32 master
+        options = {}
+    else:  # the composed strategy, which autocasts
+        options = {"zero": config.zero, "schedule": config.schedule, "stages_per_rank": config.stages_per_rank}
+    if config.precision != "fp32":
+        options["precision"] = config.precision
+    return (f"zero{config.zero}" if config.zero >= 2 else "hybrid"), config.shape, options
+
+
+def _groups(mesh: Mesh, axis: str, world_size: int) -> list[list[int]]:
+    """Every group along ``axis``; each rank alone where the mesh has no such axis."""
+    return mesh.all_groups(axis) if axis in mesh.axes else [[r] for r in range(world_size)]
 
 
 def _checkpoints(config: Config) -> dict:

@@ -1,8 +1,13 @@
-"""A small model made of mixture-of-experts blocks, for expert parallelism's runs and tests.
+"""Two models made of mixture-of-experts blocks, for expert parallelism's runs, tests and the capstone trainer.
 
-Token embeddings, then ``n_layers`` blocks ``x + moe(norm(x))`` applied to every token on its own (no attention:
-what expert parallelism changes is the MLP), then a norm and the vocabulary head. The blocks' balance losses
-are summed into :attr:`MoEModel.aux` at each forward, for a trainer that wants them (``aux_weight`` times it).
+* :func:`tiny_moe` -- token embeddings, then ``n_layers`` blocks ``x + moe(norm(x))`` applied to every token on
+  its own (no attention: what expert parallelism changes is the MLP), then a norm and the vocabulary head;
+* :func:`moe_transformer` -- the course transformer (:func:`coursekit.models.tiny_transformer`: attention,
+  learned positions, a tied head) whose blocks' MLPs are :class:`~coursekit.parallel.expert.core.MoE` layers:
+  what ``coursekit train --experts E`` trains, and the shape the cost model's ``ModelConfig(experts=E)`` prices.
+
+Both keep their MoE layers in ``moes`` (where the ``"expert"`` strategy finds and spreads them) and sum the
+blocks' balance losses into ``aux`` at each forward, for a trainer that wants them (``aux_weight`` times it).
 """
 
 from __future__ import annotations
@@ -10,9 +15,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ...models import tiny_transformer
 from .core import MoE
 
-__all__ = ["MoEModel", "tiny_moe"]
+__all__ = ["MoEModel", "tiny_moe", "MoETransformer", "moe_transformer"]
 
 
 class MoEModel(nn.Module):
@@ -41,3 +47,41 @@ def tiny_moe(seed: int = 0, vocab_size: int = 16, d_model: int = 32, d_ff: int =
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return MoEModel(vocab_size, d_model, d_ff, n_experts, k, n_layers, capacity_factor, seed)
+
+
+class MoETransformer(nn.Module):
+    """tiny_transformer's embeddings, attention, norms and head; each block's MLP an :class:`MoE` in ``moes``;
+    ``aux``: the blocks' balance losses, summed."""
+
+    def __init__(self, base: nn.Module, moes: list[MoE]):
+        super().__init__()
+        for block in base.blocks:  # the dense MLP gives way to the experts (no unused parameters left behind)
+            del block.fc, block.out
+        self.base, self.moes = base, nn.ModuleList(moes)
+        self.aux = torch.zeros(())
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        base, seq = self.base, idx.shape[1]
+        x = base.tok_emb(idx) + base.pos_emb(torch.arange(seq, device=idx.device))
+        self.aux = x.new_zeros(())
+        for block, moe in zip(base.blocks, self.moes):
+            x = x + block.attn(block.ln1(x))
+            out, aux = moe(block.ln2(x).flatten(0, 1))  # experts see tokens, not sequences
+            x, self.aux = x + out.view_as(x), self.aux + aux
+        return base.head(base.ln_f(x))
+
+
+def moe_transformer(seed: int = 0, vocab_size: int = 16, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
+                    max_seq_len: int = 64, experts: int = 4, top_k: int = 2, expert_hidden: int | None = None,
+                    capacity_factor: float | None = None) -> MoETransformer:
+    """The course transformer with ``experts`` experts per block (each ``d_model -> expert_hidden -> d_model``,
+    default ``4 · d_model`` as the dense MLP), ``top_k`` per token; dropless unless ``capacity_factor``.
+
+    Every weight comes from ``seed`` alone -- the dense ones as :func:`~coursekit.models.tiny_transformer` draws
+    them, block ``i``'s router and experts from ``seed + 1 + i`` -- so every rank builds the same model and a
+    rank of expert parallelism keeps exactly its rows of the one-process experts."""
+    hidden = expert_hidden or 4 * d_model
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random state as it was
+        base = tiny_transformer(seed, vocab_size, d_model, n_heads, n_layers, max_seq_len)
+        moes = [MoE(d_model, hidden, experts, top_k, capacity_factor, seed=seed + 1 + i) for i in range(n_layers)]
+    return MoETransformer(base, moes)
