@@ -77,10 +77,11 @@ def draw_rows_sent(matrix, title: str = "rows sent by dispatch"):
     matrix = np.asarray(matrix)
     fig, ax = plt.subplots(figsize=(3.6, 3.2))
     image = ax.imshow(matrix, cmap="Blues")
+    dark = matrix.min() + 0.6 * (matrix.max() - matrix.min())    # white on the darkest cells, black elsewhere
     for i in range(matrix.shape[0]):
         for j in range(matrix.shape[1]):
             ax.text(j, i, f"{matrix[i, j]:,}", ha="center", va="center",
-                    color="white" if matrix[i, j] > matrix.max() / 2 else "black")
+                    color="white" if matrix[i, j] > dark else "black")
     ax.set_xticks(range(matrix.shape[1]))
     ax.set_yticks(range(matrix.shape[0]))
     ax.set_xlabel("to rank (its experts)")
