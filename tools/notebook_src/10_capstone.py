@@ -312,6 +312,15 @@ for name, measured, modeled in rows:
 #      --rdzv-id "$SLURM_JOB_ID" -m coursekit.capstone --dp $((N * 8 / 8)) --tp 8
 # ```
 #
+# A mixture of experts trains the same way (chapter 07). `--experts 8 --ep 8` spreads each layer's 8 experts over
+# 8 ranks of data parallelism: ep borrows from dp, so it adds no GPUs, and each rank still takes its own slice of
+# the batch. Beside tensor, pipeline or sequence parallelism the trainer refuses it, and says why:
+#
+# ```bash
+# torchrun --nnodes N --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HEAD:29400 --rdzv-id job43 \
+#          -m coursekit.capstone --dp $((N * 8)) --experts 8 --ep 8 --top-k 2 --aux-weight 0.01
+# ```
+#
 # Two honest limits. This course was built on machines without a GPU, so the NCCL path has not run yet; `make
 # gpu-check` is the prepared check for whoever has one. And at this model's size every layout is slower than one
 # process: the layouts exist for models that do not fit one GPU.
