@@ -177,13 +177,14 @@ def test_korthikanti_table_2_coefficients():
 
 def test_fp32_activations_scale_the_elements_not_the_masks():
     """At 4 bytes: 16 elements of sbh → 64 bytes + 2 one-byte masks = 66; scores 2 elements → 8 + 1 mask = 9.
-    Without dropout (the course model) at 2 bytes: 32 and 4."""
+    Without dropout (the course model) at 2 bytes: 32 and 2 -- no masks, and no dropout output beside the softmax
+    output (tests/test_recompute.py measures it on the course block)."""
     s, b, h, a = 64, 4, 64, 4
     sbh, as2b = s * b * h, a * s * s * b
     four = activation_bytes_per_layer(s, b, h, a, bytes_per_element=4)
     assert (four.hidden, four.scores) == (66 * sbh, 9 * as2b)
     bare = activation_bytes_per_layer(s, b, h, a, dropout=False)
-    assert (bare.hidden, bare.scores) == (32 * sbh, 4 * as2b)
+    assert (bare.hidden, bare.scores) == (32 * sbh, 2 * as2b)
     with pytest.raises(ValueError, match="divide the heads"):
         activation_bytes_per_layer(s, b, h, a, tp=3)
 
@@ -269,22 +270,22 @@ def test_memory_per_gpu_the_course_model():
     """The course model (v 16, s 64, h 64, L 2, a 4, tied, 104,832 parameters), fp32, no dropout, micro-batch 4.
 
     dp = 2, plain: 4 + 4 + 8 bytes × 104,832 = 419,328 + 419,328 + 838,656. Activations per layer at 4 bytes:
-    sbh = 64·4·64 = 16,384, × (16 elements · 4) = 1,048,576, + scores a·s²·b·(2 · 4) = 4·4,096·4·8 = 524,288:
-    1,572,864; × 2 layers × 1 micro-batch = 3,145,728; + the output layer's inputs 2·4·16,384 = 131,072 and
-    the logits 64·4·16·4 = 16,384: 3,293,184.
+    sbh = 64·4·64 = 16,384, × (16 elements · 4) = 1,048,576, + scores a·s²·b·4 (the softmax output once: no
+    dropout) = 4·4,096·4·4 = 262,144: 1,310,720; × 2 layers × 1 micro-batch = 2,621,440; + the output layer's
+    inputs 2·4·16,384 = 131,072 and the logits 64·4·16·4 = 16,384: 2,768,896.
     """
     course = ModelConfig.course()
     m = memory_per_gpu(course, Layout(dp=2), micro_batch=4, precision="fp32", dropout=False)
     assert (m.params, m.grads, m.optimizer, m.buffers) == (419_328, 419_328, 838_656, 0)
-    assert m.activations == 2 * 1_572_864 + 131_072 + 16_384 == 3_293_184
-    assert m.total == 419_328 * 4 + 3_293_184
+    assert m.activations == 2 * 1_310_720 + 131_072 + 16_384 == 2_768_896
+    assert m.total == 419_328 * 4 + 2_768_896
     # ZeRO-3 over 4: 104,832/4 = 26,208 per rank, + one block gathered (49,792 > the 1,024 of the embedding)
     z3 = memory_per_gpu(course, Layout(dp=4, zero=3), micro_batch=4, precision="fp32", dropout=False)
     assert (z3.params, z3.grads, z3.optimizer) == (4 * 26_208, 4 * 26_208, 8 * 26_208)
     assert z3.buffers == (4 + 4) * 49_792
     # GPipe over 2 stages, 3 micro-batches: stage 0 holds 3 × 1 layer, stage 1 the same + 3 micro-batches' logits
     gp = memory_per_gpu(course, Layout(pp=2, micro_batches=3, schedule="gpipe"), 4, "fp32", dropout=False)
-    assert gp.stage == 1 and gp.activations == 3 * 1_572_864 + 3 * (131_072 + 16_384)
+    assert gp.stage == 1 and gp.activations == 3 * 1_310_720 + 3 * (131_072 + 16_384)
 
 
 def test_memory_per_gpu_gpt3_on_megatrons_layout():

@@ -121,7 +121,10 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     GeLU input 4, the fc2 input 4) and 1 mask, the two LayerNorms' inputs 2: 16 elements at 2 bytes + 2
     masks = 34. Scores a·s²·b: the softmax output and its dropout output, 2 elements at 2 bytes, + 1 mask
     = 5. So with ``bytes_per_element=4`` the elements double and the masks do not: sbh(66 + 9as/h), not
-    2 × 34. ``dropout=False`` (the course's model has none) drops the masks: sbh(32 + 4as/h) at 2 bytes.
+    2 × 34. ``dropout=False`` (the course's model has none) drops the masks and the dropout's copy of the
+    probabilities -- the second matmul then keeps the softmax output itself, one a·s²·b element, not two:
+    sbh(32 + 2as/h) at 2 bytes, sbh(64 + 4as/h) at 4, what autograd keeps for the course block with explicit
+    softmax attention (:mod:`coursekit.parallel.recompute`, tests/test_recompute.py) but LayerNorm's statistics.
 
     Tensor parallelism splits all but the LayerNorms' and the first matmuls' inputs and the two masks
     after the row-parallel layers (the 10: 4 elements + 2 masks); sequence parallelism splits those too,
@@ -147,11 +150,12 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     if recompute == "full":
         return ActivationBytes(exact_share(e * sbh, tp) if sequence_parallel else e * sbh, 0)
     unsplit, split = 4 * e + 2 * mask, 12 * e          # 10 and 24 at 2 bytes with dropout
+    probabilities = 2 if dropout else 1                 # the softmax output, and its dropout's output
     if sequence_parallel:
         stored = exact_share(sbh * (unsplit + split), tp)
     else:
         stored = sbh * unsplit + exact_share(sbh * split, tp)
-    scores = 0 if recompute == "selective" else exact_share(heads * seq_len * seq_len * micro_batch * (2 * e + mask), tp)
+    scores = 0 if recompute == "selective" else exact_share(heads * seq_len * seq_len * micro_batch * (probabilities * e + mask), tp)
     return ActivationBytes(stored, scores)
 
 
