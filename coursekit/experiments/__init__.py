@@ -10,7 +10,9 @@ Each chapter imports its experiment from here; no algorithm imports one.
 * ``sequence_capacity`` -- the longest sequence each attention fits in a memory budget (chapter 06);
 * ``expert_balance`` -- how evenly a router spreads tokens, with no balancing, the balance loss or the bias
   nudge, and what a capacity limit drops (chapter 07; imported from there, not here);
-* ``expert_imbalance`` -- an expert-parallel step's time against its routing's imbalance, 2 ranks (chapter 07).
+* ``expert_imbalance`` -- an expert-parallel step's time against its routing's imbalance, 2 ranks (chapter 07);
+* ``recompute`` -- activation recomputation (none / selective / full) on the course transformer: bytes kept per
+  layer beside the cost model, the step's peak, its time, the FLOPs recomputed (issue 46).
 """
 
 from .pipeline_sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired,
@@ -20,10 +22,12 @@ from .chunk_local_accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy
                                    per_position_loss, train_one_process)
 from .ring_overlap import hidden_share, transfers_alone
 from .sequence_capacity import CAPACITY_METHODS, attention_peak, block_memory, capacity_table, longest_sequence
+from .recompute import RecomputeRow, format_table, recompute_table, table2_share
 
 __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps",
            "SweepResult", "pipeline_sweep",
            "VARIANTS", "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times",
            "EVAL_STEP", "CopyData", "chunk_local_losses", "copy_task_losses", "needs_other_chunk", "per_position_loss",
            "train_one_process", "hidden_share", "transfers_alone",
-           "CAPACITY_METHODS", "attention_peak", "block_memory", "capacity_table", "longest_sequence"]
+           "CAPACITY_METHODS", "attention_peak", "block_memory", "capacity_table", "longest_sequence",
+           "RecomputeRow", "recompute_table", "table2_share", "format_table"]
