@@ -9,7 +9,8 @@ is described once, in :mod:`.config`:
   for a layout);
 * mixture of experts -- :mod:`.experts` (the experts' parameters, the rows expert parallelism's
   all-to-alls carry, an MoE layer's activations), used by all the others when ``ModelConfig.experts > 0``;
-* time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.comm` (every collective of a step, its
+* time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.mfu` (FLOPs per token, MFU and HFU, and
+  the usual wrong answers), :mod:`.comm` (every collective of a step, its
   bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
   :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers).
@@ -26,6 +27,8 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, group_network, step_collectives)
 from .step import TrainingStepTime, step_time
+from .mfu import (MISTAKES, Mistake, attention_flops_per_token, flops_per_token, hardware_flops_per_token, hfu,
+                  matmul_params, mfu, model_flops_per_token)
 from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
                       plan, ranking_key, states_fit)
 
@@ -38,6 +41,9 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
            "step_collectives", "communication_bytes", "axis_network", "group_network", "collective_seconds", "communication_time",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
+           # utilisation
+           "matmul_params", "attention_flops_per_token", "flops_per_token", "model_flops_per_token",
+           "hardware_flops_per_token", "mfu", "hfu", "Mistake", "MISTAKES",
            # mixture of experts
            "ExpertRows", "check_experts", "expert_collectives", "expert_params", "expert_rows", "mlp_activation_bytes",
            "moe_activation_bytes", "router_params",
