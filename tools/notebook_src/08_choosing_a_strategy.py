@@ -1,8 +1,8 @@
-# ci_parameters: {"TOP": 3}
+# ci_parameters: {"TOP": 3, "MFU_STEPS": 3, "ROOFLINE_QUICK": true, "RECOMPUTE_SHAPE": {"batch": 2, "seq": 64, "d_model": 64, "n_heads": 4}}
 # %% [markdown]
 # # 08 · Choosing a strategy: a memory and time model, and a planner
 #
-# Chapters 02-06 built every strategy and measured it. This chapter turns those measurements into a
+# Chapters 02-07 built every strategy and measured it. This chapter turns those measurements into a
 # **[cost model](../docs/glossary.md#cost-model)** you
 # can ask before you rent the GPUs: how many bytes each GPU holds and how long a step takes, for any model, any
 # machine and any way of combining the strategies. A **planner** then searches every combination and ranks the
@@ -11,19 +11,26 @@
 # 1. what a *[layout](../docs/glossary.md#layout)* is, and the order of the [axes](../docs/glossary.md#axis) on the mesh;
 # 2. memory: each formula beside this course's measurement;
 # 3. time: compute, the pipeline's bubble, communication;
-# 4. the planner on three scenarios, what it can and cannot tell apart, and long sequences;
-# 5. a calculator: your model, your machine.
+# 4. where a step's time goes on a real machine: its roofline;
+# 5. how much of the peak a step uses: MFU;
+# 6. recomputation: memory bought with compute;
+# 7. the planner on three scenarios, what it can and cannot tell apart, and long sequences;
+# 8. a calculator: your model, your machine.
 #
 # The library is `coursekit.costmodel`: plain functions whose docstrings cite their sources.
 
 # %% tags=["parameters"]
 # Parameters: the measurements are one training step at 2 ranks; the rest is arithmetic (seconds).
 RANKS = 2                  # ranks of the measured runs (section 2)
-TOP = 5                    # layouts printed per scenario (section 4)
+TOP = 5                    # layouts printed per scenario (section 7)
+RECOMPUTE_SHAPE = {"batch": 4, "seq": 256, "d_model": 128, "n_heads": 4}   # the course transformer, longer, wider
+MFU_STEPS = 10             # timed training steps for MFU (section 5)
+ROOFLINE_QUICK = False     # True: small probes (the bandwidth then comes from the caches)
 TIE = 0.05                 # layouts closer than this to the first are a tie for the time model
 
 # %%
 # %matplotlib inline
+import time
 from dataclasses import replace
 
 import matplotlib.pyplot as plt
@@ -31,14 +38,20 @@ import torch
 
 import coursekit
 import coursekit.parallel.pipeline  # noqa: F401  (registers the "pipeline" strategy)
-from coursekit.costmodel import (Hardware, Layout, ModelConfig, Space, activation_bytes_per_layer, axis_network,
-                                 bubble_fraction, communication_bytes, communication_time, compute_flops, evaluate,
-                                 layouts, logits_bytes, model_state_bytes, num_params, plan)
+from coursekit.costmodel import (MISTAKES, Hardware, Layout, ModelConfig, Space, activation_bytes_per_layer,
+                                 axis_network, bubble_fraction, communication_bytes, communication_time,
+                                 compute_flops, evaluate, flops_per_token, layouts, logits_bytes, mfu,
+                                 model_flops_per_token, model_state_bytes, num_params, plan)
 from coursekit.comm.mesh import coordinates_of
-from coursekit.models import tiny_transformer
+from coursekit.experiments import wide_mlp
+from coursekit.experiments.recompute import recompute_table
+from coursekit.measure.roofline import COURSE_OPS, measure_op, measure_roofline
+from coursekit.models import LanguageData, loss_fn, tiny_transformer
+from coursekit.parallel.recompute import RecomputedBlock
 from coursekit.comm.traffic import Traffic
 from coursekit.train import train
 from coursekit.viz.costmodel import PRESETS, calculator_candidates, draw_calculator, layout_label
+from coursekit.viz.step_time import draw_recompute, draw_roofline
 
 torch.set_num_threads(1)
 
@@ -233,7 +246,141 @@ print(f"tp = 16 crosses the node: {tp_seconds:.3f} s of tp communication a step,
 #
 # The first row is Narayanan et al. 2021's layout for this model, from their Table 1: **tp 8 × pp 16 × dp 8**.
 #
-# ## 4. The planner: three scenarios (P1, P8, P10)
+# ## 4. The roofline of this machine
+#
+# Why is a wide layer fast and the course transformer slow, on the same core? Every operation does some
+# arithmetic on some bytes. Its **arithmetic intensity** is FLOPs per byte moved to or from memory. A core can
+# do at most its *peak* FLOP/s, and move at most its memory *bandwidth*. So an operation runs at most at
+# min(peak, intensity × bandwidth): the **[roofline](../docs/glossary.md#roofline)** (Williams et al. 2009). Below the *ridge*, peak ÷
+# bandwidth, memory is the limit; above it, arithmetic is.
+#
+# We measure both on one core: a large matrix product for the peak, a copy of arrays larger than the caches for
+# the bandwidth. Then we time the course's own operations and place them:
+
+# %% tags=["nbval-ignore-output"]
+roof = measure_roofline(threads=1, quick=ROOFLINE_QUICK)
+print(f"one core: peak {roof.peak / 1e9:.0f} GFLOP/s, bandwidth {roof.bandwidth / 1e9:.1f} GB/s, "
+      f"ridge {roof.ridge:.1f} FLOP/byte")
+points = {}
+for name, op, shapes in COURSE_OPS:
+    if name in ("wide MLP up", "MLP up", "layer norm", "attention softmax", "attention scores, one head"):
+        measured = measure_op(op, shapes)
+        points[name] = (measured.intensity.value, measured.flops_per_second)
+        print(f"{name:<28} intensity {measured.intensity.value:6.1f}   {measured.flops_per_second / 1e9:6.1f} GFLOP/s"
+              f"   roof {roof.attainable(measured.intensity) / 1e9:6.1f}")
+draw_roofline(roof, points);
+
+# %% [markdown]
+# **Takeaway:** the wide MLP's matrix product is compute-bound and runs at the peak, 206.8 GFLOP/s. Layer norm and
+# softmax are memory-bound: about one FLOP per byte, at 8.7 and 8.2 GFLOP/s.
+#
+# A transformer step is many such operations. The wide ones set its speed only when they are most of it.
+#
+# ## 5. MFU: how much of the peak a step uses
+#
+# **[Model FLOPs utilisation](../docs/glossary.md#mfu)** (MFU) is the FLOPs a step *must* do, divided by the
+# time it took and the hardware's peak. Training a token costs about 6 FLOPs per weight it meets (2 forward, 4
+# backward), plus attention's 12·L·h·s for L layers of width h and sequences of s tokens. That is the count PaLM
+# and torchtitan use:
+
+# %%
+coursekit.show(model_flops_per_token)
+
+# %% [markdown]
+# We time a few Adam steps of the course transformer and of the wide MLP of chapter 05, on one core, and divide
+# by this core's measured peak:
+
+# %% tags=["nbval-ignore-output"]
+def tokens_per_second(model, inputs, tokens, loss_of, steps=MFU_STEPS):
+    """Tokens a second over ``steps`` Adam steps of ``model`` on ``inputs`` (after one step to warm up)."""
+    optimizer = torch.optim.Adam(model.parameters())
+    for step in range(steps + 1):
+        if step == 1:
+            begin = time.perf_counter()
+        optimizer.zero_grad()
+        loss_of(model(inputs)).backward()
+        optimizer.step()
+    return tokens * steps / (time.perf_counter() - begin)
+
+
+course = ModelConfig.course()
+inputs, targets = LanguageData(seq_len=65).batch(step=0, batch_size=8)           # 8 sequences of 64 tokens
+course_rate = tokens_per_second(tiny_transformer(seed=0), inputs, inputs.numel(), lambda y: loss_fn(y, targets))
+wide = torch.nn.Sequential(*wide_mlp(blocks=4))                                 # 1,024 -> 4,096 -> 1,024, 4 blocks
+rows = torch.randn(512, 1024)
+wide_rate = tokens_per_second(wide, rows, rows.shape[0], lambda y: y.square().mean())
+wide_flops = flops_per_token(matmul_params=4 * 2 * 1024 * 4096, layers=0, hidden=1024, seq_len=0)
+print(f"{'':<20}{'FLOPs a token':>15}{'tokens/s':>12}{'MFU':>8}")
+print(f"{'course transformer':<20}{model_flops_per_token(course, 64):>15,.0f}{course_rate:>12,.0f}"
+      f"{mfu(course_rate, model_flops_per_token(course, 64), roof.peak):>8.1%}")
+print(f"{'wide MLP':<20}{wide_flops:>15,.0f}{wide_rate:>12,.0f}{mfu(wide_rate, wide_flops, roof.peak):>8.1%}")
+
+# %% [markdown]
+# **Takeaway:** on the same core the wide MLP uses 73.0% of the peak and the course transformer 30.0%: its
+# operations are small, and its memory-bound ones run far below the peak.
+#
+# On GPUs the same arithmetic judges real runs. torchtitan reports Llama 3.1 8B on 8 H100s at 5,762 tokens a
+# second per GPU (bf16, FSDP, sequences of 8,192). Its 7.5 billion matmul weights, counted by hand, and the H100's
+# dense bf16 peak of 989 TFLOP/s give its MFU. Then the usual mistakes, each giving another number:
+
+# %% tags=["nbval-check-output"]
+llama_flops = flops_per_token(matmul_params=7_504_658_432, layers=32, hidden=4096, seq_len=8192)
+print(f"Llama 3.1 8B, 8 H100s: {llama_flops / 1e9:.2f} GFLOP a token, MFU {mfu(8 * 5762, llama_flops, 989e12, gpus=8):.1%}"
+      " (torchtitan reports 33-39%)")
+print()
+gpt2 = ModelConfig.gpt2_small()
+print(f"{'the mistake':<32}{'GPT-2 small, 8 GPUs: MFU x':>28}   why it is wrong")
+for mistake in MISTAKES:
+    if mistake.name == "all experts":
+        continue                                        # a dense model has no experts to miscount
+    factor = mistake.wrong(1e6, gpt2, 312e12, gpus=8) / mfu(1e6, gpt2, 312e12, gpus=8)
+    print(f"{mistake.name:<32}{factor:>28.2f}   {mistake.why}")
+
+# %% [markdown]
+# **Takeaway:** torchtitan's Llama run uses 33.7% of its GPUs' peak. Counting the embedding as work gives 1.27
+# times that, and the whole run's tokens against one GPU's peak 8.00 times: numbers that look better and mean
+# nothing.
+#
+# ## 6. Recomputation: memory bought with compute
+#
+# A layer keeps tensors from its forward for its backward. **[Recomputation](../docs/glossary.md#activation-recomputation)**
+# keeps fewer and computes them again in backward (Korthikanti et al. 2022). *Full* keeps only a block's input
+# and reruns the block. *Selective* reruns only attention's core, QKᵀ, the softmax and the product with V: cheap
+# to redo, and its s × s probabilities are the biggest thing a layer keeps at long sequences. Both are
+# `torch.utils.checkpoint`, around the whole block or around the core:
+
+# %%
+coursekit.show(RecomputedBlock.attention)
+coursekit.show(RecomputedBlock.forward)
+
+# %% [markdown]
+# We measure what a layer keeps, with saved-tensor hooks, and count the FLOPs of one step under each policy.
+# Attention is written out here, so that its probabilities are kept: PyTorch's fused attention kernel on CPU
+# already recomputes its scores, as selective recomputation does.
+
+# %% tags=["nbval-ignore-output"]
+recompute_rows = [r for r in recompute_table(**RECOMPUTE_SHAPE, repeats=3) if r.variant != "fused"]
+none = next(r for r in recompute_rows if r.variant == "none")
+print(f"{'policy':<10}{'kept per layer':>16}{'cost model':>12}{'GFLOP a step':>14}{'more FLOPs':>12}")
+for r in recompute_rows:
+    print(f"{r.variant:<10}{r.saved_per_layer / 2**20:>12.2f} MiB{(r.model_per_layer + r.left_out) / 2**20:>8.2f} MiB"
+          f"{r.flops / 1e9:>14.3f}{r.flops / none.flops - 1:>+12.0%}")
+draw_recompute(recompute_rows);
+
+# %% [markdown]
+# **Takeaway:** selective recomputation cuts what a layer keeps from 12.02 MiB to 8.02 MiB for 4% more FLOPs;
+# full recomputation keeps 0.50 MiB for 25% more. The cost model's bytes are the measured ones.
+#
+# <details><summary>How this was measured</summary>
+#
+# Saved-tensor hooks count every tensor autograd keeps in one layer's forward. The cost model's bytes are
+# Korthikanti et al.'s Table 2 at 4 bytes without dropout; the measurement also holds LayerNorm's mean and
+# 1/std, which the table leaves out and the figure adds. FLOPs are counted by `torch.utils.flop_counter`.
+# PyTorch's checkpoint stops recomputing at the last tensor backward needs, so full recomputation costs less
+# than a whole extra forward. `tests/test_recompute.py` checks the bytes for every policy and the FLOPs by hand.
+# </details>
+#
+# ## 7. The planner: three scenarios (P1, P8, P10)
 #
 # `plan(config, hardware, gpus, global_batch)` walks every valid layout: the degrees, ZeRO 0-3, chapter 04's four
 # schedules, every number of micro-batches, the recomputations, sequence parallelism on and off. It keeps those
@@ -355,7 +502,7 @@ for seq_len in (4096, 32768):
 # sequence, with chapter 06's ring passing the key and value blocks around.
 
 # %% [markdown]
-# ## 5. The calculator
+# ## 8. The calculator
 #
 # Choose a model, a sequence length, a batch, the GPUs and their links. The left chart stacks what the most
 # loaded GPU holds, for the fastest layouts that fit and for plain data parallelism; the dashed line is the

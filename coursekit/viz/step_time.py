@@ -1,0 +1,51 @@
+"""Chapter 08's figures of where a step's time goes: this machine's roofline with the course's operations on it,
+and what each recomputation policy keeps against what it costs. They read measurements and draw; each returns
+its figure.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+__all__ = ["draw_roofline", "draw_recompute"]
+
+
+def draw_roofline(roofline, points: dict[str, tuple[float, float]]):
+    """The roof ``min(peak, I × bandwidth)`` on log axes, and each measured op at (its intensity, its FLOP/s)."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.2))
+    intensities = [i for i, _ in points.values()]
+    low, high = min(intensities + [roofline.ridge]) / 4, max(intensities + [roofline.ridge]) * 4
+    grid = np.geomspace(low, high, 200)
+    ax.loglog(grid, [roofline.attainable(i) / 1e9 for i in grid], "k-", lw=2, label="the roof: min(peak, I × bandwidth)")
+    ax.axvline(roofline.ridge, color="grey", ls=":", lw=1)
+    ax.text(roofline.ridge, roofline.peak / 1e9 * 1.15, f"ridge {roofline.ridge:.1f} FLOP/B", ha="center", fontsize=8)
+    for (name, (intensity, flops)), marker in zip(points.items(), "osD^v<>ph*"):
+        bound = "compute" if intensity >= roofline.ridge else "memory"
+        ax.loglog(intensity, flops / 1e9, marker, ms=7, label=f"{name} ({bound}-bound)")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("GFLOP/s, one core")
+    ax.set_title("the roofline of this machine, one core, fp32", fontsize=10)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def draw_recompute(rows):
+    """Per policy: the bytes a layer keeps for backward (measured, the cost model's dashed), and the step's FLOPs."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.3))
+    names = [r.variant for r in rows]
+    x = np.arange(len(rows))
+    left.bar(x, [r.saved_per_layer / 2**20 for r in rows], color="tab:blue", label="measured")
+    left.scatter(x, [(r.model_per_layer + r.left_out) / 2**20 for r in rows], marker="_", s=600, color="black",
+                 label="cost model + LayerNorm's statistics")
+    left.set_ylabel("kept for backward, MiB per layer")
+    left.legend(fontsize=7)
+    right.bar(x, [r.flops / 1e9 for r in rows], color="tab:orange")
+    right.set_ylabel("GFLOP per step (forward + backward)")
+    for ax in (left, right):
+        ax.set_xticks(x, names)
+        ax.set_xlabel("recomputation")
+    fig.suptitle("what a layer keeps, and what recomputing it costs", fontsize=10)
+    fig.tight_layout()
+    return fig
