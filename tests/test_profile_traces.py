@@ -6,18 +6,22 @@ course transformer (backward a few ms) for 6 steps inside :func:`profiled`, with
 Each check was seen to fail, with a bug planted in ``coursekit/measure/profile.py``:
 
 * every rank on pid 0 (``moved = dict(event, pid=0)`` in ``_onto_rank``): ``test_one_process_per_rank`` fails
-  with ``processes [0] in the trace, expected [0, 1]``;
+  with ``rank 0 has 2 coursekit/start markers, expected 1`` (and the two tests after it: ``rank 0: 43
+  c10d::allreduce_ issued but 86 gloo:all_reduce run on gloo's threads``);
 * one rank shifted by 1 s (``shift = ... + 1e6 * rank``): ``test_ranks_share_one_clock`` fails with
-  ``all-reduce 0: rank 0 ran 2470.1..2497.3 µs, rank 1 ran 1002470.0..1002497.1 µs: they do not overlap``;
+  ``all-reduce 0: rank 0 ran 17001.2..17149.5 µs, rank 1 ran 1017120.2..1017158.9 µs: they do not overlap``;
 * overlap read over the whole step, not backward (``backward_windows`` returning one window from the first to
   the last event of the main thread): ``test_overlap_agrees_with_hidden_fraction`` fails with
-  ``trace says 100% hidden, the Tracer's hidden_fraction 75%``.
+  ``trace says 100% hidden, the Tracer's hidden_fraction 87% (per rank: trace [1.0, 1.0], Tracer [0.776, 0.97])``.
 
 The 5-point band: both read the same phases (backward less the wait at its end; gradient all-reduces from issue
 to completion), but the Tracer stamps an all-reduce's issue and completion from Python (after
-``dist.all_reduce`` returns; in a callback on gloo's thread, which needs the GIL), the profiler from C++. Seen
-per rank: the Tracer's completion up to ~4.5 ms late, so the two differ by up to ~5 points on one rank, ~1-3
-points averaged over the ranks, which is the course's figure (chapter 02 averages over ranks).
+``dist.all_reduce`` returns; in a callback on gloo's thread, which needs the GIL), the profiler from C++ (both
+clocks put on one, the Tracer's completion was seen up to ~4.5 ms after gloo's end, its issue up to ~0.5 ms
+after ``c10d::allreduce_``). Late completions stretch the Tracer's comm into backward, so it reads more hidden
+where overlap is partial. Compared averaged over the ranks (the course's figure: chapter 02 averages them):
+8 runs of this fixture differed by -4.8..+3.7 points (per rank up to 10). KNOWN FLAKY near the band's edge:
+the gap is the Tracer's GIL lag, not noise in the trace; not widened.
 """
 
 from __future__ import annotations
@@ -69,7 +73,8 @@ def test_one_process_per_rank(run):
             for r in (0, 1)] == [1, 1], "one process_name per rank"
     for rank in (0, 1):
         mine = [e for e in events if e["pid"] == rank and e["ph"] == "X"]
-        assert sum(e["name"] == MARKER for e in mine) == 1, f"rank {rank} has no {MARKER} marker"
+        markers = sum(e["name"] == MARKER for e in mine)
+        assert markers == 1, f"rank {rank} has {markers} {MARKER} markers, expected 1"
         gloo_threads = {e["tid"] for e in mine if e["name"].startswith("gloo:")}
         assert gloo_threads and trace["coursekit"]["main_tid"][str(rank)] not in gloo_threads, \
             f"rank {rank}: gloo's work should sit on its own threads"
