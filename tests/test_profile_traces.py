@@ -11,8 +11,8 @@ Each check was seen to fail, with a bug planted in ``coursekit/measure/profile.p
 * one rank shifted by 1 s (``shift = ... + 1e6 * rank``): ``test_ranks_share_one_clock`` fails with
   ``all-reduce 0: rank 0 ran 17001.2..17149.5 µs, rank 1 ran 1017120.2..1017158.9 µs: they do not overlap``;
 * overlap read over the whole step, not backward (``backward_windows`` returning one window from the first to
-  the last event of the main thread): ``test_overlap_agrees_with_hidden_fraction`` fails with
-  ``trace says 100% hidden, the Tracer's hidden_fraction 87% (per rank: trace [1.0, 1.0], Tracer [0.776, 0.97])``.
+  the last event of the main thread): ``test_overlap_is_read_from_backward_and_the_gradient_all_reduces`` fails
+  with ``assert [(100, 605)] == [(100, 400)]`` (the window ran to the last event of the step).
 
 The 5-point band: both read the same phases (backward less the wait at its end; gradient all-reduces from issue
 to completion), but the Tracer stamps an all-reduce's issue and completion from Python (after
@@ -20,8 +20,9 @@ to completion), but the Tracer stamps an all-reduce's issue and completion from 
 clocks put on one, the Tracer's completion was seen up to ~4.5 ms after gloo's end, its issue up to ~0.5 ms
 after ``c10d::allreduce_``). Late completions stretch the Tracer's comm into backward, so it reads more hidden
 where overlap is partial. Compared averaged over the ranks (the course's figure: chapter 02 averages them):
-8 runs of this fixture differed by -4.8..+3.7 points (per rank up to 10). KNOWN FLAKY near the band's edge:
-the gap is the Tracer's GIL lag, not noise in the trace; not widened.
+8 runs of this fixture differed by -4.8..+3.7 points (per rank up to 10), one run by 5.3: a 5-point test would
+be flaky, so the agreement is not asserted here; the trace's reading is checked exactly on a hand-made trace.
+The gap is the Tracer's GIL lag, not noise in the trace (issue 46 item 1 stays open on it).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ import json
 import pytest
 
 import coursekit
-from coursekit.measure.profile import (MARKER, all_reduces, check_trace_events, merge_traces, overlap_from_trace,
-                                       profiled, write_trace)
+from coursekit.measure.profile import (BACKWARD, EXECUTE, ISSUE, MARKER, OPTIMIZER, all_reduces, backward_windows,
+                                       check_trace_events, merge_traces, overlap_from_trace, profiled, write_trace)
 from coursekit.measure.trace import hidden_fraction
 from coursekit.train import train
 
@@ -92,14 +93,36 @@ def test_ranks_share_one_clock(run):
             "they do not overlap")
 
 
-def test_overlap_agrees_with_hidden_fraction(run):
+def _event(name, ts, dur, tid=1):
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+
+def test_overlap_is_read_from_backward_and_the_gradient_all_reduces():
+    """A hand-made trace of one step on rank 0 (µs): backward nodes 100-300 and 300-400 on the main thread (tid 1);
+    two gradient all-reduces issued at 200 and 350, run by gloo (tid 9) until 380 and 500; the optimiser at 520;
+    then the loss's all-reduce at 600-650, which is not a gradient's. Communication from issue to end: 200-380
+    and 350-500, together 200-500, 300 µs (time with two in flight counts once); inside backward (100-400):
+    200-400, so 200 / 300 hidden."""
+    events = [_event(f"{BACKWARD}: MmBackward0", 100, 200), _event(f"{BACKWARD}: AddBackward0", 300, 100),
+              _event(ISSUE, 200, 5), _event(ISSUE, 350, 5), _event(EXECUTE, 210, 170, tid=9),
+              _event(EXECUTE, 360, 140, tid=9), _event(f"{OPTIMIZER}Adam.step", 520, 30),
+              _event(ISSUE, 600, 5), _event(EXECUTE, 605, 45, tid=9)]
+    trace = {"traceEvents": events, "coursekit": {"main_tid": {"0": 1}}}
+    assert backward_windows(trace, 0) == [(100, 400)]
+    assert overlap_from_trace(trace, 0) == pytest.approx(200 / 300), \
+        f"read {overlap_from_trace(trace, 0):.3f} hidden, by hand 200 / 300 = {200 / 300:.3f}"
+
+
+def test_the_real_run_reads_a_share_and_agrees_with_the_tracer_on_its_sign(run):
+    """On the real run the share is a fraction, and where the course's Tracer sees communication hidden so does
+    the trace. (Not compared within 5 points: the Tracer stamps an all-reduce's completion from Python, in a
+    callback that waits for the GIL -- seen up to 4.5 ms after gloo's own end -- so the two differ by up to ~5
+    points averaged and 10 per rank, depending on the scheduler; see the module's docstring.)"""
     trace, spans = run
-    from_trace = sum(overlap_from_trace(trace, r) for r in (0, 1)) / 2
-    course = hidden_fraction(spans)  # averaged over the ranks, as chapter 02 shows it
-    assert abs(from_trace - course) <= 0.05, (
-        f"trace says {from_trace:.0%} hidden, the Tracer's hidden_fraction {course:.0%} "
-        f"(per rank: trace {[round(overlap_from_trace(trace, r), 3) for r in (0, 1)]}, "
-        f"Tracer {[round(hidden_fraction(spans, rank=r), 3) for r in (0, 1)]})")
+    for rank in (0, 1):
+        share = overlap_from_trace(trace, rank)
+        assert 0.0 <= share <= 1.0, f"rank {rank}: {share}"
+        assert (share > 0) == (hidden_fraction(spans, rank=rank) > 0), (rank, share, hidden_fraction(spans, rank=rank))
 
 
 def test_a_bad_trace_names_its_problems():
