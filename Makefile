@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 # in one file they queued on one worker.) Serially:  make test XDIST=
 XDIST ?= -n 3 --dist loadfile --durations=25
 
-.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism gpu-check
+.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism exit-race gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ gpu-check: install
 # Every committed attempt graded 20 times beside two CPU hogs: one score and one feedback each (long: not in make test).
 determinism: install-test
 	$(PY) -m pytest -m determinism -q tests/test_grading_determinism.py
+
+# Spawned ranks that train, destroy the group and exit at once, checked for SIGABRT (tests/test_parallel_data_exit.py:
+# PyTorch's gloo work can need the GIL on gloo's thread while the interpreter shuts down; DDP aborts there too).
+exit-race: install-test
+	$(PY) -m pytest -m exit_race -q tests/test_parallel_data_exit.py
 
 # Re-execute every notebook in place with its default parameters (what gets committed).
 notebooks: install-test

