@@ -36,6 +36,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -80,14 +81,36 @@ def profiled(group=None, record_shapes: bool = False) -> Iterator[Recording]:
     """
     rank, world = (dist.get_rank(group), dist.get_world_size(group)) if dist.is_initialized() else (0, 1)
     recording = Recording(rank, world)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes) as prof:
+    prof = profile(activities=[ProfilerActivity.CPU], record_shapes=record_shapes)
+    with _quiet_stderr():
+        prof.__enter__()
+    try:
         if dist.is_initialized():
             dist.barrier(group=group)
         with record_function(MARKER):
             pass
         yield recording
+    finally:
+        with _quiet_stderr():
+            prof.__exit__(None, None, None)
     recording.trace = read_chrome_trace(prof)
     recording.trace["coursekit"] = {"rank": rank, "world_size": world, "main_tid": threading.get_native_id()}
+
+
+@contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 while the profiler starts and stops: its C++ library logs a line for each
+    (``USDT: ... profiler_start``), and in a forked rank an ``ERROR: External init callback ...`` that is harmless
+    (the trace is complete): noise in a notebook's output, where each rank's lines are echoed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def read_chrome_trace(prof: profile) -> dict:

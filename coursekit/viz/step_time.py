@@ -1,5 +1,5 @@
-"""Chapter 08's figures of where a step's time goes: this machine's roofline with the course's operations on it,
-and what each recomputation policy keeps against what it costs. They read measurements and draw; each returns
+"""Chapter 08's figures of where a step's time goes: a merged profiler trace of every rank, this machine's roofline
+with the course's operations on it, and what each recomputation policy keeps against what it costs. They read measurements and draw; each returns
 its figure.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["draw_roofline", "draw_recompute"]
+__all__ = ["draw_roofline", "draw_recompute", "draw_trace"]
 
 
 def draw_roofline(roofline, points: dict[str, tuple[float, float]]):
@@ -47,5 +47,30 @@ def draw_recompute(rows):
         ax.set_xticks(x, names)
         ax.set_xlabel("recomputation")
     fig.suptitle("what a layer keeps, and what recomputing it costs", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_trace(trace: dict, windows: dict[int, list], flights: dict[int, list], step: tuple[float, float]):
+    """Two rows per rank over ``step`` (µs, from the trace's zero): its main thread's backward windows and its
+    gradient all-reduces from issue to end (:func:`coursekit.measure.profile.backward_windows`,
+    :func:`~coursekit.measure.profile.gradient_all_reduces`), read from a merged trace."""
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(windows)))
+    start, end = step
+    labels = []
+    for row, rank in enumerate(sorted(windows)):
+        y = 2 * (len(windows) - 1 - row)
+        clip = lambda spans: [(max(a, start), min(b, end) - max(a, start)) for a, b in spans  # noqa: E731
+                              if b > start and a < end]
+        ax.broken_barh([(a - start, w) for a, w in clip(windows[rank])], (y + 1, 0.8), color="tab:blue",
+                       label="backward (main thread)" if row == 0 else None)
+        ax.broken_barh([(a - start, w) for a, w in clip([(i, e) for i, _, e in flights[rank]])], (y, 0.8),
+                       color="tab:orange", alpha=0.8, label="gradient all-reduce, issue to end" if row == 0 else None)
+        labels += [(y + 0.4, f"rank {rank}: all-reduce"), (y + 1.4, f"rank {rank}: backward")]
+    ax.set_yticks([y for y, _ in labels], [name for _, name in labels])
+    ax.set_xlabel("µs into the step")
+    ax.set_xlim(0, end - start)
+    ax.set_title("one training step, read from the merged profiler trace", fontsize=10)
+    ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     return fig

@@ -1,4 +1,4 @@
-# ci_parameters: {"TOP": 3, "MFU_STEPS": 3, "ROOFLINE_QUICK": true, "RECOMPUTE_SHAPE": {"batch": 2, "seq": 64, "d_model": 64, "n_heads": 4}}
+# ci_parameters: {"TOP": 3, "TRACE_STEPS": 2, "MFU_STEPS": 3, "ROOFLINE_QUICK": true, "RECOMPUTE_SHAPE": {"batch": 2, "seq": 64, "d_model": 64, "n_heads": 4}}
 # %% [markdown]
 # # 08 · Choosing a strategy: a memory and time model, and a planner
 #
@@ -11,27 +11,31 @@
 # 1. what a *[layout](../docs/glossary.md#layout)* is, and the order of the [axes](../docs/glossary.md#axis) on the mesh;
 # 2. memory: each formula beside this course's measurement;
 # 3. time: compute, the pipeline's bubble, communication;
-# 4. where a step's time goes on a real machine: its roofline;
-# 5. how much of the peak a step uses: MFU;
-# 6. recomputation: memory bought with compute;
-# 7. the planner on three scenarios, what it can and cannot tell apart, and long sequences;
-# 8. a calculator: your model, your machine.
+# 4. where a step's time went, read from a profiler trace of every rank;
+# 5. why some operations run slower than others: this machine's roofline;
+# 6. how much of the peak a step uses: MFU;
+# 7. recomputation: memory bought with compute;
+# 8. the planner on three scenarios, what it can and cannot tell apart, and long sequences;
+# 9. a calculator: your model, your machine.
 #
 # The library is `coursekit.costmodel`: plain functions whose docstrings cite their sources.
 
 # %% tags=["parameters"]
 # Parameters: the measurements are one training step at 2 ranks; the rest is arithmetic (seconds).
 RANKS = 2                  # ranks of the measured runs (section 2)
-TOP = 5                    # layouts printed per scenario (section 7)
+TOP = 5                    # layouts printed per scenario (section 8)
+TRACE_STEPS = 4            # traced training steps (section 4)
 RECOMPUTE_SHAPE = {"batch": 4, "seq": 256, "d_model": 128, "n_heads": 4}   # the course transformer, longer, wider
-MFU_STEPS = 10             # timed training steps for MFU (section 5)
+MFU_STEPS = 10             # timed training steps for MFU (section 6)
 ROOFLINE_QUICK = False     # True: small probes (the bandwidth then comes from the caches)
 TIE = 0.05                 # layouts closer than this to the first are a tie for the time model
 
 # %%
 # %matplotlib inline
+import tempfile
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch
@@ -45,13 +49,15 @@ from coursekit.costmodel import (MISTAKES, Hardware, Layout, ModelConfig, Space,
 from coursekit.comm.mesh import coordinates_of
 from coursekit.experiments import wide_mlp
 from coursekit.experiments.recompute import recompute_table
+from coursekit.measure.profile import (backward_windows, gradient_all_reduces, merge_traces, overlap_from_trace,
+                                       profiled, write_trace)
 from coursekit.measure.roofline import COURSE_OPS, measure_op, measure_roofline
 from coursekit.models import LanguageData, loss_fn, tiny_transformer
 from coursekit.parallel.recompute import RecomputedBlock
 from coursekit.comm.traffic import Traffic
 from coursekit.train import train
 from coursekit.viz.costmodel import PRESETS, calculator_candidates, draw_calculator, layout_label
-from coursekit.viz.step_time import draw_recompute, draw_roofline
+from coursekit.viz.step_time import draw_recompute, draw_roofline, draw_trace
 
 torch.set_num_threads(1)
 
@@ -246,7 +252,47 @@ print(f"tp = 16 crosses the node: {tp_seconds:.3f} s of tp communication a step,
 #
 # The first row is Narayanan et al. 2021's layout for this model, from their Table 1: **tp 8 × pp 16 × dp 8**.
 #
-# ## 4. The roofline of this machine
+# ## 4. A trace of every rank
+#
+# Where did a step's time go? A **profiler** records every operation a rank runs, on which thread and when.
+# `torch.profiler` writes one trace per rank. We merge them into one file, one process per rank on one clock,
+# that opens in Perfetto (ui.perfetto.dev) or `chrome://tracing`.
+#
+# We trace chapter 02's bucketed data parallelism on 2 ranks, its all-reduces started from backward's hooks.
+# From the trace we read each backward pass on a rank's main thread, and each gradient all-reduce from the
+# moment it was issued until gloo's thread finished it:
+
+# %% tags=["nbval-ignore-output"]
+def traced(rank, world_size):
+    with profiled() as recording:
+        train(rank, world_size, "bucketed", model="transformer", steps=TRACE_STEPS, record=False, overlap=True)
+    return recording.trace
+
+
+step_trace = merge_traces(coursekit.launch(traced, 2))
+path = write_trace(step_trace, Path(tempfile.gettempdir()) / "coursekit_step_trace.json.gz")
+print(f"{len(step_trace['traceEvents']):,} events of 2 ranks in {path.name}: open it in ui.perfetto.dev")
+windows = {rank: backward_windows(step_trace, rank) for rank in (0, 1)}
+flights = {rank: gradient_all_reduces(step_trace, rank) for rank in (0, 1)}
+for rank in (0, 1):
+    print(f"rank {rank}: {len(flights[rank])} gradient all-reduces; {overlap_from_trace(step_trace, rank):.0%} of "
+          "their time ran during backward")
+last = windows[0][-1]
+draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end in flights[0]) + 100));
+
+# %% [markdown]
+# **Takeaway:** the buckets' all-reduces run on gloo's threads while backward computes: 73% of their time is
+# hidden behind it on rank 0, 56% on rank 1.
+#
+# <details><summary>How this was measured</summary>
+#
+# Each rank's profiler stamps its events in microseconds since its own start, and the export records that start
+# on the machine's clock, so the merged trace puts both ranks on one clock: the two halves of each all-reduce
+# line up. Chapter 02's timeline stamps the same moments from Python, where a callback on gloo's thread waits
+# for the interpreter's lock: its figure can differ from the trace's by a few points.
+# </details>
+#
+# ## 5. The roofline of this machine
 #
 # Why is a wide layer fast and the course transformer slow, on the same core? Every operation does some
 # arithmetic on some bytes. Its **arithmetic intensity** is FLOPs per byte moved to or from memory. A core can
@@ -271,12 +317,12 @@ for name, op, shapes in COURSE_OPS:
 draw_roofline(roof, points);
 
 # %% [markdown]
-# **Takeaway:** the wide MLP's matrix product is compute-bound and runs at the peak, 206.8 GFLOP/s. Layer norm and
-# softmax are memory-bound: about one FLOP per byte, at 8.7 and 8.2 GFLOP/s.
+# **Takeaway:** the wide MLP's matrix product is compute-bound and runs near the peak, 203.3 of 215 GFLOP/s.
+# Layer norm and softmax are memory-bound: about one FLOP per byte, at 10.0 and 8.4 GFLOP/s.
 #
 # A transformer step is many such operations. The wide ones set its speed only when they are most of it.
 #
-# ## 5. MFU: how much of the peak a step uses
+# ## 6. MFU: how much of the peak a step uses
 #
 # **[Model FLOPs utilisation](../docs/glossary.md#mfu)** (MFU) is the FLOPs a step *must* do, divided by the
 # time it took and the hardware's peak. Training a token costs about 6 FLOPs per weight it meets (2 forward, 4
@@ -316,7 +362,7 @@ print(f"{'course transformer':<20}{model_flops_per_token(course, 64):>15,.0f}{co
 print(f"{'wide MLP':<20}{wide_flops:>15,.0f}{wide_rate:>12,.0f}{mfu(wide_rate, wide_flops, roof.peak):>8.1%}")
 
 # %% [markdown]
-# **Takeaway:** on the same core the wide MLP uses 73.0% of the peak and the course transformer 30.0%: its
+# **Takeaway:** on the same core the wide MLP uses 61.1% of the peak and the course transformer 24.9%: its
 # operations are small, and its memory-bound ones run far below the peak.
 #
 # On GPUs the same arithmetic judges real runs. torchtitan reports Llama 3.1 8B on 8 H100s at 5,762 tokens a
@@ -341,7 +387,7 @@ for mistake in MISTAKES:
 # times that, and the whole run's tokens against one GPU's peak 8.00 times: numbers that look better and mean
 # nothing.
 #
-# ## 6. Recomputation: memory bought with compute
+# ## 7. Recomputation: memory bought with compute
 #
 # A layer keeps tensors from its forward for its backward. **[Recomputation](../docs/glossary.md#activation-recomputation)**
 # keeps fewer and computes them again in backward (Korthikanti et al. 2022). *Full* keeps only a block's input
@@ -380,7 +426,7 @@ draw_recompute(recompute_rows);
 # than a whole extra forward. `tests/test_recompute.py` checks the bytes for every policy and the FLOPs by hand.
 # </details>
 #
-# ## 7. The planner: three scenarios (P1, P8, P10)
+# ## 8. The planner: three scenarios (P1, P8, P10)
 #
 # `plan(config, hardware, gpus, global_batch)` walks every valid layout: the degrees, ZeRO 0-3, chapter 04's four
 # schedules, every number of micro-batches, the recomputations, sequence parallelism on and off. It keeps those
@@ -502,7 +548,7 @@ for seq_len in (4096, 32768):
 # sequence, with chapter 06's ring passing the key and value blocks around.
 
 # %% [markdown]
-# ## 8. The calculator
+# ## 9. The calculator
 #
 # Choose a model, a sequence length, a batch, the GPUs and their links. The left chart stacks what the most
 # loaded GPU holds, for the fastest layouts that fit and for plain data parallelism; the dashed line is the
