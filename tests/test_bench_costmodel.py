@@ -29,7 +29,7 @@ def test_quick_run_prints_bytes_times_and_the_planners_match(capsys):
             + [f"pipeline MLP, {s}, m = {m}" for s, m in PIPELINE_RUNS])
     assert names[:len(runs)] == [f"{run}: step within ±25% of measured" for run in runs]
     for run in runs:                                     # every run's row: measured, predicted and their ratio
-        assert re.search(rf"^\| {re.escape(run)} \| [\d.]+ ms \| [\d.]+ ms \(.*\) \| [\d.]+ \|$", out, re.M), run
-    assert "Load average" in out
+        assert re.search(rf"^\| {re.escape(run)} \| [\d.]+ ms \| [\d.]+ ms \(.*\) \| [\d.]+ \| [+-][\d.]+ ms \|$", out, re.M), run
+    assert "Load average" in out and "measured − predicted |" in out
     assert targets[len(runs)] == ("plan's top 10 = brute force's, 64 GPUs", "identical", True)
     assert "| plan | (pruned) |" in out and "identical" in out

@@ -3,7 +3,8 @@
 On each of 2 ranks (one thread each, both at once, as the runs are), in one launch:
 
 1. **the probe** (:func:`probe`) -- α and β from all-reduces of 4 KiB-4 MiB (:func:`coursekit.netsim.calibrate`),
-   the matmul rate (the roofline's peak probe, ``torch.mm`` at 2,048³), the copy bandwidth (the roofline's :func:`~coursekit.measure.roofline.measure_bandwidth`), and the
+   the matmul rate (the roofline's peak probe, ``torch.mm`` at 2,048³: both ranks at once, and each alone while
+   the other waits -- this machine's 2 cores share more than a bus, and a rank computes faster when the other idles), the copy bandwidth (the roofline's :func:`~coursekit.measure.roofline.measure_bandwidth`), and the
    seconds of a dispatched op (:func:`op_overhead`): nothing in it is one of the runs below;
 2. **the runs** -- the course transformer (data, pipeline, tensor: what chapter 08 compares), the wide MLP of
    :mod:`coursekit.experiments.tensor_versus_model` (one process, tensor, model parallel) and the MLP of
@@ -108,13 +109,19 @@ def allreduce_samples(sizes: list[int], repeats: int) -> list[tuple[int, float]]
 def probe(sizes: list[int], repeats: int, quick: bool) -> dict:
     """This rank's share of the probe (both ranks at once): all-reduce samples, matmul rate, bandwidth, op cost."""
     samples = allreduce_samples(sizes, repeats)
+    alone = []
+    for turn in range(2):           # each rank in turn while the other waits in a barrier, then both at once
+        dist.barrier()
+        if dist.get_rank() == turn:
+            alone.append(measure_peak(threads=1, quick=quick, repeats=5))
     dist.barrier()
     flops = measure_peak(threads=1, quick=quick, repeats=5)
     dist.barrier()
     bandwidth = measure_bandwidth(threads=1, mib=16 if quick else 512)
     dist.barrier()
     overhead, ops = op_overhead(10 if quick else 50)
-    return {"samples": samples, "flops": flops, "bandwidth": bandwidth, "op_overhead": overhead, "probe_ops": ops}
+    return {"samples": samples, "flops": flops, "flops_alone": alone[0], "bandwidth": bandwidth,
+            "op_overhead": overhead, "probe_ops": ops}
 
 
 def _course(rank, world_size, steps, global_batch) -> list[dict]:
