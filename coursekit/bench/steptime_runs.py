@@ -24,10 +24,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..experiments import step_times
 from ..measure.roofline import measure_bandwidth, measure_peak
-from ..models import TeacherData, tiny_mlp
+from ..models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from ..train import train
 
-__all__ = ["CountOps", "op_overhead", "allreduce_samples", "probe", "COURSE_RUNS", "PIPELINE_RUNS", "rank_runs", "PROBE_WIDTH"]
+__all__ = ["NARROW", "CountOps", "op_overhead", "allreduce_samples", "probe", "COURSE_RUNS", "PIPELINE_RUNS", "rank_runs", "PROBE_WIDTH"]
 
 # label, strategy, train's options (the course transformer, 2 ranks)
 COURSE_RUNS = [("data", "naive", {"collectives": "torch"}),
@@ -36,6 +36,7 @@ COURSE_RUNS = [("data", "naive", {"collectives": "torch"}),
 # bench pipeline's MLP at p = 2: (schedule, m)
 PIPELINE_RUNS = [("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("gpipe", 4)]
 PROBE_WIDTH = 8       # the op probe's layers: so narrow that nothing but the ops' fixed cost is left
+NARROW = 8            # the course transformer at this width too: a diagnostic, not a target
 
 
 class CountOps(TorchDispatchMode):
@@ -125,11 +126,15 @@ def probe(sizes: list[int], repeats: int, quick: bool) -> dict:
 
 
 def _course(rank, world_size, steps, global_batch) -> list[dict]:
+    """Each course run, and the same at width :data:`NARROW` (2 heads): what is left when the widths are gone."""
     out = []
     for _, strategy, extra in COURSE_RUNS:
         result = train(rank, world_size, strategy, model="transformer", steps=steps, global_batch=global_batch,
                        record=False, **extra)
-        out.append({"step_times": result["step_times"], "memory": result["memory"]})
+        narrow = train(rank, world_size, strategy, model=lambda: tiny_transformer(d_model=NARROW, n_heads=2),
+                       data=LanguageData(), steps=steps, global_batch=global_batch, record=False, **extra)
+        out.append({"step_times": result["step_times"], "memory": result["memory"],
+                    "narrow": narrow["step_times"]})
     return out
 
 
