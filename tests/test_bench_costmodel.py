@@ -9,6 +9,7 @@ instead of fp32 did *not* fail, rightly: 2 + 2 + 12 = 4 + 4 + 8 bytes a paramete
 import re
 
 from coursekit.bench.costmodel import main
+from coursekit.bench.steptime_runs import PIPELINE_RUNS
 from coursekit.models import tiny_transformer
 
 
@@ -21,9 +22,14 @@ def test_quick_run_prints_bytes_times_and_the_planners_match(capsys):
     for name, row in rows.items():
         measured, predicted = (int(row.group(i).replace(",", "")) for i in (2, 3))
         assert 0 < measured - predicted <= 4 * tensors and (measured - predicted) % 4 == 0, (name, out)
-    assert "Fitted once: α = " in out and "GFLOP/s" in out
+    assert "Fitted once, by the probe alone: α = " in out and "GFLOP/s" in out and "µs an op" in out
     names = [t[0] for t in targets]
-    assert names[:3] == [f"{s} parallelism's step within ±30% of measured, 2 ranks"
-                         for s in ("data", "pipeline", "tensor")]
-    assert targets[3] == ("plan's top 10 = brute force's, 64 GPUs", "identical", True)
+    runs = ([f"course transformer, {s}" for s in ("data", "pipeline", "tensor")]
+            + [f"wide MLP, {v}" for v in ("one process", "tensor parallel", "model parallel")]
+            + [f"pipeline MLP, {s}, m = {m}" for s, m in PIPELINE_RUNS])
+    assert names[:len(runs)] == [f"{run}: step within ±25% of measured" for run in runs]
+    for run in runs:                                     # every run's row: measured, predicted and their ratio
+        assert re.search(rf"^\| {re.escape(run)} \| [\d.]+ ms \| [\d.]+ ms \(.*\) \| [\d.]+ \| [+-][\d.]+ ms \|$", out, re.M), run
+    assert "Load average" in out and "measured − predicted |" in out
+    assert targets[len(runs)] == ("plan's top 10 = brute force's, 64 GPUs", "identical", True)
     assert "| plan | (pruned) |" in out and "identical" in out

@@ -9,7 +9,8 @@ is described once, in :mod:`.config`:
   for a layout);
 * mixture of experts -- :mod:`.experts` (the experts' parameters, the rows expert parallelism's
   all-to-alls carry, an MoE layer's activations), used by all the others when ``ModelConfig.experts > 0``;
-* time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.mfu` (FLOPs per token, MFU and HFU, and
+* time -- :mod:`.compute` (FLOPs, compute time, the bubble), :mod:`.overhead` (a CPU's per-op cost and
+  memory-bound bytes, counted from the shape), :mod:`.mfu` (FLOPs per token, MFU and HFU, and
   the usual wrong answers), :mod:`.comm` (every collective of a step, its
   bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
@@ -26,6 +27,8 @@ from .gpu_memory import GPUMemory, memory_per_gpu, rank_state_bytes
 from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute_time
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, group_network, step_collectives)
+from .overhead import (OPS_PER_MODULE, OPTIMIZER_OPS, OPTIMIZER_PASSES, StepOverhead, Work, ends_ops, layer_ops, mlp_work,
+                       ops_of, optimizer_ops, parameter_tensors, transformer_overhead)
 from .step import TrainingStepTime, step_time
 from .mfu import (MISTAKES, Mistake, attention_flops_per_token, flops_per_token, hardware_flops_per_token, hfu,
                   matmul_params, mfu, model_flops_per_token)
@@ -41,6 +44,9 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction", "Collective", "PerAxis",
            "step_collectives", "communication_bytes", "axis_network", "group_network", "collective_seconds", "communication_time",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
+           # per-op overhead and memory-bound bytes (a CPU's small ops)
+           "Work", "StepOverhead", "OPS_PER_MODULE", "OPTIMIZER_OPS", "OPTIMIZER_PASSES", "ops_of", "layer_ops", "ends_ops", "optimizer_ops",
+           "parameter_tensors", "transformer_overhead", "mlp_work",
            # utilisation
            "matmul_params", "attention_flops_per_token", "flops_per_token", "model_flops_per_token",
            "hardware_flops_per_token", "mfu", "hfu", "Mistake", "MISTAKES",

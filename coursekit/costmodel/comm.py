@@ -181,7 +181,7 @@ def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gathe
 
 def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_len: int | None = None,
                      attention: str = "ring", gather_logits: bool = False, vocab_parallel_loss: bool = True,
-                     imbalance: float = 1.0) -> tuple[Collective, ...]:
+                     imbalance: float = 1.0, dp_calls: int = 1) -> tuple[Collective, ...]:
     """Every collective one GPU takes part in during one training step (the module docstring says which).
 
     ``micro_batch``: samples per micro-batch on one data-parallel rank (``layout.micro_batches`` of them a
@@ -189,7 +189,10 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     ``"ring"`` or ``"ulysses"`` along ``sp``; ``gather_logits``: the ``sp`` ranks gather the logits (the course's
     strategies no longer do: each rank's loss is on its own tokens); ``vocab_parallel_loss``: Megatron's loss on the vocabulary shards (else the
     logits are all-gathered over ``tp``); ``imbalance``: an MoE's busiest rank's rows over the mean
-    (:func:`~.experts.expert_rows`), 1 for even routing. An axis of degree 1 has no rows.
+    (:func:`~.experts.expert_rows`), 1 for even routing; ``dp_calls``: the gradients' collectives issued in
+    that many equal calls (1: one flat buffer, or buckets overlapped by the model's ``dp_overlap``; the course's
+    ``"naive"`` all-reduces each parameter tensor: :func:`~.overhead.parameter_tensors`), the same bytes, ``dp_calls``
+    times the latency. An axis of degree 1 has no rows.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS} (got {attention!r}).")
@@ -202,6 +205,8 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     rows: list[Collective] = []
     if layout.dp > 1:
         rows += _data(psi, layout) if layout.ep == 1 else _experts_data(config, layout)
+        if dp_calls != 1:
+            rows = [replace(r, numel=r.numel / dp_calls, count=r.count * dp_calls) for r in rows]
     rows += expert_collectives(stage, layout, micro_batch, tokens, stage.layers, imbalance)
     if layout.tp > 1:
         rows += _tensor(stage, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)

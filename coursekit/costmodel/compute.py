@@ -34,11 +34,13 @@ of it than the mean: :func:`compute_time` scales it by the imbalance.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..parallel.pipeline.planning import bubble_formula
 from .config import RECOMPUTE, Hardware, Layout, ModelConfig
 from .experts import expert_params, expert_rows
+from .overhead import transformer_overhead
 from .params import num_params
 
 __all__ = ["Flops", "ComputeTime", "compute_flops", "compute_time", "bubble_fraction"]
@@ -116,7 +118,8 @@ class ComputeTime:
 
 
 def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
-                 efficiency: float | None = None, imbalance: float = 1.0) -> ComputeTime:
+                 efficiency: float | None = None, imbalance: float = 1.0, itemsize: int = 2,
+                 optimizer: str = "adam") -> ComputeTime:
     """``compute = compute_flops(global_batch·s).total / gpus / (flops · efficiency)``; the bubble on top.
 
     Every GPU does ``1/gpus`` of the work (dp splits the batch, tp the matrices, pp the layers, sp the
@@ -131,6 +134,12 @@ def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global
 
     An MoE with ``ep > 1``: the busiest rank's experts compute :func:`~.experts.expert_rows`' busiest rows, not
     the mean (``imbalance`` times more, at most the capacity's ``E·C``), and the step waits for it.
+
+    With ``hardware.op_overhead`` or a finite ``hardware.memory_bandwidth`` (a CPU fitted by a probe), the
+    busiest rank's ops and memory-bound bytes are added (:func:`~.overhead.transformer_overhead`; activations
+    and optimizer state of ``itemsize`` bytes, ``optimizer`` ``"adam"`` or ``"sgd"``): the micro-batches' part
+    to ``compute`` and to what the bubble stretches, the optimizer's to ``compute`` only (it runs after the flush).
+    A GPU preset has both off: the result is the FLOPs' alone, to the bit.
     """
     reached = hardware.flops * (hardware.efficiency if efficiency is None else efficiency)
     flops = compute_flops(config, global_batch * config.seq_len, layout.recompute)
@@ -141,4 +150,7 @@ def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global
         total += flops.experts * (rows.busiest / (config.top_k * tokens) - 1)
     compute = total / layout.gpus / reached
     f = bubble_fraction(layout)
-    return ComputeTime(compute, compute * f / (1 - f))
+    if not hardware.op_overhead and math.isinf(hardware.memory_bandwidth):
+        return ComputeTime(compute, compute * f / (1 - f))
+    pipelined, step = transformer_overhead(config, layout, global_batch, itemsize, optimizer).seconds(hardware)
+    return ComputeTime(compute + pipelined + step, (compute + pipelined) * f / (1 - f))

@@ -19,6 +19,7 @@ compute, the planner), so that each formula names its inputs the same way:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
@@ -162,7 +163,19 @@ class Layout:
 @dataclass(frozen=True)
 class Hardware:
     """One GPU's memory (bytes) and dense 16-bit speed (FLOP/s, at ``efficiency`` of peak), and its links:
-    ``intra_*`` inside a node of ``gpus_per_node`` (NVLink), the others between nodes (bytes/s, seconds)."""
+    ``intra_*`` inside a node of ``gpus_per_node`` (NVLink), the others between nodes (bytes/s, seconds).
+
+    ``op_overhead`` (seconds an operation) and ``memory_bandwidth`` (bytes/s): what a step of *small* ops costs
+    beyond its matmuls' FLOPs -- every dispatched operation's fixed cost (Python, the autograd graph, the
+    dispatcher, a kernel launch) and the bytes of the memory-bound ones (norms, softmax, GELU, residual adds,
+    the optimizer's passes) at the memory's speed (:mod:`coursekit.costmodel.overhead`). Fitted by a probe on
+    a CPU (``python -m coursekit.bench costmodel``). For a GPU both are off (0 and infinity), and that is a
+    choice, not an omission: ``efficiency`` is the share of peak that published runs reach *with* their norms,
+    softmaxes and launches inside it (Narayanan et al. 2021: 44% of an A100's peak for GPT-3 175B, 52% at 1T), and a
+    GPU's kernel launches (a few µs each) are issued ahead of the kernels, hidden behind them once the layers
+    are thousands wide; pricing them again would count them twice. The published-GPU predictions are the
+    same, to the bit, as without these terms.
+    """
 
     memory: float = 80e9
     flops: float = 312e12           # A100's bf16 dense peak
@@ -173,3 +186,5 @@ class Hardware:
     bandwidth: float = 25e9         # 200 Gb/s InfiniBand per GPU, per direction
     latency: float = 10e-6
     name: str = "A100 80 GB, 8 per node"
+    op_overhead: float = 0.0        # seconds per dispatched op; 0: inside efficiency (docstring)
+    memory_bandwidth: float = math.inf  # bytes/s of the memory-bound ops; inf: inside efficiency

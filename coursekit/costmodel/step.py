@@ -49,7 +49,7 @@ class TrainingStepTime:
 def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
               dp_overlap: float = 0.0, tp_overlap: float = 0.0, pp_overlap: float = 0.0, sp_overlap: float = 0.0,
               efficiency: float | None = None, bytes_per_element: int = 2, ep_overlap: float = 0.0,
-              **assumptions) -> TrainingStepTime:
+              optimizer: str = "adam", **assumptions) -> TrainingStepTime:
     """One step of ``global_batch`` sequences on ``layout``: the time half of "step time and memory for a layout".
 
     ``global_batch`` sequences of ``config.seq_len`` tokens are cut into ``dp`` slices of
@@ -59,7 +59,9 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     along ``sp``, ``gather_logits``, ``vocab_parallel_loss``, and an MoE's ``imbalance``, which also makes the
     busiest rank's experts compute more: :func:`compute_time`). ``*_overlap``: the share of that axis's
     communication hidden behind compute, 0 to 1 (``ep_overlap``: the experts' all-to-alls, which Megatron Core
-    overlaps with another micro-batch's compute, ``--overlap-moe-expert-parallel-comm``).
+    overlaps with another micro-batch's compute, ``--overlap-moe-expert-parallel-comm``). ``optimizer``
+    (``"adam"``, ``"sgd"``) and ``bytes_per_element`` also size the per-op and memory-bound terms where the
+    hardware has them (:mod:`~.overhead`: activations in that precision).
     """
     overlaps = {"dp": dp_overlap, "tp": tp_overlap, "pp": pp_overlap, "sp": sp_overlap, "ep": ep_overlap}
     for axis, share in overlaps.items():
@@ -73,7 +75,8 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     if global_batch % per_rank:
         raise ValueError(f"global_batch {global_batch} does not split into dp = {layout.dp} slices of "
                          f"{layout.micro_batches} micro-batches: use a multiple of {per_rank}.")
-    compute = compute_time(config, layout, hardware, global_batch, efficiency, assumptions.get("imbalance", 1.0))
+    compute = compute_time(config, layout, hardware, global_batch, efficiency, assumptions.get("imbalance", 1.0),
+                           bytes_per_element, optimizer)
     communication = communication_time(config, layout, hardware, global_batch // per_rank, bytes_per_element,
                                        **assumptions)
     exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share) for axis, share in overlaps.items()})
