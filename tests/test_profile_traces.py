@@ -16,13 +16,12 @@ Each check was seen to fail, with a bug planted in ``coursekit/measure/profile.p
 
 The 5-point band: both read the same phases (backward less the wait at its end; gradient all-reduces from issue
 to completion), but the Tracer stamps an all-reduce's issue and completion from Python (after
-``dist.all_reduce`` returns; in a callback on gloo's thread, which needs the GIL), the profiler from C++ (both
-clocks put on one, the Tracer's completion was seen up to ~4.5 ms after gloo's end, its issue up to ~0.5 ms
-after ``c10d::allreduce_``). Late completions stretch the Tracer's comm into backward, so it reads more hidden
-where overlap is partial. Compared averaged over the ranks (the course's figure: chapter 02 averages them):
-8 runs of this fixture differed by -4.8..+3.7 points (per rank up to 10), one run by 5.3: a 5-point test would
-be flaky, so the agreement is not asserted here; the trace's reading is checked exactly on a hand-made trace.
-The gap is the Tracer's GIL lag, not noise in the trace (issue 46 item 1 stays open on it).
+``dist.all_reduce`` returns; in a callback on gloo's thread, which needs the GIL and a core), the profiler from
+C++. Measured on one clock (2026-12-07): the Tracer's completion is usually within 0.1 ms of gloo's end, now
+and then 1-6 ms late, up to 8 ms beside two busy loops. Averaged over the ranks (chapter 02's figure) the two
+agree within 3 points in 32 runs on a quiet machine and drift up to 12 points on a loaded one, so the
+agreement is a benchmark target (``python -m coursekit.bench trace --check``: within 5 points in each of 8
+runs), not a test; here the trace's reading is checked exactly on a hand-made trace.
 """
 
 from __future__ import annotations
@@ -115,9 +114,9 @@ def test_overlap_is_read_from_backward_and_the_gradient_all_reduces():
 
 def test_the_real_run_reads_a_share_and_agrees_with_the_tracer_on_its_sign(run):
     """On the real run the share is a fraction, and where the course's Tracer sees communication hidden so does
-    the trace. (Not compared within 5 points: the Tracer stamps an all-reduce's completion from Python, in a
-    callback that waits for the GIL -- seen up to 4.5 ms after gloo's own end -- so the two differ by up to ~5
-    points averaged and 10 per rank, depending on the scheduler; see the module's docstring.)"""
+    the trace. (Within 5 points is ``python -m coursekit.bench trace``'s target, not a test: the Tracer's
+    completion callback waits for the GIL and a core, so on a loaded machine the two drift apart; see the
+    module's docstring.)"""
     trace, spans = run
     for rank in (0, 1):
         share = overlap_from_trace(trace, rank)

@@ -311,9 +311,10 @@ def overlap_from_trace(trace: dict, rank: int, from_issue: bool = True) -> float
     :func:`~coursekit.measure.trace.hidden_fraction`); ``from_issue=False`` counts only the time a gloo thread
     worked on it. Backward: :func:`backward_windows`. NaN without gradient all-reduces.
 
-    Where the two differ (a few points): the Tracer stamps issue and completion from Python, the completion in
-    a callback on gloo's thread that waits for the GIL -- seen up to ~4.5 ms after gloo's own end, stretching
-    its comm into backward. The profiler stamps both in C++, so this reading is the one without that lag.
+    Where the two differ: the Tracer stamps issue and completion from Python, the completion in a callback on
+    gloo's thread that needs the GIL and a core -- now and then milliseconds after gloo's own end. The profiler
+    stamps both in C++, so this reading is the one without that lag (``python -m coursekit.bench trace``: within
+    5 points of the Tracer's on a quiet machine).
     """
     flights = [(issued if from_issue else start, end) for issued, start, end in gradient_all_reduces(trace, rank)]
     total = union_length(flights)

@@ -289,7 +289,8 @@ draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end i
 # Each rank's profiler stamps its events in microseconds since its own start, and the export records that start
 # on the machine's clock, so the merged trace puts both ranks on one clock: the two halves of each all-reduce
 # line up. Chapter 02's timeline stamps the same moments from Python, where a callback on gloo's thread waits
-# for the interpreter's lock: its figure can differ from the trace's by a few points.
+# for the interpreter's lock and a free core. On a quiet machine its share agrees with the trace's within
+# 3 points; on a busy one it can be 12 points off (`python -m coursekit.bench trace`).
 # </details>
 #
 # ## 5. The roofline of this machine
