@@ -32,19 +32,22 @@ model's ``6N + 12·L·h·s`` (tests/test_costmodel_published.py recounts them):
 * the untied token embedding, which :func:`~.compute.compute_flops` prices as a matmul (its ``6·P``): +5.4%
   (8B), +0.5% (405B); positions, biases and norms: +0.4%, +0.04%;
 * in all, the step's FLOPs are +0.24% (8B) and +1.5% (405B) of the real model's. Traffic is unchanged: tp's
-  and pp's messages are ``b·s·h`` either way; dp's ``Ψ`` is within 1% (405B) and 1.5% (8B).
+  and pp's messages are ``b·s·h`` either way. dp's ``Ψ``, the parameters, is -6.3% (8B) and +1.1% (405B) of
+  the real count (8,030,261,248 and 405,853,388,800), but dp's traffic is hidden here (``dp_overlap``).
 
 **The assumptions**, chosen from the sources before any ratio was seen, the same for every run:
 
 * ``efficiency`` 0.5: :class:`~.config.Hardware`'s default (Narayanan et al. 2021: 44-52% of an A100's peak,
   norms and launches inside it);
 * ``dp_overlap`` 1: all three hide the data-parallel traffic behind compute (torchtitan's FSDP2 prefetches
-  the next all-gather; Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``; Llama 3's FSDP keeps the
-  gathered weights through backward, section 3.3.2); what is left, the last bucket, is a layer's worth;
+  the next all-gather; Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``; Llama 3's FSDP does not
+  reshard after forward, section 3.3.2); what is left, the last bucket, is a layer's worth;
 * ``pp_overlap`` 1: point-to-point sends asynchronous (Llama 3 section 3.3.2; Megatron-LM "enabled by
   default"); ``tp_overlap`` 0: tp's all-reduces on the critical path (Llama 3 names no overlap of them);
+  (Table 4's figures are checked against a second transcription, Balaji's SC'24 slide at
+  glennklockwood.com/garden/llama-3.1; the section 3.3.2 statements here were not re-checked against a copy)
 * recomputation as each run says: torchtitan's Table 1 selective, Llama 3's 8K pre-training none (section
-  3.3.2: 8K sequences "without activation checkpointing");
+  3.3.2, which pre-trains its 8K sequences without activation checkpointing);
 * the pipeline: Llama 3's interleaved schedule with two model chunks a rank, the only ``v`` the paper shows
   (Figure 6: 8 stages on 4 ranks); micro-batches of one sequence, so ``m`` = batch/DP;
 * :meth:`~.config.Hardware.h100`: the SXM peak, 989 TFLOP/s. torchtitan's cards were 500 W HBM2e ones whose
