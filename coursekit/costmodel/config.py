@@ -188,3 +188,17 @@ class Hardware:
     name: str = "A100 80 GB, 8 per node"
     op_overhead: float = 0.0        # seconds per dispatched op; 0: inside efficiency (docstring)
     memory_bandwidth: float = math.inf  # bytes/s of the memory-bound ops; inf: inside efficiency
+
+    @classmethod
+    def h100(cls) -> "Hardware":
+        """An H100 SXM 80 GB, 8 to a node (a DGX H100 or HGX H100 board): 989e12 FLOP/s dense bf16 (NVIDIA's H100
+        datasheet gives 1,979 "with sparsity"; the dense figure is half, the denominator torchtitan's
+        ``get_peak_flops`` and Megatron-LM use: NVIDIA/Megatron-LM issue 1276); NVLink 4 at 900 GB/s per GPU
+        both ways together, 450e9 per direction; one 400 Gb/s InfiniBand (or RoCE) NIC per GPU, 50e9 bytes/s
+        per direction (DGX H100's ConnectX-7; Llama 3's and torchtitan's clusters: "400 Gb/s per GPU").
+        Latencies and ``efficiency`` as the A100's (0.5, Narayanan et al. 2021): a share of peak, not a speed.
+
+            >>> Hardware.h100().flops / Hardware().flops               # bf16 dense: H100 SXM over A100
+            3.1698717948717947
+        """
+        return cls(flops=989e12, intra_bandwidth=450e9, bandwidth=50e9, name="H100 SXM 80 GB, 8 per node")

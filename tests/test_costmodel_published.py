@@ -1,0 +1,151 @@
+"""The cost model against published H100 throughput (coursekit/costmodel/published.py): torchtitan's Llama 3.1
+8B on 8 GPUs and Llama 3 405B on 8,192 and 16,384 GPUs, each predicted / published within [0.75, 1.25] -- but
+torchtitan's eager run, which the model misses by +38% (test_torchtitan_eager_is_a_miss says why).
+Megatron-LM's weak-scaling table is not checked: its rows exist only as an image (the module docstring).
+
+The inputs are recounted by hand here (GPU counts, tokens a batch, the real models' N, the MFU the published
+throughput implies), and the parts of the 405B step (compute, bubble, tp) from the formulas, not the code.
+
+Planted, seen failing (each put in by hand, these tests run, the bug taken out):
+
+* the A100's peak in ``Hardware.h100`` (``flops=312e12``) -> every ratio test ("Llama 3 405B, TP 8 × PP 16 × DP
+  64 on 8,192 GPUs: predicted 46.2 tokens/s/GPU, published 163.8, ratio 0.28 outside [0.75, 1.25]"), test_h100_preset;
+* the bubble dropped (``compute_time`` returns ``ComputeTime(compute, 0.0)``) -> test_405b_step_by_hand
+  ("bubble 0.000 s, (p − 1)/(v·m) of compute = 2.586 s"), test_the_bubble_is_why_16k_is_slower ("16,384 GPUs
+  at 1.000 of 8,192's tokens/s per GPU: no bubble left to slow it"); the ratio tests alone still pass (1.02,
+  1.10): the ±25% band cannot see a term of 17% (8,192 GPUs) to 30% (16,384) of the step, which is why the parts are checked by hand;
+* tp's communication dropped (``communication_time`` skips the ``"tp"`` rows) -> test_405b_step_by_hand
+  ("tp 0.000 s exposed, the hand count 1.183 s"); the ratio tests again pass (0.92, 0.83).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from coursekit.costmodel import Hardware, compute_flops, mfu, num_params
+from coursekit.costmodel.published import (LLAMA3_405B_8K, LLAMA3_405B_16K, RUNS, TORCHTITAN_8B,
+                                           TORCHTITAN_8B_COMPILED, predict)
+
+H100_PEAK = 989e12                      # H100 SXM, bf16 dense
+
+
+def _within(run, low=0.75, high=1.25):
+    p = predict(run)
+    assert low <= p.ratio <= high, (f"{run.name}: predicted {p.tokens_per_gpu:.1f} tokens/s/GPU, published "
+                                    f"{run.tokens_per_gpu:.1f}, ratio {p.ratio:.2f} outside [{low}, {high}]")
+    return p
+
+
+def test_torchtitan_compiled_within_25_percent():
+    """6,667 tokens/s/GPU with torch.compile: the run whose elementwise ops are fused, as the runs behind the
+    efficiency of 0.5 (Megatron-LM's fused kernels, Narayanan et al. 2021) are."""
+    p = _within(TORCHTITAN_8B_COMPILED)
+    assert p.ratio == pytest.approx(1.19, abs=0.01)
+
+
+def test_torchtitan_eager_is_a_miss():
+    """5,762 tokens/s/GPU eager: the model predicts 7,931, +38% -- a miss, not fudged. Why: the model has one
+    efficiency (0.5 of peak) for a well-tuned step; eager PyTorch runs every norm, SwiGLU and residual add as its
+    own kernel, which torch.compile fuses -- the published runs differ by that alone (6,667 / 5,762 = 1.157) and
+    the model cannot tell them apart. And the cards were 500 W HBM2e H100s whose peak is "between SXM and NVL"
+    (torchtitan's footnote 2), not the SXM's 989 TFLOP/s the model assumes: at the NVL's 835 the ratio would be
+    1.16. The model's MFU for this step, 0.46, is above any published 8B FSDP run on these cards."""
+    p = predict(TORCHTITAN_8B)
+    assert 1.30 <= p.ratio <= 1.45, f"eager: ratio {p.ratio:.3f}, expected the documented miss of about 1.38"
+    assert predict(TORCHTITAN_8B_COMPILED).tokens_per_gpu == p.tokens_per_gpu     # one step, two published
+    assert 6667 / 5762 == pytest.approx(1.157, abs=0.001)
+
+
+@pytest.mark.parametrize("run", [LLAMA3_405B_8K, LLAMA3_405B_16K], ids=["8192", "16384"])
+def test_llama3_405b_within_25_percent(run):
+    """Table 4's 430 and 400 TFLOP/s per GPU: predicted 0.85 and 0.77 of them (with two model chunks a rank, the
+    only v the paper shows; with four the bubble halves and they are 0.93 and 0.91)."""
+    _within(run)
+
+
+def test_the_bubble_is_why_16k_is_slower():
+    """The same batch on twice the GPUs: m = 16 micro-batches for p = 16 stages instead of 32, so the bubble,
+    (p − 1)/(v·m) of the compute, doubles. Published: 400 / 430 = 0.93 of the tokens/s per GPU; the model 0.85."""
+    eight, sixteen = predict(LLAMA3_405B_8K), predict(LLAMA3_405B_16K)
+    drop = sixteen.tokens_per_gpu / eight.tokens_per_gpu
+    assert 0.80 <= drop <= 0.95, f"16,384 GPUs at {drop:.3f} of 8,192's tokens/s per GPU: no bubble left to slow it?"
+    assert 400 / 430 == pytest.approx(0.93, abs=0.01)
+
+
+def test_405b_step_by_hand():
+    """The 8,192-GPU step's parts from the formulas: compute = the step's FLOPs over the GPUs at 0.5 of 989
+    TFLOP/s; bubble = (p − 1)/(v·m) of it; tp = per micro-batch 33 ring all-reduces of b·s·h (2 a layer forward
+    and backward over 8 layers, + the head's input gradient) and 3 of b·s (the vocabulary-parallel loss), each
+    2(t − 1) steps of N/t on NVLink (450 GB/s, 5 µs)."""
+    h, L, s, v, layers_per_stage, m, t = 16384, 126, 8192, 128256, 8, 32, 8
+    params = h * (2 * v + s) + L * (12 * h * h + 10 * h) + 2 * h      # GPT-shaped, untied, no qkv bias
+    tokens = 2048 * s
+    compute = tokens * (6 * params + 12 * L * s * h) / 8192 / (0.5 * H100_PEAK)
+    bubble = compute * 15 / (2 * m)
+
+    def ring(n):
+        return 2 * (t - 1) * (5e-6 + n / t * 2 / 450e9)
+    tp = m * (33 * ring(s * h) + 3 * ring(s))
+    step = predict(LLAMA3_405B_8K).step
+    assert step.compute == pytest.approx(compute, rel=1e-9), (step.compute, compute)
+    assert step.bubble == pytest.approx(bubble, rel=1e-9), \
+        f"bubble {step.bubble:.3f} s, (p − 1)/(v·m) of compute = {bubble:.3f} s"
+    assert step.exposed.tp == pytest.approx(tp, rel=1e-9), f"tp {step.exposed.tp:.3f} s exposed, the hand count {tp:.3f} s"
+    assert step.exposed.dp == step.exposed.pp == 0.0                 # both overlapped (ASSUMPTIONS)
+    assert 14 * layers_per_stage + 2 * 7 == L                         # 14 stages of 8, the two ends of 7
+
+
+def test_gpu_counts_and_batches_are_the_sources():
+    """GPUs = TP·PP·DP·CP; Llama 3's 16M tokens a batch = batch/DP 32 (and 16) × DP × 8,192; torchtitan's local
+    batch 2 × 8 ranks = 16."""
+    assert [r.layout.gpus for r in RUNS] == [8, 8, 8 * 16 * 64, 8 * 16 * 128]
+    assert LLAMA3_405B_8K.layout.gpus == 8192 and LLAMA3_405B_16K.layout.gpus == 16384
+    for run, per_dp in ((LLAMA3_405B_8K, 32), (LLAMA3_405B_16K, 16)):
+        assert run.global_batch == per_dp * run.layout.dp and run.layout.micro_batches == per_dp
+        assert run.global_batch * 8192 == 16 * 2**20
+    assert TORCHTITAN_8B.global_batch == 2 * 8 and TORCHTITAN_8B.layout.micro_batches == 1
+    assert TORCHTITAN_8B.layout.recompute == "selective" and LLAMA3_405B_8K.layout.recompute == "none"
+
+
+def test_published_throughput_implies_the_published_mfu():
+    """By hand: N of Llama 3.1 8B and 405B (q, o h²; k, v h·1,024; SwiGLU 3·h·f; the untied head v·h), the
+    FLOPs a token 6N + 12·L·h·s, and tokens/s × F / 989 TFLOP/s within a point of the printed MFU."""
+    n8 = 32 * (2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336) + 128256 * 4096
+    n405 = 126 * (2 * 16384**2 + 2 * 16384 * 1024 + 3 * 16384 * 53248) + 128256 * 16384
+    f8, f405 = 6 * n8 + 12 * 32 * 4096 * 8192, 6 * n405 + 12 * 126 * 16384 * 8192
+    assert (TORCHTITAN_8B.flops_per_token, LLAMA3_405B_8K.flops_per_token) == (f8, f405)
+    for run in RUNS:
+        implied = run.tokens_per_gpu * run.flops_per_token / H100_PEAK
+        assert implied == pytest.approx(run.mfu, abs=0.01), f"{run.name}: implies MFU {implied:.3f}, printed {run.mfu}"
+        assert mfu(run.tokens_per_gpu * run.layout.gpus, run.flops_per_token, H100_PEAK, run.layout.gpus) == \
+            pytest.approx(implied)
+    assert LLAMA3_405B_8K.tokens_per_gpu * f405 == pytest.approx(430e12)
+
+
+@pytest.mark.parametrize("run,share,real,params_share", [
+    (TORCHTITAN_8B, 0.0024, 8_030_261_248, -0.063), (LLAMA3_405B_8K, 0.0148, 405_853_388_800, 0.011)],
+    ids=["8B", "405B"])
+def test_the_shape_differences_are_the_docstrings(run, share, real, params_share):
+    """The GPT-shaped config's step FLOPs (no recomputation) against the real model's 6N + 12·L·h·s: +0.24% and
+    +1.5%, the module docstring's sum of its differences; its parameters against the real count (Meta's 8.03 B
+    and 405.85 B: matrices, an untied embedding and head, two RMSNorms a layer and a final one)."""
+    priced = compute_flops(run.config, 1, "none").total
+    assert priced / run.flops_per_token - 1 == pytest.approx(share, abs=0.0002)
+    h, L = run.config.hidden, run.config.layers
+    assert real == run.matmul_params + 128256 * h + (2 * L + 1) * h
+    assert num_params(run.config).total / real - 1 == pytest.approx(params_share, abs=0.001)
+
+
+def test_predicted_mfu_follows_the_ratio():
+    """MFU predicted on the real model's FLOPs: the same ratio to the printed MFU as the tokens/s (to rounding)."""
+    for run in RUNS:
+        p = predict(run)
+        assert p.mfu / run.mfu == pytest.approx(p.ratio * run.tokens_per_gpu * run.flops_per_token
+                                                / H100_PEAK / run.mfu)
+
+
+def test_h100_preset():
+    h100 = Hardware.h100()
+    assert (h100.flops, h100.intra_bandwidth, h100.bandwidth, h100.gpus_per_node, h100.memory) == \
+        (989e12, 450e9, 50e9, 8, 80e9)
+    assert h100.efficiency == Hardware().efficiency == 0.5
