@@ -1,6 +1,6 @@
 """The cost model against published H100 throughput (coursekit/costmodel/published.py): torchtitan's Llama 3.1
 8B on 8 GPUs and Llama 3 405B on 8,192 and 16,384 GPUs, each predicted / published within [0.75, 1.25] -- but
-torchtitan's eager run, which the model misses by +38% (test_torchtitan_eager_is_a_miss says why).
+torchtitan's eager run, which the model misses by +38% (test_one_step_cannot_meet_both_torchtitan_runs says why).
 Megatron-LM's weak-scaling table is not checked: its rows exist only as an image (the module docstring).
 
 The inputs are recounted by hand here (GPU counts, tokens a batch, the real models' N, the MFU the published
@@ -39,20 +39,19 @@ def _within(run, low=0.75, high=1.25):
 def test_torchtitan_compiled_within_25_percent():
     """6,667 tokens/s/GPU with torch.compile: the run whose elementwise ops are fused, as the runs behind the
     efficiency of 0.5 (Megatron-LM's fused kernels, Narayanan et al. 2021) are."""
-    p = _within(TORCHTITAN_8B_COMPILED)
-    assert p.ratio == pytest.approx(1.19, abs=0.01)
+    _within(TORCHTITAN_8B_COMPILED)
 
 
-def test_torchtitan_eager_is_a_miss():
-    """5,762 tokens/s/GPU eager: the model predicts 7,931, +38% -- a miss, not fudged. Why: the model has one
-    efficiency (0.5 of peak) for a well-tuned step; eager PyTorch runs every norm, SwiGLU and residual add as its
-    own kernel, which torch.compile fuses -- the published runs differ by that alone (6,667 / 5,762 = 1.157) and
-    the model cannot tell them apart. And the cards were 500 W HBM2e H100s whose peak is "between SXM and NVL"
-    (torchtitan's footnote 2), not the SXM's 989 TFLOP/s the model assumes: at the NVL's 835 the ratio would be
-    1.16. The model's MFU for this step, 0.46, is above any published 8B FSDP run on these cards."""
-    p = predict(TORCHTITAN_8B)
-    assert 1.30 <= p.ratio <= 1.45, f"eager: ratio {p.ratio:.3f}, expected the documented miss of about 1.38"
-    assert predict(TORCHTITAN_8B_COMPILED).tokens_per_gpu == p.tokens_per_gpu     # one step, two published
+def test_one_step_cannot_meet_both_torchtitan_runs():
+    """5,762 tokens/s/GPU eager, 6,667 compiled: the same step, the same model; the cost model prices it once. The
+    model misses the eager run (7,931 predicted, +38%: docs/benchmarks.md; not asserted as a band here, and not
+    fudged): it has one efficiency (0.5 of peak) for a well-tuned step, and eager PyTorch runs every norm, SwiGLU
+    and residual add as its own kernel, which torch.compile fuses. The cards were also 500 W HBM2e H100s whose
+    peak is "between SXM and NVL" (torchtitan's footnote 2), not the SXM's 989 TFLOP/s assumed here. What *is*
+    asserted: one prediction for both, and no single prediction can be within 25% of both unless it lies in
+    [0.75 · 6,667, 1.25 · 5,762] = [5,000, 7,203] tokens/s/GPU."""
+    eager, compiled = predict(TORCHTITAN_8B), predict(TORCHTITAN_8B_COMPILED)
+    assert eager.tokens_per_gpu == compiled.tokens_per_gpu, "one step, two published speeds"
     assert 6667 / 5762 == pytest.approx(1.157, abs=0.001)
 
 
@@ -69,7 +68,6 @@ def test_the_bubble_is_why_16k_is_slower():
     eight, sixteen = predict(LLAMA3_405B_8K), predict(LLAMA3_405B_16K)
     drop = sixteen.tokens_per_gpu / eight.tokens_per_gpu
     assert 0.80 <= drop <= 0.95, f"16,384 GPUs at {drop:.3f} of 8,192's tokens/s per GPU: no bubble left to slow it?"
-    assert 400 / 430 == pytest.approx(0.93, abs=0.01)
 
 
 def test_405b_step_by_hand():
@@ -77,7 +75,7 @@ def test_405b_step_by_hand():
     TFLOP/s; bubble = (p − 1)/(v·m) of it; tp = per micro-batch 33 ring all-reduces of b·s·h (2 a layer forward
     and backward over 8 layers, + the head's input gradient) and 3 of b·s (the vocabulary-parallel loss), each
     2(t − 1) steps of N/t on NVLink (450 GB/s, 5 µs)."""
-    h, L, s, v, layers_per_stage, m, t = 16384, 126, 8192, 128256, 8, 32, 8
+    h, L, s, v, m, t = 16384, 126, 8192, 128256, 32, 8
     params = h * (2 * v + s) + L * (12 * h * h + 10 * h) + 2 * h      # GPT-shaped, untied, no qkv bias
     tokens = 2048 * s
     compute = tokens * (6 * params + 12 * L * s * h) / 8192 / (0.5 * H100_PEAK)
@@ -92,7 +90,6 @@ def test_405b_step_by_hand():
         f"bubble {step.bubble:.3f} s, (p − 1)/(v·m) of compute = {bubble:.3f} s"
     assert step.exposed.tp == pytest.approx(tp, rel=1e-9), f"tp {step.exposed.tp:.3f} s exposed, the hand count {tp:.3f} s"
     assert step.exposed.dp == step.exposed.pp == 0.0                 # both overlapped (ASSUMPTIONS)
-    assert 14 * layers_per_stage + 2 * 7 == L                         # 14 stages of 8, the two ends of 7
 
 
 def test_gpu_counts_and_batches_are_the_sources():
