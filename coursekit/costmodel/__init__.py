@@ -14,7 +14,9 @@ is described once, in :mod:`.config`:
   the usual wrong answers), :mod:`.comm` (every collective of a step, its
   bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
-  :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers).
+  :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers);
+* how far its time can be trusted -- :mod:`.published` (torchtitan's and Llama 3's runs on H100s, predicted),
+  :mod:`.ties` (the error measured against them, and the layouts of a ranking it cannot tell apart).
 """
 
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
@@ -34,6 +36,7 @@ from .mfu import (MISTAKES, Mistake, attention_flops_per_token, flops_per_token,
                   matmul_params, mfu, model_flops_per_token)
 from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
                       plan, ranking_key, states_fit)
+from .ties import model_error, ranking_error, ties
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # memory
@@ -55,4 +58,6 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "moe_activation_bytes", "router_params",
            # the planner
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
-           "ranking_key"]
+           "ranking_key",
+           # how far its time can be trusted (against published runs)
+           "model_error", "ranking_error", "ties"]
