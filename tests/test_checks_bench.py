@@ -53,7 +53,7 @@ def test_unknown_or_missing_benchmark_is_a_usage_error(argv, capsys):
 
 def test_the_real_benchmarks_are_listed_and_nothing_runs_on_import():
     done = subprocess.run([sys.executable, "-m", "coursekit.bench"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "{allreduce|capstone|costmodel|data|expert|launch|pipeline|sequence|tensor}" in done.stderr
+    assert done.returncode == 2 and "{allreduce|capstone|costmodel|data|expert|launch|pipeline|sequence|tensor|trace}" in done.stderr
 
 
 def test_ring_target_is_one_row_per_size_from_1_mib_on_4_ranks_only():

@@ -3,8 +3,9 @@ presets left as they were.
 
 * by hand, on a 1-layer model of width 4 (v = 4, s = 2, 1 head, 264 parameters, one sequence of 2 tokens, Adam):
   FLOPs 6·264·2 + 12·1·2·4·2 = 3,360; ops 97 (the layer) + 37 (the ends) + 15·9 + 2 (Adam over 15 tensors) = 271;
-  bytes 2·3·(10·4 + 10·4 + 2·1·2)·4 + 2·3·(5·4 + 2·4)·4 + 264·19·4 = 2,016 + 672 + 20,064 = 22,752 -- at 1 GFLOP/s,
-  1 µs an op and 1 GB/s: 3.36 + 271 + 22.752 = 297.112 µs;
+  bytes 2·3·(10·4 + 10·4 + 2·1·2)·4 + 2·3·(5·4 + 2·4)·4 + 264·19·4 = 2,016 + 672 + 20,064 = 22,752, and the
+  weights streamed, each matmul's read forward and for its input's gradient: 2·(12·4² + 4·4)·4 = 1,664 (one
+  micro-batch: nothing accumulated) -- at 1 GFLOP/s, 1 µs an op and 1 GB/s: 3.36 + 271 + 24.416 = 298.776 µs;
 * the ops :mod:`coursekit.costmodel.overhead` counts from the shape equal those PyTorch dispatches (a
   ``TorchDispatchMode`` around forward, loss and backward of the course transformer, and around an optimizer step),
   kind by kind first -- each kind's signature op (``native_layer_norm`` for a norm, ``addmm`` for a linear with a
@@ -21,6 +22,11 @@ Planted and seen failing (each undone):
   ends (4 in all), the step dispatched 5 native_layer_norm: ..." (by hand: 33 == 37 ops in the ends);
 * Adam's ops per tensor 8 in place of 9 -> "adam over 26 tensors: the formula 210 ops, the step dispatched 236:
   [('_local_scalar_dense', 26), ...]" (by hand: 282.112 µs against 297.112);
+* the weights read once a micro-batch, not twice (``2 * weights`` -> ``weights`` in ``streamed_and_accumulated``)
+  -> test_the_term_by_hand_on_a_tiny_model: 297.944 µs against the hand count's 298.776 (and the pipeline's
+  bubble);
+* gradients accumulated on every micro-batch (``micro_batches - 1`` -> ``micro_batches``): 301.944 µs against
+  298.776 (one micro-batch accumulates nothing), and the pipeline's bubble against the hand count;
 * the optimizer's time inside what the bubble stretches (``(compute + pipelined + step) * f / (1 - f)``) ->
   the pipeline's bubble 203.584 µs against the hand count's 129.856.
 """
@@ -48,22 +54,26 @@ def test_the_term_by_hand_on_a_tiny_model():
     assert layer_ops(TINY) == 97 and ends_ops() == 37 and parameter_tensors(TINY) == 15
     t = compute_time(TINY, Layout(), PROBED, global_batch=1, itemsize=4)
     ops = 97 + 37 + 15 * 9 + 2
-    moved = 2 * 3 * (10 * 4 + 10 * 4 + 2 * 1 * 2) * 4 + 2 * 3 * (5 * 4 + 2 * 4) * 4 + 264 * 19 * 4
-    assert (ops, moved) == (271, 22752)
+    streamed = 2 * (12 * 4**2 + 4 * 4) * 4                   # the layer's 12h² and the tied head's v·h, read twice
+    moved = 2 * 3 * (10 * 4 + 10 * 4 + 2 * 1 * 2) * 4 + 2 * 3 * (5 * 4 + 2 * 4) * 4 + 264 * 19 * 4 + streamed
+    assert (ops, moved) == (271, 24416)
     assert t.compute == pytest.approx(3360 / 1e9 + ops * 1e-6 + moved / 1e9, rel=1e-12)
-    assert t.compute == pytest.approx(297.112e-6, rel=1e-12) and t.bubble == 0
+    assert t.compute == pytest.approx(298.776e-6, rel=1e-12) and t.bubble == 0
 
 
 def test_a_pipeline_stretches_the_micro_batches_not_the_optimizer():
-    """p = 2, m = 2 on 2 layers: the bubble is (p − 1)/m = 1/2 of the FLOPs and the micro-batches' ops and bytes,
-    none of the optimizer's (it runs once, after the flush)."""
+    """p = 2, m = 2 on 2 layers: the bubble is (p − 1)/m = 1/2 of the FLOPs and the micro-batches' ops and bytes
+    (the weights streamed each micro-batch and the second micro-batch's gradients accumulated included), none of
+    the optimizer's (it runs once, after the flush)."""
     config = ModelConfig.course(vocab=4, d_model=4, n_heads=1, n_layers=2, max_seq_len=2)
     t = compute_time(config, Layout(pp=2, micro_batches=2), PROBED, global_batch=2, itemsize=4)
     flops = compute_flops(config, 2 * 2).total / 2 / 1e9
     # the busier stage: the last -- 1 layer (97), the final norm (1 + 3), the head (4 + 9), the loss (5 + 5)
     micro_ops = 97 + (1 + 3) + (4 + 9) + (5 + 5)
     micro_bytes = 2 * 3 * (10 * 4 + 10 * 4 + 2 * 1 * 2) * 4 + 2 * 3 * (5 * 4 + 2 * 4) * 4   # 2 tokens a micro-batch
-    pipelined = 2 * micro_ops * 1e-6 + 2 * micro_bytes / 1e9
+    streamed = 2 * 2 * (12 * 4**2 + 4 * 4) * 4                 # 2 micro-batches: the layer and the head, read twice
+    accumulated = 3 * (232 + 8 + 16) * 4                         # once: the stage's layer, final norm, head copy
+    pipelined = 2 * micro_ops * 1e-6 + (2 * micro_bytes + streamed + accumulated) / 1e9
     f = 1 / 3                                                            # 1F1B: (p − 1)/(m + p − 1)
     assert t.bubble == pytest.approx((flops + pipelined) * f / (1 - f), rel=1e-12)
     optimizer = (parameter_tensors(config, 1, first=False, last=True) * 9 + 2) * 1e-6

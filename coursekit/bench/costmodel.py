@@ -35,6 +35,7 @@ from dataclasses import replace
 
 from ..costmodel import (Collective, Hardware, Layout, ModelConfig, Space, Work, brute_force, bubble_fraction,
                          collective_seconds, memory_per_gpu, mlp_work, ops_of, optimizer_ops, parameter_tensors, plan,
+                         streamed_and_accumulated,
                          step_time)
 from ..launch import launch
 from ..netsim import Network, calibrate
@@ -110,10 +111,12 @@ def pipeline_predictions(hardware: Hardware, one_at_a_time: Hardware, options) -
     out = {}
     for schedule, m in PIPELINE_RUNS:
         rows = batch / m
-        micro = Work(flops=6 * h * h * rows, ops=ops_of({"linear_2d": 1, "loss": 1}), bytes=3 * 2 * h * rows * 4)
+        micro = Work(flops=6 * h * h * rows, ops=ops_of({"linear_2d": 1, "loss": 1}),
+                     bytes=3 * 2 * h * rows * 4 + streamed_and_accumulated(h * h, 0, 1))
+        accumulated = Work(bytes=streamed_and_accumulated(0, h * h + h, m)).seconds(hardware)
         sgd = Work(ops=optimizer_ops(2, "sgd"), bytes=(h * h + h) * 8 * 4).seconds(hardware)
         f = bubble_fraction(Layout(pp=2, micro_batches=m, schedule=schedule))
-        compute = m * micro.seconds(one_at_a_time if m == 1 else hardware)
+        compute = m * micro.seconds(one_at_a_time if m == 1 else hardware) + accumulated
         sends = collective_seconds(Collective("pp", "send", 2, rows * h, m), network, 4)
         bubble = compute * f / (1 - f)
         out[(schedule, m)] = (compute + sgd + bubble + sends,

@@ -30,7 +30,8 @@ from .compute import ComputeTime, Flops, bubble_fraction, compute_flops, compute
 from .comm import (ATTENTIONS, AXES, OPS, Collective, PerAxis, axis_network, collective_seconds, communication_bytes,
                    communication_time, group_network, step_collectives)
 from .overhead import (OPS_PER_MODULE, OPTIMIZER_OPS, OPTIMIZER_PASSES, StepOverhead, Work, ends_ops, layer_ops, mlp_work,
-                       ops_of, optimizer_ops, parameter_tensors, transformer_overhead)
+                       ops_of, optimizer_ops, parameter_tensors, streamed_and_accumulated,
+                       transformer_overhead)
 from .step import TrainingStepTime, step_time
 from .mfu import (MISTAKES, Mistake, attention_flops_per_token, flops_per_token, hardware_flops_per_token, hfu,
                   matmul_params, mfu, model_flops_per_token)
@@ -49,7 +50,7 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "ATTENTIONS", "AXES", "OPS", "TrainingStepTime", "step_time",
            # per-op overhead and memory-bound bytes (a CPU's small ops)
            "Work", "StepOverhead", "OPS_PER_MODULE", "OPTIMIZER_OPS", "OPTIMIZER_PASSES", "ops_of", "layer_ops", "ends_ops", "optimizer_ops",
-           "parameter_tensors", "transformer_overhead", "mlp_work",
+           "parameter_tensors", "streamed_and_accumulated", "transformer_overhead", "mlp_work",
            # utilisation
            "matmul_params", "attention_flops_per_token", "flops_per_token", "model_flops_per_token",
            "hardware_flops_per_token", "mfu", "hfu", "Mistake", "MISTAKES",

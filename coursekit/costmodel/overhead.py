@@ -17,7 +17,16 @@ hundreds of tokens a rank) each matmul takes microseconds, and the step is made 
   :mod:`coursekit.measure.roofline`): per token and layer forward, the layer norms (``2h`` each), the
   residual adds (``3h`` each), GELU (``2·4h/t``), attention's probabilities (``2·(a/t)·s``: softmax reads and
   writes the scores) and the heads' re-layout (``2h/t``); backward twice the forward (each op's gradient in
-  and out, beside its saved input); the optimizer's passes over every parameter (:data:`OPTIMIZER_PASSES`).
+  and out, beside its saved input); the optimizer's passes over every parameter (:data:`OPTIMIZER_PASSES`);
+  and two more, which the matmuls' FLOPs leave out:
+
+  - **weights streamed**: a matmul reads its weight from memory each time it runs, twice a micro-batch
+    (forward, and the input's gradient): ``2·W`` a micro-batch, ``W`` the rank's matmul weights. On a core, a
+    matmul of few rows costs its FLOPs *plus* these bytes (measured here, one thread: 64 rows × 1,024² took
+    0.96 ms, 0.64 ms of FLOPs at the probe's rate + 0.30 ms for the 4 MB weight at its bandwidth; at 256 rows
+    the weight's share is a tenth);
+  - **gradient accumulation**: each micro-batch after the first adds its gradients into ``.grad`` (autograd's
+    ``AccumulateGrad``: read both, write one), ``3·P`` a micro-batch for the rank's ``P`` parameters.
 
 :class:`Work` holds the three counts of one rank's step, :meth:`Work.seconds` prices them on a
 :class:`~.config.Hardware`. ``op_overhead`` and ``memory_bandwidth`` are fitted once by a probe, as α and β
@@ -38,7 +47,7 @@ from .params import params_per_rank, stage_layers
 
 __all__ = ["Work", "StepOverhead", "OPS_PER_MODULE", "OPTIMIZER_OPS", "OPTIMIZER_STEP_OPS", "OPTIMIZER_PASSES", "layer_modules",
            "ends_modules", "ops_of", "layer_ops", "ends_ops", "parameter_tensors", "optimizer_ops",
-           "layer_bytes_per_token", "ends_bytes_per_token", "transformer_overhead", "mlp_work"]
+           "layer_bytes_per_token", "ends_bytes_per_token", "streamed_and_accumulated", "transformer_overhead", "mlp_work"]
 
 
 @dataclass(frozen=True)
@@ -156,11 +165,18 @@ class StepOverhead:
         return self.pipelined.overhead_seconds(hardware), self.optimizer.overhead_seconds(hardware)
 
 
+def streamed_and_accumulated(weights: float, params: float, micro_batches: int, itemsize: int = 4) -> float:
+    """Bytes of one step beyond the ops' own: ``2·weights`` a micro-batch (each matmul's weight read forward and
+    for the input's gradient) and ``3·params`` for each micro-batch after the first (``.grad += new``)."""
+    return (2 * weights * micro_batches + 3 * params * (micro_batches - 1)) * itemsize
+
+
 def transformer_overhead(config: ModelConfig, layout: Layout, global_batch: int, itemsize: int = 4,
                          optimizer: str = "adam") -> StepOverhead:
     """The busiest rank's ops and bytes of one step: ``m`` micro-batches through its layers and ends, then one
     optimizer step over its parameters. Tensor parallelism splits the widths, not the ops; pipeline parallelism
-    the layers (the busiest stage: the most ops, the ends included)."""
+    the layers (the busiest stage: the most ops, the ends included). The weights streamed: the layers'
+    ``12h²/t`` and, on the last stage, the head's ``v·h/t``."""
     m, pp = layout.micro_batches, layout.pp
     tokens = global_batch / (layout.dp * m) * config.seq_len / layout.sp     # one micro-batch, one rank
     best = None
@@ -170,6 +186,8 @@ def transformer_overhead(config: ModelConfig, layout: Layout, global_batch: int,
         moved = m * tokens * (layers * layer_bytes_per_token(config, layout.tp, itemsize)
                               + (ends_bytes_per_token(config, layout.tp, itemsize) if first or last else 0))
         params = params_per_rank(config, layout.tp, pp, stage).total
+        weights = (layers * 12 * config.hidden ** 2 + (config.vocab * config.hidden if last else 0)) / layout.tp
+        moved += streamed_and_accumulated(weights, params, m, itemsize)
         step = Work(ops=optimizer_ops(parameter_tensors(config, layers, first, last), optimizer),
                     bytes=params * OPTIMIZER_PASSES[optimizer] * itemsize)
         candidate = StepOverhead(Work(ops=ops, bytes=moved), step)
@@ -181,11 +199,14 @@ def transformer_overhead(config: ModelConfig, layout: Layout, global_batch: int,
 def mlp_work(rows: float, width: int, hidden: int, blocks: int, tp: int = 1, itemsize: int = 4) -> Work:
     """Forward + backward of ``blocks`` residual MLP blocks ``x + W₂ gelu(W₁ x)`` (``width -> hidden -> width``,
     biases; :mod:`coursekit.experiments.tensor_versus_model`) on ``rows`` rows, ``hidden`` split over ``tp``:
-    FLOPs ``6 · 2·width·hidden/t · rows`` a block, 2 linears + GELU + the add in ops, GELU's and the add's bytes.
+    FLOPs ``6 · 2·width·hidden/t · rows`` a block, 2 linears + GELU + the add in ops, GELU's and the add's bytes,
+    and the two weights streamed twice (one micro-batch: nothing accumulated).
 
         >>> mlp_work(rows=256, width=1024, hidden=4096, blocks=4).flops / 1e9     # 4 · 6 · 2 · 1024 · 4096 · 256
         51.539607552
     """
     per_row = 3 * (2 * hidden / tp + 3 * width) * itemsize
+    weights = blocks * 2 * width * hidden / tp
     return Work(flops=blocks * 6 * 2 * width * hidden / tp * rows,
-                ops=blocks * ops_of({"linear_2d": 2, "gelu": 1, "residual": 1}), bytes=blocks * rows * per_row)
+                ops=blocks * ops_of({"linear_2d": 2, "gelu": 1, "residual": 1}),
+                bytes=blocks * rows * per_row + streamed_and_accumulated(weights, 0, 1, itemsize))
