@@ -36,7 +36,7 @@ import math
 import pytest
 import torch
 
-from coursekit.bench.steptime_runs import CountOps
+from coursekit.measure.op_cost import CountOps
 from coursekit.costmodel import (Hardware, Layout, ModelConfig, compute_flops, compute_time, communication_bytes,
                                  communication_time, optimizer_ops, parameter_tensors, step_time)
 from coursekit.costmodel.overhead import OPS_PER_MODULE, ends_modules, ends_ops, layer_modules, layer_ops

@@ -4,7 +4,7 @@
 
 1. **Predicted vs measured step time, 2 ranks of one thread** (:mod:`.steptime_runs`, one launch): a probe
    fitted once -- α and β of torch's all-reduce, the matmul rate, the copy bandwidth, the seconds of a
-   dispatched op (:func:`~coursekit.bench.steptime_runs.op_overhead`: a stack of width-8 blocks, nothing else)
+   dispatched op (:func:`~coursekit.measure.op_cost.op_overhead`: a stack of width-8 blocks, nothing else)
    -- then every run predicted from it alone and measured (median step, slowest rank):
 
    * the course transformer (``tiny_transformer()``: 104,832 parameters, fp32 Adam, ``--global-batch``
@@ -157,10 +157,10 @@ def measured_vs_predicted(options) -> list[tuple[str, str, bool]]:
                         abs(ratio - 1) <= TOLERANCE))
     narrow_table(ranks, hardware, options.global_batch)
     print("\nNot priced, where a run misses: the course's own harness around the model (train's loop, the "
-          "strategies' hooks and records, the pipeline executor's waits beyond the schedule's bubble: its ranks wait "
-          "on each other's sends for longer than (p − 1)/(m + p − 1) of the step), and a core's rate when the "
-          "other core of this 2-core machine is busy or idle in a way the probe did not reproduce. The probe is "
-          "not refitted to the runs: a miss is reported, not tuned away.")
+          "strategies' hooks and records, the pipeline executor), and gloo's stalls while both ranks compute (a "
+          "send that waits for the scheduler's next tick, 4 ms here: coursekit/comm/gloo_threads.py), which keep "
+          "a pipeline's ranks waiting longer than (p − 1)/(m + p − 1) of the step. The probe is not refitted to "
+          "the runs: a miss is reported, not tuned away (docs/benchmarks.md: three runs, and why).")
     return targets
 
 

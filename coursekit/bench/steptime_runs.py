@@ -19,15 +19,14 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..experiments import step_times
+from ..measure.op_cost import op_overhead
 from ..measure.roofline import measure_bandwidth, measure_peak
 from ..models import LanguageData, TeacherData, tiny_mlp, tiny_transformer
 from ..train import train
 
-__all__ = ["NARROW", "CountOps", "op_overhead", "allreduce_samples", "probe", "COURSE_RUNS", "PIPELINE_RUNS", "rank_runs", "PROBE_WIDTH"]
+__all__ = ["NARROW", "allreduce_samples", "probe", "COURSE_RUNS", "PIPELINE_RUNS", "rank_runs"]
 
 # label, strategy, train's options (the course transformer, 2 ranks)
 COURSE_RUNS = [("data", "naive", {"collectives": "torch"}),
@@ -35,59 +34,7 @@ COURSE_RUNS = [("data", "naive", {"collectives": "torch"}),
                ("tensor", "tensor", {})]
 # bench pipeline's MLP at p = 2: (schedule, m)
 PIPELINE_RUNS = [("1f1b", 1), ("1f1b", 2), ("1f1b", 4), ("1f1b", 8), ("gpipe", 4)]
-PROBE_WIDTH = 8       # the op probe's layers: so narrow that nothing but the ops' fixed cost is left
 NARROW = 8            # the course transformer at this width too: a diagnostic, not a target
-
-
-class CountOps(TorchDispatchMode):
-    """Count every ATen op dispatched inside the block (forward, backward, optimizer), by name."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts: dict[str, int] = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def op_overhead(repeats: int = 50) -> tuple[float, int]:
-    """Seconds per dispatched op, and the ops counted: a training step of a stack that does nothing else.
-
-    Eight pre-norm blocks ``x + W₂ gelu(W₁ ln(x))`` of width :data:`PROBE_WIDTH` on one row, forward, backward and
-    an Adam step: the op families of a transformer step (linear, layer norm, GELU, add, the optimizer's per-tensor
-    passes) with no FLOPs or bytes to speak of -- the ops' fixed cost, as a 4-byte all-reduce is α. The ops
-    are counted once under :class:`CountOps`, the step timed ``repeats`` times (median).
-    """
-    w = PROBE_WIDTH
-    blocks = nn.ModuleList(nn.Sequential(nn.LayerNorm(w), nn.Linear(w, 4 * w), nn.GELU(), nn.Linear(4 * w, w))
-                           for _ in range(8))
-    optimizer = torch.optim.Adam(blocks.parameters())
-    x = torch.randn(1, 1, w)
-
-    def step():
-        y = x
-        for block in blocks:
-            y = y + block(y)
-        y.square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad()
-
-    for _ in range(3):
-        step()
-    with CountOps() as counted:
-        step()
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - begin)
-    return statistics.median(times) / counted.total, counted.total
 
 
 def allreduce_samples(sizes: list[int], repeats: int) -> list[tuple[int, float]]:
