@@ -1,9 +1,9 @@
-"""Profiler traces of every rank, merged into one (coursekit.measure.profile), on 2 real ranks.
+"""Profiler traces of every rank, merged into one (coursekit.measure.profile) and read (.trace_reading), on 2 real ranks.
 
 One launch (module fixture): 2 ranks train chapter 02's ``"bucketed"`` strategy with ``overlap=True`` on the
 course transformer (backward a few ms) for 6 steps inside :func:`profiled`, with the course's own Tracer on.
 
-Each check was seen to fail, with a bug planted in ``coursekit/measure/profile.py``:
+Each check was seen to fail, with a bug planted in ``coursekit/measure/profile.py`` or ``trace_reading.py``:
 
 * every rank on pid 0 (``moved = dict(event, pid=0)`` in ``_onto_rank``): ``test_one_process_per_rank`` fails
   with ``rank 0 has 2 coursekit/start markers, expected 1`` (and the two tests after it: ``rank 0: 43
@@ -32,8 +32,9 @@ import json
 import pytest
 
 import coursekit
-from coursekit.measure.profile import (BACKWARD, EXECUTE, ISSUE, MARKER, OPTIMIZER, all_reduces, backward_windows,
-                                       check_trace_events, merge_traces, overlap_from_trace, profiled, write_trace)
+from coursekit.measure.profile import MARKER, check_trace_events, merge_traces, profiled, write_trace
+from coursekit.measure.trace_reading import (BACKWARD, EXECUTE, ISSUE, OPTIMIZER, all_reduces, backward_windows,
+                                             overlap_from_trace)
 from coursekit.measure.trace import hidden_fraction
 from coursekit.train import train
 

@@ -6,7 +6,7 @@ Each run: 2 ranks train chapter 02's ``"bucketed"`` strategy with ``overlap=True
 for ``--steps`` steps inside :func:`coursekit.measure.profile.profiled`, with the course's
 :class:`~coursekit.measure.trace.Tracer` on. The same steps are then read twice:
 
-* from the trace (:func:`~coursekit.measure.profile.overlap_from_trace`): each gradient all-reduce from
+* from the trace (:func:`~coursekit.measure.trace_reading.overlap_from_trace`): each gradient all-reduce from
   ``c10d::allreduce_`` on the main thread to the end of ``gloo:all_reduce`` on gloo's thread, both stamped in
   C++, against the backward passes;
 * from the Tracer (:func:`~coursekit.measure.trace.hidden_fraction`, chapter 02's figure): the same from
@@ -26,7 +26,8 @@ import argparse
 import os
 
 from ..launch import launch
-from ..measure.profile import merge_traces, overlap_from_trace, profiled
+from ..measure.profile import merge_traces, profiled
+from ..measure.trace_reading import overlap_from_trace
 from ..measure.trace import hidden_fraction
 from ..train import train
 

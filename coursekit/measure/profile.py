@@ -6,7 +6,9 @@
     ...     return recording.trace
     >>> trace = merge_traces(coursekit.launch(run, 2))     # one process per rank, on one clock
     >>> write_trace(trace, "steps.json.gz")                # drag it onto ui.perfetto.dev
-    >>> overlap_from_trace(trace, rank=0)                  # share of the all-reduce hidden behind backward
+
+What a trace answers is read by :mod:`coursekit.measure.trace_reading` (the share of the all-reduces hidden
+behind backward, a pipeline's idle time, the collectives on the critical path).
 
 What one rank's trace holds (torch 2.x, CPU, gloo) -- read off a real one
 --------------------------------------------------------------------------
@@ -47,14 +49,10 @@ from typing import Iterator
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from .trace import overlap_length, union_length
 
-__all__ = ["MARKER", "Recording", "profiled", "merge_traces", "write_trace", "check_trace_events",
-           "backward_windows", "all_reduces", "overlap_from_trace"]
+__all__ = ["MARKER", "Recording", "profiled", "merge_traces", "write_trace", "check_trace_events"]
 
 MARKER = "coursekit/start"  # recorded on every rank right after a barrier: where the ranks left it together
-BACKWARD = "autograd::engine::evaluate_function"  # autograd's name for each backward node it runs
-ISSUE, EXECUTE, OPTIMIZER = "c10d::allreduce_", "gloo:all_reduce", "Optimizer.step#"
 
 # The phases of the trace-event format and the fields each one needs besides "ph" and "pid".
 REQUIRED = {"X": ("name", "ts", "dur", "tid"), "B": ("name", "ts", "tid"), "E": ("ts", "tid"),
@@ -220,102 +218,3 @@ def _event_problems(event) -> list[str]:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
-
-
-# ----------------------------------------------------------------------- read
-def _complete(trace: dict, rank: int) -> list[dict]:
-    return [e for e in trace["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
-
-
-def main_thread(trace: dict, rank: int) -> int:
-    """The thread where ``rank`` ran its steps: recorded by :func:`profiled`, else the one that ran backward."""
-    tid = trace.get("coursekit", {}).get("main_tid", {}).get(str(rank))
-    if tid is not None:
-        return tid
-    counts: dict[int, int] = {}
-    for e in _complete(trace, rank):
-        if e["name"].startswith(BACKWARD):
-            counts[e["tid"]] = counts.get(e["tid"], 0) + 1
-    if not counts:
-        raise ValueError(f"rank {rank} has no backward event ({BACKWARD}...) in this trace.")
-    return max(counts, key=counts.get)
-
-
-def _top_level(events: list[dict]) -> list[dict]:
-    """The events of one thread not nested inside another, in time order."""
-    out, end = [], float("-inf")
-    for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
-        if e["ts"] >= end:
-            out.append(e)
-            end = e["ts"] + e["dur"]
-    return out
-
-
-def backward_windows(trace: dict, rank: int) -> list[tuple[float, float]]:
-    """Each backward pass of ``rank`` as (start, end) in µs: from the first backward node autograd ran to the
-    end of the last one before the main thread did anything else.
-
-    This is the course Tracer's ``backward`` span less its ``idle`` wait: the wait for the last buckets runs in
-    a callback queued for the end of backward, after autograd's last node, so it falls outside the window.
-    """
-    main = main_thread(trace, rank)
-    windows: list[list[float]] = []
-    inside = False
-    for e in _top_level([e for e in _complete(trace, rank) if e["tid"] == main]):
-        if e["name"].startswith(BACKWARD):
-            if inside:
-                windows[-1][1] = e["ts"] + e["dur"]
-            else:
-                windows.append([e["ts"], e["ts"] + e["dur"]])
-            inside = True
-        else:
-            inside = False
-    return [(a, b) for a, b in windows]
-
-
-def all_reduces(trace: dict, rank: int) -> list[tuple[float, float, float]]:
-    """``rank``'s all-reduces as (issued, started, ended) in µs: issue on the main thread, the work on gloo's.
-
-    The k-th issued is the k-th started (gloo's queue is first in, first out); a trace begun while one was in
-    flight has them out of step, and is refused.
-    """
-    main = main_thread(trace, rank)
-    events = _complete(trace, rank)
-    issued = sorted(e["ts"] for e in events if e["name"] == ISSUE and e["tid"] == main)
-    done = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"] == EXECUTE and e["tid"] != main)
-    if len(issued) != len(done):
-        raise ValueError(f"rank {rank}: {len(issued)} {ISSUE} issued but {len(done)} {EXECUTE} run on gloo's "
-                         "threads; profile whole steps (profiled() starts after a barrier).")
-    return [(i, start, end) for i, (start, end) in zip(issued, done)]
-
-
-def gradient_all_reduces(trace: dict, rank: int) -> list[tuple[float, float, float]]:
-    """The all-reduces issued from a backward pass on: from its first node until the optimiser's step (torch.optim
-    marks it ``Optimizer.step#<Class>.step``) or the next backward. Buckets started in backward's hooks and those
-    started after it (``overlap=False``) count; the loss's all-reduce after the step, and the Tracer's, do not."""
-    main = main_thread(trace, rank)
-    steps = sorted(e["ts"] for e in _complete(trace, rank) if e["tid"] == main and e["name"].startswith(OPTIMIZER))
-    starts = [a for a, _ in backward_windows(trace, rank)]
-    phases = []
-    for k, start in enumerate(starts):
-        limits = [t for t in steps if t > start] + starts[k + 1:k + 2]
-        phases.append((start, min(limits, default=float("inf"))))
-    return [r for r in all_reduces(trace, rank) if any(a <= r[0] < b for a, b in phases)]
-
-
-def overlap_from_trace(trace: dict, rank: int, from_issue: bool = True) -> float:
-    """Share of ``rank``'s gradient all-reduce time that ran while its main thread was in backward (0..1).
-
-    An all-reduce is in flight from its issue to the end of its ``gloo:all_reduce`` (as the course's
-    :meth:`~coursekit.measure.trace.Tracer.comm` draws it, so this agrees with
-    :func:`~coursekit.measure.trace.hidden_fraction`); ``from_issue=False`` counts only the time a gloo thread
-    worked on it. Backward: :func:`backward_windows`. NaN without gradient all-reduces.
-
-    Where the two differ: the Tracer stamps issue and completion from Python, the completion in a callback on
-    gloo's thread that needs the GIL and a core -- now and then milliseconds after gloo's own end. The profiler
-    stamps both in C++, so this reading is the one without that lag (``python -m coursekit.bench trace``: within
-    5 points of the Tracer's on a quiet machine).
-    """
-    flights = [(issued if from_issue else start, end) for issued, start, end in gradient_all_reduces(trace, rank)]
-    total = union_length(flights)
-    return overlap_length(flights, backward_windows(trace, rank)) / total if total > 0 else float("nan")

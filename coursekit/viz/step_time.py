@@ -8,7 +8,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-__all__ = ["draw_roofline", "draw_recompute", "draw_trace"]
+__all__ = ["draw_roofline", "draw_recompute", "draw_trace", "draw_waits"]
 
 
 def draw_roofline(roofline, points: dict[str, tuple[float, float]]):
@@ -53,8 +53,8 @@ def draw_recompute(rows):
 
 def draw_trace(trace: dict, windows: dict[int, list], flights: dict[int, list], step: tuple[float, float]):
     """Two rows per rank over ``step`` (µs, from the trace's zero): its main thread's backward windows and its
-    gradient all-reduces from issue to end (:func:`coursekit.measure.profile.backward_windows`,
-    :func:`~coursekit.measure.profile.gradient_all_reduces`), read from a merged trace."""
+    gradient all-reduces from issue to end (:func:`coursekit.measure.trace_reading.backward_windows`,
+    :func:`~coursekit.measure.trace_reading.gradient_all_reduces`), read from a merged trace."""
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.9 * len(windows)))
     start, end = step
     labels = []
@@ -72,5 +72,31 @@ def draw_trace(trace: dict, windows: dict[int, list], flights: dict[int, list], 
     ax.set_xlim(0, end - start)
     ax.set_title("one training step, read from the merged profiler trace", fontsize=10)
     ax.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    return fig
+
+
+def draw_waits(panels: list[tuple[str, dict[int, tuple[list, list]], tuple[float, float]]]):
+    """One panel per ``(title, {rank: (computing, in_flight)}, (start, end))``: per rank, when its main thread
+    computed and when gloo had its messages or collectives in flight (µs intervals of a merged trace,
+    :func:`coursekit.measure.trace_reading.computing` and :func:`~coursekit.measure.trace_reading.in_flight`),
+    over one step, drawn in ms; the white between the blue bars is the rank waiting."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 1.6 + 1.5 * len(panels)), squeeze=False)
+    for ax, (title, ranks, (start, end)) in zip(axes[:, 0], panels):
+        labels = []
+        for row, rank in enumerate(sorted(ranks)):
+            y = 2 * (len(ranks) - 1 - row)
+            busy, flying = ranks[rank]
+            clip = lambda spans: [((max(a, start) - start) / 1e3, (min(b, end) - max(a, start)) / 1e3)  # noqa: E731
+                                  for a, b in spans if b > start and a < end]
+            ax.broken_barh(clip(busy), (y + 1, 0.8), color="tab:blue", label="main thread computing" if row == 0 else None)
+            ax.broken_barh(clip(flying), (y, 0.8), color="tab:orange", alpha=0.8,
+                           label="gloo: in flight" if row == 0 else None)
+            labels += [(y + 0.4, f"rank {rank}: gloo"), (y + 1.4, f"rank {rank}: main")]
+        ax.set_yticks([y for y, _ in labels], [name for _, name in labels])
+        ax.set_xlim(0, (end - start) / 1e3)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    axes[-1, 0].set_xlabel("ms into the step")
     fig.tight_layout()
     return fig

@@ -49,17 +49,19 @@ from coursekit.costmodel import (MISTAKES, OPTIMIZER_PASSES, Hardware, Layout, M
 from coursekit.costmodel.published import RUNS as PUBLISHED_RUNS, predict
 from coursekit.comm.mesh import coordinates_of
 from coursekit.experiments import wide_mlp
+from coursekit.experiments.pipeline_sweep import balanced_mlp
 from coursekit.experiments.recompute import recompute_table
-from coursekit.measure.profile import (backward_windows, gradient_all_reduces, merge_traces, overlap_from_trace,
-                                       profiled, write_trace)
+from coursekit.measure.profile import merge_traces, profiled, write_trace
+from coursekit.measure.trace_reading import (backward_windows, computing, exposed_collectives, gradient_all_reduces,
+                                             idle_share, in_flight, overlap_from_trace, step_windows)
 from coursekit.measure.op_cost import op_overhead
 from coursekit.measure.roofline import COURSE_OPS, measure_op, measure_roofline
-from coursekit.models import LanguageData, loss_fn, tiny_transformer
+from coursekit.models import LanguageData, TeacherData, loss_fn, tiny_transformer
 from coursekit.parallel.recompute import RecomputedBlock
 from coursekit.comm.traffic import Traffic
 from coursekit.train import train
 from coursekit.viz.costmodel import PRESETS, calculator_candidates, draw_calculator, layout_label
-from coursekit.viz.step_time import draw_recompute, draw_roofline, draw_trace
+from coursekit.viz.step_time import draw_recompute, draw_roofline, draw_trace, draw_waits
 
 torch.set_num_threads(1)
 
@@ -294,6 +296,42 @@ draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end i
 # for the interpreter's lock and a free core. On a quiet machine its share agrees with the trace's within
 # 3 points; on a busy one it can be 12 points off (`python -m coursekit.bench trace`).
 # </details>
+#
+# The same kind of trace answers two more questions. **Where does a pipeline wait?** A receive that blocks is
+# no operation, so a rank's waiting is the gaps between the operations on its main thread. **Is an all-reduce on the critical path?** It is
+# when the main thread computes nothing while gloo runs it. We trace chapter 04's 1F1B on 2 ranks, at m = 1 and
+# m = 4. Its model is an MLP of 8 layers 1,024 wide whose two halves cost the same. Then chapter 05's tensor
+# parallelism on the course transformer:
+
+# %% tags=["nbval-ignore-output"]
+def traced_run(rank, world_size, strategy, **options):
+    with profiled() as recording:
+        train(rank, world_size, strategy, steps=TRACE_STEPS, record=False, **options)
+    return recording.trace
+
+
+pipelined = {m: merge_traces(coursekit.launch(traced_run, 2, "pipeline", micro_batches=m, model=balanced_mlp,
+                                              data=TeacherData(1536, 1024), global_batch=256, optimizer="sgd"))
+             for m in (1, 4)}
+for m, trace in pipelined.items():
+    print(f"1F1B, m = {m}: the ranks wait {idle_share(trace, 0):.0%} and {idle_share(trace, 1):.0%} of a step; "
+          f"the schedule's bubble is {bubble_fraction(Layout(pp=2, micro_batches=m)):.0%}")
+tensor_trace = merge_traces(coursekit.launch(traced_run, 2, "tensor", model="transformer"))
+step_us, flying, beside = exposed_collectives(tensor_trace, 0)
+print(f"tensor parallelism: gloo's all-reduces in flight {flying / step_us:.0%} of rank 0's step; its main thread "
+      f"computed during {beside / flying:.0%} of that time")
+draw_waits([(f"1F1B, m = 4, one step of 2 ranks", {r: (computing(pipelined[4], r), in_flight(pipelined[4], r))
+                                                    for r in (0, 1)}, step_windows(pipelined[4], 0)[-1]),
+            ("tensor parallelism, one step of 2 ranks", {r: (computing(tensor_trace, r), in_flight(tensor_trace, r))
+                                                         for r in (0, 1)}, step_windows(tensor_trace, 0)[-1])]);
+
+# %% [markdown]
+# **Takeaway:** at m = 1 the pipeline's ranks wait 50% and 48% of a step, at m = 4 27% and 31%, against
+# bubbles of 50% and 20%. Tensor parallelism's all-reduces fill 25% of the step, and the main thread computes
+# during 0% of them: they are on the critical path.
+#
+# At m = 4 the waits exceed the bubble: each micro-batch crosses between the ranks twice, and a message's
+# latency does not shrink with the micro-batch (chapter 04's sweep measures it).
 #
 # ## 5. The roofline of this machine
 #
