@@ -298,10 +298,10 @@ draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end i
 # </details>
 #
 # The same kind of trace answers two more questions. **Where does a pipeline wait?** A receive that blocks is
-# no operation, so a rank's waiting is the gaps between the operations on its main thread. **Is an all-reduce on the critical path?** It is
-# when the main thread computes nothing while gloo runs it. We trace chapter 04's 1F1B on 2 ranks, at m = 1 and
-# m = 4. Its model is an MLP of 8 layers 1,024 wide whose two halves cost the same. Then chapter 05's tensor
-# parallelism on the course transformer:
+# no operation, so a rank's waiting is the gaps between the operations on its main thread. **Is an all-reduce
+# on the critical path?** It is when the main thread computes nothing while gloo runs it. We trace chapter 04's
+# 1F1B on 2 ranks, at m = 1 and m = 4. Its model is an MLP of 8 layers 1,024 wide whose two halves cost the
+# same. Then chapter 05's tensor parallelism on the course transformer:
 
 # %% tags=["nbval-ignore-output"]
 def traced_run(rank, world_size, strategy, **options):
@@ -320,8 +320,8 @@ tensor_trace = merge_traces(coursekit.launch(traced_run, 2, "tensor", model="tra
 step_us, flying, beside = exposed_collectives(tensor_trace, 0)
 print(f"tensor parallelism: gloo's all-reduces in flight {flying / step_us:.0%} of rank 0's step; its main thread "
       f"computed during {beside / flying:.0%} of that time")
-draw_waits([(f"1F1B, m = 4, one step of 2 ranks", {r: (computing(pipelined[4], r), in_flight(pipelined[4], r))
-                                                    for r in (0, 1)}, step_windows(pipelined[4], 0)[-1]),
+draw_waits([("1F1B, m = 4, one step of 2 ranks", {r: (computing(pipelined[4], r), in_flight(pipelined[4], r))
+                                                   for r in (0, 1)}, step_windows(pipelined[4], 0)[-1]),
             ("tensor parallelism, one step of 2 ranks", {r: (computing(tensor_trace, r), in_flight(tensor_trace, r))
                                                          for r in (0, 1)}, step_windows(tensor_trace, 0)[-1])]);
 
