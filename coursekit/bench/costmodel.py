@@ -1,6 +1,6 @@
 """Benchmark the cost model: its predictions against this machine's runs, and the planner against brute force.
 
-    python -m coursekit.bench costmodel [--steps 8] [--gpus 1024] [--quick] [--check]
+    python -m coursekit.bench costmodel [--steps 24] [--gpus 1024] [--quick] [--check]
 
 1. **Predicted vs measured step time, 2 ranks of one thread** (:mod:`.steptime_runs`, one launch): a probe
    fitted once -- α and β of torch's all-reduce, the matmul rate, the copy bandwidth, the seconds of a
@@ -225,7 +225,7 @@ def planner_vs_brute_force(options) -> list[tuple[str, str, bool]]:
 def main(argv: list[str]) -> list[tuple[str, str, bool]]:
     parser = argparse.ArgumentParser(prog="python -m coursekit.bench costmodel", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--gpus", type=int, default=1024)
     parser.add_argument("--top", type=int, default=10)
