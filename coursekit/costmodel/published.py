@@ -16,6 +16,28 @@ FLOPs per token counted on the real model's shape). The target: predicted / publ
   published tokens/s is TFLOP/s over the PaLM/torchtitan count ``6N + 12·L·h·s`` (a causal count, 4% smaller
   here, would raise it 4%). Its 131K-context row (CP 16, 380 TFLOP/s, 38%) is left out: its MFU hinges on
   whether Meta counted the s×s scores causally, which at 131K moves the FLOPs a third.
+* NVIDIA's DGX Cloud benchmarks of NeMo 24.12 on Megatron Core (https://github.com/NVIDIA/dgxc-benchmarking
+  at commit 8f5cbb3, llama3.1/README_8b.md and README_70b.md, "Expected Performance", the BF16 tables): Llama
+  3.1 8B with TP 1, PP 1, CP 2, MBS 1, GA 32 on 8 H100s (GBS 128: 12.78 s a step, 82,028 tokens/s, 59.99% MFU)
+  and 128 (GBS 2,048: 13.16 s, 1,275,155, 58.28%), so DP 4 and 64; Llama 3.1 70B with TP 4, PP 4, CP 2, VP 5,
+  MBS 1, GA 64 on 64 (GBS 128: 14.61 s, 71,756, 54.52%), so DP 2; sequence 8,192.
+  The tables print the whole job's tokens/s: per GPU over TP·PP·CP·DP. Their MFU counts FLOPs as here (the
+  READMEs' "model flops" a sequence, 4.74e14 and 3.94e15, are 8,192 × ``6N + 12·L·h·s``). Recomputation (none)
+  and the 70B's sequence parallelism are NeMo-Framework-Launcher's launcher_scripts/conf/training/llama/
+  llama3_1_{8b,70b}.yaml, whose copies the benchmark overrides (its own copies are not in any stored text).
+  Left out: the other columns (16 to 2,048 GPUs: the same layout, DP and the batch grown; the 128-GPU 8B run
+  stands for them), the FP8 tables, the 24.09 version of the tables (within 1% of these), and the **405B**
+  table (TP 8, PP 9, CP 2, VP 7 on 576 H100s, 17.50 s, 117,964 tokens/s, 54.85%): its model is a proxy, not
+  Llama 3.1 405B -- the GPT-2 BPE tokenizer on synthetic data (README_405b.md: its vocabulary is not stated)
+  and 16 query groups (the launcher's llama3_1_405b.yaml and the README's FLOP count; Llama has 8), so its N is
+  not known; priced as the real 405B it comes out at 0.70, a miss (CP's traffic between nodes, exposed and h
+  wide: the next paragraph).
+* NVIDIA Megatron Bridge's performance summary (docs/performance-summary.md and performance-summary-archive.md,
+  https://docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary.html, releases 25.09 to 26.06; NeMo's
+  older docs/source/performance/performance_summary.md, NeMo 24.07) was read first: every one of its H100 Llama
+  pre-training rows is FP8; its only H100 BF16 pre-training row is GPT-OSS 120B, a mixture of experts this
+  module does not price. Its recipes (``llama3_70b_pretrain_64gpu_h100_bf16_config``: TP 4, PP 4, CP 2) have
+  no published figure.
 * Megatron-LM's weak-scaling table (README, "Training Speed and Scalability": vocabulary 131,072, sequence
   4,096, 41% to 47-48% MFU on up to 6,144 H100s) is **not here**: its rows (sizes, TP, PP, batch) exist only
   as an image (images/model_table.png) and no stored text transcribes them; a run without its layout cannot be
@@ -31,27 +53,46 @@ model's ``6N + 12·L·h·s`` (tests/test_costmodel_published.py recounts them):
   +1.05%, +0.97%);
 * the untied token embedding, which :func:`~.compute.compute_flops` prices as a matmul (its ``6·P``): +5.4%
   (8B), +0.5% (405B); positions, biases and norms: +0.4%, +0.04%;
-* in all, the step's FLOPs are +0.24% (8B) and +1.5% (405B) of the real model's. Traffic is unchanged: tp's
-  and pp's messages are ``b·s·h`` either way. dp's ``Ψ``, the parameters, is -6.3% (8B) and +1.1% (405B) of
-  the real count (8,030,261,248 and 405,853,388,800), but dp's traffic is hidden here (``dp_overlap``).
+* in all, the step's FLOPs are +0.24% (8B) and +1.5% (405B) of the real model's; the 70B's (f = 28,672: its
+  layers 12.75h², -5.9% of them) -3.6%. Traffic is unchanged for tp and pp: their messages are ``b·s·h``
+  either way. dp's ``Ψ``, the parameters, is -6.3% (8B), -5.6% (70B) and +1.1% (405B) of the real count
+  (8,030,261,248, 70,553,706,496 and 405,853,388,800), but dp's traffic is hidden here (``dp_overlap``).
+* **CP's is not unchanged**: ring attention passes each rank's K and V, ``b·s/G × h`` here, where Llama's 8
+  key-value heads make them ``b·s/G × 1,024``: 4× (8B) and 8× (70B) the real bytes. This config cannot say
+  otherwise (no key-value heads); the runs are priced with it, not corrected. At Llama's width the 8B's and
+  70B's ratios would be 0.82 and 0.85 instead of 0.80 and 0.83.
 
 **The assumptions**, chosen from the sources before any ratio was seen, the same for every run:
 
 * ``efficiency`` 0.5: :class:`~.config.Hardware`'s default (Narayanan et al. 2021: 44-52% of an A100's peak,
   norms and launches inside it);
-* ``dp_overlap`` 1: all three hide the data-parallel traffic behind compute (torchtitan's FSDP2 prefetches
-  the next all-gather; Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``; Llama 3's FSDP does not
-  reshard after forward, section 3.3.2); what is left, the last bucket, is a layer's worth;
+* ``dp_overlap`` 1: all of them hide the data-parallel traffic behind compute (torchtitan's FSDP2 prefetches
+  the next all-gather; Megatron-LM ``--overlap-grad-reduce --overlap-param-gather``, NeMo's ``overlap_grad_sync``
+  and ``overlap_param_sync``; Llama 3's FSDP does not reshard after forward, section 3.3.2); what is left, the
+  last bucket, is a layer's worth;
 * ``pp_overlap`` 1: point-to-point sends asynchronous (Llama 3 section 3.3.2; Megatron-LM "enabled by
-  default"); ``tp_overlap`` 0: tp's all-reduces on the critical path (Llama 3 names no overlap of them);
+  default"; NeMo ``overlap_p2p_comm``); ``tp_overlap`` 0: tp's all-reduces on the critical path (Llama 3 names
+  no overlap of them). NeMo's 70B config does overlap them (``ub_tp_comm_overlap``): exposed here all the same,
+  9.4% of its predicted step (hidden, its ratio would be 0.92); and CP's ring (``sp``) is exposed too, as
+  ``step_time``'s default, where Megatron overlaps it with attention's blocks: 4.1% (8B) and 2.4% (70B);
   (Table 4's figures are checked against a second transcription, Balaji's SC'24 slide at
   glennklockwood.com/garden/llama-3.1; the section 3.3.2 statements here were not re-checked against a copy)
 * recomputation as each run says: torchtitan's Table 1 selective, Llama 3's 8K pre-training none (section
-  3.3.2, which pre-trains its 8K sequences without activation checkpointing);
+  3.3.2, which pre-trains its 8K sequences without activation checkpointing), NeMo's none;
 * the pipeline: Llama 3's interleaved schedule with two model chunks a rank, the only ``v`` the paper shows
-  (Figure 6: 8 stages on 4 ranks); micro-batches of one sequence, so ``m`` = batch/DP;
+  (Figure 6: 8 stages on 4 ranks), NeMo's 70B five (VP 5); micro-batches of one sequence, so ``m`` = batch/DP;
+* ZeRO: torchtitan's FSDP is ZeRO-3; Llama 3's FSDP without resharding and Megatron's distributed optimizer
+  (NeMo's ``mcore_distributed_optim``, ``distributed_fused_adam``) ZeRO-1, over dp; CP as the course's ``sp``,
+  ring attention (:func:`~.step.step_time`'s default), its gradients summed over the CP ranks on their own;
 * :meth:`~.config.Hardware.h100`: the SXM peak, 989 TFLOP/s. torchtitan's cards were 500 W HBM2e ones whose
   peak lies "between SXM and NVL" (its footnote 2; NVL: 835 TFLOP/s): the prediction is for a full SXM card.
+  NVIDIA's benchmarks divide by 989 TFLOP/s (their READMEs' MFU).
+
+**What the NeMo runs say.** All three are predicted low (0.80, 0.82, 0.83: within the band, not near 1): their
+printed MFU, 54-60%, is above what a step whose matmuls run at 0.5 of peak can reach (about 50%, less what is
+exposed), and the exposed tp and CP traffic above lower the prediction further. The 8B pair on 8 and 128 GPUs
+(:data:`~.ties.LAYOUT_PAIRS`) differs only in DP: published 0.972 of the speed per GPU, the model 1.000
+(dp hidden).
 
     >>> run = LLAMA3_405B_8K
     >>> run.layout.tp * run.layout.pp * run.layout.dp, run.global_batch * run.config.seq_len
@@ -67,7 +108,8 @@ from .mfu import flops_per_token, mfu
 from .step import TrainingStepTime, step_time
 
 __all__ = ["PublishedRun", "Prediction", "RUNS", "ASSUMPTIONS", "TORCHTITAN_8B", "TORCHTITAN_8B_COMPILED",
-           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "llama", "llama_matmul_params", "predict"]
+           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "NEMO_8B", "NEMO_8B_128", "NEMO_70B", "llama", "llama_matmul_params",
+           "predict"]
 
 # the same for every run (module docstring: why each)
 ASSUMPTIONS = {"dp_overlap": 1.0, "pp_overlap": 1.0, "tp_overlap": 0.0}
@@ -163,8 +205,35 @@ def _llama3(dp: int, tflops: float, mfu_: float) -> PublishedRun:
     return PublishedRun(**{**run.__dict__, "tokens_per_gpu": tflops * 1e12 / run.flops_per_token})
 
 
+_DGXC = ("NVIDIA/dgxc-benchmarking at 8f5cbb3 (NeMo 24.12, Megatron Core), llama3.1/README_{size}.md, its BF16 "
+         "table ({header}): {gpus} H100s, GBS {gbs}, {step} s a step, {tokens:,} tokens/s, {mfu}% MFU")
+_70B = llama(8192, 80, 64, 8192, "Llama 3.1 70B")
+_N_70B = llama_matmul_params(8192, 80, 28672)
+
+
+def _dgxc(size: str, config: ModelConfig, n: int, layout: Layout, header: str, gbs: int, step: float, tokens: int,
+          mfu_: float) -> PublishedRun:
+    # the table prints the whole job's tokens/s (GBS · 8,192 / step): per GPU over TP·PP·CP·DP of them (DP is
+    # what the header's degrees leave); Megatron's distributed optimizer is ZeRO-1 over dp; CP is the course's
+    # sp with ring attention (step_time's default); micro-batches of one sequence (MBS 1), so m = GBS/DP = GA
+    source = _DGXC.format(size=size, header=header, gpus=layout.gpus, gbs=gbs, step=step, tokens=tokens,
+                          mfu=round(mfu_ * 100, 2))
+    lay = layout
+    vp = f" (VP {lay.chunks})" if lay.chunks > 1 else ""
+    name = f"NeMo {config.name}, TP {lay.tp} × PP {lay.pp}{vp} × CP {lay.sp} × DP {lay.dp} on {lay.gpus} GPUs"
+    return PublishedRun(name, config, layout, Hardware.h100(), gbs, tokens / layout.gpus, mfu_, n, source)
+
+
 TORCHTITAN_8B = _titan(5762, 0.33, "eager")
 TORCHTITAN_8B_COMPILED = _titan(6667, 0.39, "torch.compile")
 LLAMA3_405B_8K = _llama3(64, 430, 0.43)
 LLAMA3_405B_16K = _llama3(128, 400, 0.41)
-RUNS = (TORCHTITAN_8B, TORCHTITAN_8B_COMPILED, LLAMA3_405B_8K, LLAMA3_405B_16K)
+# no recomputation and the 70B's sequence parallelism: NeMo-Framework-Launcher's llama3_1_{8b,70b}.yaml
+_H8, _H70 = "TP=1, PP=1, CP=2, MBS=1, GA=32", "TP=4, PP=4, CP=2, VP=5, MBS=1, GA=64"
+NEMO_8B = _dgxc("8b", _8B, _N_8B, Layout(dp=4, sp=2, zero=1, micro_batches=32), _H8, 128, 12.78, 82028, 0.5999)
+NEMO_8B_128 = _dgxc("8b", _8B, _N_8B, Layout(dp=64, sp=2, zero=1, micro_batches=32), _H8, 2048, 13.16, 1275155,
+                    0.5828)
+NEMO_70B = _dgxc("70b", _70B, _N_70B, Layout(dp=2, tp=4, pp=4, sp=2, zero=1, schedule="interleaved",
+                                             micro_batches=64, chunks=5, sequence_parallel=True),
+                 _H70, 128, 14.61, 71756, 0.5452)
+RUNS = (TORCHTITAN_8B, TORCHTITAN_8B_COMPILED, LLAMA3_405B_8K, LLAMA3_405B_16K, NEMO_8B, NEMO_8B_128, NEMO_70B)
