@@ -15,7 +15,7 @@ is described once, in :mod:`.config`:
   bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
   :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers);
-* how far its time can be trusted -- :mod:`.published` (torchtitan's and Llama 3's runs on H100s, predicted),
+* how far its time can be trusted -- :mod:`.published` (torchtitan's, Llama 3's and NVIDIA's NeMo runs on H100s, predicted),
   :mod:`.ties` (the error measured against them, and the layouts of a ranking it cannot tell apart).
 """
 

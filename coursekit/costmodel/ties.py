@@ -2,15 +2,17 @@
 
 The model's bytes are exact (tests/test_costmodel_*_measured.py); its time is not. How far off it is was
 measured against published throughput (:mod:`.published`: torchtitan's Llama 3.1 8B, Llama 3 405B on 8,192
-and 16,384 GPUs), two ways:
+and 16,384 GPUs, NVIDIA's NeMo benchmarks of Llama 3.1 8B on 8 and 128 and 70B on 64), two ways:
 
 * :func:`model_error` -- one run's throughput: each prediction is off by a factor, ``max(ratio, 1/ratio)``,
   the largest of them. What is wrong for every layout alike counts here: the share of peak the matmuls reach
   (torchtitan's eager and compiled runs are the same step, 1.16× apart), the card's true peak.
 * :func:`ranking_error` -- a *ratio* of two layouts of one model on one machine, which is what a ranking
   compares: the same factor between the predicted and the published ratio. What is wrong in both alike
-  cancels; what is left is the error in what differs (the bubble, the communication). One source publishes
-  such a pair: Llama 3 405B on 8,192 and 16,384 GPUs (dp 64 and 128, so m 32 and 16).
+  cancels; what is left is the error in what differs (the bubble, the communication). Two sources publish
+  such a pair: Llama 3 405B on 8,192 and 16,384 GPUs (dp 64 and 128, so m 32 and 16; off by 1.09), and NeMo's
+  Llama 3.1 8B on 8 and 128 (dp 4 and 64, m 32 both: published 0.972, the model 1.000 with dp hidden; off by
+  1.03).
 
 Two layouts whose predicted step times are within the ranking error are a **tie** for the model: it cannot say
 which is faster, only that both fit. :func:`ties` reads them off a ranking.
@@ -25,12 +27,12 @@ from functools import lru_cache
 from typing import Sequence
 
 from .planner import Candidate
-from .published import LLAMA3_405B_8K, LLAMA3_405B_16K, RUNS, PublishedRun, predict
+from .published import LLAMA3_405B_8K, LLAMA3_405B_16K, NEMO_8B, NEMO_8B_128, RUNS, PublishedRun, predict
 
 __all__ = ["model_error", "ranking_error", "ties", "LAYOUT_PAIRS"]
 
 # published runs of one model on one kind of machine in two layouts (module docstring)
-LAYOUT_PAIRS = ((LLAMA3_405B_8K, LLAMA3_405B_16K),)
+LAYOUT_PAIRS = ((LLAMA3_405B_8K, LLAMA3_405B_16K), (NEMO_8B, NEMO_8B_128))
 
 
 def _factor(ratio: float) -> float:
