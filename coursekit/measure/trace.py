@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["Span", "Tracer", "span", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time",
+__all__ = ["Span", "Tracer", "span", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time", "intersection",
            "computing_together"]
 
 KINDS = ("forward", "backward", "weight", "comm", "optimizer", "idle")
@@ -290,7 +290,8 @@ def hidden_fraction(spans: list[Span], rank: int | None = None,
     return sum(fractions) / len(fractions) if fractions else float("nan")
 
 
-def _intersect(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def intersection(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The time covered by both sets of intervals, as merged intervals."""
     out = []
     for s1, e1 in _merge(a):
         for s2, e2 in _merge(b):
@@ -315,5 +316,5 @@ def computing_together(spans: list[Span], kinds: tuple[str, ...] = COMPUTE_KINDS
     for r in sorted({s.rank for s in spans}):
         mine = _subtract([(s.start, s.end) for s in work if s.rank == r],
                          [(s.start, s.end) for s in spans if s.rank == r and s.kind == "idle"])
-        together = mine if together is None else _intersect(together, mine)
+        together = mine if together is None else intersection(together, mine)
     return union_length(together) / (end - start) if end > start else float("nan")

@@ -17,7 +17,7 @@ What the events are, and the clock: :mod:`coursekit.measure.profile`'s docstring
 
 from __future__ import annotations
 
-from .trace import overlap_length, union_length
+from .trace import intersection, overlap_length, union_length
 
 __all__ = ["BACKWARD", "ISSUE", "EXECUTE", "OPTIMIZER", "main_thread", "backward_windows", "all_reduces",
            "gradient_all_reduces", "overlap_from_trace", "step_windows", "computing", "in_flight", "idle_share",
@@ -168,9 +168,5 @@ def exposed_collectives(trace: dict, rank: int) -> tuple[float, float, float]:
     the main thread also computed, ran an ``aten::`` op). The second less the third is communication on the
     critical path: nothing was computed while it ran."""
     steps = step_windows(trace, rank)
-    inside = _clip(in_flight(trace, rank), steps)
+    inside = intersection(in_flight(trace, rank), steps)
     return sum(b - a for a, b in steps), union_length(inside), overlap_length(inside, computing(trace, rank))
-
-
-def _clip(intervals: list[tuple[float, float]], windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    return [(max(a, w0), min(b, w1)) for a, b in intervals for w0, w1 in windows if a < w1 and b > w0]
