@@ -31,7 +31,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 from datetime import timedelta
 
 from ..comm.devices import default_backend
@@ -120,6 +122,7 @@ def _torchrun(config: Config) -> int:
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    _leave_on_signal(rank, config)
     try:
         check(config, world)
     except ValueError as error:
@@ -148,6 +151,32 @@ def _torchrun(config: Config) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _leave_on_signal(rank: int, config) -> None:
+    """Ctrl-C (SIGINT) or torchrun's stop (SIGTERM, or the SIGINT it passes on): leave at once, rank 0 saying so.
+
+    Python runs a signal's handler in the main thread, between two bytecodes, so a rank blocked in C++ -- waiting
+    for a peer in ``init_process_group`` or a collective -- never ran it: torchrun waited its 30 s and killed it,
+    and the ranks that did run it printed a KeyboardInterrupt traceback each (~130 lines for 2 ranks). So the
+    signals are blocked in the main thread, and so in every thread started after it (gloo's, the store's), and
+    one thread waits for them (``sigwait`` needs no bytecode of the main thread): it writes one line and ends the
+    process. Nothing is lost: a checkpoint becomes one only by its final rename (:mod:`.checkpoint`)."""
+    stops = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+
+    def wait() -> None:
+        got = signal.sigwait(stops)
+        if rank == 0:
+            os.write(2, f"{_stopped(signal.Signals(got), config)}\n".encode())
+        os._exit(128 + got)
+
+    threading.Thread(target=wait, name="coursekit-signals", daemon=True).start()
+
+
+def _stopped(sig: signal.Signals, config) -> str:
+    where = f"; --resume continues from the last checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""
+    return f"coursekit train: stopped by {sig.name}{where}"
 
 
 #: The key of the shared store every rank of every attempt adds 1 to, once (see :func:`_store_of_this_attempt`).
@@ -186,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import coursekit
 
-    results = coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
+    try:
+        results = coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
+    except KeyboardInterrupt:  # launch stopped every rank before raising it (coursekit.launch.interrupts)
+        print(_stopped(signal.SIGINT, config), file=sys.stderr)
+        return 128 + signal.SIGINT
     if "refused" in results[0]:
         print(f"coursekit train: {results[0]['refused']}", file=sys.stderr)
         return 2
