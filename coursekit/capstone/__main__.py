@@ -167,7 +167,7 @@ def _leave_on_signal(rank: int, config) -> None:
 
     def wait() -> None:
         got = signal.sigwait(stops)
-        if rank == 0:
+        if rank == 0 and got == signal.SIGINT:  # SIGTERM is torchrun stopping us for a peer that failed: it says why
             os.write(2, f"{_stopped(signal.Signals(got), config)}\n".encode())
         os._exit(128 + got)
 

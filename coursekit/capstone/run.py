@@ -229,7 +229,8 @@ def run(rank: int, world_size: int, config: Config) -> dict:
         return {"layout": config.layout, "refused": str(refused)}
     first = config.steps - len(result["losses"])
     gathered = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on; its experts
-    here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
+    here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
+            "agent_pid": os.getppid()}  # under torchrun, the agent that started this rank
     dist.all_gather_object(gathered, (here, result.get("experts_here")))
     placement = [where for where, _ in gathered]
     times = result["step_times"][1:] or result["step_times"]  # the first step also builds shapes and buffers
