@@ -97,7 +97,12 @@ class Experts(nn.Module):
 def load_balance_loss(probs: torch.Tensor, chosen: torch.Tensor, n_experts: int) -> torch.Tensor:
     """The Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4): ``E · Σ_i f_i · P_i``, where ``f_i`` is
     the share of the ``T·k`` assignments that went to expert i (counted: no gradient) and ``P_i`` the mean
-    probability the router gave it (its gradient pushes probability away from the busy experts)."""
+    probability the router gave it (its gradient pushes probability away from the busy experts).
+
+    No tokens (a rank whose slice of the batch is empty): 0, not 0/0 = NaN, and still on the router's graph so
+    that backward runs on that rank as on the others."""
+    if chosen.numel() == 0:
+        return probs.sum() * 0
     f = torch.bincount(chosen.flatten(), minlength=n_experts).float() / chosen.numel()
     return n_experts * (f * probs.mean(0)).sum()
 
