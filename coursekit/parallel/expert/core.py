@@ -38,11 +38,25 @@ __all__ = ["Router", "Experts", "MoE", "ExpertParallelMoE", "load_balance_loss",
            "keep_within_capacity", "route", "dispatch", "combine", "Routing"]
 
 
+def check_routing(n_experts: int, k: int = 1, capacity_factor: float | None = None) -> None:
+    """Refuse, in one sentence that says what to change, a routing that cannot work: otherwise torch's topk fails
+    naming nothing of the layer (k > E), or the layer quietly returns zeros (k = 0) or drops every token (factor 0)."""
+    if not isinstance(n_experts, int) or n_experts < 1:
+        raise ValueError(f"n_experts = {n_experts!r}: use a whole number of experts, 1 or more")
+    if not isinstance(k, int) or not 1 <= k <= n_experts:
+        raise ValueError(f"k = {k!r} experts per token out of n_experts = {n_experts}: use a whole number "
+                         f"with 1 <= k <= {n_experts}")
+    if capacity_factor is not None and not (math.isfinite(capacity_factor) and capacity_factor > 0):
+        raise ValueError(f"capacity_factor = {capacity_factor!r}: an expert takes at most ceil(factor·k·T/E) "
+                         f"tokens, so use a finite factor > 0 (such as 1.25), or None to drop nothing")
+
+
 class Router(nn.Module):
     """Scores ``n_experts`` experts for each token and picks the top ``k``: ``(probs, chosen, gates)``."""
 
     def __init__(self, d_model: int, n_experts: int, k: int = 1):
         super().__init__()
+        check_routing(n_experts, k)
         self.k = k
         self.score = nn.Linear(d_model, n_experts, bias=False)
         self.register_buffer("bias", torch.zeros(n_experts))  # chooses, never weighs (see nudge_bias)
@@ -83,7 +97,12 @@ class Experts(nn.Module):
 def load_balance_loss(probs: torch.Tensor, chosen: torch.Tensor, n_experts: int) -> torch.Tensor:
     """The Switch Transformer's auxiliary loss (Fedus et al. 2021, eq. 4): ``E · Σ_i f_i · P_i``, where ``f_i`` is
     the share of the ``T·k`` assignments that went to expert i (counted: no gradient) and ``P_i`` the mean
-    probability the router gave it (its gradient pushes probability away from the busy experts)."""
+    probability the router gave it (its gradient pushes probability away from the busy experts).
+
+    No tokens (a rank whose slice of the batch is empty): 0, not 0/0 = NaN, and still on the router's graph so
+    that backward runs on that rank as on the others."""
+    if chosen.numel() == 0:
+        return probs.sum() * 0
     f = torch.bincount(chosen.flatten(), minlength=n_experts).float() / chosen.numel()
     return n_experts * (f * probs.mean(0)).sum()
 
@@ -98,6 +117,7 @@ def nudge_bias(router: Router, tokens_per_expert: torch.Tensor, rate: float = 1e
 def keep_within_capacity(chosen: torch.Tensor, n_experts: int, factor: float | None) -> torch.Tensor:
     """Which assignments (T, k) an expert takes: all (``factor=None``: dropless), or its first
     ``ceil(factor·k·T/E)`` -- first choices before second choices, then in token order."""
+    check_routing(n_experts, capacity_factor=factor)
     if factor is None:
         return torch.ones_like(chosen, dtype=torch.bool)
     tokens, k = chosen.shape
@@ -134,6 +154,7 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, d_ff: int, n_experts: int, k: int = 1, capacity_factor: float | None = None,
                  seed: int = 0):
         super().__init__()
+        check_routing(n_experts, k, capacity_factor)
         self.n_experts, self.capacity_factor = n_experts, capacity_factor
         with torch.random.fork_rng():                                # the router's weights from the seed alone
             torch.manual_seed(seed)
