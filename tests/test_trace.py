@@ -76,11 +76,13 @@ def test_waiting_inside_backward_hides_nothing():
 
 
 class _LateCallbackWork:
-    """A collective as gloo's thread completes it, late: it runs the completion callback ``run_after`` s after
-    ``then()``, stores the result in the future ``then()`` returned (as torch's does), and lets go of the callback
-    ``free_after`` s later (torch frees it after running it, on gloo's thread)."""
+    """A collective as gloo's thread completes it, late: it runs the completion callback only once the tracer has
+    a span ended by ``waited()`` (or ``run_after`` s after ``then()``, if none comes), stores the result in the future
+    ``then()`` returned (as torch's does), and lets go of the callback ``free_after`` s later (torch frees it after
+    running it, on gloo's thread). Late by construction, not by a sleep: with a fixed 10 ms, a loaded machine
+    (``make test`` at load 15) ran the main thread's ``waited()`` after the callback, and the test failed."""
 
-    def __init__(self, tracer, run_after=0.01, free_after=0.02):
+    def __init__(self, tracer, run_after=2.0, free_after=0.02):
         self.tracer, self.run_after, self.free_after = tracer, run_after, free_after
 
     def get_future(self):
@@ -96,7 +98,9 @@ class _LateCallbackWork:
         self.callback, self.child = weakref.ref(callback), weakref.ref(child)
 
         def gloo_thread():
-            time.sleep(self.run_after)
+            deadline = time.monotonic() + self.run_after
+            while not self.tracer.spans and time.monotonic() < deadline:
+                time.sleep(0.001)
             self.ran_at = self.tracer.now()
             held[1].set(held[0](None))
             time.sleep(self.free_after)

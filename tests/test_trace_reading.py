@@ -73,11 +73,19 @@ def _traced(rank, world_size, strategy, **options):
 
 def test_a_pipeline_at_one_micro_batch_waits_while_the_other_stage_computes():
     """1F1B, p = 2, m = 1, two stages of equal cost: a rank can only compute its own half of each micro-batch's
-    forward and backward, so it waits about half the step (the bubble: 50%). Asserted: more than a quarter."""
+    forward and backward, so it waits about half the step (the bubble: 50%; quiet, 0.50 and 0.48).
+
+    Asserted is what no scheduler can change: with one micro-batch the two stages never compute at once (each
+    waits for the other's result), so their waits add up to about a whole step. Asserted: more than 0.8 of one.
+    Each rank's own share is not: a rank the machine takes off its core *while computing* draws a longer
+    compute, and the other rank, waiting for it, a longer wait -- beside the test suite at load 15 one rank
+    read 0.13 and the other 0.91 (the sum, 1.04, held). Planted, seen failing: both ranks computing at once
+    (bucketed data parallelism traced instead; its all-reduces still wait) -> "the ranks waited [0.32..., 0.28...]
+    of their steps, together expected about one step"."""
     trace = merge_traces(coursekit.launch(_traced, 2, "pipeline", micro_batches=1, model=balanced_mlp,
                                           data=TeacherData(1536, 1024), global_batch=64, optimizer="sgd"))
     shares = [idle_share(trace, rank) for rank in (0, 1)]
-    assert all(share > 0.25 for share in shares), f"the ranks waited {shares} of their steps, expected about half"
+    assert sum(shares) > 0.8, f"the ranks waited {shares} of their steps, together expected about one step"
 
 
 def test_tensor_parallel_all_reduces_are_on_the_critical_path():
