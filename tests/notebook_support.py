@@ -2,7 +2,7 @@
 
 CI runs each with its ``parameters`` cell (small sizes); a notebook may also
 carry ``metadata.coursekit.ci_parameters`` to shrink it further for CI.
-The tests are three files, one per folder (``test_notebooks.py`` the chapters,
+The tests are four files (``test_notebooks.py`` chapters 00-05, ``test_notebooks_later.py`` 06-10,
 ``test_notebooks_exercises.py``, ``test_notebooks_solutions.py``), so that
 ``make test``'s workers (``--dist loadfile``: a file stays on one worker) run
 them side by side; in one file the nineteen runs queued on one worker.
