@@ -115,6 +115,7 @@ class ZeroStrategy(Strategy):
         return {"bucket_sizes": self.zero.bucket_sizes,
                 "elements_reduce_scattered": moved.total("reduce_scatter"),
                 "elements_all_gathered": moved.total("all_gather"),
+                "compute_dtype": str(self.zero.flat_param.dtype).split(".")[-1],  # the flat buffer the forward uses
                 **scaler_counters(self.zero.scaler)}
 
 

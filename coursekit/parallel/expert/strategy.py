@@ -93,9 +93,11 @@ class ExpertParallel(Strategy):
                     dist.all_reduce(counts)
                 nudge_bias(moe.router, counts, self.option("bias_rate"))
 
-    def counters(self) -> dict[str, int]:
-        """``experts_here``: the experts of each MoE layer this rank holds (``E / ep``)."""
-        return {"experts_here": len(self.model.moes[0].experts.w1)}
+    def counters(self) -> dict:
+        """``experts_here``: the experts of each MoE layer this rank holds (``E / ep``); ``compute_dtype``: the
+        weights' own (this strategy does not cast)."""
+        return {"experts_here": len(self.model.moes[0].experts.w1),
+                "compute_dtype": str(next(self.model.parameters()).dtype).split(".")[-1]}
 
     def global_loss(self, local_loss: float) -> float:
         total = torch.tensor([local_loss / self.world], dtype=torch.float64)
