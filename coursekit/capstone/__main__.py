@@ -23,7 +23,8 @@ Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`co
 ``--ep`` borrows from ``--dp`` (as torchtitan's and the cost model's layouts do): ``--dp 4 --ep 2`` is 4 ranks,
 each with its own slice of the batch, in pairs that split the experts; ``ep`` divides ``dp`` and ``--experts``.
 
-A layout that cannot run is refused before any rank starts, with what to change (exit status 2).
+A layout that cannot run, or a setting out of its range, is refused before any rank starts, with what to change
+(exit status 2).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero
          "layers": "--layers", "d_model": "--d-model", "heads": "--heads", "steps": "--steps",
          "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision",
          "ep": "--ep", "experts": "--experts", "top_k": "--top-k", "aux_weight": "--aux-weight",
-         "bias_rate": "--bias-rate"}
+         "bias_rate": "--bias-rate", "vocab": "--vocab", "seq_len": "--seq-len", "lr": "--lr", "seed": "--seed",
+         "timeout": "--timeout", "log": "--log-json"}
 
 
 def with_flags(error: Exception) -> str:
@@ -95,7 +97,7 @@ def parse(argv: list[str] | None = None) -> Config:
     run_.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     run_.add_argument("--resume", action="store_true", help="start from the last complete checkpoint")
     run_.add_argument("--quiet", action="store_true", help="no line per step")
-    run_.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for another")
+    run_.add_argument("--timeout", type=float, default=d.timeout, help="seconds a rank waits for another")
     model = p.add_argument_group("model (the course transformer)")
     model.add_argument("--layers", type=int, default=d.layers)
     model.add_argument("--d-model", type=int, default=d.d_model)
@@ -109,7 +111,7 @@ def parse(argv: list[str] | None = None) -> Config:
                   vocab=a.vocab, lr=a.lr, precision=a.precision, experts=a.experts, ep=a.ep, top_k=a.top_k,
                   aux_weight=a.aux_weight, bias_rate=a.bias_rate, log=a.log, checkpoint_dir=a.checkpoint_dir,
                   checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
-                  extra={"timeout": a.timeout})
+                  timeout=a.timeout)
 
 
 def in_torchrun() -> bool:
@@ -132,7 +134,7 @@ def _torchrun(config: Config) -> int:
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the ranks on this machine: one GPU each, if there are
-    timeout = timedelta(seconds=config.extra.get("timeout", 300.0))
+    timeout = timedelta(seconds=config.timeout)
     dist.init_process_group(default_backend(local), timeout=timeout, store=_store_of_this_attempt(world, timeout),
                             rank=rank, world_size=world)
     try:
@@ -216,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     import coursekit
 
     try:
-        results = coursekit.launch(run, config.world_size, config, timeout=config.extra.get("timeout", 300.0))
+        results = coursekit.launch(run, config.world_size, config, timeout=config.timeout)
     except KeyboardInterrupt:  # launch stopped every rank before raising it (coursekit.launch.interrupts)
         print(_stopped(signal.SIGINT, config), file=sys.stderr)
         return 128 + signal.SIGINT

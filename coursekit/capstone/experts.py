@@ -12,6 +12,8 @@ What this module holds: :func:`expert_problem` (what the trainer refuses, and wh
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..models import LanguageData, loss_fn
@@ -28,6 +30,10 @@ def expert_problem(config) -> Refusal | None:
     for name, value, least in (("ep", ep, 1), ("experts", experts, 0), ("top_k", k, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             return Refusal(f"{name} = {value!r}: use a whole number >= {least}", ({name: least},), example=False)
+    for name in ("aux_weight", "bias_rate"):  # nan or inf would train to nan; below 0, towards imbalance
+        value = getattr(config, name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+            return Refusal(f"{name} = {value!r}: use a finite number >= 0 (0: off)", ({name: 0.0},), example=False)
     if experts == 0:
         return _dense_problem(config)
     if k > experts:

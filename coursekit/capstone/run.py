@@ -12,13 +12,18 @@ experts spread over ``ep`` of the ``dp`` ranks (:mod:`coursekit.capstone.experts
 
 Every layout trains the same model on the same global batches, so every layout's curve is the one-process
 curve, to rounding (``tests/test_capstone.py`` checks it under ``torchrun``).
+
+:func:`check` refuses what cannot run before any rank starts -- the layout, every size and number out of its range,
+a log that cannot be written -- in one sentence (``tests/test_capstone_refusals.py``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
+import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -66,6 +71,7 @@ class Config:
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
     resume: bool = False
     quiet: bool = False
+    timeout: float = 300.0     # seconds a rank waits for another (coursekit.launch's, init_process_group's)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -96,7 +102,7 @@ def check(config: Config, world_size: int | None = None) -> None:
     line starts them), so a suggestion may change their number too.
     """
     world = world_size or config.world_size
-    refusal = _problem(config, world)
+    refusal = _problem(config, world) or _log_problem(config.log)
     if refusal is not None:
         def fits(change: dict) -> bool:
             changed = replace(config, **{FIELDS.get(k, k): v for k, v in change.items()})
@@ -107,7 +113,9 @@ def check(config: Config, world_size: int | None = None) -> None:
                     "global_batch": config.batch, "d_model": config.d_model, "steps": config.steps,
                     "ep": config.ep, "experts": config.experts, "top_k": config.top_k, "precision": config.precision,
                     "aux_weight": config.aux_weight, "bias_rate": config.bias_rate,
-                    "checkpoint_dir": config.checkpoint_dir, "resume": config.resume}
+                    "checkpoint_dir": config.checkpoint_dir, "resume": config.resume, "heads": config.heads,
+                    "layers": config.layers, "vocab": config.vocab, "seq_len": config.seq_len, "lr": config.lr,
+                    "seed": config.seed, "timeout": config.timeout, "log": config.log}
         raise refuse(refusal, settings, world, fits, free=world_size is None, rename=FIELDS)
 
 
@@ -117,9 +125,26 @@ FIELDS = {"micro_batches": "microbatches", "global_batch": "batch"}
 #: What ``--precision`` takes: the compute dtype (the weights, gradients and Adam stay fp32).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
+#: The widest model: the course transformer is small on purpose (:class:`coursekit.models.Transformer` refuses more).
+MAX_D_MODEL = 128
+
+#: The largest ``|seed|``: each step's batch comes from a generator seeded with ``seed × 1,000,003 + step``
+#: (:class:`~coursekit.models.LanguageData`), which torch takes in 64 bits -- ``|seed|`` up to about 9.2e12 runs,
+#: one more overflows ("Overflow when unpacking long long"); 10**12 leaves the steps their room.
+MAX_SEED = 10**12
+
+#: The longest ``timeout`` in seconds: torch counts a wait in 64-bit nanoseconds, so init_process_group fails
+#: from about 2**63 ns = 9.2e9 s on (gloo's "Invalid timeout"; tried: 9.2e9 runs, 9.23e9 fails); a billion
+#: seconds (31 years) is as good as forever and leaves coursekit.launch its grace.
+MAX_TIMEOUT_S = 1e9
+
 
 def _problem(config: Config, world_size: int) -> Refusal | None:
-    """The first reason ``config`` cannot run on ``world_size`` ranks: the layout's, then the trainer's own."""
+    """The first reason ``config`` cannot run on ``world_size`` ranks: the sizes and numbers of the model, data and
+    run (:func:`_sizes_problem`: the layout's check divides by them), the layout's, then the trainer's own."""
+    refusal = _sizes_problem(config)
+    if refusal is not None:
+        return refusal
     refusal = layout_problem(config.shape, world_size, n_heads=config.heads, n_layers=config.layers,
                              vocab_size=config.vocab, seq_len=config.seq_len - 1, global_batch=config.batch,
                              micro_batches=config.microbatches, schedule=config.schedule,
@@ -133,21 +158,94 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
     if refusal is not None:
         return refusal
     if config.d_model % config.heads:
-        above = config.d_model + config.heads - config.d_model % config.heads
+        below = config.d_model - config.d_model % config.heads
         return Refusal(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}: use a multiple "
-                       f"of {config.heads}", ({"d_model": above},))
+                       f"of {config.heads}", nearest("d_model", config.d_model, (below, below + config.heads)) +
+                       nearest("heads", config.heads, _divisors(config.d_model)))
     features = 4 * config.d_model
     if features % config.tp:  # kept, though tp | heads | d_model implies it: the MLP's split is its own rule
         return Refusal(f"tp = {config.tp} does not divide the MLP's {features} features: use a tp that divides it",
                        nearest("tp", config.tp, [t for t in range(1, features + 1) if features % t == 0]))
-    if config.steps < 1:
-        return Refusal(f"steps = {config.steps}: train at least one step", ({"steps": 1},))
     if config.checkpoint_dir and config.zero:
         return Refusal(f"checkpoint_dir with zero = {config.zero}: ZeRO's optimizer state is a flat shard of its "
                        f"own layout, which this course does not checkpoint; use zero = 0 to checkpoint",
                        ({"zero": 0},), example=False)
     if config.resume and not config.checkpoint_dir:
         return Refusal("resume = True needs checkpoint_dir (where to find the checkpoint)", None)
+    return None
+
+
+def _sizes_problem(config: Config) -> Refusal | None:
+    """The model's sizes, the data's, the run's numbers: each one of its kind and in its range (the lower bounds
+    are where the model, the data or torch fails: see each sentence)."""
+    for name, value, least, why in (
+            ("layers", config.layers, 1, "the transformer needs at least one block"),
+            ("heads", config.heads, 1, "each block needs at least one attention head"),
+            ("d_model", config.d_model, 1, "each head needs at least one feature"),
+            ("vocab", config.vocab, 2, "the synthetic language needs at least 2 tokens to have anything to predict "
+                                       "(with one, the loss is 0 from the start)"),
+            ("seq_len", config.seq_len, 3, "the synthetic language draws each token from the two before it, so a "
+                                           "sample needs 3 tokens at least"),
+            ("global_batch", config.batch, 1, "each step needs a sequence at least"),
+            ("steps", config.steps, 1, "train at least one step")):
+        if not _whole(value) or value < least:
+            return Refusal(f"{name} = {value!r}: {why}; use a whole number >= {least}", ({name: least},),
+                           example=False)
+    if config.d_model > MAX_D_MODEL:
+        return Refusal(f"d_model = {config.d_model}: the course transformer is small on purpose; use d_model <= "
+                       f"{MAX_D_MODEL}", nearest("d_model", config.d_model, range(config.heads, MAX_D_MODEL + 1,
+                                                                                    config.heads))[:1])
+    if not _real(config.lr) or config.lr <= 0:
+        return Refusal(f"lr = {config.lr!r}: use a finite learning rate above 0", ({"lr": Config.lr},))
+    if not _whole(config.seed) or abs(config.seed) > MAX_SEED:
+        return Refusal(f"seed = {config.seed!r}: use a whole number from -10**12 to 10**12 (each step's data is drawn "
+                       f"from seed × 1,000,003 + step, which torch takes in 64 bits)", ({"seed": Config.seed},),
+                       example=False)
+    if not _real(config.timeout) or not 0 < config.timeout <= MAX_TIMEOUT_S:
+        return Refusal(f"timeout = {config.timeout!r}: use a number of seconds above 0 and at most 1e9 (how long a "
+                       f"rank waits for another; torch counts it in 64-bit nanoseconds)", ({"timeout": Config.timeout},))
+    return None
+
+
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value) -> bool:
+    """A finite number (not a bool, not nan or inf)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _log_problem(log: str | None) -> Refusal | None:
+    """Why ``log`` (rank 0 writes the loss curve there after the last step) cannot be written, found before the
+    first step: a folder, a path under a file, a place this process cannot create files in. An existing file is
+    fine: the command line names it to be written (and it is replaced whole, only once the curve is complete)."""
+    if not log:
+        return None
+    path = Path(log)
+    if path.is_dir():
+        return Refusal(f"log = {log!r} is a folder: name a file to write the loss curve to, e.g. log = "
+                       f"{str(path / 'log.json')!r}", None)
+    if path.exists():
+        return None if os.access(path, os.W_OK) else Refusal(f"log = {log!r} cannot be written (no permission): "
+                                                                 f"name a file this job can write", None)
+    folder = path.parent
+    while not folder.exists():  # the folders missing are made after the last step
+        folder = folder.parent
+    if not folder.is_dir():
+        return Refusal(f"log = {log!r}: {str(folder)!r} is a file, not a folder, so nothing can be written under it; "
+                       f"name a file in a folder", None)
+    try:  # the one sure test of a folder (root passes os.access, /proc does not take files): a file made and removed
+        handle, probe = tempfile.mkstemp(prefix=".coursekit-log-", dir=folder)
+    except OSError as error:
+        return Refusal(f"log = {log!r} cannot be written: no file can be made in {str(folder)!r} "
+                       f"({error.strerror or error}); name a file in a folder this job can write to", None)
+    os.close(handle)
+    os.unlink(probe)
     return None
 
 
@@ -201,7 +299,8 @@ def _data(config: Config) -> LanguageData:
 
 def run(rank: int, world_size: int, config: Config) -> dict:
     """Train ``config`` on this rank (one of ``world_size``); return the loss curve and what was measured, or
-    ``{"refused": sentence}`` on every rank where ``--resume`` meets a checkpoint it cannot read."""
+    ``{"refused": sentence}`` on every rank where ``--resume`` meets a checkpoint it cannot read, or (rank 0)
+    where the log cannot be written."""
     check(config, world_size)
     strategy, shape, options = _strategy(config)
     mesh = Mesh(shape)
@@ -242,9 +341,27 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     if config.experts:  # what the "expert" strategy built: each rank's experts per layer, the ep groups
         summary.update(experts_here=[experts for _, experts in gathered], ep_groups=mesh.all_groups("ep"))
     if rank == 0 and config.log:
-        Path(config.log).parent.mkdir(parents=True, exist_ok=True)
-        Path(config.log).write_text(json.dumps(summary, indent=1))
+        try:
+            _write(Path(config.log), json.dumps(summary, indent=1))
+        except OSError as error:  # checked before the first step (_log_problem); the disk may still fill, or change
+            return {**summary, "refused": f"log = {config.log!r} could not be written ({error.strerror or error}) "
+                                          f"after the last step; name a file in a folder this job can write to"}
     return summary
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: written beside it, then put in its place (a file there before
+    stays as it was if the write fails)."""
+    path = path.resolve()  # a link is followed, as opening it would
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, part = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(part, path)
+    except BaseException:
+        os.unlink(part)
+        raise
 
 
 def _strategy(config: Config) -> tuple[str, dict[str, int], dict]:
