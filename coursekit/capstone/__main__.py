@@ -24,7 +24,8 @@ Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`co
 each with its own slice of the batch, in pairs that split the experts; ``ep`` divides ``dp`` and ``--experts``.
 
 A layout that cannot run, or a setting out of its range, is refused before any rank starts, with what to change
-(exit status 2).
+(exit status 2). A run whose loss diverges (not finite, or far above a uniform guess's) stops on every rank after
+the same step, saying which and what to try (exit status 2).
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def _torchrun(config: Config) -> int:
         check(config, world)
     except ValueError as error:
         # every rank says it: the first to exit makes torchrun stop the others, rank 0 perhaps before it printed
-        print(f"coursekit train (rank {rank}): {with_flags(error)}", file=sys.stderr)
+        _say(f"coursekit train (rank {rank}): {with_flags(error)}")
         return 2
     if os.environ["MASTER_ADDR"] in ("127.0.0.1", "localhost"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every peer is on this machine
@@ -139,20 +140,27 @@ def _torchrun(config: Config) -> int:
                             rank=rank, world_size=world)
     try:
         refused = run(rank, world, config).get("refused")
+        if refused:  # a damaged checkpoint, a diverged loss: every rank says it, as a refused layout, before it
+            # leaves the group (the first rank to exit makes torchrun stop the others)
+            _say(f"coursekit train (rank {rank}): {with_flags(refused)}")
     finally:
         dist.destroy_process_group()
-    if refused:  # a damaged checkpoint: every rank says it, as a refused layout (the first to exit stops the rest)
-        print(f"coursekit train (rank {rank}): {refused}", file=sys.stderr, flush=True)
-        return 2
-    # Leave without the interpreter's shutdown, as coursekit.launch's ranks do. The group lives on after
-    # destroy_process_group() (references the run leaves), and gloo's worker thread may still be letting go of
+    # Leave without the interpreter's shutdown, as coursekit.launch's ranks do, a refused run too. The group lives on
+    # after destroy_process_group() (references the run leaves), and gloo's worker thread may still be letting go of
     # the last collective's tensors (all_gather_object's): freeing one that Python made takes the GIL, and a
     # thread that asks for it while the interpreter shuts down aborts the rank -- SIGABRT, "terminate called
     # without an active exception", in 3 of 70 torchrun --pp 2 --sp 2 runs beside two busy loops (the same
     # cause: pytorch/pytorch#190489, #179291). Everything the run writes is written and closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(2 if refused else 0)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr in one write: torchrun starts its ranks with ``python -u``, where print() writes the text
+    and its newline apart, so two ranks saying their sentence at once interleaved them on one line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def _leave_on_signal(rank: int, config) -> None:
@@ -223,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_stopped(signal.SIGINT, config), file=sys.stderr)
         return 128 + signal.SIGINT
     if "refused" in results[0]:
-        print(f"coursekit train: {results[0]['refused']}", file=sys.stderr)
+        print(f"coursekit train: {with_flags(results[0]['refused'])}", file=sys.stderr)
         return 2
     return 0
 
