@@ -38,7 +38,6 @@ import json
 import math
 import re
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -206,15 +205,14 @@ DIVERGING = {  # name: (flags, what the sentence says of the loss)
 @pytest.mark.parametrize("name", DIVERGING)
 def test_a_diverged_loss_stops_every_rank_after_the_same_step(tmp_path, monkeypatch, capsys, name):
     """Two ranks under coursekit.launch: every rank returns the same sentence (none is left inside a collective:
-    that would be a rank's traceback, or a timeout), the command line says it once, exit 2, in under 30 s; the log
-    named, which an earlier run wrote, is left as it was."""
+    that would be a rank's traceback, or a timeout), the command line says it once, exit 2; the log named, which an
+    earlier run wrote, is left as it was. A rank left waiting meets ``--timeout 30`` and fails the test as launch's
+    LaunchTimeout; the seconds themselves are not asserted (a timing: 3-17 s here, 31 s once at load 17)."""
     flags, kind = DIVERGING[name]
     log = tmp_path / "log.json"
     log.write_text("an earlier run's curve\n")
     results = _spied_launch(monkeypatch)
-    begin = time.monotonic()
     status = main([*flags, *QUICK, "--timeout", "30", "--log-json", str(log)])  # a rank left waiting: 30 s
-    seconds = time.monotonic() - begin
     err = capsys.readouterr().err
     assert status == 2, f"the run should stop (exit 2), not exit {status}: {err[-2000:]}"
     line = _one_sentence(err, "--lr", "the loss diverged at step ")
@@ -231,17 +229,15 @@ def test_a_diverged_loss_stops_every_rank_after_the_same_step(tmp_path, monkeypa
         assert float(loss) > BOUND_16 and f"above {BOUND_16:.4g}" in line, line
     assert "use a smaller learning rate, e.g. lr = " in line, line
     assert log.read_text() == "an earlier run's curve\n", "a diverged run should not write its log"
-    assert seconds < 30, f"stopping took {seconds:.1f} s"
 
 
 def test_a_diverged_loss_under_torchrun(tmp_path):
     """A real torchrun of 2 ranks, ``--lr 1e6``: nan at step 2. Each rank says the sentence before it leaves the
     process group (the first to exit makes torchrun stop the other with SIGTERM, so a rank's line is required
-    only where it was not stopped so), exits 2, and no rank shows a traceback of its own."""
-    begin = time.monotonic()
+    only where it was not stopped so), exits 2, and no rank shows a traceback of its own (a rank left waiting would
+    meet ``--timeout 60`` and show one)."""
     rc, out, err = _finish(_job(TORCHRUN + ["--standalone", "--nproc-per-node", "2", "-m", "coursekit.capstone",
                                             "--dp", "2", "--lr", "1e6", *QUICK, "--timeout", "60"]), 90)
-    seconds = time.monotonic() - begin
     assert rc != 0, f"torchrun exited {rc}:\n{err[-3000:]}"
     assert "/coursekit/" not in "".join(re.findall(r'File "[^"]*"', err)), f"a rank's traceback:\n{err[-3000:]}"
     lines = [line for line in err.splitlines() if line.startswith("coursekit train (rank ")]
@@ -253,7 +249,6 @@ def test_a_diverged_loss_under_torchrun(tmp_path):
         said = any(line.startswith(f"coursekit train (rank {rank}): ") for line in lines)
         stopped = codes.get(rank) in ("143", "-15")  # torchrun's SIGTERM, through the rank's signal thread or not
         assert said or stopped, f"rank {rank} did not say the sentence:\n{err}"
-    assert seconds < 30, f"stopping took {seconds:.1f} s"
 
 
 def test_zero2_logs_the_dtype_it_computed_in(tmp_path, capsys):
