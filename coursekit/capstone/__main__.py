@@ -45,7 +45,7 @@ FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero
          "layers": "--layers", "d_model": "--d-model", "heads": "--heads", "steps": "--steps",
          "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision",
          "ep": "--ep", "experts": "--experts", "top_k": "--top-k", "aux_weight": "--aux-weight",
-         "bias_rate": "--bias-rate"}
+         "bias_rate": "--bias-rate", "overwrite": "--overwrite"}
 
 
 def with_flags(error: Exception) -> str:
@@ -92,6 +92,9 @@ def parse(argv: list[str] | None = None) -> Config:
     run_.add_argument("--checkpoint-dir", default=None)
     run_.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     run_.add_argument("--resume", action="store_true", help="start from the last complete checkpoint")
+    run_.add_argument("--overwrite", action="store_true",
+                      help="without --resume: start at step 0 in a --checkpoint-dir that holds another run's "
+                           "checkpoints, setting them aside (renamed, never deleted)")
     run_.add_argument("--quiet", action="store_true", help="no line per step")
     run_.add_argument("--timeout", type=float, default=300.0, help="seconds a rank waits for another")
     model = p.add_argument_group("model (the course transformer)")
@@ -106,7 +109,7 @@ def parse(argv: list[str] | None = None) -> Config:
                   batch=a.batch, seq_len=a.seq_len, layers=a.layers, d_model=a.d_model, heads=a.heads,
                   vocab=a.vocab, lr=a.lr, precision=a.precision, experts=a.experts, ep=a.ep, top_k=a.top_k,
                   aux_weight=a.aux_weight, bias_rate=a.bias_rate, log=a.log, checkpoint_dir=a.checkpoint_dir,
-                  checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
+                  checkpoint_every=a.checkpoint_every, resume=a.resume, overwrite=a.overwrite, quiet=a.quiet,
                   extra={"timeout": a.timeout})
 
 
@@ -134,20 +137,38 @@ def _torchrun(config: Config) -> int:
                             rank=rank, world_size=world)
     try:
         refused = run(rank, world, config).get("refused")
+        if refused:  # a checkpoint refused: every rank had the same verdict (checkpoint_dir.agree); every rank says it
+            # in one write: print() writes the newline apart, and two ranks' sentences ran into one line
+            sys.stderr.write(f"coursekit train (rank {rank}): {refused}\n")
+            sys.stderr.flush()
+            _said_everywhere()
     finally:
         dist.destroy_process_group()
-    if refused:  # a damaged checkpoint: every rank says it, as a refused layout (the first to exit stops the rest)
-        print(f"coursekit train (rank {rank}): {refused}", file=sys.stderr, flush=True)
-        return 2
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if refused:
+        os._exit(2)  # as below: no interpreter shutdown while gloo's thread may still hold the last tensors
     # Leave without the interpreter's shutdown, as coursekit.launch's ranks do. The group lives on after
     # destroy_process_group() (references the run leaves), and gloo's worker thread may still be letting go of
     # the last collective's tensors (all_gather_object's): freeing one that Python made takes the GIL, and a
     # thread that asks for it while the interpreter shuts down aborts the rank -- SIGABRT, "terminate called
     # without an active exception", in 3 of 70 torchrun --pp 2 --sp 2 runs beside two busy loops (the same
     # cause: pytorch/pytorch#190489, #179291). Everything the run writes is written and closed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
     os._exit(0)
+
+
+def _said_everywhere() -> None:
+    """Wait until every rank has printed its refusal: torchrun stops the other ranks as soon as one exits.
+
+    A barrier after the print: no rank leaves before all have said it. A rank that leaves the barrier first may
+    close its sockets while a peer is still reading the barrier's last message; that peer has said its sentence
+    already, so a failure there is not reported (a traceback would be the only output it added)."""
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except Exception:  # see above: the sentence is out, and the rank exits 2 either way
+        pass
 
 
 #: The key of the shared store every rank of every attempt adds 1 to, once (see :func:`_store_of_this_attempt`).

@@ -65,6 +65,7 @@ class Config:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
     resume: bool = False
+    overwrite: bool = False    # a fresh run may set aside (never delete) the checkpoints already in checkpoint_dir
     quiet: bool = False
     extra: dict = field(default_factory=dict)
 
@@ -266,33 +267,70 @@ def _groups(mesh: Mesh, axis: str, world_size: int) -> list[list[int]]:
 
 
 def _checkpoints(config: Config) -> dict:
-    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir`` (:mod:`coursekit.capstone.checkpoint`)."""
-    from . import checkpoint
+    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir`` (:mod:`coursekit.capstone.checkpoint`).
+
+    Before the first step, on every rank and agreed by all once every group is built
+    (:func:`~coursekit.capstone.checkpoint_dir.prepare`): the directory can hold a checkpoint of this model, and
+    a fresh run finds no other run's there; a ``--resume`` then checks the newest against this model. A refusal is
+    a :class:`~coursekit.capstone.checkpoint.CheckpointError` on every rank: :func:`run` returns its sentence.
+
+    A ``--resume`` with nothing left to train (the checkpoint at or past ``--steps``) trains nothing and says so
+    on rank 0, even with ``--quiet``. It is no error (exit status 0): the job is where it was asked to be, and a
+    finished job started again -- a scheduler's retry, ``torchrun --max-restarts``, its command run twice --
+    must not turn into a failure.
+    """
+    from . import checkpoint, checkpoint_dir
 
     every, held = config.checkpoint_every, {}
-    say = (lambda text: print(text, flush=True)) if dist.get_rank() == 0 and not config.quiet else (lambda text: None)
+    rank0 = dist.get_rank() == 0
+    say = (lambda text: print(text, flush=True)) if rank0 and not config.quiet else (lambda text: None)
+    model = {name: getattr(config, name) for name in checkpoint.MODEL_FIELDS}
 
     def on_start(runner) -> int:
         held["mesh"] = checkpoint.device_mesh(runner.mesh)  # torch's DeviceMesh of the same axes: built once
+        needed = checkpoint_dir.room_needed(runner.named_shards(), runner.optimizer, held["mesh"])
+        checkpoint_dir.prepare(config.checkpoint_dir, needed, config.resume, config.overwrite, say)
+        held["run"] = checkpoint_dir.new_run_id()  # a fresh run's; a resumed one keeps its checkpoint's
         if not config.resume:
             return 0
         for torn in checkpoint.incomplete(config.checkpoint_dir):
             say(f"ignoring {torn}: incomplete (the job stopped while saving it)")
         for part in checkpoint.unfinished(config.checkpoint_dir):
             say(f"ignoring {part}: not a complete checkpoint (no .metadata or meta.json)")
-        found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"])
+        found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"], model)
         if found is None:
             say(f"no complete checkpoint in {config.checkpoint_dir}: starting at step 0")
             return 0
         step, path, meta = found
-        say(f"resuming from {path} (saved under {meta.get('layout', '?')} after {step} steps; now {config.layout})")
+        held["run"] = meta.get("run", held["run"])
+        say(f"resuming from {path} (saved under {meta.get('layout', '?')} after {step} steps; now {config.layout})"
+            + "".join(f"; {note}" for note in _resume_notes(meta, config)))
+        if step >= config.steps and rank0:
+            print(f"{path} is already at step {step} of --steps {config.steps}: nothing to train; raise --steps to "
+                  f"go on.", flush=True)
         return step
 
     def on_step(step, loss, seconds, runner) -> None:
         done = step + 1
         if done == config.steps or (every and done % every == 0):
             path = checkpoint.save(config.checkpoint_dir, done, runner.named_shards(), runner.optimizer, held["mesh"],
-                                   extra={"layout": config.layout, "loss": loss})
+                                   extra={"layout": replace(config, precision="fp32").layout, "loss": loss, "run": held["run"], "model": model,
+                                          "precision": config.precision, "seed": config.seed}, say=say)
             say(f"saved {path}")
 
     return {"on_start": on_start, "on_step": on_step, "refusal": checkpoint.CheckpointError}
+
+
+def _resume_notes(meta: dict, config: Config) -> list[str]:
+    """What the log says of a checkpoint resumed under other settings than it was saved with (all allowed)."""
+    notes = []
+    if "format" not in meta:
+        notes.append("it records neither its model nor its files' checksums (an older coursekit saved it): only "
+                     "its tensors' names and shapes were checked")
+    then, now = meta.get("layout"), replace(config, precision="fp32").layout  # the layout alone, as save records it
+    if then is not None and then.replace(" bf16", "").replace(" fp16", "") != now:
+        notes.append(f"the layout differs, {then} then and {now} now: DCP reshards it")
+    if meta.get("precision", config.precision) != config.precision:
+        notes.append(f"the precision differs, {meta['precision']} then and {config.precision} now: the weights "
+                     f"and Adam's state are fp32 under both")
+    return notes
