@@ -171,7 +171,8 @@ def save(directory, step: int, shards, optimizer, dmesh: DeviceMesh, extra: dict
         try:
             for old in (tmp, final):  # a torn attempt at this step (a killed job), or a copy without its marker
                 if old.exists() or old.is_symlink():
-                    say(f"set aside {old} as {set_aside(old, 'incomplete').name}: not written by this run")
+                    why = "replaced" if old == final and (old / "meta.json").exists() else "incomplete"
+                    say(f"set aside {old} as {set_aside(old, why).name}: not written by this run")
             tmp.mkdir(parents=True)
             made = True
         except OSError as error:
