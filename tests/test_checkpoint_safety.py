@@ -27,6 +27,8 @@ Planted bugs, seen failing (restored after):
 * the free room not compared -> test_not_enough_room_for_one_checkpoint: status 0;
 * a fresh run not refused in another run's directory -> test_a_fresh_run_refuses_a_directory_of_another_run:
   status 0.
+* a format-2 meta.json without "files" taken for an older one -> test_a_meta_json_that_lost_its_checksums:
+  "DID NOT RAISE CheckpointError".
 """
 
 from __future__ import annotations
@@ -142,6 +144,17 @@ def test_an_old_checkpoint_damaged_inside_gets_dcp_error_as_a_sentence(saved, tm
     status, said = _train(capfd, "--checkpoint-dir", str(folder), "--resume", "--steps", "3")
     _refused(status, said, f"{folder / 'step-000002'} could not be read (", "resume from step-000001")
     assert _unchanged_but_new_steps(before, folder) == []
+
+
+def test_a_meta_json_that_lost_its_checksums(saved, tmp_path):
+    """A checkpoint that says it records checksums (format 2) and has none is not taken for an older one."""
+    folder = _copy(saved, tmp_path)
+    meta = json.loads((folder / "step-000002" / "meta.json").read_text())
+    del meta["files"]
+    (folder / "step-000002" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(checkpoint.CheckpointError, match=r"step-000002 is damaged: its meta.json names no files and "
+                                                         r"checksums: move it aside .* to resume from step-000001"):
+        checkpoint.verify(folder / "step-000002", {})  # one process, no ranks: verify reads files only
 
 
 def test_another_number_of_layers(saved, tmp_path, capfd):

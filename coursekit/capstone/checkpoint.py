@@ -244,7 +244,11 @@ def verify(path: Path, expected: dict, model: dict | None = None, every_key: set
     except (OSError, ValueError) as error:
         raise CheckpointError(f"{path} is damaged: its meta.json cannot be read ({first_line(error)}): "
                               f"{_what_to_do(path)}.") from None
-    saved_model = meta.get("model") if isinstance(meta, dict) else None
+    recorded = meta.get("files") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict) or (meta.get("format", 1) != 1 and not isinstance(recorded, dict)):
+        what = "is not an object" if not isinstance(meta, dict) else "names no files and checksums"
+        raise CheckpointError(f"{path} is damaged: its meta.json {what}: {_what_to_do(path)}.")
+    saved_model = meta.get("model")
     if isinstance(saved_model, dict) and model:
         for name in MODEL_FIELDS:
             if name in saved_model and name in model and saved_model[name] != model[name]:
@@ -267,7 +271,7 @@ def verify(path: Path, expected: dict, model: dict | None = None, every_key: set
         if file.stat().st_size < needed:
             raise CheckpointError(f"{path} is damaged: {name} holds {file.stat().st_size:,} bytes, its .metadata "
                                   f"expects {needed:,} (a truncated file): {_what_to_do(path)}.")
-    recorded = meta.get("files") or {}
+    recorded = recorded or {}  # none in an older coursekit's checkpoint
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     for name in sorted(recorded)[rank::world]:
         file = path / name

@@ -139,6 +139,7 @@ def others(directory) -> list[Path]:
 
 
 def listing(paths: list[Path], most: int = 3) -> str:
+    """``"step-000002, step-000004 and 3 more"``: the names of ``paths``, at most ``most`` of them, for a sentence."""
     names = [p.name for p in paths[:most]]
     return ", ".join(names) + (f" and {len(paths) - most} more" if len(paths) > most else "")
 
