@@ -23,7 +23,10 @@ Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`co
 ``--ep`` borrows from ``--dp`` (as torchtitan's and the cost model's layouts do): ``--dp 4 --ep 2`` is 4 ranks,
 each with its own slice of the batch, in pairs that split the experts; ``ep`` divides ``dp`` and ``--experts``.
 
-A layout that cannot run is refused before any rank starts, with what to change (exit status 2).
+A layout that cannot run is refused before any rank starts, with what to change (exit status 2). So is, before the
+first step and on every rank, a ``--checkpoint-dir`` that cannot hold a checkpoint (a file, not writable, no room),
+one that holds another run's checkpoints without ``--resume`` (``--overwrite`` sets them aside, never deletes them),
+and a checkpoint ``--resume`` cannot use (damaged, or of another model): one sentence, exit status 2.
 """
 
 from __future__ import annotations
