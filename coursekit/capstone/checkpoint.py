@@ -234,6 +234,31 @@ def _what_to_do(path: Path) -> str:
     return "there is no complete checkpoint before it: start at step 0 with --overwrite instead of --resume"
 
 
+def _check_files(path: Path, metadata, recorded: dict[str, str]) -> None:
+    """Every file DCP's index names there and long enough; this rank's share of ``recorded`` (every
+    ``world_size``-th) with the sha256 meta.json gives it."""
+    sizes: dict[str, int] = {}
+    for info in metadata.storage_data.values():
+        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
+    for name, needed in sorted(sizes.items()):
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(f"{path} is incomplete: {name} is missing (its .metadata names it): "
+                                  f"{_what_to_do(path)}.")
+        if file.stat().st_size < needed:
+            raise CheckpointError(f"{path} is damaged: {name} holds {file.stat().st_size:,} bytes, its .metadata "
+                                  f"expects {needed:,} (a truncated file): {_what_to_do(path)}.")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    for name in sorted(recorded)[rank::world]:
+        file = path / name
+        if not file.exists():
+            raise CheckpointError(f"{path} is incomplete: {name} is missing (its meta.json names it): "
+                                  f"{_what_to_do(path)}.")
+        if _sha256(file) != recorded[name]:
+            raise CheckpointError(f"{path} is damaged: {name} is not the file that was saved (its sha256 differs "
+                                  f"from meta.json's): {_what_to_do(path)}.")
+
+
 def verify(path: Path, expected: dict, model: dict | None = None, every_key: set | None = None) -> dict:
     """``path``'s ``meta.json``, after checking the checkpoint can fill ``expected`` (``{key: tensor}``, as
     :func:`state_dict` makes it) of a run whose model is ``model`` (:data:`MODEL_FIELDS`) and whose ranks
@@ -260,27 +285,7 @@ def verify(path: Path, expected: dict, model: dict | None = None, every_key: set
     except Exception as error:  # a pickle of anything: any error says the same, it is not DCP's metadata
         raise CheckpointError(f"{path} is damaged: its .metadata is not a torch.distributed.checkpoint index "
                               f"({first_line(error)}): {_what_to_do(path)}.") from None
-    sizes: dict[str, int] = {}
-    for info in metadata.storage_data.values():
-        sizes[info.relative_path] = max(sizes.get(info.relative_path, 0), info.offset + info.length)
-    for name, needed in sorted(sizes.items()):
-        file = path / name
-        if not file.exists():
-            raise CheckpointError(f"{path} is incomplete: {name} is missing (its .metadata names it): "
-                                  f"{_what_to_do(path)}.")
-        if file.stat().st_size < needed:
-            raise CheckpointError(f"{path} is damaged: {name} holds {file.stat().st_size:,} bytes, its .metadata "
-                                  f"expects {needed:,} (a truncated file): {_what_to_do(path)}.")
-    recorded = recorded or {}  # none in an older coursekit's checkpoint
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    for name in sorted(recorded)[rank::world]:
-        file = path / name
-        if not file.exists():
-            raise CheckpointError(f"{path} is incomplete: {name} is missing (its meta.json names it): "
-                                  f"{_what_to_do(path)}.")
-        if _sha256(file) != recorded[name]:
-            raise CheckpointError(f"{path} is damaged: {name} is not the file that was saved (its sha256 differs "
-                                  f"from meta.json's): {_what_to_do(path)}.")
+    _check_files(path, metadata, recorded or {})  # no checksums in an older coursekit's checkpoint
     saved = metadata.state_dict_metadata
     for key, tensor in expected.items():
         if key not in saved:
