@@ -24,8 +24,11 @@ Without ``torchrun`` it starts the ranks itself, on this machine, with :func:`co
 each with its own slice of the batch, in pairs that split the experts; ``ep`` divides ``dp`` and ``--experts``.
 
 A layout that cannot run, or a setting out of its range, is refused before any rank starts, with what to change
-(exit status 2). A run whose loss diverges (not finite, or far above a uniform guess's) stops on every rank after
-the same step, saying which and what to try (exit status 2).
+(exit status 2). So is, before the first step and on every rank, a ``--checkpoint-dir`` that cannot hold a
+checkpoint (a file, not writable, no room), one that holds another run's checkpoints without ``--resume``
+(``--overwrite`` sets them aside, never deletes them), and a checkpoint ``--resume`` cannot use (damaged, or of
+another model). A run whose loss diverges (not finite, or far above a uniform guess's) stops on every rank after
+the same step, saying which and what to try. Each: one sentence, exit status 2.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ FLAGS = {"pp": "--pp", "dp": "--dp", "sp": "--sp", "tp": "--tp", "zero": "--zero
          "checkpoint_dir": "--checkpoint-dir", "resume": "--resume", "precision": "--precision",
          "ep": "--ep", "experts": "--experts", "top_k": "--top-k", "aux_weight": "--aux-weight",
          "bias_rate": "--bias-rate", "vocab": "--vocab", "seq_len": "--seq-len", "lr": "--lr", "seed": "--seed",
-         "timeout": "--timeout", "log": "--log-json"}
+         "timeout": "--timeout", "log": "--log-json", "overwrite": "--overwrite"}
 
 
 def with_flags(error: Exception) -> str:
@@ -97,6 +100,9 @@ def parse(argv: list[str] | None = None) -> Config:
     run_.add_argument("--checkpoint-dir", default=None)
     run_.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     run_.add_argument("--resume", action="store_true", help="start from the last complete checkpoint")
+    run_.add_argument("--overwrite", action="store_true",
+                      help="without --resume: start at step 0 in a --checkpoint-dir that holds another run's "
+                           "checkpoints, setting them aside (renamed, never deleted)")
     run_.add_argument("--quiet", action="store_true", help="no line per step")
     run_.add_argument("--timeout", type=float, default=d.timeout, help="seconds a rank waits for another")
     model = p.add_argument_group("model (the course transformer)")
@@ -111,7 +117,7 @@ def parse(argv: list[str] | None = None) -> Config:
                   batch=a.batch, seq_len=a.seq_len, layers=a.layers, d_model=a.d_model, heads=a.heads,
                   vocab=a.vocab, lr=a.lr, precision=a.precision, experts=a.experts, ep=a.ep, top_k=a.top_k,
                   aux_weight=a.aux_weight, bias_rate=a.bias_rate, log=a.log, checkpoint_dir=a.checkpoint_dir,
-                  checkpoint_every=a.checkpoint_every, resume=a.resume, quiet=a.quiet,
+                  checkpoint_every=a.checkpoint_every, resume=a.resume, overwrite=a.overwrite, quiet=a.quiet,
                   timeout=a.timeout)
 
 
@@ -143,6 +149,7 @@ def _torchrun(config: Config) -> int:
         if refused:  # a damaged checkpoint, a diverged loss: every rank says it, as a refused layout, before it
             # leaves the group (the first rank to exit makes torchrun stop the others)
             _say(f"coursekit train (rank {rank}): {with_flags(refused)}")
+            _said_everywhere()
     finally:
         dist.destroy_process_group()
     # Leave without the interpreter's shutdown, as coursekit.launch's ranks do, a refused run too. The group lives on
@@ -187,6 +194,20 @@ def _leave_on_signal(rank: int, config) -> None:
 def _stopped(sig: signal.Signals, config) -> str:
     where = f"; --resume continues from the last checkpoint in {config.checkpoint_dir}" if config.checkpoint_dir else ""
     return f"coursekit train: stopped by {sig.name}{where}"
+
+
+def _said_everywhere() -> None:
+    """Wait until every rank has printed its refusal: torchrun stops the other ranks as soon as one exits.
+
+    A barrier after the print: no rank leaves before all have said it. A rank that leaves the barrier first may
+    close its sockets while a peer is still reading the barrier's last message; that peer has said its sentence
+    already, so a failure there is not reported (a traceback would be the only output it added)."""
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except Exception:  # see above: the sentence is out, and the rank exits 2 either way
+        pass
 
 
 #: The key of the shared store every rank of every attempt adds 1 to, once (see :func:`_store_of_this_attempt`).

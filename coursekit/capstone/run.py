@@ -21,7 +21,6 @@ step; each says why in one sentence (``tests/test_capstone_refusals.py``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import statistics
 import tempfile
@@ -36,6 +35,7 @@ from ..models import LanguageData, loss_fn, tiny_transformer
 from ..parallel.hybrid import Refusal, layout_problem, mesh_shape, nearest, refuse
 from ..train import train
 from .experts import expert_mesh, expert_problem, moe_model, one_process_moe_losses
+from .limits import DIVERGED_NATS, Diverged, divergence_bound, diverged, divisors, log_problem, sizes_problem
 
 __all__ = ["Config", "run", "check", "one_process_losses", "divergence_bound", "diverged", "Diverged",
            "DIVERGED_NATS"]
@@ -72,6 +72,7 @@ class Config:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0  # steps between checkpoints (0: only at the end, when checkpoint_dir is given)
     resume: bool = False
+    overwrite: bool = False    # a fresh run may set aside (never delete) the checkpoints already in checkpoint_dir
     quiet: bool = False
     timeout: float = 300.0     # seconds a rank waits for another (coursekit.launch's, init_process_group's)
     extra: dict = field(default_factory=dict)
@@ -104,7 +105,7 @@ def check(config: Config, world_size: int | None = None) -> None:
     line starts them), so a suggestion may change their number too.
     """
     world = world_size or config.world_size
-    refusal = _problem(config, world) or _log_problem(config.log)
+    refusal = _problem(config, world) or log_problem(config.log)
     if refusal is not None:
         def fits(change: dict) -> bool:
             changed = replace(config, **{FIELDS.get(k, k): v for k, v in change.items()})
@@ -127,24 +128,10 @@ FIELDS = {"micro_batches": "microbatches", "global_batch": "batch"}
 #: What ``--precision`` takes: the compute dtype (the weights, gradients and Adam stay fp32).
 PRECISIONS = ("fp32", "bf16", "fp16")
 
-#: The widest model: the course transformer is small on purpose (:class:`coursekit.models.Transformer` refuses more).
-MAX_D_MODEL = 128
-
-#: The largest ``|seed|``: each step's batch comes from a generator seeded with ``seed × 1,000,003 + step``
-#: (:class:`~coursekit.models.LanguageData`), which torch takes in 64 bits -- ``|seed|`` up to about 9.2e12 runs,
-#: one more overflows ("Overflow when unpacking long long"); 10**12 leaves the steps their room.
-MAX_SEED = 10**12
-
-#: The longest ``timeout`` in seconds: torch counts a wait in 64-bit nanoseconds, so init_process_group fails
-#: from about 2**63 ns = 9.2e9 s on (gloo's "Invalid timeout"; tried: 9.2e9 runs, 9.23e9 fails); a billion
-#: seconds (31 years) is as good as forever and leaves coursekit.launch its grace.
-MAX_TIMEOUT_S = 1e9
-
-
 def _problem(config: Config, world_size: int) -> Refusal | None:
     """The first reason ``config`` cannot run on ``world_size`` ranks: the sizes and numbers of the model, data and
-    run (:func:`_sizes_problem`: the layout's check divides by them), the layout's, then the trainer's own."""
-    refusal = _sizes_problem(config)
+    run (:func:`sizes_problem`: the layout's check divides by them), the layout's, then the trainer's own."""
+    refusal = sizes_problem(config)
     if refusal is not None:
         return refusal
     refusal = layout_problem(config.shape, world_size, n_heads=config.heads, n_layers=config.layers,
@@ -163,7 +150,7 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
         below = config.d_model - config.d_model % config.heads
         return Refusal(f"d_model = {config.d_model} is not a multiple of heads = {config.heads}: use a multiple "
                        f"of {config.heads}", nearest("d_model", config.d_model, (below, below + config.heads)) +
-                       nearest("heads", config.heads, _divisors(config.d_model)))
+                       nearest("heads", config.heads, divisors(config.d_model)))
     features = 4 * config.d_model
     if features % config.tp:  # kept, though tp | heads | d_model implies it: the MLP's split is its own rule
         return Refusal(f"tp = {config.tp} does not divide the MLP's {features} features: use a tp that divides it",
@@ -174,81 +161,6 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
                        ({"zero": 0},), example=False)
     if config.resume and not config.checkpoint_dir:
         return Refusal("resume = True needs checkpoint_dir (where to find the checkpoint)", None)
-    return None
-
-
-def _sizes_problem(config: Config) -> Refusal | None:
-    """The model's sizes, the data's, the run's numbers: each one of its kind and in its range (the lower bounds
-    are where the model, the data or torch fails: see each sentence)."""
-    for name, value, least, why in (
-            ("layers", config.layers, 1, "the transformer needs at least one block"),
-            ("heads", config.heads, 1, "each block needs at least one attention head"),
-            ("d_model", config.d_model, 1, "each head needs at least one feature"),
-            ("vocab", config.vocab, 2, "the synthetic language needs at least 2 tokens to have anything to predict "
-                                       "(with one, the loss is 0 from the start)"),
-            ("seq_len", config.seq_len, 3, "the synthetic language draws each token from the two before it, so a "
-                                           "sample needs 3 tokens at least"),
-            ("global_batch", config.batch, 1, "each step needs a sequence at least"),
-            ("steps", config.steps, 1, "train at least one step")):
-        if not _whole(value) or value < least:
-            return Refusal(f"{name} = {value!r}: {why}; use a whole number >= {least}", ({name: least},),
-                           example=False)
-    if config.d_model > MAX_D_MODEL:
-        return Refusal(f"d_model = {config.d_model}: the course transformer is small on purpose; use d_model <= "
-                       f"{MAX_D_MODEL}", nearest("d_model", config.d_model, range(config.heads, MAX_D_MODEL + 1,
-                                                                                    config.heads))[:1])
-    if not _real(config.lr) or config.lr <= 0:
-        return Refusal(f"lr = {config.lr!r}: use a finite learning rate above 0", ({"lr": Config.lr},))
-    if not _whole(config.seed) or abs(config.seed) > MAX_SEED:
-        return Refusal(f"seed = {config.seed!r}: use a whole number from -10**12 to 10**12 (each step's data is drawn "
-                       f"from seed × 1,000,003 + step, which torch takes in 64 bits)", ({"seed": Config.seed},),
-                       example=False)
-    if not _real(config.timeout) or not 0 < config.timeout <= MAX_TIMEOUT_S:
-        return Refusal(f"timeout = {config.timeout!r}: use a number of seconds above 0 and at most 1e9 (how long a "
-                       f"rank waits for another; torch counts it in 64-bit nanoseconds)",
-                       ({"timeout": Config.timeout},))
-    return None
-
-
-def _whole(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _real(value) -> bool:
-    """A finite number (not a bool, not nan or inf)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _log_problem(log: str | None) -> Refusal | None:
-    """Why ``log`` (rank 0 writes the loss curve there after the last step) cannot be written, found before the
-    first step: a folder, a path under a file, a place this process cannot create files in. An existing file is
-    fine: the command line names it to be written (and it is replaced whole, only once the curve is complete)."""
-    if not log:
-        return None
-    path = Path(log)
-    if path.is_dir():
-        return Refusal(f"log = {log!r} is a folder: name a file to write the loss curve to, e.g. log = "
-                       f"{str(path / 'log.json')!r}", None)
-    if path.exists():
-        return None if os.access(path, os.W_OK) else Refusal(f"log = {log!r} cannot be written (no permission): "
-                                                                 f"name a file this job can write", None)
-    folder = path.parent
-    while not folder.exists():  # the folders missing are made after the last step
-        folder = folder.parent
-    if not folder.is_dir():
-        return Refusal(f"log = {log!r}: {str(folder)!r} is a file, not a folder, so nothing can be written under it; "
-                       f"name a file in a folder", None)
-    try:  # the one sure test of a folder (root passes os.access, /proc does not take files): a file made and removed
-        handle, probe = tempfile.mkstemp(prefix=".coursekit-log-", dir=folder)
-    except OSError as error:
-        return Refusal(f"log = {log!r} cannot be written: no file can be made in {str(folder)!r} "
-                       f"({error.strerror or error}); name a file in a folder this job can write to", None)
-    os.close(handle)
-    os.unlink(probe)
     return None
 
 
@@ -331,15 +243,12 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     if say:
         print(f"coursekit capstone: {config.layout} on {world_size} rank(s), mesh {mesh}", flush=True)
     try:
-        result = train(rank, world_size, strategy, model=_model(config),
-                       data=_data(config),
+        result = train(rank, world_size, strategy, model=_model(config), data=_data(config),
                        steps=config.steps, global_batch=config.batch, micro_batches=config.microbatches, lr=config.lr,
                        seed=config.seed, mesh=mesh, record=False, on_start=hooks.get("on_start"), on_step=on_step,
                        **options)
-    except Diverged as stopped:  # every rank, after the same step; the caller says it
-        return {"layout": config.layout, "refused": str(stopped)}
-    except refusal as refused:  # a damaged checkpoint: every rank raises it at the same point; the caller says it
-        return {"layout": config.layout, "refused": str(refused)}
+    except (Diverged, *refusal) as refused:  # a diverged loss, a damaged checkpoint: every rank raises it at the
+        return {"layout": config.layout, "refused": str(refused)}  # same point; the caller says it
     first = config.steps - len(result["losses"])
     gathered = [None] * world_size  # which node (torchrun's GROUP_RANK) and local rank each rank ran on; its experts
     here = {"node": int(os.environ.get("GROUP_RANK", 0)), "local_rank": int(os.environ.get("LOCAL_RANK", rank)),
@@ -357,7 +266,7 @@ def run(rank: int, world_size: int, config: Config) -> dict:
     if rank == 0 and config.log:
         try:
             _write(Path(config.log), json.dumps(summary, indent=1))
-        except OSError as error:  # checked before the first step (_log_problem); the disk may still fill, or change
+        except OSError as error:  # checked before the first step (log_problem); the disk may still fill, or change
             return {**summary, "refused": f"log = {config.log!r} could not be written ({error.strerror or error}) "
                                           f"after the last step; name a file in a folder this job can write to"}
     return summary
@@ -376,50 +285,6 @@ def _write(path: Path, text: str) -> None:
     except BaseException:
         os.unlink(part)
         raise
-
-
-class Diverged(RuntimeError):
-    """The loss diverged: :func:`run`'s ``on_step`` raises it on every rank after the same step."""
-
-
-#: How many nats above a uniform guess's loss, ``ln(vocab)``, a loss may go before the run counts as diverged.
-#: ``exp(-25)`` is 1.4e-11: the model gives the right tokens, on geometric average, eleven orders of magnitude
-#: less probability than knowing nothing would. Measured on the course transformer (one process, 60 steps,
-#: vocabularies 2, 4, 16 and 64, seeds 0-2): at lr 0.3 (300 times the default) the loss spikes to at most 17 nats
-#: above ln(vocab) and comes back; at lr 0.5 it reaches 44-51 nats above and is still worse than a uniform guess at
-#: step 60; at lr 1 and more it stays 70 nats above and more (lr 1e6: nan from step 2). The margin does not shrink
-#: with the vocabulary, as ten times ln(vocab) would: with 2 tokens that is 6.9, and lr 0.1 spikes to 9.6 at step 3,
-#: then learns (0.25 at step 4).
-DIVERGED_NATS = 25.0
-
-
-def divergence_bound(config: Config) -> float:
-    """The loss above which a run has diverged: a uniform guess's, ``ln(vocab)``, plus :data:`DIVERGED_NATS`, plus,
-    with the balance loss, its most: ``aux_weight`` times ``experts / top_k`` per block (``f_i`` is at most
-    ``1 / top_k`` of the assignments, and the router's probabilities add up to 1), so that a large legal aux_weight
-    is not taken for a divergence."""
-    bound = math.log(config.vocab) + DIVERGED_NATS
-    if config.experts:
-        bound += config.aux_weight * config.layers * config.experts / config.top_k
-    return bound
-
-
-def diverged(config: Config, step: int, loss: float, last_step: int | None, last_loss: float | None) -> str | None:
-    """The sentence that stops the run if ``loss`` (of step ``step``, from 0) is not finite or above
-    :func:`divergence_bound`, else None; ``last_step``/``last_loss``: the last step that was neither."""
-    bound = divergence_bound(config)
-    if loss <= bound:  # False for nan
-        return None
-    balanced = bool(config.experts and config.aux_weight)
-    what = f"{loss:.4g}" if math.isnan(loss) or math.isinf(loss) else (
-        f"{loss:.4g}, above {bound:.4g} (a uniform guess's loss, ln {config.vocab} = {math.log(config.vocab):.2f}, "
-        f"plus {DIVERGED_NATS:g}{', plus aux_weight times the balance loss at its most' if balanced else ''})")
-    before = (f"after {last_loss:.4f} at step {last_step + 1}" if last_step is not None
-              else "at this run's first step")
-    smaller = f"{Config.lr:g} (the default)" if config.lr > Config.lr else f"{config.lr / 10:g}"
-    aux = f", or a smaller aux_weight than aux_weight = {config.aux_weight:g}" if balanced else ""
-    return (f"the loss diverged at step {step + 1} of {config.steps}: {what}, {before}; training stopped there on "
-            f"every rank; use a smaller learning rate, e.g. lr = {smaller} instead of lr = {config.lr:g}{aux}.")
 
 
 def _strategy(config: Config) -> tuple[str, dict[str, int], dict]:
@@ -442,33 +307,70 @@ def _groups(mesh: Mesh, axis: str, world_size: int) -> list[list[int]]:
 
 
 def _checkpoints(config: Config) -> dict:
-    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir`` (:mod:`coursekit.capstone.checkpoint`)."""
-    from . import checkpoint
+    """The loop's ``on_start``/``on_step`` for ``--checkpoint-dir`` (:mod:`coursekit.capstone.checkpoint`).
+
+    Before the first step, on every rank and agreed by all once every group is built
+    (:func:`~coursekit.capstone.checkpoint_dir.prepare`): the directory can hold a checkpoint of this model, and
+    a fresh run finds no other run's there; a ``--resume`` then checks the newest against this model. A refusal is
+    a :class:`~coursekit.capstone.checkpoint.CheckpointError` on every rank: :func:`run` returns its sentence.
+
+    A ``--resume`` with nothing left to train (the checkpoint at or past ``--steps``) trains nothing and says so
+    on rank 0, even with ``--quiet``. It is no error (exit status 0): the job is where it was asked to be, and a
+    finished job started again -- a scheduler's retry, ``torchrun --max-restarts``, its command run twice --
+    must not turn into a failure.
+    """
+    from . import checkpoint, checkpoint_dir
 
     every, held = config.checkpoint_every, {}
-    say = (lambda text: print(text, flush=True)) if dist.get_rank() == 0 and not config.quiet else (lambda text: None)
+    rank0 = dist.get_rank() == 0
+    say = (lambda text: print(text, flush=True)) if rank0 and not config.quiet else (lambda text: None)
+    model = {name: getattr(config, name) for name in checkpoint.MODEL_FIELDS}
 
     def on_start(runner) -> int:
         held["mesh"] = checkpoint.device_mesh(runner.mesh)  # torch's DeviceMesh of the same axes: built once
+        needed = checkpoint_dir.room_needed(runner.named_shards(), runner.optimizer, held["mesh"])
+        checkpoint_dir.prepare(config.checkpoint_dir, needed, config.resume, config.overwrite, say)
+        held["run"] = checkpoint_dir.new_run_id()  # a fresh run's; a resumed one keeps its checkpoint's
         if not config.resume:
             return 0
         for torn in checkpoint.incomplete(config.checkpoint_dir):
             say(f"ignoring {torn}: incomplete (the job stopped while saving it)")
         for part in checkpoint.unfinished(config.checkpoint_dir):
             say(f"ignoring {part}: not a complete checkpoint (no .metadata or meta.json)")
-        found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"])
+        found = checkpoint.load(config.checkpoint_dir, runner.named_shards(), runner.optimizer, held["mesh"], model)
         if found is None:
             say(f"no complete checkpoint in {config.checkpoint_dir}: starting at step 0")
             return 0
         step, path, meta = found
-        say(f"resuming from {path} (saved under {meta.get('layout', '?')} after {step} steps; now {config.layout})")
+        held["run"] = meta.get("run", held["run"])
+        say(f"resuming from {path} (saved under {meta.get('layout', '?')} after {step} steps; now {config.layout})"
+            + "".join(f"; {note}" for note in _resume_notes(meta, config)))
+        if step >= config.steps and rank0:
+            print(f"{path} is already at step {step} of --steps {config.steps}: nothing to train; raise --steps to "
+                  f"go on.", flush=True)
         return step
 
     def on_step(step, loss, seconds, runner) -> None:
         done = step + 1
         if done == config.steps or (every and done % every == 0):
             path = checkpoint.save(config.checkpoint_dir, done, runner.named_shards(), runner.optimizer, held["mesh"],
-                                   extra={"layout": config.layout, "loss": loss})
+                                   extra={"layout": replace(config, precision="fp32").layout, "loss": loss, "run": held["run"], "model": model,
+                                          "precision": config.precision, "seed": config.seed}, say=say)
             say(f"saved {path}")
 
-    return {"on_start": on_start, "on_step": on_step, "refusal": checkpoint.CheckpointError}
+    return {"on_start": on_start, "on_step": on_step, "refusal": (checkpoint.CheckpointError,)}
+
+
+def _resume_notes(meta: dict, config: Config) -> list[str]:
+    """What the log says of a checkpoint resumed under other settings than it was saved with (all allowed)."""
+    notes = []
+    if "format" not in meta:
+        notes.append("it records neither its model nor its files' checksums (an older coursekit saved it): only "
+                     "its tensors' names and shapes were checked")
+    then, now = meta.get("layout"), replace(config, precision="fp32").layout  # the layout alone, as save records it
+    if then is not None and then.replace(" bf16", "").replace(" fp16", "") != now:
+        notes.append(f"the layout differs, {then} then and {now} now: DCP reshards it")
+    if meta.get("precision", config.precision) != config.precision:
+        notes.append(f"the precision differs, {meta['precision']} then and {config.precision} now: the weights "
+                     f"and Adam's state are fp32 under both")
+    return notes
