@@ -180,15 +180,21 @@ def test_an_old_checkpoint_of_more_layers(saved, tmp_path, capfd):
              "which this run has not")
 
 
-def test_an_old_checkpoint_under_another_layout_and_precision_resumes_and_the_log_says_so(saved, tmp_path, capfd):
-    folder = _copy(saved, tmp_path)
-    _make_old(folder / "step-000002")
+def _resumed_in_bf16(folder, capfd, axis: str) -> tuple[str, str]:
+    """Resume ``folder``'s checkpoint on 2 ranks along ``axis`` in bf16 to step 3: what rank 0 printed, and its
+    "resuming from" line."""
     capfd.readouterr()
-    status = main(["--tp", "2", "--batch", "8", *TINY, "--precision", "bf16", "--checkpoint-dir", str(folder),
+    status = main([axis, "2", "--batch", "8", *TINY, "--precision", "bf16", "--checkpoint-dir", str(folder),
                    "--resume", "--steps", "3"])
     said = capfd.readouterr().out
     assert status == 0, said[-3000:]
-    line = next(line for line in said.splitlines() if "resuming from" in line)
+    return said, next(line for line in said.splitlines() if "resuming from" in line)
+
+
+def test_an_old_checkpoint_under_another_layout_and_precision_resumes_and_the_log_says_so(saved, tmp_path, capfd):
+    folder = _copy(saved, tmp_path)
+    _make_old(folder / "step-000002")
+    said, line = _resumed_in_bf16(folder, capfd, "--tp")
     assert "it records neither its model nor its files' checksums" in line, line
     assert "the layout differs, dp2 then and tp2 now" in line, line
     assert "step    3/3" in said
@@ -198,12 +204,7 @@ def test_an_old_checkpoint_under_another_layout_and_precision_resumes_and_the_lo
 
 def test_the_precision_differs_and_the_log_says_so(saved, tmp_path, capfd):
     folder = _copy(saved, tmp_path)
-    capfd.readouterr()
-    status = main(["--dp", "2", "--batch", "8", *TINY, "--precision", "bf16", "--checkpoint-dir", str(folder),
-                   "--resume", "--steps", "3"])
-    said = capfd.readouterr().out
-    assert status == 0, said[-3000:]
-    line = next(line for line in said.splitlines() if "resuming from" in line)
+    said, line = _resumed_in_bf16(folder, capfd, "--dp")
     assert "the precision differs, fp32 then and bf16 now" in line and "layout differs" not in line, line
     old = json.loads((folder / "step-000002" / "meta.json").read_text())
     new = json.loads((folder / "step-000003" / "meta.json").read_text())
