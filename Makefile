@@ -13,8 +13,7 @@ TORCHTITAN ?= torchtitan==0.3.0 spmd_types==0.2.3
 PYTEST_ARGS ?=
 # Three test workers on two cores: much of a test is waiting (a kernel starting, ranks
 # meeting, a browser drawing). Each file stays on one worker (loadfile): module fixtures
-# are built once, a notebook's nbval cells run in order in one kernel, and the browser
-# suite shares one JupyterLab. (So the papermill runs are three files, one per folder:
+# are built once, and the browser suite shares one JupyterLab. (So the papermill runs are three files, one per folder:
 # in one file they queued on one worker.) Serially:  make test XDIST=
 XDIST ?= -n 3 --dist loadfile --durations=25
 
@@ -56,20 +55,16 @@ browser-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-# nbval re-executes a notebook to compare outputs, so only those with cells marked for it. It skips the cells
-# tagged nbval-skip: long runs whose outputs no checked cell reads (papermill and the browser suite run them).
-NBVAL_NOTEBOOKS = $(shell grep -l -e nbval-check-output -e NBVAL_CHECK_OUTPUT notebooks/*.ipynb exercises/*.ipynb solutions/*.ipynb 2>/dev/null)
-
 # The code's shape: pyflakes' checks (pyproject.toml [tool.ruff]); the architecture (no import cycles, no private
 # names across modules, the layering) is tests/test_architecture.py, part of the pytest run.
 lint: install-test
 	$(VENV)/bin/ruff check --no-cache coursekit tests tools/*.py
 
-# One pytest run: the library's tests, papermill, the browser suite, and nbval on the
-# committed outputs (nbval's options only touch the notebooks it collects).
+# One pytest run: the library's tests, papermill, the browser suite. The papermill run of a notebook also
+# compares its cells tagged nbval-check-output with the committed outputs, as nbval does (tests/notebook_support.py):
+# a second run of every chapter by nbval cost ~150 s of the two cores for outputs this run prints anyway.
 test: install-test browser-deps lint
-	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests \
-		$(if $(NBVAL_NOTEBOOKS),--nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg $(NBVAL_NOTEBOOKS))
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) tests
 
 # On a machine with >= 2 GPUs: the collectives and every chapter's core (through the capstone) under NCCL
 # (tools/gpu_check.py, about 2 minutes); without GPUs it prints "skipped: no GPU" and exits 0.

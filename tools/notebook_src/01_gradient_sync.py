@@ -1,4 +1,4 @@
-# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5, "MODEL_RECORD_MAX_G": 16}
+# ci_parameters: {"SIZES_KIB": [4, 64, 1024], "REPEATS": 5}
 # %% [markdown]
 # # 01 · How GPUs share what they learn: naive, single master, ring all-reduce
 #

@@ -1,4 +1,4 @@
-# ci_parameters: {"STEPS": 2, "TIME_ITERS": 5, "WIDE_ITERS": 3}
+# ci_parameters: {"TIME_ITERS": 5, "WIDE_ITERS": 3}
 # %% [markdown]
 # # 05 · Tensor parallelism: one matrix multiplication on several GPUs
 #

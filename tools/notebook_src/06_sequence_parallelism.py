@@ -1,4 +1,4 @@
-# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "SEQ_LENGTHS": [128, 256, 512], "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32], "OVERLAP_SEQ": [512, 2048], "CAPACITY_MIB": 2}
+# ci_parameters: {"CHUNKS": [1, 4], "ACCURACY_STEPS": 20, "COPY_CHUNKS": [1, 2], "COPY_SEEDS": [0], "SWEEP_LENGTHS": [8, 16, 32], "OVERLAP_SEQ": [512, 2048]}
 # %% [markdown]
 # # 06 · Sequence parallelism: split the sequence, keep attention exact
 #

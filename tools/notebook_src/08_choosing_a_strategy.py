@@ -1,4 +1,4 @@
-# ci_parameters: {"TOP": 3, "TRACE_STEPS": 2, "MFU_STEPS": 3, "ROOFLINE_QUICK": true, "RECOMPUTE_SHAPE": {"batch": 2, "seq": 64, "d_model": 64, "n_heads": 4}}
+# ci_parameters: {"TRACE_STEPS": 2, "MFU_STEPS": 3, "ROOFLINE_QUICK": true, "RECOMPUTE_SHAPE": {"batch": 2, "seq": 64, "d_model": 64, "n_heads": 4}}
 # %% [markdown]
 # # 08 · Choosing a strategy: a memory and time model, and a planner
 #

@@ -1,4 +1,4 @@
-# ci_parameters: {"STEPS": 4, "EVERY_LAYOUT": false}
+# ci_parameters: {"STEPS": 4}
 # %% [markdown]
 # # 10 · The capstone: one trainer, any layout, under `torchrun`
 #
