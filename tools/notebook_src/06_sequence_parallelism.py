@@ -548,7 +548,7 @@ for seq in OVERLAP_SEQ:
     print(f"{seq:>5}   {seq // 2:>7}   {mean['forward'] * 1e3:6.2f} ms   {mean['transfer'] * 1e3:9.2f} ms   "
           f"{mean['waited'] * 1e3:16.2f} ms   {mean['hidden']:6.0%}")
 shortest, longest = min(shares), max(shares)
-print(f"this run: chunks of {longest} tokens hid {shares[longest]:.0%} of their transfers, chunks of {shortest} "
+print(f"chunks of {longest} tokens hid {shares[longest]:.0%} of their transfers, chunks of {shortest} "
       f"{shares[shortest]:.0%}")
 flops, nvlink, infiniband = 989e12, 450e9, 50e9  # assumed: H100 dense bf16 peak; NVLink and InfiniBand, each way
 print(f"\nH100 (assumed {flops / 1e12:.0f} TFLOP/s bf16), s = 2 bytes: L ≥ {2 * flops / (2 * nvlink):,.0f} tokens a "

@@ -420,8 +420,7 @@ for name, rate, tokens in (("course transformer", course_rate, inputs.numel()), 
 # cost and bytes, the cost model's step is 0.90× the course transformer's and 0.96× the wide MLP's.
 #
 # On this core, that is where its time holds. With two ranks it misses by more: the course's own loop and
-# hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it
-# (`python -m coursekit.bench costmodel`).
+# hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it.
 #
 # On GPUs the same arithmetic judges real runs. torchtitan reports Llama 3.1 8B on 8 H100s at 5,762 tokens a
 # second per GPU (bf16, FSDP, sequences of 8,192). Its 7.5 billion matmul weights, counted by hand, and the H100's

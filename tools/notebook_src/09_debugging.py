@@ -45,9 +45,6 @@ NAN_STEP = 2           # the step at which rank 1 reads a bad sample (§8)
 # %matplotlib inline
 import os
 import pickle
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -542,28 +539,7 @@ for rank, dump in enumerate(dumps):
 # %% [markdown]
 # Read across the ranks: rank 0 enqueued collective #2, an all-reduce of 4 elements at the line inside the `if`.
 # Rank 1's last is #1. The first sequence number one rank has and another lacks is the collective that not every
-# rank called: the same answer as §1's report. PyTorch's analyser for a folder of such dumps is
-# `python -m torch.distributed.flight_recorder.fr_trace`. On these gloo dumps, with this build:
-
-# %%
-with tempfile.TemporaryDirectory() as folder:
-    for rank, dump in enumerate(dumps):
-        with open(os.path.join(folder, f"trace_{rank}"), "wb") as file:
-            file.write(dump)
-    analyser = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder,
-                               "-p", "trace_"], capture_output=True, text=True, timeout=120)
-print("exit code", analyser.returncode, "| last line:", (analyser.stderr or analyser.stdout).strip().splitlines()[-1])
-
-# %% [markdown]
-# So the analyser does not read gloo's dumps on this build: its last line above is where it stopped. Reading the
-# dumps by hand, as above, works.
-#
-# <details><summary>Why the analyser stops, and what else the dumps hold</summary>
-#
-# The entries name their group `('0', 'default_pg')`, while `pg_config` lists it under the name `''`, as printed
-# above; the analyser looks the one up by the other. Other fields are of little use on gloo here: every entry's
-# `state` is `'scheduled'` and its start and end times are `None`, the one that never completed included.
-# </details>
+# rank called: the same answer as §1's report.
 #
 # ## What to remember
 #
