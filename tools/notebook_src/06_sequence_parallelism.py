@@ -638,8 +638,14 @@ for t in (2, 4):
           f"formula {megatron_sp_traffic(2, 31, 64, t)}")
 
 # %% [markdown]
-# Backward adds one all-gather per block: the column-parallel layer keeps only its rank's tokens and gathers them
-# again there. What each rank keeps for backward, on 32 tokens:
+# Backward adds two all-gathers per block, the third all-reduce's worth above. The column-parallel layers, qkv and
+# fc, keep only their rank's tokens, and gather them again for their weight gradients.
+#
+# One more all-reduce comes once a step, over the tensor group. The LayerNorms' weights are whole on every rank,
+# but each rank saw only its own tokens, so their gradients are summed. Megatron-LM does the same in
+# `finalize_model_grads`, and so does the course's trainer.
+#
+# What each rank keeps for backward, on 32 tokens:
 
 # %% tags=["nbval-check-output"]
 x32 = torch.randn(2, 32, 64, generator=gen)

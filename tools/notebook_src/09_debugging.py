@@ -9,7 +9,8 @@
 #
 # 1. the buggy program, a plain function launched with `coursekit.launch`;
 # 2. what plain `torch.distributed` says about it: gloo's own message, or silence until a
-#    [timeout](../docs/glossary.md#timeout), set short here so the cell ends; a real job's default is 30 minutes;
+#    [timeout](../docs/glossary.md#timeout), set short here so the cell ends. A real job's default is 30 minutes
+#    on gloo and 10 minutes on NCCL;
 # 3. what coursekit reports;
 # 4. how to read that report back to the bug.
 #
@@ -127,7 +128,8 @@ run_plain(only_rank_0_reduces)
 # **Plain gloo**: rank 1 returned its result. Rank 0 waited the whole timeout for a message that never came, then
 # raised `Timed out waiting 1000ms for recv operation to complete`. The error names a *recv*, though the program
 # never called recv: the all-reduce is built of sends and receives. It does not say which peer, nor why. With the
-# default timeout a real job sits there for 30 minutes first.
+# default timeout a real job sits there for 30 minutes first, gloo's default printed above. NCCL's default is 10
+# minutes (`init_process_group`'s documentation).
 #
 # **coursekit**, the same program:
 
