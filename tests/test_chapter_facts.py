@@ -111,3 +111,42 @@ def test_09_states_the_default_timeouts_torch_documents():
     text = prose("09_debugging")
     assert f"A real job's default is {other} minutes on gloo and {nccl} minutes on NCCL" in text
     assert f"NCCL's default is {nccl} minutes" in text
+
+
+# ------------------------------------------------------------------------------------------------ chapter 07
+def test_07_capacity_rounds_up_and_is_counted_on_each_ranks_tokens():
+    """The text and the glossary say C = ⌈factor · k · T / E⌉ with T one rank's tokens under expert parallelism.
+    Checked on the course's layer: 10 tokens a rank all routed to expert 0 of 4 at factor 1, k = 1, so
+    C = ⌈2.5⌉ = 3 from each of 2 ranks: expert 0's rank receives 6 rows. Planted, seen failing: math.floor in
+    keep_within_capacity (2 kept); the text's old 'at most C = factor · k · T / E'."""
+    from coursekit import comm
+    from coursekit.parallel.expert import ExpertParallelMoE, MoE
+
+    text = prose("07_expert_parallelism")
+    assert "C = ⌈factor · k · T / E⌉" in text and "T is one rank's tokens" in text
+    glossary = " ".join((ROOT / "docs" / "glossary.md").read_text(encoding="utf-8").split())
+    assert "⌈factor · k · T / E⌉" in glossary and "each rank counts its own capacity" in glossary
+
+    def received(rank, size):
+        moe = MoE(8, 16, n_experts=4, k=1, capacity_factor=1.0, seed=0)
+        moe.router.bias.copy_(torch.tensor([5.0, 0.0, 0.0, 0.0]))  # the routing bias: every token chooses expert 0
+        layer = ExpertParallelMoE(moe, None)
+        seen = []
+        layer.experts.register_forward_pre_hook(lambda module, args: seen.append(list(args[1])))
+        layer(torch.randn(10, 8, generator=torch.Generator().manual_seed(rank)))
+        return seen[0]
+
+    per_expert = comm.simulate(received, 2).results
+    assert per_expert[0][0] == 2 * 3, f"expert 0 received {per_expert[0][0]} rows; C = 3 from each of 2 ranks is 6"
+
+
+def test_07_names_torchtitans_default_router_as_the_installed_torchtitan_has_it():
+    """torchtitan's router defaults to DeepSeek-V3's sigmoid scores (``score_func``), read from the installed
+    package's source. Planted, seen failing: the old 'Its router is ours: softmax, top-k, ...'."""
+    import importlib.util
+
+    source = (Path(importlib.util.find_spec("torchtitan").origin).parent / "models" / "common" / "moe.py").read_text()
+    default = re.search(r'score_func: Literal\["softmax", "sigmoid"\] = "(\w+)"', source).group(1)
+    text = prose("07_expert_parallelism")
+    assert f'Its default is DeepSeek-V3\'s router instead (`score_func="{default}"`)' in text
+    assert "Each expert's score is a sigmoid of its own logit" in text and "divided by their sum" in text
