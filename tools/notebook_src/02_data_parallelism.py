@@ -252,7 +252,7 @@ print(f"\nhere, overlapping made the step {change} "
 #
 # On a GPU, NCCL's collectives run on a few of the GPU's cores while the links carry the data, so backward
 # stretches much less and hidden time is mostly saved. The naive version pays mostly for its *many small*
-# messages, one per gradient tensor. `python -m coursekit.bench data` measures all of this over more steps.
+# messages, one per gradient tensor.
 #
 # ## 4. Gradient accumulation: communicate once per step
 #
@@ -595,7 +595,7 @@ for g in range(1, MEMORY_RANKS + 1):
 # </details>
 
 # %% tags=["nbval-skip"]
-# Skipped by nbval (papermill runs it): its curves' bf16 and fp16 steps depend on the CPU's kernels.
+# The bf16 and fp16 curves' last bits depend on the CPU's kernels: another CPU draws them slightly differently.
 from coursekit.parallel.data import LossScaler
 CURVES = {"fp32": ("zero2", dict(precision="fp32")),
           "bf16, fp32 reduce": ("zero2", dict(precision="bf16")),
@@ -606,7 +606,7 @@ CURVES = {"fp32": ("zero2", dict(precision="fp32")),
           "FSDP2, bf16 (MixedPrecisionPolicy)": ("torch_fsdp", dict(precision="bf16"))}
 def precision_curves(rank, world_size):
     import warnings
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")   # torch's notes on hooks this run uses
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")   # torch's notes on the hooks used here
     warnings.filterwarnings("ignore", message="Full backward hook is firing")
     out = {}
     for label, (strategy, options) in CURVES.items():
@@ -633,8 +633,8 @@ fig.tight_layout()
 plt.show()
 
 # %% tags=["nbval-skip"]
-# Not compared by nbval: bf16's last bits depend on the CPU's kernels (this table's bf16 rows read 1.04 on a
-# machine with AVX-512 BF16, 1.06 on the one before).
+# bf16's last bits depend on the CPU's kernels: this table's bf16 rows read 1.04 on a machine with AVX-512 BF16,
+# 1.06 on one without.
 fsdp, ours = mp_curves["FSDP2, bf16 (MixedPrecisionPolicy)"][0], mp_curves["ZeRO-3, bf16"][0]
 print(f"{'':<36} {'last 10 steps':>13} {'skipped steps':>14} {'final scale':>12}")
 for label, (losses, skipped, scale) in mp_curves.items():
@@ -657,7 +657,7 @@ print(f"\nZeRO-3 bf16 against FSDP2 bf16: largest difference of a step's loss {m
 # them to fp16: count the elements that become 0 and those that become inf:
 
 # %% tags=["nbval-check-output"]
-# Compared by nbval on any CPU: the gradients are fp32, and rounding to fp16 is IEEE's, the same everywhere.
+# The same on any CPU: the gradients are fp32, and rounding to fp16 is IEEE's, the same everywhere.
 # (The nearest gradient to either threshold is 5e-5 of its value away; kernels differ in the 7th digit.)
 x, y = LanguageData(seed=0).batch(0, GLOBAL_BATCH)
 full = tiny_transformer(seed=0)
@@ -685,7 +685,7 @@ for scale in (1.0, 2.0 ** 8, 2.0 ** 16, 2.0 ** 24):
 # each pair on 2 ranks for `FP16_STEPS` steps, the scale started at 2²⁴ again:
 
 # %% tags=["nbval-skip"]
-# Not compared by nbval: which steps overflow in fp16 depends on the CPU's kernels (tests/ check the pairs).
+# Which steps overflow in fp16 depends on the CPU's kernels.
 FP16_PAIRS = [("bucketed", "torch_ddp"), ("zero3_units", "torch_fsdp")]
 
 
@@ -749,6 +749,9 @@ PAIRS = [("bucketed", "torch_ddp"), ("sharded_optimizer", "torch_zero1"), ("zero
 
 
 def side_by_side(rank, world_size):
+    import warnings
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing")
     config = dict(model="transformer", steps=PROOF_STEPS + 2, global_batch=9)
     buckets = {"bucket_cap_mb": 0.1}  # for the pairs that all-reduce buckets; ZeRO-3 gathers whole blocks instead
     return {name: train(rank, world_size, name, **config, **(buckets if pair[0] != "zero3_units" else {}))
@@ -782,7 +785,7 @@ for ours, theirs in PAIRS:
 # so the last bits differ. Measured at step 0, in fp32, for the course's two and PyTorch's two:
 
 # %% tags=["nbval-skip"]
-# Not compared by nbval: how many last bits differ depends on the CPU's matmul kernels.
+# How many last bits differ depends on the CPU's matmul kernels.
 BITWISE = ["bucketed", "torch_ddp", "zero3_units", "torch_fsdp"]
 
 

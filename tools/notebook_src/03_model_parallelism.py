@@ -325,8 +325,7 @@ for (g, by), sizes in cuts.items():
           + " ".join(f"{t:.2f}" for t in times))
 same = [g for g in MEMORY_RANKS if cuts[(g, "params")] == cuts[(g, "time")]]
 differ = [g for g in MEMORY_RANKS if g not in same]
-print(f"\nthis run: the two cuts agree on {same or 'no'} ranks" + (f" and differ on {differ}" if differ else "")
-      + (" (a cut both agree on was run once: its two rows are the same run)" if same else ""))
+print(f"\nthe two cuts agree on {same or 'no'} ranks" + (f" and differ on {differ}" if differ else ""))
 for g in differ:
     slowest = {by: max(stage_costs(by_time, cuts[(g, by)])) * 1e3 for by in ("params", "time")}
     ran = {by: max(run[3] for run in runs[(g, by)]) * 1e3 for by in ("params", "time")}

@@ -328,7 +328,7 @@ def extreme(values, pick):
 above = [name for name in bubble if bubble[name] > planned[name]]
 print(f"\nmeasured above planned: {', '.join(above) or 'none'}; smallest bubble: planned {extreme(planned, min)}, "
       f"measured {extreme(bubble, min)}; largest: planned {extreme(planned, max)}, measured {extreme(bubble, max)}")
-print(f"fastest step in this run: {extreme(step_ms, min)} ({min(step_ms.values()):.1f} ms); slowest: "
+print(f"fastest step: {extreme(step_ms, min)} ({min(step_ms.values()):.1f} ms); slowest: "
       f"{extreme(step_ms, max)} ({max(step_ms.values()):.1f} ms)")
 
 # %% [markdown]
@@ -392,7 +392,7 @@ for name, v in configs:
 # same micro-batches, and one process on the whole batch.
 
 # %% tags=["nbval-skip"]
-# Skipped by nbval with the two tables after it (papermill runs all three): timings, nothing nbval compares.
+# Timed on real ranks: the numbers differ from run to run.
 from coursekit.experiments import pipeline_sweep
 from coursekit.viz.pipeline_sweep import draw_sweep
 
@@ -413,7 +413,7 @@ for m, row in rows.items():
           f"{med / row['ideal']:>6.0%}   {row['bubble']:>7.1%} {row['bubble_formula']:>8.1%}")
 fastest = min(rows, key=lambda m: rows[m]["step"]["1f1b"])
 best = max(rows, key=lambda m: rows[m]["speedup_1f1b"][0])
-print(f"\nthis run: 1F1B's speed-up over the same work went " + " → ".join(
+print(f"\n1F1B's speed-up over the same work: " + " → ".join(
     f"{rows[m]['speedup_1f1b'][0]:.2f}×" for m in rows) + f" (m = {', '.join(map(str, rows))}), the largest at "
       f"m = {best}: {rows[best]['speedup_1f1b'][0] / rows[best]['ideal']:.0%} of its ideal")
 print(f"1F1B's fastest step at m = {fastest}; the one-process row grew from "
@@ -443,8 +443,6 @@ print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0
 # micro-batch's compute shrinks as 1/*m*, so at large *m* the waits for messages, not the fill and drain, are the
 # idle time, and the measured bubble levels off above the formula. Two cores computing at once can also each be
 # slower than one alone. The usual rule of thumb, m ≥ 4p, is where the formula's bubble is small.
-# `python -m coursekit.bench pipeline --check` holds the targets; `docs/benchmarks.md` says what this machine
-# meets.
 # </details>
 #
 # **GPipe's price is memory.** GPipe runs every forward before any backward, so it holds the activations of all
@@ -508,7 +506,7 @@ for label, sizes in cuts.items():
           f"({costs[0] / costs[1]:.2f}×); bubble planned with those times {bubbles[label][0]:.1%}, "
           f"measured {bubbles[label][1]:.1%}")
 (plan_a, meas_a), (plan_b, meas_b) = bubbles.values()
-print(f"this run: the uneven cut's bubble is {100 * (plan_a - plan_b):+.1f} points planned and "
+print(f"the uneven cut's bubble: {100 * (plan_a - plan_b):+.1f} points planned and "
       f"{100 * (meas_a - meas_b):+.1f} measured against the balanced cut's")
 
 # %% [markdown]

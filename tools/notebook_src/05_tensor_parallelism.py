@@ -555,14 +555,6 @@ step = {name: max(s.end for s in spans) - min(s.start for s in spans) for name, 
 for name in runs:
     print(f"{name:<6} parallelism: both ranks computing (not waiting) during {computing[name]:.0%} of the "
           f"passes; step {step[name] * 1e3:.1f} ms")
-print("(2 ranks on this machine's 2 cores, shared with other processes: times and the share vary run to run)")
-if computing["tensor"] > computing["model"]:
-    print(f"this run: tensor parallelism's ranks computed at the same moment during more of the passes than model "
-          f"parallelism's ({computing['tensor']:.0%} against {computing['model']:.0%})")
-else:
-    print(f"this run: tensor parallelism's ranks computed at the same moment during no more of the passes than "
-          f"model parallelism's ({computing['tensor']:.0%} against {computing['model']:.0%}): this run cannot show "
-          f"P10's simultaneous arithmetic")
 
 # %% [markdown]
 # Model parallelism is a chain: rank 1 waits for rank 0's activations, and rank 0 for rank 1's gradients.
@@ -586,12 +578,6 @@ print("variant           step (median)   speed-up over one process: median [lowe
 for v in VARIANTS:
     print(f"{v:<16} {statistics.median(slowest[v]) * 1e3:>9.0f} ms     "
           f"{statistics.median(speedup[v]):.2f}× [{speedup[v][0]:.2f}, {speedup[v][-1]:.2f}]")
-tp, mp = statistics.median(speedup["tensor parallel"]), statistics.median(speedup["model parallel"])
-if tp > mp:
-    print(f"this run: tensor parallelism is {tp:.2f}× one process and model parallelism {mp:.2f}×: "
-          f"on this model tensor parallelism is the faster, as P10 says")
-else:
-    print(f"this run: tensor parallelism {tp:.2f}×, model parallelism {mp:.2f}×: this run does not show P10")
 
 # %% [markdown]
 # **Takeaway:** where compute dominates, tensor parallelism runs about 1.7× faster than one process on 2 ranks,

@@ -548,7 +548,7 @@ for seq in OVERLAP_SEQ:
     print(f"{seq:>5}   {seq // 2:>7}   {mean['forward'] * 1e3:6.2f} ms   {mean['transfer'] * 1e3:9.2f} ms   "
           f"{mean['waited'] * 1e3:16.2f} ms   {mean['hidden']:6.0%}")
 shortest, longest = min(shares), max(shares)
-print(f"this run: chunks of {longest} tokens hid {shares[longest]:.0%} of their transfers, chunks of {shortest} "
+print(f"chunks of {longest} tokens hid {shares[longest]:.0%} of their transfers, chunks of {shortest} "
       f"{shares[shortest]:.0%}")
 flops, nvlink, infiniband = 989e12, 450e9, 50e9  # assumed: H100 dense bf16 peak; NVLink and InfiniBand, each way
 print(f"\nH100 (assumed {flops / 1e12:.0f} TFLOP/s bf16), s = 2 bytes: L ≥ {2 * flops / (2 * nvlink):,.0f} tokens a "
@@ -638,8 +638,14 @@ for t in (2, 4):
           f"formula {megatron_sp_traffic(2, 31, 64, t)}")
 
 # %% [markdown]
-# Backward adds one all-gather per block: the column-parallel layer keeps only its rank's tokens and gathers them
-# again there. What each rank keeps for backward, on 32 tokens:
+# Backward adds two all-gathers per block, the third all-reduce's worth above. The column-parallel layers, qkv and
+# fc, keep only their rank's tokens, and gather them again for their weight gradients.
+#
+# One more all-reduce comes once a step, over the tensor group. The LayerNorms' weights are whole on every rank,
+# but each rank saw only its own tokens, so their gradients are summed. Megatron-LM does the same in
+# `finalize_model_grads`, and so does the course's trainer.
+#
+# What each rank keeps for backward, on 32 tokens:
 
 # %% tags=["nbval-check-output"]
 x32 = torch.randn(2, 32, 64, generator=gen)

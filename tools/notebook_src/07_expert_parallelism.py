@@ -97,8 +97,9 @@ coursekit.show(load_balance_loss)
 # It is 1 when the load is even and E when one expert takes everything. Its gradient lowers the probability of
 # the busy experts.
 #
-# DeepSeek-V3 (2024) balances without a loss. After each step, every expert's routing **bias** moves a little
-# toward balance. The bias changes which experts are chosen, never their gates (see `Router.forward` above):
+# DeepSeek-V3 (2024) balances mostly without a loss: it keeps only a tiny balance loss per sequence, weighted
+# about 1e-4. After each step, every expert's routing **bias** moves a little toward balance. The bias changes
+# which experts are chosen, never their gates (see `Router.forward` above):
 
 # %%
 coursekit.show(nudge_bias)
@@ -134,9 +135,11 @@ draw_tokens_per_expert({name: runs[0].counts[0].tolist() for name, runs in balan
 # ## 3. A capacity limit drops what does not fit
 #
 # GShard and Switch give every expert a fixed **capacity**, set by a
-# **[capacity factor](../docs/glossary.md#capacity-factor)**: at most C = factor · k · T / E of a batch's T
-# tokens. Fixed sizes suit accelerators. An expert keeps the first C assignments it is given, first choices
-# before second choices; the rest are **dropped**. A dropped token skips the layer: its output is its input.
+# **[capacity factor](../docs/glossary.md#capacity-factor)**: at most C = ⌈factor · k · T / E⌉ of a batch's T
+# tokens, rounded up. Fixed sizes suit accelerators. An expert keeps the first C assignments it is given, first
+# choices before second choices; the rest are **dropped**. A dropped token skips the layer: its output is its input.
+# Under expert parallelism, T is one rank's tokens: each rank counts C for itself, as GShard's groups do, so an
+# expert may receive up to C rows from every rank.
 
 # %%
 coursekit.show(keep_within_capacity)
@@ -300,8 +303,11 @@ draw_ep_versus_tp(list(counted), {"EP counted": list(counted.values()), "EP form
 #
 # ## 7. The same layer in production: torchtitan
 #
-# PyTorch's own training stack, torchtitan, has a dropless MoE with expert parallelism. Its router is ours:
-# softmax, top-k, and a bias that chooses but never weighs, nudged from the all-reduced counts as in section 2.
+# PyTorch's own training stack, torchtitan, has a dropless MoE with expert parallelism. Set to a softmax, its
+# router is ours: top-k, and a bias that chooses but never weighs, nudged from the all-reduced counts as in
+# section 2. Its default is DeepSeek-V3's router instead (`score_func="sigmoid"`), which differs from ours in two
+# places. Each expert's score is a sigmoid of its own logit, not a softmax over all experts, and the bias is added
+# to those scores to choose the top k. Then the chosen scores are divided by their sum to give the gates.
 # Its dispatch exchanges counts, then rows, with `all_to_all_single`, as ours does. Two differences: its experts
 # are SwiGLU MLPs in bf16, and it has no capacity limit. So we hand it our GELU experts' math through its own
 # grouped matrix product, and give both layers the same weights and tokens on 2 ranks:

@@ -126,20 +126,22 @@ print(f"num_params(GPT-2 small) = {num_params(gpt2).total:,}; "
 # The paper prints 120, 31.4, 16.6 and 1.88 GB. The parameter count for the GPT shape with a tied head gives
 # GPT-2 small's published 124,439,808.
 #
-# Second, the **activations**, from Korthikanti et al. 2022, Table 2: sbh(34 + 5as/h) bytes a layer in 16 bits
-# with dropout. Tensor parallelism turns the 24 into 24/t; sequence parallelism divides the whole by t; selective
-# [recomputation](../docs/glossary.md#activation-recomputation) drops the 5as/h term of the attention scores. For GPT-3 175B at
-# s = 2,048, b = 1, tp = 8:
+# Second, the **activations**. Take a micro-batch of b sequences of s tokens, a hidden size h and a attention
+# heads. Korthikanti et al. 2022, Table 2, count sbh(34 + 5as/h) bytes a layer, in 16 bits with dropout; the
+# 5as/h term is the attention scores. Tensor parallelism over t GPUs divides 24 of the 34 and the scores' term:
+# sbh(10 + 24/t + 5as/(ht)). Sequence parallelism also splits the other 10, so the whole is divided by t.
+# Selective [recomputation](../docs/glossary.md#activation-recomputation) drops the scores' term. For GPT-3 175B
+# at s = 2,048 and b = 1:
 
 # %% tags=["nbval-check-output"]
 s, h, a = 2048, 12288, 96
-for label, kw in (("no parallelism", {}), ("tp 8", {"tp": 8}), ("tp 8 + sp", {"tp": 8, "sequence_parallel": True}),
+for label, kw in (("no parallelism", {}), ("tp 2", {"tp": 2}), ("tp 8", {"tp": 8}), ("tp 8 + sp", {"tp": 8, "sequence_parallel": True}),
                   ("tp 8 + sp, selective", {"tp": 8, "sequence_parallel": True, "recompute": "selective"})):
     per_layer = activation_bytes_per_layer(s, 1, h, a, **kw).total
     print(f"{label:<22} {per_layer / (s * h):6.2f} · sbh = {per_layer / 2**20:8.1f} MiB a layer")
 
 # %% [markdown]
-# These are Table 2's rows: 114, 23, 14.25 and 4.25.
+# The rows without parallelism and at t = 8 are Table 2's: 114, 23, 14.25 and 4.25.
 #
 # **Against this course's runs.** One training step of the course transformer on 2 ranks, in fp32 with Adam.
 # Chapter 02's four ZeRO stages are measured by the storage each allocated. Chapter 04's 1F1B pipeline on 2
@@ -420,8 +422,7 @@ for name, rate, tokens in (("course transformer", course_rate, inputs.numel()), 
 # cost and bytes, the cost model's step is 0.90× the course transformer's and 0.96× the wide MLP's.
 #
 # On this core, that is where its time holds. With two ranks it misses by more: the course's own loop and
-# hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it
-# (`python -m coursekit.bench costmodel`).
+# hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it.
 #
 # On GPUs the same arithmetic judges real runs. torchtitan reports Llama 3.1 8B on 8 H100s at 5,762 tokens a
 # second per GPU (bf16, FSDP, sequences of 8,192). Its 7.5 billion matmul weights, counted by hand, and the H100's
@@ -441,9 +442,12 @@ for mistake in MISTAKES:
     print(f"{mistake.name:<32}{factor:>28.2f}   {mistake.why}")
 
 # %% [markdown]
-# **Takeaway:** torchtitan's Llama run uses 33.7% of its GPUs' peak. Counting the embedding as work gives 1.27
-# times that, and the whole run's tokens against one GPU's peak 8.00 times: numbers that look better and mean
-# nothing.
+# **Takeaway:** torchtitan's Llama run uses 33.7% of its GPUs' peak. For GPT-2 small, counting the embedding as
+# work gives 1.27 times the true MFU, and the whole run's tokens against one GPU's peak 8.00 times: numbers that
+# look better and mean nothing.
+#
+# The embedding's factor depends on the model. Llama 3.1 8B's vocabulary matrix is a smaller share of its work,
+# so there the same mistake gives about 1.05.
 #
 # ## 7. Recomputation: memory bought with compute
 #
@@ -555,8 +559,8 @@ print()
 big_overlap = show(gpt3_13b, a100, 8, 64, dp_overlap=1.0)
 
 # %% [markdown]
-# **Takeaway:** for the 13B model, every layout that fits shards the model states: tensor parallelism inside
-# the node with ZeRO-1, or ZeRO-3 alone. Which is faster, the model cannot tell.
+# **Takeaway:** for the 13B model, plain data parallelism would need 592 GB a GPU. Every layout listed splits
+# the model states: by tensor parallelism, a pipeline, or ZeRO. Which is faster, the model cannot tell.
 #
 # The first ranking answers **P8**: "too large for one GPU → data + tensor parallelism combined". Granted that
 # the gradient collectives overlap the backward pass, `dp_overlap=1.0`, ZeRO-3 over all 8 GPUs comes first
@@ -582,6 +586,10 @@ print(f"Megatron-LM's shape, tp 8 × pp 16 × dp 8, 1F1B: {megatron.seconds:.2f}
 # pp is the axis whose traffic can cross InfiniBand, and tp stays inside a node. With the choices that came later,
 # such as ZeRO-1, context parallelism and ZB-H1's smaller bubble, the model prices a layout 10% faster than
 # Megatron-LM's, a margin near what it can tell apart.
+#
+# The planner's first layout has sp 4: at s = 2,048, 512 tokens a rank. That is below chapter 06's bound for the
+# ring to hide its transfers, L ≥ sF/(2B): 1,040 tokens on an A100 over NVLink at peak, 520 at the half of peak
+# the model assumes. The model does not count on hiding them: its price holds the ring's 551 ms in full.
 #
 # **Where pipelining pays, and where it does not (P7, P10).** For each scenario, the best layout with a pipeline
 # against the best without one:

@@ -9,7 +9,8 @@
 #
 # 1. the buggy program, a plain function launched with `coursekit.launch`;
 # 2. what plain `torch.distributed` says about it: gloo's own message, or silence until a
-#    [timeout](../docs/glossary.md#timeout), set short here so the cell ends; a real job's default is 30 minutes;
+#    [timeout](../docs/glossary.md#timeout), set short here so the cell ends. A real job's default is 30 minutes
+#    on gloo and 10 minutes on NCCL;
 # 3. what coursekit reports;
 # 4. how to read that report back to the bug.
 #
@@ -45,9 +46,6 @@ NAN_STEP = 2           # the step at which rank 1 reads a bad sample (§8)
 # %matplotlib inline
 import os
 import pickle
-import subprocess
-import sys
-import tempfile
 import time
 from datetime import timedelta
 
@@ -130,7 +128,8 @@ run_plain(only_rank_0_reduces)
 # **Plain gloo**: rank 1 returned its result. Rank 0 waited the whole timeout for a message that never came, then
 # raised `Timed out waiting 1000ms for recv operation to complete`. The error names a *recv*, though the program
 # never called recv: the all-reduce is built of sends and receives. It does not say which peer, nor why. With the
-# default timeout a real job sits there for 30 minutes first.
+# default timeout a real job sits there for 30 minutes first, gloo's default printed above. NCCL's default is 10
+# minutes (`init_process_group`'s documentation).
 #
 # **coursekit**, the same program:
 
@@ -542,28 +541,7 @@ for rank, dump in enumerate(dumps):
 # %% [markdown]
 # Read across the ranks: rank 0 enqueued collective #2, an all-reduce of 4 elements at the line inside the `if`.
 # Rank 1's last is #1. The first sequence number one rank has and another lacks is the collective that not every
-# rank called: the same answer as §1's report. PyTorch's analyser for a folder of such dumps is
-# `python -m torch.distributed.flight_recorder.fr_trace`. On these gloo dumps, with this build:
-
-# %%
-with tempfile.TemporaryDirectory() as folder:
-    for rank, dump in enumerate(dumps):
-        with open(os.path.join(folder, f"trace_{rank}"), "wb") as file:
-            file.write(dump)
-    analyser = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", folder,
-                               "-p", "trace_"], capture_output=True, text=True, timeout=120)
-print("exit code", analyser.returncode, "| last line:", (analyser.stderr or analyser.stdout).strip().splitlines()[-1])
-
-# %% [markdown]
-# So the analyser does not read gloo's dumps on this build: its last line above is where it stopped. Reading the
-# dumps by hand, as above, works.
-#
-# <details><summary>Why the analyser stops, and what else the dumps hold</summary>
-#
-# The entries name their group `('0', 'default_pg')`, while `pg_config` lists it under the name `''`, as printed
-# above; the analyser looks the one up by the other. Other fields are of little use on gloo here: every entry's
-# `state` is `'scheduled'` and its start and end times are `None`, the one that never completed included.
-# </details>
+# rank called: the same answer as §1's report.
 #
 # ## What to remember
 #

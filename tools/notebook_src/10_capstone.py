@@ -321,6 +321,6 @@ for name, measured, modeled in rows:
 #          -m coursekit.capstone --dp $((N * 8)) --experts 8 --ep 8 --top-k 2 --aux-weight 0.01
 # ```
 #
-# Two honest limits. This course was built on machines without a GPU, so the NCCL path has not run yet; `make
-# gpu-check` is the prepared check for whoever has one. And at this model's size every layout is slower than one
-# process: the layouts exist for models that do not fit one GPU.
+# At this model's size every layout is slower than one process: the layouts exist for models that do not fit one
+# GPU. On a machine with two or more GPUs, `make gpu-check` trains the layouts over NCCL and compares each with one
+# process.
