@@ -8,6 +8,10 @@ nothing: tensor and sequence parallelism's collectives sit on the critical path 
 pipeline's sends wait on the stage before; data parallelism's all-reduce *can* run during backward
 (PyTorch DDP's buckets, chapter 02), so ``dp_overlap`` is the one a learner will usually raise.
 
+On a hardware priced by shape (:meth:`~.config.Hardware.a100`) compute is its kernels' (:mod:`.kernels`), and the
+pipeline's bubble stretches each micro-batch's whole time -- its kernels and the tp, sp, ep and pipeline waits
+left exposed inside it -- once; the optimizer, after the flush, is outside the bubble.
+
     >>> gpt2, a100 = ModelConfig.gpt2_small(), Hardware()
     >>> t = step_time(gpt2, Layout(dp=8), a100, global_batch=64)
     >>> round(t.compute * 1e3, 1), round(t.exposed_communication * 1e3, 2), t.bubble
@@ -21,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .comm import PerAxis, communication_time
-from .compute import compute_time
+from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
 
 __all__ = ["TrainingStepTime", "step_time"]
@@ -80,4 +84,9 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     communication = communication_time(config, layout, hardware, global_batch // per_rank, bytes_per_element,
                                        **assumptions)
     exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share) for axis, share in overlaps.items()})
-    return TrainingStepTime(compute.compute, compute.bubble, communication, exposed)
+    # priced by shape, the bubble is (p - 1)/(v·m) of a micro-batch's *whole* time (Narayanan et al. 2021, section
+    # 2.2: of t_f + t_b): what each micro-batch waits for on tp, sp, ep and the pipeline's sends is stretched with
+    # its kernels. (One efficiency for the step is an end-to-end share, with these inside it: left as it was.)
+    f = bubble_fraction(layout) if hardware.by_shape else 0.0
+    inside = exposed.tp + exposed.sp + exposed.ep + exposed.pp
+    return TrainingStepTime(compute.compute, compute.bubble + inside * f / (1 - f), communication, exposed)
