@@ -42,7 +42,8 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   all-reduced between the first and the last stage (Megatron-LM's embedding group). Chapter 04. Each tp
   rank of a stage sends the whole ``b·s·h``, unless ``sequence_parallel`` has split it already (``b·s·h/t``)
   or ``scatter_gather`` is asked for (Narayanan et al. 2021's optimisation: ``b·s·h/t``, then a tp all-gather).
-* **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``) makes
+* **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``; with
+  grouped-query attention ``b·s/G·kv_width``, ``ModelConfig.kv_width``) makes
   ``G−1`` hops forward; backward ``G−1`` hops with their gradients beside them and one more for the
   gradients to reach their owner (:func:`coursekit.parallel.sequence.ring_traffic`); or DeepSpeed Ulysses
   (Jacobs et al. 2023): 4 all-to-alls forward (q, k, v in, the output back) and 4 backward, ``4(G−1)/G ·
@@ -170,14 +171,15 @@ def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float, scatter_gat
 
 def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gather_logits: bool) -> list[Collective]:
     G, m, L = layout.sp, layout.micro_batches, config.layers
-    block = b * config.seq_len / G * config.hidden / layout.tp      # this rank's K (or V, q, out)
+    block = b * config.seq_len / G * config.hidden / layout.tp      # this rank's q (or out)
+    kv = block * config.kv_width / config.hidden                     # its K (or V): kv_heads wide with GQA
     forwards = 2 if layout.recompute == "full" else 1
     if attention == "ring":
-        rows = [("send", 2 * block, (G - 1) * forwards * L * m, "K and V blocks around the ring, forward"),
-                ("send", 4 * block, (G - 1) * L * m, "K, V and their gradients around the ring, backward"),
-                ("send", 2 * block, L * m, "the K, V gradients' last hop to their owner")]
+        rows = [("send", 2 * kv, (G - 1) * forwards * L * m, "K and V blocks around the ring, forward"),
+                ("send", 4 * kv, (G - 1) * L * m, "K, V and their gradients around the ring, backward"),
+                ("send", 2 * kv, L * m, "the K, V gradients' last hop to their owner")]
     else:
-        rows = [("all_to_all", 3 * block, (forwards + 1) * L * m, "q, k, v: sequence-split to head-split"),
+        rows = [("all_to_all", block + 2 * kv, (forwards + 1) * L * m, "q, k, v: sequence-split to head-split"),
                 ("all_to_all", block, (forwards + 1) * L * m, "attention's output: head-split to sequence-split")]
     out = [Collective("sp", op, G, numel, count, what) for op, numel, count, what in rows]
     if gather_logits:

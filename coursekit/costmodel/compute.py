@@ -89,7 +89,7 @@ def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -
                  "full": 2 * (count.layers - count.experts) * tokens + attention_forward}[recompute]
         return Flops(6 * (count.total - count.experts) * tokens, 3 * attention_forward, extra,
                      2 * forwards * used * tokens)
-    layers = L * (12 * h * h + (13 if config.qkv_bias else 10) * h)
+    layers = num_params(config).layers          # L(12h² + 13h) for a GPT block
     extra = {"none": 0.0, "selective": attention_forward, "full": 2 * layers * tokens + attention_forward}[recompute]
     return Flops(6 * num_params(config).total * tokens, 3 * attention_forward, extra)
 

@@ -20,7 +20,7 @@ compute, the planner), so that each formula names its inputs the same way:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
 
@@ -31,7 +31,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")  # chapter 04's schedules
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-shaped decoder-only transformer: ``h`` = ``hidden``, ``L`` = ``layers``, ``a`` = ``heads``,
-    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions).
+    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions). Llama's shape too, with
+    ``kv_heads`` (grouped-query attention: K and V ``kv_heads·h/a`` wide), ``ffn_hidden`` and ``gated`` (SwiGLU's
+    three ``h × f`` matrices) and ``tied=False``: :attr:`layer_matrices` counts what they change.
 
     A mixture of experts when ``experts`` = ``E`` > 0 (0: dense): every block's MLP is a router (``E·h``
     weights, no bias) and ``E`` MLPs ``h -> f -> h`` (GELU, no biases: ``2hf`` each, ``f`` =
@@ -53,6 +55,9 @@ class ModelConfig:
     top_k: int = 1             # k: experts per token
     expert_hidden: int | None = None   # f: each expert's hidden size; None: 4h, the dense MLP's
     capacity_factor: float | None = None  # None: dropless
+    kv_heads: int | None = None  # grouped-query attention's key-value heads; None: as many as heads (GPT)
+    ffn_hidden: int | None = None  # the dense MLP's hidden size f; None: 4h
+    gated: bool = False          # a SwiGLU MLP (Shazeer 2020; Llama): three h×f matrices, not two
 
     def __post_init__(self):
         for field in ("vocab", "seq_len", "hidden", "layers", "heads", "top_k"):
@@ -66,11 +71,37 @@ class ModelConfig:
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"top_k = {self.top_k} experts per token, but only {self.experts} experts: use "
                              f"top_k <= experts.")
+        if self.kv_heads is not None and not (1 <= self.kv_heads <= self.heads and self.heads % self.kv_heads == 0):
+            raise ValueError(f"ModelConfig.kv_heads must divide heads = {self.heads} (1 to {self.heads}; None: "
+                             f"{self.heads}), got {self.kv_heads}.")
+        if self.ffn_hidden is not None and self.ffn_hidden < 1:
+            raise ValueError(f"ModelConfig.ffn_hidden must be >= 1, or None: 4h (got {self.ffn_hidden}).")
         if self.expert_hidden is not None and self.expert_hidden < 1:
             raise ValueError(f"ModelConfig.expert_hidden must be >= 1 (got {self.expert_hidden}).")
         if self.capacity_factor is not None and not (0 < self.capacity_factor < math.inf):
             raise ValueError(f"ModelConfig.capacity_factor must be a finite number > 0, or None: dropless "
                              f"(got {self.capacity_factor}).")
+
+    @property
+    def kv_width(self) -> int:
+        """K's (and V's) width: ``kv_heads`` heads of ``h/heads`` -- ``h`` without grouped-query attention."""
+        return (self.heads if self.kv_heads is None else self.kv_heads) * (self.hidden // self.heads)
+
+    @property
+    def ffn(self) -> int:
+        """``f``: the dense MLP's hidden size (``ffn_hidden``, or 4h)."""
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def layer_matrices(self) -> int:
+        """A dense block's matrix weights: q and o ``h²`` each, k and v ``h × kv_width`` each, the MLP ``2hf`` (``3hf``
+        gated) -- ``12h²`` for a GPT block.
+
+            >>> ModelConfig(128256, 8192, 4096, 32, 32, kv_heads=8, ffn_hidden=14336, gated=True).layer_matrices
+            218103808
+        """
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_width + (3 if self.gated else 2) * h * self.ffn
 
     @property
     def expert_ffn(self) -> int:
@@ -251,3 +282,16 @@ class Hardware:
             3.1698717948717947
         """
         return cls(flops=989e12, intra_bandwidth=450e9, bandwidth=50e9, name="H100 SXM 80 GB, 8 per node")
+
+    @classmethod
+    def h100_hbm2e(cls) -> "Hardware":
+        """The H100 torchtitan's Llama 3.1 8B benchmark ran on: 96 GB of HBM2e at 500 W, "between SXM and NVL" in
+        speed (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, its footnote 2). Its peak is not
+        published: torchtitan's MFU divides by the SXM's 989 TFLOP/s, and so does this description; links and
+        efficiency as :meth:`h100`'s. What differs is the memory, 96e9 bytes, which decides whether the published
+        layout fits (80 GB does not hold its FSDP-8 step).
+
+            >>> Hardware.h100_hbm2e().memory / Hardware.h100().memory
+            1.2
+        """
+        return replace(cls.h100(), memory=96e9, name="H100 96 GB HBM2e 500 W, 8 per node")

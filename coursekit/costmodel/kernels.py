@@ -18,7 +18,8 @@ A100 iterations (Table 5) the share each row needs runs from 0.50 (22B, each GPU
 The kernels of one layer, one micro-batch, on one rank (``T = b·s`` tokens, ``t`` = tp, ``h' = h/t`` with
 Megatron's sequence parallelism, else ``h``; 16-bit tensors, a dropout mask a byte an element)::
 
-    matmuls      qkv T×h×3h/t   proj T×(h/t)×h   fc1 T×h×4h/t   fc2 T×(4h/t)×h   QKᵀ, AV: b·a/t of s×d×s, s×s×d
+    matmuls      qkv T×h×3h/t   proj T×(h/t)×h   fc1 T×h×f/t   fc2 T×(f/t)×h   QKᵀ, AV: b·a/t of s×d×s, s×s×d
+                 (grouped-query attention: qkv T×h×(h + 2·kv_width)/t; SwiGLU: fc1 T×h×2f/t, f = ffn)
     forward      2 layer norms (read, write h'), softmax (read, write the scores), dropout (read, write, a mask),
                  2 bias-dropout-adds (read 2h', write h', a mask), bias-GELU (read, write 4h/t)
     backward     each matmul twice (the input's gradient, the weight's); the norms, softmax and GELU read what
@@ -107,10 +108,10 @@ class LayerSeconds:
 def layer_seconds(config: ModelConfig, layout: Layout, micro_batch: float, hardware: Hardware) -> LayerSeconds:
     """The kernels of one layer on one rank for one micro-batch of ``micro_batch`` sequences (module docstring)."""
     t, h, a, s = layout.tp, config.hidden, config.heads, config.seq_len / layout.sp
-    T, f, d = micro_batch * s, 4 * h, h // a
+    T, f, d, up = micro_batch * s, config.ffn, h // a, 2 if config.gated else 1
     norm = T * (h / t if layout.sequence_parallel else h)         # elements of a norm-region tensor
-    linear = [_gemm(T, h, 3 * h / t, hardware), _gemm(T, h / t, h, hardware), _gemm(T, h, f / t, hardware),
-              _gemm(T, f / t, h, hardware)]
+    linear = [_gemm(T, h, (h + 2 * config.kv_width) / t, hardware), _gemm(T, h / t, h, hardware),
+              _gemm(T, h, up * f / t, hardware), _gemm(T, f / t, h, hardware)]
     mem = lambda elements: memory_seconds(ITEM * elements, hardware)  # noqa: E731
     # the s×s part: each rank's queries against all s·sp keys (ring attention's blocks, one after another)
     scores = micro_batch * a / t * s * config.seq_len
@@ -123,8 +124,9 @@ def layer_seconds(config: ModelConfig, layout: Layout, micro_batch: float, hardw
         core = (qk[0] + av[0] + mem(2 * scores) + mem(2.5 * scores), qk[1] + av[1] + mem(3 * scores) + mem(2.5 * scores))
         core_mm = (qk[0] + av[0], qk[1] + av[1])
     # the table's elements a kernel moves, forward | backward: norm 2 | 3, bias-dropout-add 3.5 | 3.5, GELU 2 | 3
-    around = (2 * mem(2 * norm) + 2 * mem(3.5 * norm) + mem(2 * T * f / t),
-              2 * mem(3 * norm) + 2 * mem(3.5 * norm) + mem(3 * T * f / t))
+    # (SwiGLU reads two f-wide inputs: one more tensor each way)
+    around = (2 * mem(2 * norm) + 2 * mem(3.5 * norm) + mem((1 + up) * T * f / t),
+              2 * mem(3 * norm) + 2 * mem(3.5 * norm) + mem((2 + up) * T * f / t))
     linear_f, linear_b = sum(x for x, _ in linear), sum(x for _, x in linear)
     forward, backward = linear_f + core[0] + around[0], linear_b + core[1] + around[1]
     recompute = {"none": 0.0, "selective": core[0], "full": forward}[layout.recompute]
