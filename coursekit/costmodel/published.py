@@ -85,7 +85,8 @@ model's ``6N + 12·L·h·s`` (tests/test_costmodel_published.py recounts them):
   (NeMo's ``mcore_distributed_optim``, ``distributed_fused_adam``) ZeRO-1, over dp; CP as the course's ``sp``,
   ring attention (:func:`~.step.step_time`'s default), its gradients summed over the CP ranks on their own;
 * :meth:`~.config.Hardware.h100`: the SXM peak, 989 TFLOP/s. torchtitan's cards were 500 W HBM2e ones whose
-  peak lies "between SXM and NVL" (its footnote 2; NVL: 835 TFLOP/s): the prediction is for a full SXM card.
+  peak lies "between SXM and NVL" (its footnote 2; NVL: 835 TFLOP/s): :meth:`~.config.Hardware.h100_hbm2e`, their
+  96 GB, at the SXM's peak (what torchtitan's MFU divides by): the prediction is for a full SXM card's speed.
   NVIDIA's benchmarks divide by 989 TFLOP/s (their READMEs' MFU).
 
 **What the NeMo runs say.** All three are predicted low (0.80, 0.82, 0.83: within the band, not near 1): their
@@ -190,7 +191,7 @@ _N_8B, _N_405B = llama_matmul_params(4096, 32, 14336), llama_matmul_params(16384
 def _titan(tokens: float, mfu_: float, what: str) -> PublishedRun:
     # FSDP = ZeRO-3 over dp = 8 (one node, NVLink); no gradient accumulation: one micro-batch of 2 a rank
     return PublishedRun(f"torchtitan Llama 3.1 8B, FSDP 8, {what}", _8B,
-                        Layout(dp=8, zero=3, recompute="selective"), Hardware.h100(), 16, tokens, mfu_, _N_8B,
+                        Layout(dp=8, zero=3, recompute="selective"), Hardware.h100_hbm2e(), 16, tokens, mfu_, _N_8B,
                         _TORCHTITAN)
 
 
