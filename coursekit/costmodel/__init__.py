@@ -39,7 +39,7 @@ from .mfu import (MISTAKES, Mistake, attention_flops_per_token, flops_per_token,
                   matmul_params, mfu, model_flops_per_token)
 from .planner import (Candidate, Space, brute_force, check_layout, evaluate, layouts, lower_bound,
                       plan, ranking_key, states_fit)
-from .ties import model_error, ranking_error, ties
+from .ties import layout_pairs, margin, model_error, pair_errors, ranking_error, ties
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            # memory
@@ -63,4 +63,4 @@ __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES",
            "Candidate", "Space", "evaluate", "check_layout", "layouts", "lower_bound", "states_fit", "plan", "brute_force",
            "ranking_key",
            # how far its time can be trusted (against published runs)
-           "model_error", "ranking_error", "ties"]
+           "model_error", "ranking_error", "ties", "layout_pairs", "pair_errors", "margin"]
