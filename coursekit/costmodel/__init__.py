@@ -13,7 +13,8 @@ is described once, in :mod:`.config`:
   shape: matmuls at their size's share of peak, memory-bound kernels by bytes), :mod:`.overhead` (a CPU's per-op cost and
   memory-bound bytes, counted from the shape), :mod:`.mfu` (FLOPs per token, MFU and HFU, and
   the usual wrong answers), :mod:`.comm` (every collective of a step, its
-  bytes, and its time through chapter 01's network model), :mod:`.step` (:func:`step_time` for a layout);
+  bytes, and its time through chapter 01's network model), :mod:`.overlap` (what hides behind compute, derived),
+  :mod:`.step` (:func:`step_time` for a layout);
 * the planner -- :mod:`.planner` (:func:`evaluate` a layout, :func:`plan` the fastest that fit, checked against
   :func:`brute_force`), :mod:`.reasons` (each decision's one-line reason, from the numbers);
 * how far its time can be trusted -- :mod:`.published` (torchtitan's, Llama 3's and NVIDIA's NeMo runs on H100s, predicted),
