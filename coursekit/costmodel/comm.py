@@ -40,8 +40,10 @@ the embedding on the end stages -- :mod:`coursekit.costmodel.params` has the exa
   back; with ``v`` chunks per rank (interleaved) ``p·v − 1`` boundaries. Counted for the busiest stage (a
   middle one sends ``2v`` per micro-batch, the first and last ``2v − 1``), plus the tied embedding's gradient
   all-reduced between the first and the last stage (Megatron-LM's embedding group). Chapter 04. Each tp
-  rank of a stage sends the whole ``b·s·h`` (without Narayanan et al. 2021's scatter/gather optimisation).
-* **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``) makes
+  rank of a stage sends the whole ``b·s·h``, unless ``sequence_parallel`` has split it already (``b·s·h/t``)
+  or ``scatter_gather`` is asked for (Narayanan et al. 2021's optimisation: ``b·s·h/t``, then a tp all-gather).
+* **sp** -- ring attention (Liu et al. 2023): per layer each rank's K and V block (``b·s/G·h``; with
+  grouped-query attention ``b·s/G·kv_width``, ``ModelConfig.kv_width``) makes
   ``G−1`` hops forward; backward ``G−1`` hops with their gradients beside them and one more for the
   gradients to reach their owner (:func:`coursekit.parallel.sequence.ring_traffic`); or DeepSpeed Ulysses
   (Jacobs et al. 2023): 4 all-to-alls forward (q, k, v in, the output back) and 4 backward, ``4(G−1)/G ·
@@ -146,9 +148,11 @@ def _tensor(config: ModelConfig, layout: Layout, b: int, s: float, vocab_paralle
     return out
 
 
-def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float) -> list[Collective]:
+def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float, scatter_gather: bool) -> list[Collective]:
     p, v, m = layout.pp, layout.chunks, layout.micro_batches
     activation = b * s * config.hidden
+    if layout.sequence_parallel or scatter_gather:    # each tp rank sends its 1/t of the boundary's activation
+        activation /= layout.tp
     tied = config.vocab * config.hidden / layout.tp if config.tied else 0
 
     def load(r):  # (sends per micro-batch, tied elements) of stage r: forward unless last, backward unless first
@@ -156,6 +160,9 @@ def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float) -> list[Col
 
     sends, embedding = max((load(r) for r in range(p)), key=lambda x: x[0] * m * activation + x[1])
     out = [Collective("pp", "send", p, activation, sends * m, "activations forward, their gradients back")]
+    if scatter_gather and not layout.sequence_parallel and layout.tp > 1:   # made whole again inside the node
+        out.append(Collective("tp", "all_gather", layout.tp, activation * layout.tp, sends * m,
+                              "the pipeline's scattered activations (and gradients), gathered"))
     if embedding:
         out.append(Collective("pp", "all_reduce", 2, embedding, 1,
                               "the tied embedding's gradient, first and last stage"))
@@ -164,14 +171,15 @@ def _pipeline(config: ModelConfig, layout: Layout, b: int, s: float) -> list[Col
 
 def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gather_logits: bool) -> list[Collective]:
     G, m, L = layout.sp, layout.micro_batches, config.layers
-    block = b * config.seq_len / G * config.hidden / layout.tp      # this rank's K (or V, q, out)
+    block = b * config.seq_len / G * config.hidden / layout.tp      # this rank's q (or out)
+    kv = block * config.kv_width / config.hidden                     # its K (or V): kv_heads wide with GQA
     forwards = 2 if layout.recompute == "full" else 1
     if attention == "ring":
-        rows = [("send", 2 * block, (G - 1) * forwards * L * m, "K and V blocks around the ring, forward"),
-                ("send", 4 * block, (G - 1) * L * m, "K, V and their gradients around the ring, backward"),
-                ("send", 2 * block, L * m, "the K, V gradients' last hop to their owner")]
+        rows = [("send", 2 * kv, (G - 1) * forwards * L * m, "K and V blocks around the ring, forward"),
+                ("send", 4 * kv, (G - 1) * L * m, "K, V and their gradients around the ring, backward"),
+                ("send", 2 * kv, L * m, "the K, V gradients' last hop to their owner")]
     else:
-        rows = [("all_to_all", 3 * block, (forwards + 1) * L * m, "q, k, v: sequence-split to head-split"),
+        rows = [("all_to_all", block + 2 * kv, (forwards + 1) * L * m, "q, k, v: sequence-split to head-split"),
                 ("all_to_all", block, (forwards + 1) * L * m, "attention's output: head-split to sequence-split")]
     out = [Collective("sp", op, G, numel, count, what) for op, numel, count, what in rows]
     if gather_logits:
@@ -181,7 +189,7 @@ def _sequence(config: ModelConfig, layout: Layout, b: int, attention: str, gathe
 
 def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_len: int | None = None,
                      attention: str = "ring", gather_logits: bool = False, vocab_parallel_loss: bool = True,
-                     imbalance: float = 1.0, dp_calls: int = 1) -> tuple[Collective, ...]:
+                     imbalance: float = 1.0, dp_calls: int = 1, scatter_gather: bool = False) -> tuple[Collective, ...]:
     """Every collective one GPU takes part in during one training step (the module docstring says which).
 
     ``micro_batch``: samples per micro-batch on one data-parallel rank (``layout.micro_batches`` of them a
@@ -192,7 +200,10 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     (:func:`~.experts.expert_rows`), 1 for even routing; ``dp_calls``: the gradients' collectives issued in
     that many equal calls (1: one flat buffer, or buckets overlapped by the model's ``dp_overlap``; the course's
     ``"naive"`` all-reduces each parameter tensor: :func:`~.overhead.parameter_tensors`), the same bytes, ``dp_calls``
-    times the latency. An axis of degree 1 has no rows.
+    times the latency; ``scatter_gather``: each tp rank of a stage sends 1/t of the boundary's activation and
+    the next stage all-gathers it over tp (Narayanan et al. 2021, section 4.1, Megatron-LM's
+    ``scatter_gather_tensors_in_pipeline``; with ``sequence_parallel`` the activation is split already). An axis
+    of degree 1 has no rows.
     """
     if attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {ATTENTIONS} (got {attention!r}).")
@@ -211,7 +222,7 @@ def step_collectives(config: ModelConfig, layout: Layout, micro_batch: int, seq_
     if layout.tp > 1:
         rows += _tensor(stage, layout, micro_batch, tokens / layout.sp, vocab_parallel_loss)
     if layout.pp > 1:
-        rows += _pipeline(stage, layout, micro_batch, tokens / layout.sp)
+        rows += _pipeline(stage, layout, micro_batch, tokens / layout.sp, scatter_gather)
     if layout.sp > 1:
         rows += _sequence(stage, layout, micro_batch, attention, gather_logits)
         if layout.dp == 1 or layout.zero:           # else _data's one all-reduce over dp×sp sums them
@@ -274,14 +285,15 @@ def group_network(layout: Layout, hardware: Hardware, axes: tuple[str, ...]) -> 
                          f"(got {axes!r}).")
     stride = math.prod(degrees[a] for a in order[:first])
     G, k = math.prod(degrees[a] for a in fine), hardware.gpus_per_node
-    intra = Network(hardware.intra_bandwidth, hardware.intra_latency)
-    net = Network(hardware.bandwidth, hardware.latency)
+    # what a collective reaches of each link (Hardware.intra_efficiency, net_efficiency; 1 unless a preset says)
+    intra_bandwidth = hardware.intra_bandwidth * hardware.intra_efficiency
+    net_bandwidth = hardware.bandwidth * hardware.net_efficiency
     if stride * G <= k:
-        return intra, "intra"
+        return Network(intra_bandwidth, hardware.intra_latency), "intra"
     if stride >= k:
-        return net, "net"
-    return Network(hardware.bandwidth, hardware.latency, gpus_per_node=math.gcd(G, k // stride),
-                   intra_bandwidth=hardware.intra_bandwidth, intra_latency=hardware.intra_latency), "intra+net"
+        return Network(net_bandwidth, hardware.latency), "net"
+    return Network(net_bandwidth, hardware.latency, gpus_per_node=math.gcd(G, k // stride),
+                   intra_bandwidth=intra_bandwidth, intra_latency=hardware.intra_latency), "intra+net"
 
 
 def collective_seconds(row: Collective, network: Network, bytes_per_element: int = 2) -> float:
@@ -320,6 +332,7 @@ def communication_time(config: ModelConfig, layout: Layout, hardware: Hardware, 
             continue
         network, link = axis_network(layout, hardware, row.axis)
         if row.group != getattr(layout, row.axis):             # the tied embedding's pair: one link level
-            network = network if link != "intra+net" else Network(hardware.bandwidth, hardware.latency)
+            network = network if link != "intra+net" else Network(hardware.bandwidth * hardware.net_efficiency,
+                                                                    hardware.latency)
         seconds[row.axis] += collective_seconds(row, network, bytes_per_element)
     return PerAxis(**seconds)

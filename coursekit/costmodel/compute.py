@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from ..parallel.pipeline.planning import bubble_formula
 from .config import RECOMPUTE, Hardware, Layout, ModelConfig
 from .experts import expert_params, expert_rows
+from .kernels import kernel_time
 from .overhead import transformer_overhead
 from .params import num_params
 
@@ -88,7 +89,7 @@ def compute_flops(config: ModelConfig, tokens: float, recompute: str = "none") -
                  "full": 2 * (count.layers - count.experts) * tokens + attention_forward}[recompute]
         return Flops(6 * (count.total - count.experts) * tokens, 3 * attention_forward, extra,
                      2 * forwards * used * tokens)
-    layers = L * (12 * h * h + (13 if config.qkv_bias else 10) * h)
+    layers = num_params(config).layers          # L(12h² + 13h) for a GPT block
     extra = {"none": 0.0, "selective": attention_forward, "full": 2 * layers * tokens + attention_forward}[recompute]
     return Flops(6 * num_params(config).total * tokens, 3 * attention_forward, extra)
 
@@ -140,7 +141,18 @@ def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global
     and optimizer state of ``itemsize`` bytes, ``optimizer`` ``"adam"`` or ``"sgd"``): the micro-batches' part
     to ``compute`` and to what the bubble stretches, the optimizer's to ``compute`` only (it runs after the flush).
     A GPU preset has both off: the result is the FLOPs' alone, to the bit.
+
+    A hardware priced by shape (``hardware.by_shape``: :meth:`~.config.Hardware.a100`) and no ``efficiency`` given:
+    the busiest rank's kernels, each at its size's efficiency (:func:`~.kernels.kernel_time`), the optimizer
+    in ``compute``, the bubble ``f/(1 − f)`` of the micro-batches' part only.
     """
+    if hardware.by_shape and efficiency is None:
+        if config.experts:
+            raise ValueError(f"{config.name} is a mixture of experts: its kernels are not priced by shape here; pass "
+                             f"efficiency= (one share of peak) or a Hardware without a matmul_efficiency curve.")
+        kernels = kernel_time(config, layout, hardware, global_batch)
+        f = bubble_fraction(layout)
+        return ComputeTime(kernels.total, kernels.pipelined * f / (1 - f))
     reached = hardware.flops * (hardware.efficiency if efficiency is None else efficiency)
     flops = compute_flops(config, global_batch * config.seq_len, layout.recompute)
     total = flops.total
@@ -150,7 +162,7 @@ def compute_time(config: ModelConfig, layout: Layout, hardware: Hardware, global
         total += flops.experts * (rows.busiest / (config.top_k * tokens) - 1)
     compute = total / layout.gpus / reached
     f = bubble_fraction(layout)
-    if not hardware.op_overhead and math.isinf(hardware.memory_bandwidth):
+    if hardware.by_shape or (not hardware.op_overhead and math.isinf(hardware.memory_bandwidth)):
         return ComputeTime(compute, compute * f / (1 - f))
     pipelined, step = transformer_overhead(config, layout, global_batch, itemsize, optimizer).seconds(hardware)
     return ComputeTime(compute + pipelined + step, (compute + pipelined) * f / (1 - f))

@@ -20,7 +20,7 @@ compute, the planner), so that each formula names its inputs the same way:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
 
@@ -31,7 +31,9 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")  # chapter 04's schedules
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-shaped decoder-only transformer: ``h`` = ``hidden``, ``L`` = ``layers``, ``a`` = ``heads``,
-    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions).
+    ``v`` = ``vocab``, ``s`` = ``seq_len`` (also the number of learned positions). Llama's shape too, with
+    ``kv_heads`` (grouped-query attention: K and V ``kv_heads·h/a`` wide), ``ffn_hidden`` and ``gated`` (SwiGLU's
+    three ``h × f`` matrices) and ``tied=False``: :attr:`layer_matrices` counts what they change.
 
     A mixture of experts when ``experts`` = ``E`` > 0 (0: dense): every block's MLP is a router (``E·h``
     weights, no bias) and ``E`` MLPs ``h -> f -> h`` (GELU, no biases: ``2hf`` each, ``f`` =
@@ -53,6 +55,9 @@ class ModelConfig:
     top_k: int = 1             # k: experts per token
     expert_hidden: int | None = None   # f: each expert's hidden size; None: 4h, the dense MLP's
     capacity_factor: float | None = None  # None: dropless
+    kv_heads: int | None = None  # grouped-query attention's key-value heads; None: as many as heads (GPT)
+    ffn_hidden: int | None = None  # the dense MLP's hidden size f; None: 4h
+    gated: bool = False          # a SwiGLU MLP (Shazeer 2020; Llama): three h×f matrices, not two
 
     def __post_init__(self):
         for field in ("vocab", "seq_len", "hidden", "layers", "heads", "top_k"):
@@ -66,11 +71,37 @@ class ModelConfig:
         if self.experts and self.top_k > self.experts:
             raise ValueError(f"top_k = {self.top_k} experts per token, but only {self.experts} experts: use "
                              f"top_k <= experts.")
+        if self.kv_heads is not None and not (1 <= self.kv_heads <= self.heads and self.heads % self.kv_heads == 0):
+            raise ValueError(f"ModelConfig.kv_heads must divide heads = {self.heads} (1 to {self.heads}; None: "
+                             f"{self.heads}), got {self.kv_heads}.")
+        if self.ffn_hidden is not None and self.ffn_hidden < 1:
+            raise ValueError(f"ModelConfig.ffn_hidden must be >= 1, or None: 4h (got {self.ffn_hidden}).")
         if self.expert_hidden is not None and self.expert_hidden < 1:
             raise ValueError(f"ModelConfig.expert_hidden must be >= 1 (got {self.expert_hidden}).")
-        if self.capacity_factor is not None and self.capacity_factor <= 0:
-            raise ValueError(f"ModelConfig.capacity_factor must be > 0, or None: dropless "
+        if self.capacity_factor is not None and not (0 < self.capacity_factor < math.inf):
+            raise ValueError(f"ModelConfig.capacity_factor must be a finite number > 0, or None: dropless "
                              f"(got {self.capacity_factor}).")
+
+    @property
+    def kv_width(self) -> int:
+        """K's (and V's) width: ``kv_heads`` heads of ``h/heads`` -- ``h`` without grouped-query attention."""
+        return (self.heads if self.kv_heads is None else self.kv_heads) * (self.hidden // self.heads)
+
+    @property
+    def ffn(self) -> int:
+        """``f``: the dense MLP's hidden size (``ffn_hidden``, or 4h)."""
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def layer_matrices(self) -> int:
+        """A dense block's matrix weights: q and o ``h²`` each, k and v ``h × kv_width`` each, the MLP ``2hf`` (``3hf``
+        gated) -- ``12h²`` for a GPT block.
+
+            >>> ModelConfig(128256, 8192, 4096, 32, 32, kv_heads=8, ffn_hidden=14336, gated=True).layer_matrices
+            218103808
+        """
+        h = self.hidden
+        return 2 * h * h + 2 * h * self.kv_width + (3 if self.gated else 2) * h * self.ffn
 
     @property
     def expert_ffn(self) -> int:
@@ -162,24 +193,30 @@ class Layout:
 
 @dataclass(frozen=True)
 class Hardware:
-    """One GPU's memory (bytes) and dense 16-bit speed (FLOP/s, at ``efficiency`` of peak), and its links:
-    ``intra_*`` inside a node of ``gpus_per_node`` (NVLink), the others between nodes (bytes/s, seconds).
+    """One GPU's memory (bytes) and dense 16-bit speed (FLOP/s), and its links: ``intra_*`` inside a node of
+    ``gpus_per_node`` (NVLink), the others between nodes (bytes/s, seconds).
 
-    ``op_overhead`` (seconds an operation) and ``memory_bandwidth`` (bytes/s): what a step of *small* ops costs
-    beyond its matmuls' FLOPs -- every dispatched operation's fixed cost (Python, the autograd graph, the
-    dispatcher, a kernel launch) and the bytes of the memory-bound ones (norms, softmax, GELU, residual adds,
-    the optimizer's passes) at the memory's speed (:mod:`coursekit.costmodel.overhead`). Fitted by a probe on
-    a CPU (``python -m coursekit.bench costmodel``). For a GPU both are off (0 and infinity), and that is a
-    choice, not an omission: ``efficiency`` is the share of peak that published runs reach *with* their norms,
-    softmaxes and launches inside it (Narayanan et al. 2021: 44% of an A100's peak for GPT-3 175B, 52% at 1T), and a
-    GPU's kernel launches (a few µs each) are issued ahead of the kernels, hidden behind them once the layers
-    are thousands wide; pricing them again would count them twice. The published-GPU predictions are the
-    same, to the bit, as without these terms.
+    **How its compute is priced** -- two ways, chosen by ``matmul_efficiency``:
+
+    * empty (the plain ``Hardware()`` and a CPU fitted by ``python -m coursekit.bench costmodel``): every FLOP at
+      one share of peak, ``efficiency``, plus ``op_overhead`` (seconds an operation) and ``memory_bandwidth``
+      (bytes/s of the memory-bound ops) where they are set (:mod:`coursekit.costmodel.overhead`). On a GPU
+      preset of this kind ``efficiency`` 0.5 is Narayanan et al. 2021's *end-to-end* 44-52% of an A100's peak:
+      a whole step's share, bubble and communication inside it, which :func:`~.step.step_time` then adds again
+      -- a coarse model for the course's exercises, not for a cluster (issue 59).
+    * a curve (:meth:`a100`, :meth:`h100`, :meth:`h100_hbm2e`): each kernel priced by its shape
+      (:mod:`coursekit.costmodel.kernels`): a matmul of ``F`` FLOPs at ``flops`` × the efficiency of the largest
+      threshold ``≤ F`` in ``matmul_efficiency`` ((FLOPs, share) pairs, largest first), plus its inputs and
+      output through memory; every memory-bound kernel of ``B`` bytes at ``memory_bandwidth`` × the share in
+      ``memory_efficiency`` ((bytes, share) pairs); a fused flash-attention kernel, where the run uses one, at
+      ``attention_efficiency`` of peak. The efficiencies are a kernel's, so the bubble, the exposed
+      communication and the optimizer are priced once each, on top. Collectives move ``intra_efficiency``
+      and ``net_efficiency`` of the links' bandwidth.
     """
 
     memory: float = 80e9
     flops: float = 312e12           # A100's bf16 dense peak
-    efficiency: float = 0.5         # the share of peak a well-tuned step reaches
+    efficiency: float = 0.5         # one share of peak for every FLOP (without a matmul_efficiency curve)
     gpus_per_node: int = 8
     intra_bandwidth: float = 300e9  # A100 NVLink 3, per direction
     intra_latency: float = 5e-6
@@ -188,6 +225,49 @@ class Hardware:
     name: str = "A100 80 GB, 8 per node"
     op_overhead: float = 0.0        # seconds per dispatched op; 0: inside efficiency (docstring)
     memory_bandwidth: float = math.inf  # bytes/s of the memory-bound ops; inf: inside efficiency
+    matmul_efficiency: tuple[tuple[float, float], ...] = ()   # (FLOPs, share), largest first; (): efficiency
+    memory_efficiency: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # (bytes, share), largest first
+    attention_efficiency: float = 0.0   # a flash-attention kernel's share of peak; 0: none on this card
+    intra_efficiency: float = 1.0   # share of intra_bandwidth a collective reaches
+    net_efficiency: float = 1.0     # share of bandwidth a collective reaches
+
+    def __post_init__(self):
+        for field in ("flops", "efficiency", "intra_bandwidth", "bandwidth", "memory_bandwidth",
+                      "intra_efficiency", "net_efficiency"):
+            value = getattr(self, field)
+            if not value > 0:
+                raise ValueError(f"Hardware.{field} must be > 0 (got {value}): a speed or a share of one.")
+        for field in ("matmul_efficiency", "memory_efficiency"):
+            curve = getattr(self, field)
+            sizes = [size for size, _ in curve]
+            if sizes != sorted(sizes, reverse=True) or (curve and sizes[-1] != 0) or any(
+                    not 0 < share <= 1 for _, share in curve):
+                raise ValueError(f"Hardware.{field} is (size, share) pairs, sizes largest first down to 0, each "
+                                 f"share in (0, 1] (got {curve!r}).")
+        if not 0 <= self.attention_efficiency <= 1:
+            raise ValueError(f"Hardware.attention_efficiency is a share of peak in [0, 1], 0 for no flash kernel "
+                             f"(got {self.attention_efficiency}).")
+
+    @property
+    def by_shape(self) -> bool:
+        """Whether kernels are priced by their shape (a ``matmul_efficiency`` curve) or at one ``efficiency``."""
+        return bool(self.matmul_efficiency)
+
+    @classmethod
+    def a100(cls) -> "Hardware":
+        """An A100 SXM 80 GB, 8 to a node, priced kernel by kernel: Calculon's system description
+        (calculon-ai/calculon at caa4b11, systems/a100_80g.json -- the one its validation of Korthikanti et al.
+        2022's Table 5 runs on): matmuls at 0.95 of 312 TFLOP/s from 128 GFLOP up, 0.9 from 16, 0.6 from 1,
+        0.1 below; memory at 0.9 of its bandwidth from 100 MB up, 0.75 from 10, 0.6 from 1, 0.3 below; NVLink
+        collectives at 0.65 of 300 GB/s, InfiniBand at 0.9 of 25 GB/s. The bandwidth is NVIDIA's A100 80 GB
+        SXM datasheet's 2,039 GB/s (Calculon rounds it to 2,048).
+
+            >>> Hardware.a100().by_shape, Hardware().by_shape
+            (True, False)
+        """
+        return cls(memory_bandwidth=2039e9, matmul_efficiency=((128e9, 0.95), (16e9, 0.9), (1e9, 0.6), (0.0, 0.1)),
+                   memory_efficiency=((100e6, 0.9), (10e6, 0.75), (1e6, 0.6), (0.0, 0.3)),
+                   intra_efficiency=0.65, net_efficiency=0.9, name="A100 SXM 80 GB, 8 per node, priced by shape")
 
     @classmethod
     def h100(cls) -> "Hardware":
@@ -202,3 +282,16 @@ class Hardware:
             3.1698717948717947
         """
         return cls(flops=989e12, intra_bandwidth=450e9, bandwidth=50e9, name="H100 SXM 80 GB, 8 per node")
+
+    @classmethod
+    def h100_hbm2e(cls) -> "Hardware":
+        """The H100 torchtitan's Llama 3.1 8B benchmark ran on: 96 GB of HBM2e at 500 W, "between SXM and NVL" in
+        speed (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, its footnote 2). Its peak is not
+        published: torchtitan's MFU divides by the SXM's 989 TFLOP/s, and so does this description; links and
+        efficiency as :meth:`h100`'s. What differs is the memory, 96e9 bytes, which decides whether the published
+        layout fits (80 GB does not hold its FSDP-8 step).
+
+            >>> Hardware.h100_hbm2e().memory / Hardware.h100().memory
+            1.2
+        """
+        return replace(cls.h100(), memory=96e9, name="H100 96 GB HBM2e 500 W, 8 per node")

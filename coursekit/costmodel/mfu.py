@@ -63,7 +63,7 @@ def matmul_params(config: ModelConfig, experts: int | None = None) -> int:
         used = config.top_k if experts is None else experts
         layer = 4 * h * h + config.experts * h + used * 2 * h * config.expert_ffn
     else:
-        layer = 12 * h * h
+        layer = config.layer_matrices          # 12h² for a GPT block; Llama's GQA and SwiGLU otherwise
     return config.layers * layer + config.vocab * h
 
 

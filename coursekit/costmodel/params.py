@@ -75,7 +75,9 @@ def layer_params(config: ModelConfig, tp: int = 1, ep: int = 1) -> int:
         attention = _divide(4 * h * h + (3 * h if config.qkv_bias else 0), tp, "4h² (+ 3h) (attention's split part)")
         experts = _divide(config.experts // ep * expert_params(config), tp, "the experts' matrices (E/ep · 2hf)")
         return attention + experts + 5 * h + router_params(config)
-    split = 12 * h * h + 4 * h + (3 * h if config.qkv_bias else 0)   # qkv (bias), proj, fc (bias), out
+    # qkv (its bias), proj, fc (its bias: f, 2f gated), out; 12h² + 7h for a GPT block
+    qkv_bias = (config.hidden + 2 * config.kv_width) if config.qkv_bias else 0
+    split = config.layer_matrices + (2 if config.gated else 1) * config.ffn + qkv_bias
     return _divide(split, tp, "12h² + 7h (a layer's split part)") + 6 * h
 
 

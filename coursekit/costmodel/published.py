@@ -85,7 +85,8 @@ model's ``6N + 12·L·h·s`` (tests/test_costmodel_published.py recounts them):
   (NeMo's ``mcore_distributed_optim``, ``distributed_fused_adam``) ZeRO-1, over dp; CP as the course's ``sp``,
   ring attention (:func:`~.step.step_time`'s default), its gradients summed over the CP ranks on their own;
 * :meth:`~.config.Hardware.h100`: the SXM peak, 989 TFLOP/s. torchtitan's cards were 500 W HBM2e ones whose
-  peak lies "between SXM and NVL" (its footnote 2; NVL: 835 TFLOP/s): the prediction is for a full SXM card.
+  peak lies "between SXM and NVL" (its footnote 2; NVL: 835 TFLOP/s): :meth:`~.config.Hardware.h100_hbm2e`, their
+  96 GB, at the SXM's peak (what torchtitan's MFU divides by): the prediction is for a full SXM card's speed.
   NVIDIA's benchmarks divide by 989 TFLOP/s (their READMEs' MFU).
 
 **What the NeMo runs say.** All three are predicted low (0.80, 0.82, 0.83: within the band, not near 1): their
@@ -108,8 +109,8 @@ from .mfu import flops_per_token, mfu
 from .step import TrainingStepTime, step_time
 
 __all__ = ["PublishedRun", "Prediction", "RUNS", "ASSUMPTIONS", "TORCHTITAN_8B", "TORCHTITAN_8B_COMPILED",
-           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "NEMO_8B", "NEMO_8B_128", "NEMO_70B", "llama", "llama_matmul_params",
-           "predict"]
+           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "NEMO_8B", "NEMO_8B_128", "NEMO_70B", "KORTHIKANTI", "ALL_RUNS", "llama",
+           "llama_matmul_params", "predict"]
 
 # the same for every run (module docstring: why each)
 ASSUMPTIONS = {"dp_overlap": 1.0, "pp_overlap": 1.0, "tp_overlap": 0.0}
@@ -148,6 +149,7 @@ class PublishedRun:
     mfu: float
     matmul_params: int
     source: str
+    assumptions: tuple[tuple[str, object], ...] = ()   # over ASSUMPTIONS, for this run (how its software ran)
 
     @property
     def flops_per_token(self) -> float:
@@ -173,7 +175,8 @@ class Prediction:
 def predict(run: PublishedRun, **assumptions) -> Prediction:
     """Price ``run``'s step (:func:`step_time` with :data:`ASSUMPTIONS`, or ``assumptions`` over them) and turn it
     into tokens/s per GPU (``global_batch · s / step / gpus``) and MFU (:func:`mfu` on the real model's FLOPs)."""
-    step = step_time(run.config, run.layout, run.hardware, run.global_batch, **{**ASSUMPTIONS, **assumptions})
+    step = step_time(run.config, run.layout, run.hardware, run.global_batch,
+                     **{**ASSUMPTIONS, **dict(run.assumptions), **assumptions})
     gpus = run.layout.gpus
     tokens = run.global_batch * run.config.seq_len / step.total / gpus
     return Prediction(run, step, tokens, mfu(tokens * gpus, run.flops_per_token, run.hardware.flops, gpus))
@@ -190,7 +193,7 @@ _N_8B, _N_405B = llama_matmul_params(4096, 32, 14336), llama_matmul_params(16384
 def _titan(tokens: float, mfu_: float, what: str) -> PublishedRun:
     # FSDP = ZeRO-3 over dp = 8 (one node, NVLink); no gradient accumulation: one micro-batch of 2 a rank
     return PublishedRun(f"torchtitan Llama 3.1 8B, FSDP 8, {what}", _8B,
-                        Layout(dp=8, zero=3, recompute="selective"), Hardware.h100(), 16, tokens, mfu_, _N_8B,
+                        Layout(dp=8, zero=3, recompute="selective"), Hardware.h100_hbm2e(), 16, tokens, mfu_, _N_8B,
                         _TORCHTITAN)
 
 
@@ -237,3 +240,31 @@ NEMO_70B = _dgxc("70b", _70B, _N_70B, Layout(dp=2, tp=4, pp=4, sp=2, zero=1, sch
                                              micro_batches=64, chunks=5, sequence_parallel=True),
                  _H70, 128, 14.61, 71756, 0.5452)
 RUNS = (TORCHTITAN_8B, TORCHTITAN_8B_COMPILED, LLAMA3_405B_8K, LLAMA3_405B_16K, NEMO_8B, NEMO_8B_128, NEMO_70B)
+
+# Korthikanti et al. 2022 (arXiv:2205.05198), Table 3's models and layouts and Table 5's seconds an iteration, on
+# A100s priced by shape (Hardware.a100()): "full recompute" and "present work" (sequence parallelism + selective
+# recomputation). s = 2,048, V = 51,200, tp 8, micro-batches of 4 (22B) or 1; the interleaving depth, not printed,
+# is Calculon's for the same table (calculon-ai/calculon at caa4b11, validation/seqsel/tab5/*.json). Megatron-LM
+# then waited on its pipeline sends and scattered them over tp (Narayanan et al. 2021, section 4.1).
+_KORTHIKANTI = "Korthikanti et al. 2022 (arXiv:2205.05198), Tables 3 and 5: {name}, {mode}, {seconds} s an iteration"
+_TABLE_5 = (("22B", 64, 6144, 48, 1, 4, 4, 1, 1.42, 1.10), ("175B", 96, 12288, 96, 8, 64, 1, 3, 18.13, 13.75),
+            ("530B", 128, 20480, 105, 35, 280, 1, 3, 49.05, 37.83), ("1T", 160, 25600, 128, 64, 512, 1, 1, 94.42, 71.49))
+
+
+def _korthikanti(row: tuple, mode: str) -> PublishedRun:
+    name, heads, hidden, layers, pp, batch, micro, v, full, present = row
+    config = ModelConfig(51200, 2048, hidden, layers, heads, name=f"Megatron GPT {name}")
+    layout = Layout(tp=8, pp=pp, micro_batches=batch // micro, chunks=v, schedule="interleaved" if v > 1 else "1f1b",
+                    recompute=mode, sequence_parallel=mode == "selective")
+    seconds = full if mode == "full" else present
+    tokens = batch * 2048 / seconds / layout.gpus
+    n = layers * 12 * hidden * hidden + 51200 * hidden
+    label = "full recompute" if mode == "full" else "sequence parallelism + selective recomputation"
+    return PublishedRun(f"Korthikanti {name}, {label}", config, layout, Hardware.a100(), batch, tokens,
+                        tokens * flops_per_token(n, layers, hidden, 2048) / 312e12, n,
+                        _KORTHIKANTI.format(name=name, mode=label, seconds=seconds),
+                        (("pp_overlap", 0.0), ("scatter_gather", True)))
+
+
+KORTHIKANTI = tuple(_korthikanti(row, mode) for row in _TABLE_5 for mode in ("full", "selective"))
+ALL_RUNS = RUNS + KORTHIKANTI

@@ -8,6 +8,10 @@ nothing: tensor and sequence parallelism's collectives sit on the critical path 
 pipeline's sends wait on the stage before; data parallelism's all-reduce *can* run during backward
 (PyTorch DDP's buckets, chapter 02), so ``dp_overlap`` is the one a learner will usually raise.
 
+On a hardware priced by shape (:meth:`~.config.Hardware.a100`) compute is its kernels' (:mod:`.kernels`), and the
+pipeline's bubble stretches each micro-batch's whole time -- its kernels and the tp, sp, ep and pipeline waits
+left exposed inside it -- once; the optimizer, after the flush, is outside the bubble.
+
     >>> gpt2, a100 = ModelConfig.gpt2_small(), Hardware()
     >>> t = step_time(gpt2, Layout(dp=8), a100, global_batch=64)
     >>> round(t.compute * 1e3, 1), round(t.exposed_communication * 1e3, 2), t.bubble
@@ -21,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .comm import PerAxis, communication_time
-from .compute import compute_time
+from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
+from .overlap import shares
 
 __all__ = ["TrainingStepTime", "step_time"]
 
@@ -45,11 +50,27 @@ class TrainingStepTime:
     def total(self) -> float:
         return self.compute + self.bubble + self.exposed.total
 
+    @property
+    def hidden(self) -> PerAxis:
+        """Each axis's communication hidden behind compute: ``communication − exposed``."""
+        return PerAxis(**{axis: getattr(self.communication, axis) - getattr(self.exposed, axis)
+                          for axis in ("dp", "tp", "pp", "sp", "ep")})
+
+    def parts(self) -> list[str]:
+        """One line per part of the step, what each axis's traffic costs and how much of it is hidden."""
+        lines = [f"compute {self.compute:.3g} s", f"bubble {self.bubble:.3g} s"]
+        for axis in ("dp", "tp", "pp", "sp", "ep"):
+            if getattr(self.communication, axis):
+                lines.append(f"{axis}: {getattr(self.communication, axis):.3g} s of traffic, "
+                             f"{getattr(self.hidden, axis):.3g} s hidden, {getattr(self.exposed, axis):.3g} s exposed")
+        return lines + [f"total {self.total:.3g} s"]
+
 
 def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
               dp_overlap: float = 0.0, tp_overlap: float = 0.0, pp_overlap: float = 0.0, sp_overlap: float = 0.0,
               efficiency: float | None = None, bytes_per_element: int = 2, ep_overlap: float = 0.0,
-              optimizer: str = "adam", **assumptions) -> TrainingStepTime:
+              optimizer: str = "adam", overlap: str = "declared", tp_comm_overlap: bool = False,
+              async_p2p: bool = True, **assumptions) -> TrainingStepTime:
     """One step of ``global_batch`` sequences on ``layout``: the time half of "step time and memory for a layout".
 
     ``global_batch`` sequences of ``config.seq_len`` tokens are cut into ``dp`` slices of
@@ -62,7 +83,14 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     overlaps with another micro-batch's compute, ``--overlap-moe-expert-parallel-comm``). ``optimizer``
     (``"adam"``, ``"sgd"``) and ``bytes_per_element`` also size the per-op and memory-bound terms where the
     hardware has them (:mod:`~.overhead`: activations in that precision).
+
+    ``overlap="derived"``: the shares are not taken from the ``*_overlap`` arguments but derived from the step's
+    parts (:func:`~.overlap.shares`: dp hidden up to the compute it can run beside, tp exposed unless
+    ``tp_comm_overlap``, the pipeline's sends hidden when ``async_p2p``); :meth:`TrainingStepTime.parts` prints them.
     """
+    if overlap not in ("declared", "derived"):
+        raise ValueError(f"overlap is 'declared' (the *_overlap arguments) or 'derived' (from the step's parts); "
+                         f"got {overlap!r}.")
     overlaps = {"dp": dp_overlap, "tp": tp_overlap, "pp": pp_overlap, "sp": sp_overlap, "ep": ep_overlap}
     for axis, share in overlaps.items():
         if not 0.0 <= share <= 1.0:
@@ -79,5 +107,13 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
                            bytes_per_element, optimizer)
     communication = communication_time(config, layout, hardware, global_batch // per_rank, bytes_per_element,
                                        **assumptions)
+    if overlap == "derived":
+        stage_layers = -(-config.layers // layout.pp)
+        overlaps = shares(layout, communication, compute.compute, stage_layers, tp_comm_overlap, async_p2p)
     exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share) for axis, share in overlaps.items()})
-    return TrainingStepTime(compute.compute, compute.bubble, communication, exposed)
+    # priced by shape, the bubble is (p - 1)/(v·m) of a micro-batch's *whole* time (Narayanan et al. 2021, section
+    # 2.2: of t_f + t_b): what each micro-batch waits for on tp, sp, ep and the pipeline's sends is stretched with
+    # its kernels. (One efficiency for the step is an end-to-end share, with these inside it: left as it was.)
+    f = bubble_fraction(layout) if hardware.by_shape else 0.0
+    inside = exposed.tp + exposed.sp + exposed.ep + exposed.pp
+    return TrainingStepTime(compute.compute, compute.bubble + inside * f / (1 - f), communication, exposed)
