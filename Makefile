@@ -32,12 +32,13 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	touch $@
 
 # The test extra in the same pip run as the package (one resolution, one editable build): what a fresh
-# clone's make test installs. It satisfies `install` too.
+# clone's make test installs. It satisfies `install` too. --no-compile: pip would byte-compile every module of
+# every package (torch's alone took 18 of its 22 s here); Python compiles the few a test imports when it imports them.
 $(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet --no-compile "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
-	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e ".[test]"
-	$(PIP) install --quiet --no-deps $(TORCHTITAN)
+	$(PIP) install --quiet --no-compile -c $(VENV)/torch-pin.txt -e ".[test]"
+	$(PIP) install --quiet --no-compile --no-deps $(TORCHTITAN)
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

@@ -1,4 +1,4 @@
-# ci_parameters: {"TRAIN_STEPS": 40}
+# ci_parameters: {"TRAIN_STEPS": 16}
 # %% [markdown]
 # # 02 · Data parallelism: from gradient averaging to ZeRO sharding
 #
