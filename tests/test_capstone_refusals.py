@@ -24,7 +24,9 @@ Planted bugs, seen failing (each undone; the first message of ``pytest -x``):
 * ``with_flags`` not applied to a refused run's sentence -> "('--lr' not in the command line's flags) coursekit train:
   the loss diverged at step 3 of 4: 63.45, above 27.73 ..." (launch), "assert ....endswith('(command line: --lr)')"
   (torchrun);
-* ZeRO's ``compute_dtype`` left out of its counters -> "the log says compute_dtype None".
+* ZeRO's ``compute_dtype`` left out of its counters -> "the log says compute_dtype None";
+* ``--resume --overwrite`` left to the checkpoint directory's check (as it was: after launch) -> "Failed: ranks were
+  launched for Config(..., resume=True, overwrite=True, ...)".
 
 Found, not planted: under torchrun (``python -u``) print() writes a line's text and its newline apart, so two
 ranks saying their sentence at once can share a line; seen once here beside busy loops (load 17: "rank 1 did not
@@ -96,6 +98,8 @@ TABLE = [
     (["--experts", "-1"], "--experts", "experts = -1: use a whole number >= 0"),
     (["--experts", "4", "--top-k", "0"], "--top-k", "top_k = 0: use a whole number >= 1"),
     (["--experts", "4", "--top-k", "5"], "--top-k", "use a top_k of at most 4"),
+    (["--checkpoint-dir", "{tmp}/ckpt", "--resume", "--overwrite"], "--overwrite",
+     "resume = True with overwrite = True: resume goes on from the checkpoints, overwrite starts at step 0"),
     (["--log-json", "{tmp}/logs"], "--log-json", "is a folder: name a file to write the loss curve to"),
     (["--log-json", "{tmp}/a-file/log.json"], "--log-json", "is a file, not a folder"),
     (["--log-json", "/proc/coursekit/log.json"], "--log-json", "cannot be written: no file can be made in '/proc'"),
@@ -249,6 +253,18 @@ def test_a_diverged_loss_under_torchrun(tmp_path):
         said = any(line.startswith(f"coursekit train (rank {rank}): ") for line in lines)
         stopped = codes.get(rank) in ("143", "-15")  # torchrun's SIGTERM, through the rank's signal thread or not
         assert said or stopped, f"rank {rank} did not say the sentence:\n{err}"
+
+
+def test_a_run_past_its_timeout_is_one_sentence(capsys):
+    """Started by the command, ``--timeout`` is the whole run's deadline: past it, launch stops every rank and the
+    command says so in one sentence, exit 2 (1,000 steps cannot end in half a second). Planted bug, seen failing:
+    the ``except coursekit.LaunchTimeout`` removed -> "coursekit.launch.LaunchTimeout: ranks [0, 1] still running
+    after 0.5 s ..." raised through main()."""
+    status = main(["--dp", "2", "--steps", "1000", "--batch", "8", "--quiet", "--timeout", "0.5"])
+    err = capsys.readouterr().err
+    assert status == 2, err
+    line = _one_sentence(err, "--timeout", "ranks [0, 1] were still running after timeout = 0.5 s")
+    assert "use a larger timeout" in line, line
 
 
 def test_zero2_logs_the_dtype_it_computed_in(tmp_path, capsys):

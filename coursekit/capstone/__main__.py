@@ -104,7 +104,8 @@ def parse(argv: list[str] | None = None) -> Config:
                       help="without --resume: start at step 0 in a --checkpoint-dir that holds another run's "
                            "checkpoints, setting them aside (renamed, never deleted)")
     run_.add_argument("--quiet", action="store_true", help="no line per step")
-    run_.add_argument("--timeout", type=float, default=d.timeout, help="seconds a rank waits for another")
+    run_.add_argument("--timeout", type=float, default=d.timeout, help="under torchrun, seconds a rank waits for another; started by this command, "
+                      "the whole run's deadline (default 300)")
     model = p.add_argument_group("model (the course transformer)")
     model.add_argument("--layers", type=int, default=d.layers)
     model.add_argument("--d-model", type=int, default=d.d_model)
@@ -235,6 +236,15 @@ def _store_of_this_attempt(world: int, timeout: timedelta):
     return dist.PrefixStore(f"attempt{attempt}/", shared)
 
 
+def _too_late(late) -> str:
+    """A :class:`~coursekit.launch.LaunchTimeout` in one sentence: which ranks, what each was doing, what to try."""
+    doing = sorted({re.sub(r"\s*\((.*)\)$", r", \1", note.split(";")[0].strip())
+                    for note in late.waiting.values() if note})   # "busy (not inside ...)" -> "busy, not inside ..."
+    return with_flags(f"ranks {late.ranks} were still running after timeout = {late.timeout:g} s"
+                      f"{' (' + '; '.join(doing) + ')' if doing else ''} and were stopped: if the run is just slow, "
+                      f"use a larger timeout (seconds for the whole run)")
+
+
 def main(argv: list[str] | None = None) -> int:
     config = parse(argv)
     if in_torchrun():
@@ -251,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # launch stopped every rank before raising it (coursekit.launch.interrupts)
         print(_stopped(signal.SIGINT, config), file=sys.stderr)
         return 128 + signal.SIGINT
+    except coursekit.LaunchTimeout as late:  # launch stopped every rank before raising it
+        print(f"coursekit train: {_too_late(late)}", file=sys.stderr)
+        return 2
     if "refused" in results[0]:
         print(f"coursekit train: {with_flags(results[0]['refused'])}", file=sys.stderr)
         return 2

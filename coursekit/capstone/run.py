@@ -118,7 +118,8 @@ def check(config: Config, world_size: int | None = None) -> None:
                     "aux_weight": config.aux_weight, "bias_rate": config.bias_rate,
                     "checkpoint_dir": config.checkpoint_dir, "resume": config.resume, "heads": config.heads,
                     "layers": config.layers, "vocab": config.vocab, "seq_len": config.seq_len, "lr": config.lr,
-                    "seed": config.seed, "timeout": config.timeout, "log": config.log}
+                    "seed": config.seed, "timeout": config.timeout, "log": config.log,
+                    "overwrite": config.overwrite}
         raise refuse(refusal, settings, world, fits, free=world_size is None, rename=FIELDS)
 
 
@@ -161,6 +162,9 @@ def _problem(config: Config, world_size: int) -> Refusal | None:
                        ({"zero": 0},), example=False)
     if config.resume and not config.checkpoint_dir:
         return Refusal("resume = True needs checkpoint_dir (where to find the checkpoint)", None)
+    if config.resume and config.overwrite:  # before launch, so that no rank starts to find it out
+        return Refusal("resume = True with overwrite = True: resume goes on from the checkpoints, overwrite starts "
+                       "at step 0 and sets them aside; choose one", None)
     return None
 
 
