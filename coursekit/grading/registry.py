@@ -54,12 +54,14 @@ class Check:
     hidden: bool = False
     timeout: float = 30.0
     description: str = ""
+    requires: tuple[str, ...] = ()  # the checks of the answer this one measures a property of (see report.credited)
 
 
 _REGISTRY: dict[str, list[Check]] = {}
 
 
-def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None):
+def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None,
+          requires: tuple[str, ...] = ()):
     """Register ``fn(submission, ctx)`` as a check of ``exercise``, worth ``points``.
 
     It passes by returning (optionally a fraction in [0, 1]), fails by raising
@@ -67,9 +69,14 @@ def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float
     notebook does not show. ``timeout`` bounds each ``ctx.launch``. A check is
     known by its name: registering the same name again (re-running a notebook
     cell, reloading a module) replaces it where it stands.
+
+    ``requires`` makes it a *property* of the answer those checks judge (its traffic, its edge cases, its
+    hidden variants): it earns nothing unless each of them earns full marks (:func:`~.report.credited`, the
+    one crediting rule of every exercise).
     """
     def register(fn: Callable) -> Callable:
-        new = Check(exercise, name or fn.__name__, points, fn, hidden, timeout, (fn.__doc__ or "").strip())
+        new = Check(exercise, name or fn.__name__, points, fn, hidden, timeout, (fn.__doc__ or "").strip(),
+                    tuple(requires))
         checks = _REGISTRY.setdefault(exercise, [])
         for index, old in enumerate(checks):
             if old.name == new.name:

@@ -35,9 +35,12 @@ from ..collectives import owned_segment, ring_traffic, segment_bounds
 from .registry import check
 from .ring_judge import all_gather_start, judge_all_gather, judge_reduce_scatter, ring_input, ring_sum, shape_problems
 from .ring_schedule import AG, RS, diagnose
-from .scoring import CheckFailed, partial_credit
+from .ring_subgroup import subgroup_case
+from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 EXERCISE = "01_ring_allreduce"  # registered in registry.EXERCISES, the one place exercises are named
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("reduce_scatter_correct", "all_gather_correct")
 F32 = torch.float32
 # (world size, length) of the all-gather cases whose segment is passed as a copy, not as the view of out that
 # reduce_scatter returns: the notebook asks all_gather to put it in place unless it already is that view.
@@ -208,7 +211,7 @@ def _not_ring_shaped(world_size: int, numel: int, results: list, what: str) -> N
                           f"This check counts only for the ring's traffic")
 
 
-@check(EXERCISE, points=1)
+@check(EXERCISE, points=1, requires=ANSWER)
 def all_reduce_bit_identical(submission, ctx):
     """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001).
 
@@ -252,7 +255,7 @@ def _traffic_problems(world_size: int, numel: int, traffic: comm.Traffic) -> lis
     return problems
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def ring_traffic_pattern(submission, ctx):
     """Only neighbours talk, one segment per message, 2·(G−1)·N elements spread evenly (G = 3 and 4).
 
@@ -272,7 +275,7 @@ def ring_traffic_pattern(submission, ctx):
         raise CheckFailed("\n".join(problems))
 
 
-@check(EXERCISE, points=1)
+@check(EXERCISE, points=1, requires=ANSWER)
 def only_point_to_point(submission, ctx):
     """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4).
 
@@ -287,15 +290,25 @@ def only_point_to_point(submission, ctx):
     _not_ring_shaped(world_size, numel, results, "point-to-point through coursekit.comm")
 
 
-@check(EXERCISE, points=1, hidden=True)
+@check(EXERCISE, points=1, hidden=True, requires=ANSWER)
 def edge_cases(submission, ctx):
     """Lengths shorter than the world size, zero, and a world of one rank."""
     return _score(submission, ctx, {RS: [(4, [(2, F32), (0, F32)]), (1, [(5, F32)])],
                                     AG: [(4, [(3, F32), (0, F32)]), (1, [(5, F32)])]})
 
 
-@check(EXERCISE, points=2, hidden=True)
+@check(EXERCISE, points=2, hidden=True, requires=ANSWER)
 def hidden_variants(submission, ctx):
-    """World sizes and lengths the notebook does not show, float64 and float16 too."""
+    """World sizes and lengths the notebook does not show, float64 and float16 too, and a ring over each tp group
+    of a 2 × 2 mesh (``group=``: the neighbours' global ranks are not their ranks within the group)."""
     plan = [(5, [(1001, torch.float64), (5, F32)]), (6, [(50, F32)]), (3, [(7, torch.float16)])]
-    return _score(submission, ctx, {RS: plan, AG: plan})
+    try:  # half the points: the sizes and dtypes, case by case
+        _score(submission, ctx, {RS: plan, AG: plan})
+    except (NotDone, Deadlocked):
+        raise
+    except CheckFailed as failed:
+        raise CheckFailed(f"{failed}\n(the other half, a ring over a tp sub-group, is judged once these cases are "
+                          f"right)", failed.fraction / 2) from None
+    problem = subgroup_case(ctx, submission)  # the other half: real ranks, the group's own numbering
+    if problem:
+        raise CheckFailed(problem, fraction=0.5)

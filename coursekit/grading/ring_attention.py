@@ -56,6 +56,8 @@ from .ring_attention_work import not_blockwise
 from .scoring import CheckFailed, NotDone, partial_credit
 
 EXERCISE = "06_ring_attention"
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("merge_exact", "ring_equals_full_attention", "causal_masking", "key_value_gradients")
 SIZES = (2, 3, 4)
 
 
@@ -245,7 +247,7 @@ def key_value_gradients(submission, ctx):
                           [_key_value_gradients(ctx, submission, g, c) for g, c in preconditions])
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def traffic_pattern(submission, ctx):
     """Only neighbours: every message to rank r+1; each rank sends each key and value block once per step."""
     outcomes = []
