@@ -47,6 +47,8 @@ from .registry import check
 from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 EXERCISE = "07_dispatch_combine"
+# said when gloo aborts a rank whose receive did not fit: the rows' counts, not a ring's segments
+LENGTH_HINT = "each receive must hold the rows its sender sends: exchange the counts first and size it from them"
 # The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
 ANSWER = ("dispatch_rows", "outputs_equal_one_process", "skewed_routing", "gradients_equal_one_process")
 INSTEAD = ("send the rows with all_to_all from coursekit.parallel.sequence.comm (counted), the counts inside "

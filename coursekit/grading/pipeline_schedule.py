@@ -48,7 +48,7 @@ from fractions import Fraction
 from ..answers import AnswerHeldBack, held_back
 from ..parallel.pipeline import Schedule, ScheduleError, one_f_one_b, plan, validate
 from .registry import check
-from .scoring import CheckFailed, NotDone, partial_credit
+from .scoring import CheckFailed, NotDone, partial_credit, tails_said_once
 
 EXERCISE = "04_pipeline_schedule"
 # The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
@@ -125,8 +125,8 @@ def _score(outcomes: list[tuple[bool, str | None]], lead: str | None = None) -> 
         lines = str(failed).splitlines()
         more = f"\n(and {len(lines) - SHOWN} more case{'s' if len(lines) - SHOWN > 1 else ''})" \
             if len(lines) > SHOWN else ""
-        raise CheckFailed("\n".join(([lead] if lead else []) + lines[:SHOWN]) + more, fraction=failed.fraction) \
-            from None
+        shown = tails_said_once(lines[:SHOWN])  # a long explanation the cases share, said once
+        raise CheckFailed("\n".join(([lead] if lead else []) + shown) + more, fraction=failed.fraction) from None
 
 
 def _judged(submission, ctx, cases, precondition, judge=None, slack: int = SLACK,

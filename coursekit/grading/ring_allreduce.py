@@ -45,6 +45,8 @@ F32 = torch.float32
 # (world size, length) of the all-gather cases whose segment is passed as a copy, not as the view of out that
 # reduce_scatter returns: the notebook asks all_gather to put it in place unless it already is that view.
 AS_COPY = {(3, 10)}
+BOTH = "reduce_scatter then all_gather"  # how the cases that run both phases are named
+LENGTH_HINT = "which segment does each step send, and which does it receive?"  # said when gloo aborts a rank
 
 
 # ----------------------------------------------------------------------------- what runs on each rank
@@ -99,10 +101,17 @@ def _random_all_reduce(rank, world_size, reduce_scatter, all_gather, numel):
 
 
 # ----------------------------------------------------------------------------- scoring many cases
-def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge):
+def _label(name: str, world_size: int, cases) -> str:
+    """The case a deadlock is said in: ``reduce_scatter, world size 4, lengths 16 and 10``."""
+    lengths = [str(n) for n, _ in cases]
+    said = f"length {lengths[0]}" if len(lengths) == 1 else f"lengths {', '.join(lengths[:-1])} and {lengths[-1]}"
+    return f"{name}, world size {world_size}, {said}"
+
+
+def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge, name):
     """All cases in one run; if that crashes, one run per case, so a crash costs only its case.
 
-    Yields ``(numel, outcome)``: None when right, else what went wrong.
+    Yields ``(numel, outcome)``: None when right, else what went wrong. ``name``: the learner's function run.
     """
     def judged(chosen, results):
         return [judge(world_size, n, d, [r[i] for r in results]) for i, (n, d) in enumerate(chosen)]
@@ -110,12 +119,14 @@ def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge):
     def accept(chosen):
         return lambda results: not any(judged(chosen, results))
 
-    results = ctx.run_case(rank_fn, world_size, learner_fn, cases, accept=accept(cases))
+    results = ctx.run_case(rank_fn, world_size, learner_fn, cases, accept=accept(cases),
+                           case=_label(name, world_size, cases))
     if not isinstance(results, CheckFailed):
         yield from zip((n for n, _ in cases), judged(cases, results))
         return
     for numel, dtype in cases:
-        results = ctx.run_case(rank_fn, world_size, learner_fn, [(numel, dtype)], accept=accept([(numel, dtype)]))
+        results = ctx.run_case(rank_fn, world_size, learner_fn, [(numel, dtype)], accept=accept([(numel, dtype)]),
+                               case=_label(name, world_size, [(numel, dtype)]))
         if isinstance(results, CheckFailed):
             yield numel, f"world size {world_size}, length {numel}: {results}"
         else:
@@ -130,7 +141,7 @@ def _outcomes(submission, ctx, phase: str, plan) -> list:
     ``[(world size, length, outcome), ...]``."""
     rank_fn, judge, name = _PHASES[phase]
     return [(world_size, numel, outcome) for world_size, cases in plan
-            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge, name)]
 
 
 def _is_precondition(world_size: int, numel: int) -> bool:
@@ -220,7 +231,7 @@ def all_reduce_bit_identical(submission, ctx):
     world_size, numel = 4, 1001
     right = _all_reduce_right(world_size, numel)
     results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
-                      accept=right)
+                      accept=right, case=_label(BOTH, world_size, [(numel, F32)]))
     full = ring_sum(world_size, numel, F32)
     for rank, (x, _) in enumerate(results):
         if not torch.equal(x.double(), full):
@@ -229,7 +240,7 @@ def all_reduce_bit_identical(submission, ctx):
     _not_ring_shaped(world_size, numel, results, "every rank holds the sum")
     same = lambda results: all(torch.equal(r, results[0]) for r in results)  # noqa: E731
     random = ctx.run(_random_all_reduce, world_size, submission.reduce_scatter, submission.all_gather, numel,
-                     accept=same)
+                     accept=same, case=_label(BOTH, world_size, [(numel, F32)]) + ", random inputs")
     if not same(random):
         differ = [r for r in range(1, world_size) if not torch.equal(random[r], random[0])]
         bits = int((random[differ[0]] != random[0]).sum())
@@ -265,7 +276,7 @@ def ring_traffic_pattern(submission, ctx):
     for world_size, numel in ((4, 10), (3, 7)):
         right = _all_reduce_right(world_size, numel)
         results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
-                          accept=right)
+                          accept=right, case=_label(BOTH, world_size, [(numel, F32)]))
         correct_results &= right(results)
         problems += _traffic_problems(world_size, numel, comm.Traffic.merge([t for _, t in results]))
     if not correct_results:
@@ -282,7 +293,8 @@ def only_point_to_point(submission, ctx):
     Counted only for a ring: a parameter server built from coursekit.comm is point-to-point too.
     """
     world_size, numel = 4, 12
-    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32)
+    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
+                      case=_label(BOTH, world_size, [(numel, F32)]))
     if comm.Traffic.merge([t for _, t in results]).total == 0:
         raise CheckFailed(f"world size {world_size}, length {numel}: nothing was sent through coursekit.comm: "
                           f"each ring step sends one segment to the right neighbour with comm.isend and receives "

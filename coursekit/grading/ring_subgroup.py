@@ -61,7 +61,8 @@ def judge_subgroup(results: list) -> str | None:
 def subgroup_case(ctx, submission) -> str | None:
     """The tp sub-group case, run on real ranks and judged: None when right, else what went wrong."""
     try:
-        results = ctx.launch(subgroup_rank, 4, submission.reduce_scatter, submission.all_gather)
-    except CheckFailed as failed:
-        return f"{WHERE}: {failed}"  # a peer outside the group: comm's own sentence says dst/src are global
+        results = ctx.launch(subgroup_rank, 4, submission.reduce_scatter, submission.all_gather, case=WHERE)
+    except CheckFailed as failed:  # a peer outside the group: comm's own sentence says dst/src are global
+        said = str(failed)
+        return said if said.startswith(WHERE) else f"{WHERE}: {said}"
     return judge_subgroup(results)

@@ -102,7 +102,7 @@ def _gathered_weights(calls, weight_numels) -> bool:
 
 GATHERED = ("you all-gather the weight shards in forward: every rank then holds the whole matrix and does all of "
             "the multiplication itself, so neither the memory nor the arithmetic is split — that is one GPU's "
-            "work repeated t times, not tensor parallelism (partial credit). Keep each rank's shard and communicate "
+            "work repeated on each of the group's t ranks, not tensor parallelism (partial credit). Keep each rank's shard and communicate "
             "activations instead: f (all-reduce of the input gradient) before a column-parallel layer, g "
             "(all-reduce of the partial outputs) after a row-parallel one.")
 

@@ -16,7 +16,7 @@ SCORE = 0.33  # valid_schedule 0.33; a property of a wrong answer earns nothing 
 GPIPE = "that is GPipe's order (every forward before any backward): 1F1B starts the backward of micro-batch 0 after"
 LOSES = {
     "valid_schedule": (0.33, (GPIPE, "p=1, m=3: rank 0 holds 3 micro-batches at its peak; 1F1B holds at most "
-                                     "min(p−r, m) = 1: not 1F1B's order, so it earns nothing here")),
+                                     "min(p−r, m) = 1\n", "(each of these 3: not 1F1B's order, so it earns nothing here")),
     "bubble_equals_formula": (0, GPIPE),
     "peak_activations": (0, (GPIPE, "p=2, m=2: rank 1 holds 2 micro-batches at its peak; 1F1B holds at most "
                                     "min(p−r, m) = 1")),

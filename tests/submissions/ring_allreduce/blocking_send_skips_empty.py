@@ -10,7 +10,7 @@ from _ring_solution import all_gather, ring_reduce_scatter  # noqa: F401  (the a
 
 EXERCISE = "01_ring_allreduce"
 SCORE = 2  # all_gather_correct
-_DEADLOCK = ("world size 2: deadlock (a send waits until its receive is posted, as on gloo): rank 0 waits in send to "
+_DEADLOCK = ("reduce_scatter, world size 2, lengths 8 and 9: deadlock (a send waits until its receive is posted, as on gloo): rank 0 waits in send to "
              "rank 1, 4 elements; rank 1 waits in send to rank 0, 4 elements")
 LOSES = {
     "reduce_scatter_correct": (0, _DEADLOCK),
