@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 # in one file they queued on one worker.) Serially:  make test XDIST=
 XDIST ?= -n 3 --dist loadfile --durations=25
 
-.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism exit-race gpu-check
+.PHONY: lab test lint install install-test browser-deps notebooks bench clean determinism exit-race gpu-check grade
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ lab: install
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		--ServerApp.root_dir="$(CURDIR)" $(if $(filter 0,$(shell id -u)),--allow-root,) \
 		$(LAB_ARGS) notebooks/00_welcome.ipynb
+
+# Grade an exercise from a terminal: make grade NB=exercises/01_ring_allreduce.ipynb (it runs a copy; the file is
+# never changed). The same as .venv/bin/coursekit grade NB: install puts the command in .venv/bin, which is on the
+# PATH only in a shell that ran `source .venv/bin/activate`. GRADE_ARGS go to it too (--timeout 120).
+grade: install
+	@test -n "$(NB)" || { echo "say which notebook: make grade NB=exercises/01_ring_allreduce.ipynb"; exit 2; }
+	$(VENV)/bin/coursekit grade "$(NB)" $(GRADE_ARGS)
 
 # Chromium for the browser tests (Debian package; Playwright's own download is not used).
 browser-deps:

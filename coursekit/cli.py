@@ -77,7 +77,9 @@ def grade_notebook(argv: list[str] | None = None) -> int:
     """``coursekit grade NOTEBOOK``: execute a copy, print the score table; 0 only on full marks, 2 on bad usage."""
     from . import grading
 
-    parser = argparse.ArgumentParser(prog="coursekit grade", description=grade_notebook.__doc__)
+    parser = argparse.ArgumentParser(prog="coursekit grade", description=(
+        "Execute a copy of an exercise notebook (your file is never changed) and print its score table. Exit "
+        "status: 0 on full marks, 1 otherwise, 2 on bad usage. Options go before or after the notebook."))
     parser.add_argument("notebook", type=Path, help="an exercise notebook, e.g. exercises/01_ring_allreduce.ipynb")
     parser.add_argument("--exercise", help="exercise name (default: the notebook's file name)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per notebook cell (default 600)")
@@ -147,23 +149,24 @@ def stopped_note(error: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # its options are the trainer's own (argparse's REMAINDER drops a leading --option)
+    # grade and train parse their own options, in any order and with their own -h: argparse's REMAINDER would
+    # take only what follows the first positional, so `grade --timeout 120 nb` and `grade -h` never reached them.
+    if argv[:1] == ["train"]:
         from .capstone.__main__ import main as train_main
 
         return train_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="coursekit", description="Tools for the coursekit course.")
+    if argv[:1] == ["grade"]:
+        return grade_notebook(argv[1:])
+    parser = argparse.ArgumentParser(prog="coursekit", description="Tools for the coursekit course. "
+                                     "`coursekit COMMAND -h` says more about one command.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("doctor", help="versions, backends, cores, GPUs, and a 2-rank all-reduce smoke test")
-    grade = commands.add_parser("grade", help="execute a copy of an exercise notebook and print its score",
-                                add_help=False)
-    grade.add_argument("rest", nargs=argparse.REMAINDER)
+    commands.add_parser("grade", help="execute a copy of an exercise notebook and print its score "
+                                      "(coursekit grade NOTEBOOK [--timeout S] [--exercise NAME])", add_help=False)
     commands.add_parser("train", help="train the course transformer on any layout (--dp --tp --pp --sp; --ep "
-                                      "with --experts)",
-                        add_help=False)
-    options = parser.parse_args(argv)
-    if options.command == "doctor":
-        return doctor()
-    return grade_notebook(options.rest)
+                                      "with --experts)", add_help=False)
+    parser.parse_args(argv)  # doctor, the one command left (grade and train returned above), or help and exit
+    return doctor()
 
 
 if __name__ == "__main__":

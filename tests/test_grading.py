@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from coursekit import collectives, comm, grading
-from coursekit.cli import grade_notebook
+from coursekit.cli import grade_notebook, main
 from coursekit.grading import RING
 from grading_support import load
 
@@ -144,11 +144,13 @@ def test_feedback_says_which_segment_is_wrong():
 
 
 def test_a_deadlock_is_found_by_the_simulator_at_once_and_named():
-    """Every rank receives, nobody sends: the strict simulator sees it without waiting for a timeout."""
+    """Every rank receives, nobody sends: the strict simulator sees it without waiting for a timeout, and the
+    feedback names the case: the function, the world size and the lengths (issue 58: "world size 2" alone).
+    Planted, seen failing: Context.simulate's message back to "world size {G}: deadlock"."""
     report = grading.check_ring_all_reduce(_stuck_rs, _good_ag, timeout=60.0, verbose=False)
     first = report.results[0]
     assert first.status == "deadlock" and first.earned == 0, report.table()
-    assert "world size 2: deadlock" in first.feedback
+    assert "reduce_scatter, world size 2, lengths 8 and 9: deadlock" in first.feedback  # the case, not only G
     assert "rank 0 waits in recv from rank 1, 8 elements; rank 1 waits in recv from rank 0, 8 elements" in first.feedback
     assert first.seconds < 60  # liveness only: far below the check's 60 s timeout, which is never waited for
 
@@ -264,6 +266,25 @@ def test_cli_missing_notebook_or_unknown_exercise(capsys):
     assert grade_notebook([str(ROOT / "exercises" / "nope.ipynb")]) == 2
     assert grade_notebook([str(ROOT / "README.md")]) == 2  # no checks for an exercise called "README"
     assert "no such notebook" in capsys.readouterr().err
+
+
+def test_cli_help_and_options_in_any_order(capsys):
+    """``coursekit -h`` and ``coursekit grade -h`` print help; grade's options work before the notebook and after
+    it (issue 58: ``grade -h`` and ``grade --timeout 120 NB`` were "unrecognized arguments", only options after
+    the notebook reached grade). Planted, seen failing: main's REMAINDER subparser for grade put back ->
+    "coursekit: error: unrecognized arguments: -h" and SystemExit 2."""
+    for argv, usage in ((["-h"], "usage: coursekit [-h] {doctor,grade,train}"),
+                        (["grade", "-h"], "usage: coursekit grade [-h]")):
+        with pytest.raises(SystemExit) as done:
+            main(argv)
+        said = capsys.readouterr()
+        assert done.value.code == 0 and usage in said.out, said.out + said.err
+    readme = str(ROOT / "README.md")  # a file, but no exercise of that name: only an option read names 99_nope
+    for argv in (["grade", "--exercise", "99_nope", readme], ["grade", readme, "--exercise", "99_nope"],
+                 ["grade", "--timeout", "120", "--exercise", "99_nope", readme],
+                 ["grade", readme, "--timeout", "120", "--exercise", "99_nope"]):
+        assert main(argv) == 2, argv
+        assert "no checks for exercise '99_nope'" in capsys.readouterr().err, argv
 
 
 @pytest.mark.parametrize("exercise", sorted(grading.EXERCISE_MODULES))

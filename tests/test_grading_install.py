@@ -10,17 +10,24 @@ the working tree) and exactly what its `dependencies` need: their closure, read 
 dependency's own metadata, is lent from the course venv through a .pth file instead of being unpacked again
 (that took 96 s, most of it torch). Anything only the `test` extra brings is absent. That pip *can* install
 those dependencies is what `make test`'s own install shows.
+
+It grades with README's command as written (``make grade NB=...``), from a checkout whose ``.venv`` is that venv,
+with no ``coursekit`` on PATH (issue 58). Planted, seen failing: README's command back to ``coursekit grade ...``
+-> StopIteration (no `make grade` span); the Makefile's target calling ``coursekit`` rather than
+``$(VENV)/bin/coursekit`` -> "coursekit: not found" (make exit 2, 127 from the shell).
 """
 
 import importlib.metadata
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from readme_support import code_spans, text
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "torch==2.13.0"  # the Makefile's pin (tests/test_setup.py checks it there)
@@ -61,6 +68,7 @@ def _run(command, **options):
 
 @pytest.mark.slow
 def test_grade_works_after_installing_the_package_without_extras(tmp_path):
+    command = next(span for span in code_spans(text(ROOT / "README.md")) if span.startswith("make grade NB="))
     source = tmp_path / "src"
     shutil.copytree(ROOT / "coursekit", source / "coursekit", ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "README.md"):
@@ -76,12 +84,26 @@ def test_grade_works_after_installing_the_package_without_extras(tmp_path):
     _run(pip + ["-c", str(constraints), str(source)], timeout=900)
     site = next((venv / "lib").glob("python3*/site-packages"))
     assert (site / "coursekit").is_dir(), "the package was not installed into the venv"
-    env = dict(os.environ, MPLBACKEND="agg", PATH=f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    # README's command as written, `make grade NB=...`, in a checkout whose `make install` made .venv (here the
+    # fresh venv, its install marked done), with nothing of it on PATH: a learner's shell that never activated it
+    # (issue 58: README's `coursekit grade ...` said "coursekit: not on PATH" there).
+    clone = tmp_path / "clone"
+    (clone / "exercises").mkdir(parents=True)
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(ROOT / name, clone / name)
+    (clone / ".venv").symlink_to(venv)
+    (venv / ".installed").touch()  # what `make install` leaves: pyproject.toml is older, so make installs nothing
+    # the notebook graded: exercise 04's solution (full marks, 50 s) in README's command instead of exercise 01's
+    notebook = "exercises/04_pipeline_schedule.ipynb"
+    shutil.copy(ROOT / "solutions" / "04_pipeline_schedule.ipynb", clone / notebook)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and not (Path(p) / "coursekit").exists())
+    env = dict(os.environ, MPLBACKEND="agg", PATH=path)
     env.pop("PYTHONPATH", None)
-    notebook = tmp_path / "04_pipeline_schedule.ipynb"  # graded outside the repository: the installed package runs
-    shutil.copy(ROOT / "solutions" / "04_pipeline_schedule.ipynb", notebook)
-    done = subprocess.run([str(venv / "bin" / "coursekit"), "grade", str(notebook)], capture_output=True, text=True,
-                          timeout=900, cwd=tmp_path, env=env)
+    env.pop("VIRTUAL_ENV", None)
+    words = shlex.split(command)
+    words = [f"NB={notebook}" if w.startswith("NB=") else w for w in words]
+    done = subprocess.run(words, capture_output=True, text=True, timeout=900, cwd=clone, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "04_pipeline_schedule: 10 / 10 points" in done.stdout, done.stdout
     assert "IPKernelApp" not in done.stdout + done.stderr, done.stdout + done.stderr  # not for a learner's eyes

@@ -58,8 +58,11 @@ case) and scores them with ``partial_credit(outcomes, preconditions)``:
 one ``None`` or one sentence per case. A case that typical wrong answers also
 get right (one rank: a sum equals a mean there) is a *precondition*: it earns
 nothing, and costs as any case when it fails. Several checks judging one run share
-it through ``ctx.memo(key, compute)``. Never score traffic for a wrong result, and
-commit every typical wrong attempt under ``tests/submissions/<exercise>/`` with its
+it through ``ctx.memo(key, compute)``. One crediting rule for every exercise: a check
+that judges a property of an answer (its traffic, its edge cases, its hidden
+variants) is registered with ``requires=(the answer's checks)`` and earns nothing
+while the answer is wrong (:func:`.report.credited`; ``tests/test_grading_crediting.py``).
+Commit every typical wrong attempt under ``tests/submissions/<exercise>/`` with its
 expected score and feedback.
 """
 

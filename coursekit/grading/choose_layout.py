@@ -52,6 +52,8 @@ __all__ = ["EXERCISE", "Scenario", "SCENARIOS", "HIDDEN", "BAND", "PIPELINE_PAYS
            "best_without_pipeline", "judge"]
 
 EXERCISE = "08_choose_a_layout"
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("valid_layout", "fits_in_memory", "follows_the_chapter")
 BAND = 1.5                  # the step within 1.5x the planner's best: wider than the model's error (costmodel.ties)
 PIPELINE_PAYS = 0.10        # a pipeline only where every layout without one is more than 10% slower than the best
 MAX_BUBBLE = 0.20           # a pipeline's bubble under a fifth of the step
@@ -266,7 +268,7 @@ def follows_the_chapter(submission, ctx):
     return _credit([(v.scenario.key, _lesson(v)) for v in _judged(submission, ctx)])
 
 
-@check(EXERCISE, points=3, hidden=True)
+@check(EXERCISE, points=3, hidden=True, requires=ANSWER)
 def hidden_scenarios(submission, ctx):
     """Three runs the notebook does not show (GPT-3 Medium on 16 GPUs, 6.7B on 8 GPUs of 40 GB, 175B on 512): each
     valid, fitting and following the chapter."""

@@ -32,13 +32,14 @@ from ..launch import LaunchTimeout, RankError, launch
 from ..comm.simulator import Deadlock, SimulatorError, describe_waits, simulate
 from .feedback import NOT_IMPLEMENTED, describe_timeout, explain, is_stub
 from .guard import guarded
-from .rank_deaths import death_summary
+from .rank_deaths import LENGTH_HINT, death_summary
+from .registry import length_hint
 from .scoring import CheckFailed, Deadlocked, NotDone
 
-__all__ = ["Context"]
+__all__ = ["Context", "NOT_SIMULABLE"]
 
 # Errors that mean "the simulator cannot run this code", not "the code is wrong": such code goes to real ranks.
-_NOT_SIMULABLE = ("process group has not been initialized", "the simulator runs one world of ranks",
+NOT_SIMULABLE = ("process group has not been initialized", "the simulator runs one world of ranks",
                   "coursekit.comm needs ranks")
 
 
@@ -57,6 +58,7 @@ class Context:
     def __init__(self, check_, timeout: float, instead: str | None = None, memo: dict | None = None):
         self.check, self.timeout, self.instead = check_, timeout, instead
         self.exercise = getattr(check_, "exercise", None)  # whose library answers are held back (coursekit.answers)
+        self.allow = tuple(getattr(check_, "allows", ()))  # torch.distributed functions this check lets through
         self.memory = {} if memo is None else memo
 
     def __getstate__(self) -> dict:  # a Context passed to a rank travels without the grading's memory
@@ -77,38 +79,47 @@ class Context:
             raise failed
         return result
 
-    def simulate(self, fn: Callable, world_size: int, *args, on_send: Callable | None = None) -> list:
+    def simulate(self, fn: Callable, world_size: int, *args, on_send: Callable | None = None,
+                 case: str | None = None) -> list:
         """Run ``fn(rank, world_size, *args)`` in the strict simulator; learner errors become :class:`CheckFailed`.
 
-        ``on_send`` sees every message (see :func:`coursekit.comm.simulate`).
+        ``on_send`` sees every message (see :func:`coursekit.comm.simulate`). ``case`` names the case in what a
+        deadlock or an endless loop is told ("all_reduce, world size 4, length 1001"; default: the world size).
         """
         _refuse_stubs(args)
+        case = case or f"world size {world_size}"
         try:
-            return simulate(guarded(fn, self.instead, exercise=self.exercise), world_size, *args, timeout=self.timeout,
+            return simulate(guarded(fn, self.instead, exercise=self.exercise, allow=self.allow), world_size, *args,
+                            timeout=self.timeout,
                             on_send=on_send).results
         except Deadlock as error:
-            raise Deadlocked(f"world size {world_size}: deadlock (a send waits until its receive is posted, as "
+            raise Deadlocked(f"{case}: deadlock (a send waits until its receive is posted, as "
                              f"on gloo): {describe_waits(error.waiting)}") from None
         except SimulatorError as error:
             raise explain(error.rank, error.remote_traceback) from None
         except TimeoutError:
-            raise CheckFailed(f"world size {world_size}: still running after {self.timeout:g} s, stopped "
+            raise CheckFailed(f"{case}: still running after {self.timeout:g} s, stopped "
                               f"(an endless loop?)") from None
 
-    def launch(self, fn: Callable, world_size: int, *args) -> list:
-        """Run ``fn(rank, world_size, *args)`` on real ranks; learner errors become :class:`CheckFailed`."""
+    def launch(self, fn: Callable, world_size: int, *args, case: str | None = None) -> list:
+        """Run ``fn(rank, world_size, *args)`` on real ranks; learner errors become :class:`CheckFailed`
+        (``case`` as in :meth:`simulate`)."""
         _refuse_stubs(args)
+        case = case or f"world size {world_size}"
         with tempfile.TemporaryDirectory(prefix="coursekit-check-") as logs:
             try:
-                return launch(guarded(fn, self.instead, logs, self.exercise), world_size, *args, timeout=self.timeout)
+                return launch(guarded(fn, self.instead, logs, self.exercise, self.allow), world_size, *args,
+                              timeout=self.timeout)
             except LaunchTimeout as error:
-                raise Deadlocked(f"world size {world_size}: still running after {self.timeout:g} s, stopped: "
+                raise Deadlocked(f"{case}: still running after {self.timeout:g} s, stopped: "
                                  f"{describe_timeout(error)}", waited=True) from None
             except RankError as error:
-                summary = death_summary(error.rank, error.remote_traceback, logs, world_size)
+                hint = length_hint(self.exercise) or LENGTH_HINT
+                summary = death_summary(error.rank, error.remote_traceback, logs, world_size, hint)
                 raise (CheckFailed(summary) if summary else explain(error.rank, error.remote_traceback)) from None
 
-    def run(self, fn: Callable, world_size: int, *args, accept: Callable[[list], bool] = lambda results: True):
+    def run(self, fn: Callable, world_size: int, *args, accept: Callable[[list], bool] = lambda results: True,
+            case: str | None = None):
         """The simulator first; if ``accept(simulated results)``, real ranks, whose results are returned.
 
         Results the simulator shows to be wrong are returned as they are: real
@@ -116,23 +127,24 @@ class Context:
         simulator cannot run (it calls ``torch.distributed`` for its rank, say) goes straight to real ranks.
         """
         try:
-            results = self.simulate(fn, world_size, *args)
+            results = self.simulate(fn, world_size, *args, case=case)
         except CheckFailed as failed:
-            if not any(limit in str(failed) for limit in _NOT_SIMULABLE):
+            if not any(limit in str(failed) for limit in NOT_SIMULABLE):
                 raise
         else:
             if not accept(results):
                 return results
-        return self.launch(fn, world_size, *args)
+        return self.launch(fn, world_size, *args, case=case)
 
-    def run_case(self, fn: Callable, world_size: int, *args, accept: Callable[[list], bool] = lambda r: True):
+    def run_case(self, fn: Callable, world_size: int, *args, accept: Callable[[list], bool] = lambda r: True,
+                 case: str | None = None):
         """:meth:`run` for one case of several: a crash is *returned*, so that it costs only this case.
 
         An unfinished exercise (:class:`NotDone`) or a deadlock (:class:`Deadlocked`)
         still ends the whole check: no other case could do better.
         """
         try:
-            return self.run(fn, world_size, *args, accept=accept)
+            return self.run(fn, world_size, *args, accept=accept, case=case)
         except (NotDone, Deadlocked):
             raise
         except CheckFailed as failed:

@@ -36,6 +36,8 @@ from .registry import check
 from .scoring import CheckFailed, partial_credit
 
 EXERCISE = "02_data_parallel"  # registered in registry.EXERCISES, the one place exercises are named
+# The checks that judge each part's answer; the others judge its properties and earn nothing while it is wrong.
+HOOKS, ZERO2 = ("hooks_average_gradients",), ("zero2_segment",)
 # Said when torch.distributed's collectives are called (they are switched off while grading):
 INSTEAD = ("use chapter 01's ring (from coursekit.collectives import ring_all_reduce, ring_reduce_scatter), "
            "so that every transfer is counted")
@@ -132,7 +134,7 @@ def hooks_average_gradients(submission, ctx):
                            [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
 
 
-@check(EXERCISE, points=2, timeout=60)
+@check(EXERCISE, points=2, timeout=60, requires=HOOKS)
 def hooks_traffic(submission, ctx):
     """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step, each rank
     sending a ring's share, about 2·(G−1)·Ψ/G (G = 3)."""
@@ -161,7 +163,7 @@ def hooks_traffic(submission, ctx):
     raise CheckFailed(f"{said}: use ring_all_reduce on every gradient")
 
 
-@check(EXERCISE, points=2, timeout=60)
+@check(EXERCISE, points=2, timeout=60, requires=HOOKS)
 def hooks_gradient_accumulation(submission, ctx):
     """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` calls before each step, equal
     to one process on the whole batch (G = 2, 3)."""
@@ -183,7 +185,7 @@ def hooks_gradient_accumulation(submission, ctx):
     return partial_credit(outcomes)
 
 
-@check(EXERCISE, points=1, hidden=True, timeout=60)
+@check(EXERCISE, points=1, hidden=True, timeout=60, requires=HOOKS)
 def hooks_tied_frozen_uneven(submission, ctx):
     """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks."""
     return _score_training(ctx, hooks_rank, submission.attach_gradient_averaging,
@@ -203,7 +205,7 @@ def zero2_segment(submission, ctx):
                             ("mlp", (FROZEN,), 3, 2, 12)], guess_unaveraged=False)
 
 
-@check(EXERCISE, points=2, timeout=60)
+@check(EXERCISE, points=2, timeout=60, requires=ZERO2)
 def zero2_traffic(submission, ctx):
     """A reduce-scatter, not an all-reduce: exactly (G−1)·Ψ elements per step, each rank N − its segment (G = 4)."""
     world_size = 4
@@ -217,7 +219,7 @@ def zero2_traffic(submission, ctx):
                           f"all the gradients flattened together")
 
 
-@check(EXERCISE, points=1, timeout=60)
+@check(EXERCISE, points=1, timeout=60, requires=ZERO2)
 def zero2_frees_gradients(submission, ctx):
     """After the reduce-scatter a rank keeps only its segment: every ``p.grad`` is freed, and the segment returned
     is a tensor of its own, not a view into the flattened gradients (G = 2)."""
@@ -241,7 +243,7 @@ def zero2_frees_gradients(submission, ctx):
         raise CheckFailed("\n".join(problems))
 
 
-@check(EXERCISE, points=1, hidden=True, timeout=90)
+@check(EXERCISE, points=1, hidden=True, timeout=90, requires=ZERO2)
 def zero2_hidden_variants(submission, ctx):
     """Transformer (tied head, frozen parameter), Ψ not divisible by G, a global batch of 7 on 5 ranks."""
     return _score_training(ctx, zero2_rank, submission.reduce_scatter_gradients,

@@ -47,6 +47,10 @@ from .registry import check
 from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 EXERCISE = "07_dispatch_combine"
+# said when gloo aborts a rank whose receive did not fit: the rows' counts, not a ring's segments
+LENGTH_HINT = "each receive must hold the rows its sender sends: exchange the counts first and size it from them"
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("dispatch_rows", "outputs_equal_one_process", "skewed_routing", "gradients_equal_one_process")
 INSTEAD = ("send the rows with all_to_all from coursekit.parallel.sequence.comm (counted), the counts inside "
            "comm.control()")
 
@@ -111,7 +115,7 @@ def gradients_equal_one_process(submission, ctx):
                    [_judged(ctx, submission, ONE_RANK, gradient_mistake)])
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def traffic(submission, ctx):
     """Each way, every rank sends each rank exactly the rows for its experts (payload), the counts as control."""
     return _credit([_judged(ctx, submission, c, traffic_mistake) for c in (PLAIN[0], PLAIN[2], SKEWED[1])])
@@ -122,7 +126,7 @@ GROUPS = ("pass group to every call (comm.get_rank(group), comm.get_world_size(g
           "with two expert-parallel groups the world is 4 ranks but each group has 2")
 
 
-@check(EXERCISE, points=1, timeout=60.0)
+@check(EXERCISE, points=1, timeout=60.0, requires=ANSWER)
 def process_groups(submission, ctx):
     """On 4 real ranks as two expert-parallel groups {0, 1} and {2, 3}: outputs and gradients of x."""
     if is_stub(submission.dispatch) or is_stub(submission.combine):  # said as the other checks say it
@@ -150,7 +154,7 @@ def _why(ctx, submission) -> str:
     return "it is wrong with the whole world as the group too (see the checks above): fix that first"
 
 
-@check(EXERCISE, points=2, hidden=True)
+@check(EXERCISE, points=2, hidden=True, requires=ANSWER)
 def hidden_sizes(submission, ctx):
     """Sizes the notebook does not show (d = 6, ep = 3, a rank with no tokens): outputs and gradients."""
     return _credit([_judged(ctx, submission, c, _outputs_and_gradients) for c in HIDDEN])

@@ -26,9 +26,15 @@ GATES = ("the outputs are the experts' outputs summed without their gates: multi
          "routing.gate before adding it into its token's row")
 NO_HISTORY = ("a row received with comm.irecv, exchange or a copy into a new buffer has no autograd history: send "
               "the rows with all_to_all both ways, whose backward is the reverse all-to-all")
+GATES_TWICE = ("each row is multiplied by its gate twice (the outputs are the gate-squared sum): weight each row "
+               "by its routing.gate once, in combine")
+ONE_RANK_WRONG = ("with one rank nothing travels and nothing is regrouped, so combine is wrong: add each row of y "
+                  "times its gate into its token's row (routing.token)")
 COMBINE_WRONG = ("Every rank's dispatch is right (see dispatch_rows), so combine is wrong: undo dispatch's regrouping "
                  "(y is in your experts' order; the all-to-all back needs the order the rows arrived in), send each "
                  "row back to its sender, and add it times its gate into its token's row (routing.token)")
+GATES_STAY = ("a token's gates stay on its own rank: combine multiplies each row that comes back by its "
+              "routing.gate there, so nothing but the rows travels to the experts")
 COUNTS = ("counts are bookkeeping, not rows: exchange them inside `with comm.control():`, so that they are counted "
           "as control traffic")
 
@@ -101,10 +107,12 @@ def output_mistake(run) -> str | None:
             return f"dispatch is wrong (see dispatch_rows), so the outputs are too: {wrong_rows}"
         if _close(out, run.ref.ungated[rank]):
             return f"rank {rank}: {GATES}"
+        if _close(out, run.ref.twice[rank]):
+            return f"rank {rank}: {GATES_TWICE}"
         off = (out - want).abs().amax(1).nan_to_num(float("inf"))
         bad = [t for t in range(len(off)) if not off[t] <= 1e-9 * (1 + want.abs().max())]
         return (f"rank {rank}: token {bad[0]}'s output differs from the one-process MoE by {off[bad[0]]:.3g} "
-                f"({len(bad)} of {len(off)} tokens differ). {COMBINE_WRONG}")
+                f"({len(bad)} of {len(off)} tokens differ). {ONE_RANK_WRONG if run.case.ep == 1 else COMBINE_WRONG}")
     return None
 
 
@@ -148,16 +156,29 @@ def _totals(sent) -> dict:
     return totals
 
 
+def _control_numbers(sent) -> dict:
+    """(stage, src, dst) -> numbers sent as control traffic (any dtype)."""
+    numbers: dict = {}
+    for s in sent:
+        if s.kind == "control" and s.numel:
+            numbers[(s.stage, s.src, s.dst)] = numbers.get((s.stage, s.src, s.dst), 0) + s.numel
+    return numbers
+
+
 def traffic_mistake(run) -> str | None:
     """Link by link: each way, exactly the rows the routing sends there (× d × 8 bytes), as payload; control
-    traffic only for the counts (no rows)."""
+    traffic only for the counts: at most E numbers from one rank to another, whatever their dtype."""
     if gradient_mistake(run):
         return "the outputs or gradients are wrong (see the checks above): traffic is judged only for a right answer"
     case, counts, totals = run.case, run.ref.counts, _totals(run.sent)
-    for (stage, kind, floating, i, j), nbytes in sorted(totals.items(), key=str):
-        if kind == "control" and floating:
-            return (f"in {stage} rank {i} sent rank {j} {nbytes // 8} numbers as control traffic: only the counts "
-                    f"are control; the rows are payload (the method's cost), so send them outside comm.control()")
+    # Control traffic is judged by how much is sent (at most E numbers, the counts), not by its dtype: counts may
+    # travel as floats. Its dtype only picks the words: floats beyond the counts are rows, said first.
+    too_much = {key: n for key, n in _control_numbers(run.sent).items() if n > case.n_experts}
+    for (stage, i, j), numbers in sorted(too_much.items(), key=str):
+        if any(k[0] == stage and k[1] == "control" and k[2] and k[3:] == (i, j) for k in totals):
+            return (f"in {stage} rank {i} sent rank {j} {numbers} numbers as control traffic, more than the "
+                    f"E = {case.n_experts} counts one rank can owe another: only the counts are control; the rows "
+                    f"are payload (the method's cost), so send them outside comm.control()")
     links = [(i, j) for i in range(case.ep) for j in range(case.ep) if i != j]
     for stage, want in (("dispatch", lambda i, j: counts[i][j]), ("combine", lambda i, j: counts[j][i]),
                         ("backward", lambda i, j: counts[i][j] + counts[j][i])):
@@ -165,6 +186,10 @@ def traffic_mistake(run) -> str | None:
             got = totals.get((stage, "payload", True, i, j), 0)
             if got != want(i, j) * case.d * 8:
                 return _link_mistake(run, stage, i, j, got, want(i, j))
+    for (stage, i, j), numbers in sorted(too_much.items(), key=str):
+        return (f"in {stage} rank {i} sent rank {j} {numbers} numbers as control traffic, more than the "
+                f"E = {case.n_experts} counts one rank can owe another: exchange only the counts (each rank's rows "
+                f"for each expert); nothing else of the routing needs to travel")
     for (stage, kind, floating, i, j), nbytes in sorted(totals.items(), key=str):
         if kind == "payload" and not floating:
             return f"in {stage} rank {i} sent rank {j} {nbytes // 8} integers as payload (the counts?): {COUNTS}"
@@ -179,6 +204,8 @@ def _link_mistake(run, stage: str, i: int, j: int, got: int, want: int) -> str:
         return (f"{said}: it sent every one of its {case.sizes[i]} tokens. Sending every token to every rank is an "
                 f"all-gather, ep times the traffic: send each row only to the rank that holds its expert")
     extra = got - want * row
+    if extra > 0 and stage == "dispatch" and extra == want * 8:
+        return (f"{said}: one extra number per row rides along ({want}), the gates?: {GATES_STAY}")
     if 0 < extra < row:
         return f"{said}: {extra // 8} extra numbers ride with the rows (the counts?): {COUNTS}"
     return (f"{said}: send each row once, to the rank of its expert, and nothing else (no padding, no copies): an "

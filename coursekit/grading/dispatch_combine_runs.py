@@ -75,6 +75,7 @@ class Reference(NamedTuple):
 
     outs: list            # each rank's output (tokens, d)
     ungated: list         # the same without the gates (to name that mistake)
+    twice: list           # the same with each row times its gate twice (to name that one)
     x_grads: list
     router_grad: torch.Tensor   # summed over the ranks' batches
     w1_grad: torch.Tensor       # all E experts'
@@ -107,7 +108,7 @@ def _batches(case: Case) -> tuple[list, list]:
 def reference(case: Case) -> Reference:
     moe = _moe(case)
     xs, grads = _batches(case)
-    outs, x_grads, ungated, routings = [], [], [], []
+    outs, x_grads, ungated, twice, routings = [], [], [], [], []
     for x, grad in zip(xs, grads):
         leaf = x.clone().requires_grad_()
         out, _ = moe(leaf)
@@ -118,6 +119,7 @@ def reference(case: Case) -> Reference:
             routing = route(moe.router, x, case.n_experts, case.factor)[2]
             y = moe.experts(x[routing.token], routing.per_expert.tolist())
             ungated.append(torch.zeros_like(x).index_add(0, routing.token, y))
+            twice.append(torch.zeros_like(x).index_add(0, routing.token, y * routing.gate.unsqueeze(1) ** 2))
         routings.append(routing)
     ep, local = case.ep, case.local
 
@@ -129,7 +131,7 @@ def reference(case: Case) -> Reference:
     by_sender = [torch.cat([rows_of(i, j * local + e) for i in range(ep) for e in range(local)]) for j in range(ep)]
     wrong_owner = [torch.cat([rows_of(i, e * ep + j) for e in range(local) for i in range(ep)]) for j in range(ep)]
     per = [[len(rows) for rows in arrivals[j]] for j in range(ep)]
-    return Reference(outs, ungated, x_grads, moe.router.score.weight.grad, moe.experts.w1.grad, moe.experts.w2.grad,
+    return Reference(outs, ungated, twice, x_grads, moe.router.score.weight.grad, moe.experts.w1.grad, moe.experts.w2.grad,
                      counts, arrivals, by_sender, wrong_owner, per)
 
 
@@ -264,7 +266,7 @@ def run(ctx, submission, case: Case, with_combine: bool = True):
                              message.numel() * message.element_size(), message.is_floating_point(), kind))
         try:
             ranks = ctx.simulate(_rank, case.ep, submission.dispatch, combine, case, routers, experts,
-                                 *_batches(case), Agreement(case.ep), on_send=watch)
+                                 *_batches(case), Agreement(case.ep), on_send=watch, case=str(case))
         except (NotDone, Deadlocked):
             raise
         except CheckFailed as failed:
@@ -289,6 +291,10 @@ def _group_rank(rank, world_size, dispatch, combine):
     x = xs[rank].clone().requires_grad_()
     routing = route(moe.router, x, case.n_experts, case.factor)[2]
     rows, per, plan = _rows_and_counts(dispatch(x, routing, group), case)
+    if not (rows.dim() == 2 and rows.shape[1] == case.d and len(per) == case.local and sum(per) == rows.shape[0]):
+        raise ValueError(f"the experts could not run on what dispatch returned: rows of shape {tuple(rows.shape)} and "
+                         f"rows_per_local_expert {per}, where they take (n, d = {case.d}) rows and one count per "
+                         f"local expert (E/ep = {case.local}) adding up to n (see dispatch_rows)")
     out = combine(experts(rows, per), routing, plan, x.shape[0], group)
     (out * grads[rank]).sum().backward()
     return out.detach(), x.grad

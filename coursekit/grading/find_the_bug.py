@@ -47,6 +47,7 @@ from .find_the_bug_options import judge_diagnosis
 from .find_the_bug_programs import (GLOBAL_BATCH, REPLICA_SEED, STEPS, data_parallel_rank, data_parallel_reference,
                                     drawn_replica, replica_rank, replica_reference, replica_start_rank,
                                     replicas_compared, ring_rank, start_difference)
+from .context import NOT_SIMULABLE
 from .guard import guarded
 from .registry import check
 from .ring_judge import ring_input
@@ -64,10 +65,10 @@ RING_LENGTH = {3: 5, 4: 7}   # elements per rank: not a multiple of the world si
 
 
 # ----------------------------------------------------------------------------- running a fix
-def _simulated(rank, world_size, fn, size, args, instead, timeout):
+def _simulated(rank, world_size, fn, size, args, instead, timeout, allow=()):
     """Inside a one-rank launch: ``fn`` on ``size`` simulated ranks. None, or what stopped it (picklable)."""
     try:
-        simulate(guarded(fn, instead, exercise=EXERCISE), size, *args, timeout=timeout)
+        simulate(guarded(fn, instead, exercise=EXERCISE, allow=allow), size, *args, timeout=timeout)
     except Deadlock as error:
         return "deadlock", error.waiting, error.finished
     except SimulatorError as error:
@@ -106,7 +107,10 @@ def _run(ctx, simulated, harness, size: int, fix, *args, said=None):
         raise NotDone(NOT_IMPLEMENTED)
     better = said or (lambda text, size: None)
     if simulated is not None:
-        found = launch(_simulated, 1, simulated, size, (fix, *args), ctx.instead, ctx.timeout, timeout=ctx.timeout + 10)[0]
+        found = launch(_simulated, 1, simulated, size, (fix, *args), ctx.instead, ctx.timeout, ctx.allow,
+                       timeout=ctx.timeout + 10)[0]
+        if found is not None and found[0] == "error" and any(limit in found[2] for limit in NOT_SIMULABLE):
+            found = None  # code the simulator cannot run (dist.broadcast, allowed in program C): real ranks judge it
         if found is not None:
             text = _said(found, size, ctx.timeout)
             return better(text, size) or text
@@ -306,32 +310,31 @@ def _judge_c(ctx, submission, size) -> str | None:
     alike = [rank for rank in range(1, size) if drawn[rank] == drawn[0]]
     if alike:
         return (f"world size {size}: rank {alike[0]} drew the same samples as rank 0: make_replica gave every rank "
-                f"the same random stream (one seed for all), so the ranks train on copies of one batch. Keep each "
-                f"rank's own seed, 1000 + rank, and send rank 0's weights to the others instead")
+                f"the same random stream (one seed for all), so the ranks train on copies of one batch. Each rank's "
+                f"samples come from its own seed, 1000 + rank: seed it after the weights are drawn, or keep it and "
+                f"send (or broadcast) rank 0's weights to the others")
     start = replicas_compared(results)
     if not start.ok:
         d = start.first
         return (f"world size {size}: rank {d.rank} starts from weights of its own: its {d.name!r} differs from "
                 f"rank 0's before the first step (expected {d.expected:.6g}, got {d.got:.6g}). Rank 0 must send "
                 f"every parameter to every other rank, 1 to world_size - 1, before training")
-    if not results[0]["sent"]:
-        return (f"world size {size}: the replicas start equal, but make_replica sends nothing: their weights "
-                f"agree only because they were drawn from one seed. A checkpoint loaded on rank 0, or one random "
-                f"draw more on one rank, splits them again: send rank 0's weights")
     moved = start_difference(drawn_replica(0), results[0]["initial"])
     if moved is not None:
         name, expected, got = moved
-        return (f"world size {size}: the replicas start equal, but rank 0's weights are not the ones it drew: its "
-                f"{name!r} is {got:.6g} where its seed ({REPLICA_SEED}) drew {expected:.6g}. They were averaged over "
-                f"the ranks, or changed some other way, so training starts from weights no rank drew. Keep rank 0's "
-                f"replica as it is and send rank 0's own weights to the others")
+        return (f"world size {size}: the replicas start equal, but rank 0's weights are not the ones its seed "
+                f"({REPLICA_SEED}) draws: its {name!r} is {got:.6g} where that seed draws {expected:.6g}. They were "
+                f"averaged over the ranks, drawn from another seed, or changed some other way. Start every replica "
+                f"from rank 0's own: send them, broadcast them, or draw them on every rank from rank 0's seed "
+                f"({REPLICA_SEED}), then seed each rank's own stream for its samples")
     report = compare(replica_reference(results[0]["initial"], [r["drawn"] for r in results]),
                      [r["records"] for r in results], check_output=False)
     return None if report.ok else f"world size {size}: {report.first}"
 
 
-@check(EXERCISE, points=3, timeout=20)
+@check(EXERCISE, points=3, timeout=20, allows=("broadcast",))
 def program_c_fixed(submission, ctx):
-    """make_replica on 2 and 3 ranks: every replica starts from rank 0's weights (sent by rank 0), each rank
-    still draws its own samples, and 2 steps of training equal one process."""
+    """make_replica on 2 and 3 ranks: every replica starts from rank 0's weights (the ones its seed draws: sent,
+    broadcast as chapter 09 does, or drawn alike on every rank), each rank still draws its own samples, and 2 steps
+    of training equal one process."""
     return _cases("make_replica", lambda size: _judge_c(ctx, submission, size))

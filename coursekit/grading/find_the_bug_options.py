@@ -44,7 +44,8 @@ LOOK_AGAIN = {
     "program_a": "read the length error again: what did each rank pass to the call that failed (1 element is "
                  "the loss), and where in its step was each rank then?",
     "program_b": "read the timeout report again: at which ring step does each rank wait, and on which rank? "
-                 "Then ask why two ranks finished",
+                 "All three are still waiting there. Then ask why the same code finished on two ranks, in the "
+                 "run before it",
     "program_c": "look at the replicas before the first step (replicas_compared): which rank differs from rank "
                  "0 there, and where did its weights come from?",
 }

@@ -14,7 +14,7 @@ from typing import Any
 
 from .context import Context
 from .registry import Check, checks_for, instead_of
-from .report import Report, Result, save
+from .report import Report, Result, credited, save
 from .scoring import CheckFailed, Deadlocked, NotDone
 
 __all__ = ["grade"]
@@ -29,7 +29,8 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
     learner's mistakes. Also writes the results to ``$COURSEKIT_GRADE_REPORT``
     when set (that is how ``coursekit grade`` reads them). After a timeout on
     real ranks the remaining checks are skipped: each would only wait for its
-    own timeout. (A deadlock the simulator finds costs nothing: the rest still run.)
+    own timeout. (A deadlock the simulator finds costs nothing: the rest still run.) A check that judges a
+    property of an answer (``requires=``) earns nothing while that answer is wrong (:func:`~.report.credited`).
     """
     checks = checks_for(exercise)
     if only is not None:
@@ -48,6 +49,7 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
         result = run_one(item, namespace, Context(item, timeout or item.timeout, instead, memo))
         stuck = item.name if result.status == "timeout" else None
         report.results.append(result)
+    report.results = credited(exercise, report.results)
     if verbose:
         print(report.table())
     save(report)

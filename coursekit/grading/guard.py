@@ -37,8 +37,11 @@ _forbidden_depth = [0, []]  # how many blocks are inside forbid_torch_collective
 
 
 @contextmanager
-def forbid_torch_collectives(instead: str | None = None):
+def forbid_torch_collectives(instead: str | None = None, allow: tuple[str, ...] = ()):
     """Inside the block, ``torch.distributed``'s collectives and raw send/recv raise :class:`ForbiddenCall`.
+
+    ``allow`` names the ones a check lets the learner call (exercise 09's program C: ``broadcast``, the fix
+    chapter 09 teaches).
 
     ``instead`` says what the exercise wants used (default: build it from
     ``coursekit.comm``). ``coursekit.comm`` keeps working: it bound the real
@@ -61,7 +64,7 @@ def forbid_torch_collectives(instead: str | None = None):
     with _forbidding:
         if _forbidden_depth[0] == 0:
             _forbidden_depth[1] = [(module, name, getattr(module, name)) for module in (dist, c10d)
-                                   for name in FORBIDDEN if hasattr(module, name)]
+                                   for name in FORBIDDEN if hasattr(module, name) and name not in allow]
             for module, name, _ in _forbidden_depth[1]:
                 setattr(module, name, forbidden(name))
         _forbidden_depth[0] += 1
@@ -75,14 +78,16 @@ def forbid_torch_collectives(instead: str | None = None):
                     setattr(module, name, original)
 
 
-def guarded(fn: Callable, instead: str | None, logs: str | None = None, exercise: str | None = None) -> Callable:
+def guarded(fn: Callable, instead: str | None, logs: str | None = None, exercise: str | None = None,
+            allow: tuple[str, ...] = ()) -> Callable:
     """``fn(rank, world_size, *args)`` run inside the guard, its C-level output kept in ``logs`` (see rank_deaths).
 
     With ``exercise``, the library's own answers to it are held back too (:func:`coursekit.answers.held_back`):
-    a learner who wraps ``coursekit.ring_reduce_scatter`` in exercise 01 has written no ring.
+    a learner who wraps ``coursekit.ring_reduce_scatter`` in exercise 01 has written no ring. ``allow``: the
+    ``torch.distributed`` functions the check lets through (:func:`forbid_torch_collectives`).
     """
     def rank_main(rank, world_size, *args):
-        with quiet_rank(logs, rank), forbid_torch_collectives(instead), \
+        with quiet_rank(logs, rank), forbid_torch_collectives(instead, allow), \
                 (held_back(exercise) if exercise else nullcontext()):
             return fn(rank, world_size, *args)
     return rank_main

@@ -42,6 +42,8 @@ from .registry import check
 from .scoring import CheckFailed, partial_credit
 
 EXERCISE = "03_model_parallel"  # registered in registry.EXERCISES, the one place exercises are named
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("activations_reach_the_loss", "gradients_of_both_stages", "training_equals_one_process")
 # Said when torch.distributed's collectives are called (they are switched off while grading):
 INSTEAD = "send the activations and the gradient with coursekit.comm.send/recv (or isend/irecv)"
 
@@ -242,7 +244,7 @@ def _traffic_problems(case, results) -> list[str]:
     return problems
 
 
-@check(EXERCISE, points=2, timeout=30)
+@check(EXERCISE, points=2, timeout=30, requires=ANSWER)
 def traffic_pattern(submission, ctx):
     """Per micro-batch exactly one message of b×h elements forward (rank 0 → 1) and one back (1 → 0), counted by
     coursekit.comm (3 uneven micro-batches)."""
@@ -256,7 +258,7 @@ def traffic_pattern(submission, ctx):
         raise CheckFailed("\n".join(problems[:3]) + (f"\n… {len(problems) - 3} more" if len(problems) > 3 else ""))
 
 
-@check(EXERCISE, points=1, timeout=30)
+@check(EXERCISE, points=1, timeout=30, requires=ANSWER)
 def activations_sent_detached(submission, ctx):
     """What goes forward is data only: the activations are sent detached from rank 0's autograd graph."""
     case = SEED_EXAMPLE
@@ -274,7 +276,7 @@ def activations_sent_detached(submission, ctx):
             "`activations` itself for activations.backward(grad)")
 
 
-@check(EXERCISE, points=1, hidden=True, timeout=30)
+@check(EXERCISE, points=1, hidden=True, timeout=30, requires=ANSWER)
 def other_splits_and_sizes(submission, ctx):
     """A three-layer network split [2, 1] and [1, 2], hidden 24, a batch of 7 in 3 micro-batches, 2 steps."""
     cases = [(24, 3, (2, 1), 2, 7, 3), (24, 3, (1, 2), 2, 7, 3)]

@@ -48,9 +48,11 @@ from fractions import Fraction
 from ..answers import AnswerHeldBack, held_back
 from ..parallel.pipeline import Schedule, ScheduleError, one_f_one_b, plan, validate
 from .registry import check
-from .scoring import CheckFailed, NotDone, partial_credit
+from .scoring import CheckFailed, NotDone, partial_credit, tails_said_once
 
 EXERCISE = "04_pipeline_schedule"
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("valid_schedule", "equals_one_process")
 CASES = [(p, m) for p in (2, 3, 4, 1) for m in range(1, 9)]  # the feedback starts with two ranks
 SHOWN = 3  # problems spelled out per check; the rest are counted
 SLACK = 1  # micro-batches over 1F1B's bound a schedule may hold and still count as 1F1B's shape
@@ -123,8 +125,8 @@ def _score(outcomes: list[tuple[bool, str | None]], lead: str | None = None) -> 
         lines = str(failed).splitlines()
         more = f"\n(and {len(lines) - SHOWN} more case{'s' if len(lines) - SHOWN > 1 else ''})" \
             if len(lines) > SHOWN else ""
-        raise CheckFailed("\n".join(([lead] if lead else []) + lines[:SHOWN]) + more, fraction=failed.fraction) \
-            from None
+        shown = tails_said_once(lines[:SHOWN])  # a long explanation the cases share, said once
+        raise CheckFailed("\n".join(([lead] if lead else []) + shown) + more, fraction=failed.fraction) from None
 
 
 def _judged(submission, ctx, cases, precondition, judge=None, slack: int = SLACK,
@@ -164,7 +166,7 @@ def valid_schedule(submission, ctx):
     return _judged(submission, ctx, CASES, lambda p, m: p == 1 or m == 1)
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def bubble_equals_formula(submission, ctx):
     """Its unit-time plan (F = 1, B = 2) idles exactly (p−1)/(m+p−1) of the time."""
     def judge(schedule, p, m):
@@ -196,7 +198,7 @@ def _first_wait(mine, best) -> str:
             "busy there (p−1−r warm-up forwards, then one forward and one backward)")
 
 
-@check(EXERCISE, points=3)
+@check(EXERCISE, points=3, requires=ANSWER)
 def peak_activations(submission, ctx):
     """Rank r holds at most min(p−r, m) micro-batches' activations (forward done, backward not yet)."""
     return _judged(submission, ctx, CASES, lambda p, m: m == 1, lambda schedule, p, m: None, slack=0)

@@ -17,7 +17,10 @@ import re
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["quiet_rank", "death_summary"]
+__all__ = ["quiet_rank", "death_summary", "LENGTH_HINT"]
+
+# What a length mismatch asks of the learner, in any exercise; one may say it in its own words (its LENGTH_HINT).
+LENGTH_HINT = "size each receive for exactly what its sender sends"
 
 _DIED = ("was killed by signal", "exited with code", "closed its pipe and exited")
 _CONNECTION = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "gloo")
@@ -57,7 +60,7 @@ def quiet_rank(logs: str | None, rank: int):
             os.close(fd)
 
 
-def _abort_cause(text: str) -> str | None:
+def _abort_cause(text: str, hint: str = LENGTH_HINT) -> str | None:
     """What gloo's abort message says, in words, or None if ``text`` holds no C++ abort."""
     found = _ABORT.search(text)
     if not found:
@@ -67,8 +70,7 @@ def _abort_cause(text: str) -> str | None:
     sizes = _SIZES.search(detail)
     if "preamble.length" in detail and sizes:
         return (f"a message of {sizes['got']} bytes arrived where the receive posted for it holds {sizes['want']} "
-                f"bytes: sender and receiver disagree on a length (which segment does each step send, and which "
-                f"does it receive?)")
+                f"bytes: sender and receiver disagree on a length ({hint})")
     if sizes:
         return f"gloo found {sizes['got']} bytes where it expected {sizes['want']} (a length or dtype mismatch)"
     return f"gloo stopped it ({found['kind'].split('::')[-1]})"
@@ -84,18 +86,20 @@ def _logs(logs: str, world_size: int) -> dict[int, str]:
     return out
 
 
-def death_summary(rank: int, remote_traceback: str, logs: str, world_size: int) -> str | None:
+def death_summary(rank: int, remote_traceback: str, logs: str, world_size: int,
+                  hint: str = LENGTH_HINT) -> str | None:
     """One line for a rank that died or lost its peers, or None if ``rank`` simply raised a Python error.
 
     ``rank`` and ``remote_traceback`` are the launcher's first report; the logs
-    of all ranks say whether gloo aborted one of them, which is then named as the cause.
+    of all ranks say whether gloo aborted one of them, which is then named as the cause. ``hint``: what a
+    length mismatch asks of the learner, in the exercise's words.
     """
     died = any(marker in remote_traceback for marker in _DIED)
     cut_off = any(marker in remote_traceback for marker in _CONNECTION)
     if not (died or cut_off):
         return None
     texts = _logs(logs, world_size)
-    aborted = {r: cause for r, text in texts.items() if (cause := _abort_cause(text))}
+    aborted = {r: cause for r, text in texts.items() if (cause := _abort_cause(text, hint))}
     if aborted:
         first = rank if rank in aborted else min(aborted)
         others = f" (and {len(aborted) - 1} more ranks the same way)" if len(aborted) > 1 else ""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 __all__ = ["Exercise", "EXERCISES", "EXERCISE_MODULES", "RING", "Check", "check", "checks_for", "forget",
-           "instead_of"]
+           "instead_of", "length_hint"]
 
 
 @dataclass(frozen=True)
@@ -54,12 +54,15 @@ class Check:
     hidden: bool = False
     timeout: float = 30.0
     description: str = ""
+    requires: tuple[str, ...] = ()  # the checks of the answer this one measures a property of (see report.credited)
+    allows: tuple[str, ...] = ()    # torch.distributed functions this check lets the learner call (guard.guarded)
 
 
 _REGISTRY: dict[str, list[Check]] = {}
 
 
-def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None):
+def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None,
+          requires: tuple[str, ...] = (), allows: tuple[str, ...] = ()):
     """Register ``fn(submission, ctx)`` as a check of ``exercise``, worth ``points``.
 
     It passes by returning (optionally a fraction in [0, 1]), fails by raising
@@ -67,9 +70,15 @@ def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float
     notebook does not show. ``timeout`` bounds each ``ctx.launch``. A check is
     known by its name: registering the same name again (re-running a notebook
     cell, reloading a module) replaces it where it stands.
+
+    ``requires`` makes it a *property* of the answer those checks judge (its traffic, its edge cases, its
+    hidden variants): it earns nothing unless each of them earns full marks (:func:`~.report.credited`, the
+    one crediting rule of every exercise). ``allows`` names ``torch.distributed`` functions (``"broadcast"``)
+    the learner may call in this check, though the guard switches them off in the exercise's others.
     """
     def register(fn: Callable) -> Callable:
-        new = Check(exercise, name or fn.__name__, points, fn, hidden, timeout, (fn.__doc__ or "").strip())
+        new = Check(exercise, name or fn.__name__, points, fn, hidden, timeout, (fn.__doc__ or "").strip(),
+                    tuple(requires), tuple(allows))
         checks = _REGISTRY.setdefault(exercise, [])
         for index, old in enumerate(checks):
             if old.name == new.name:
@@ -95,6 +104,13 @@ def checks_for(exercise: str) -> list[Check]:
 def forget(exercise: str) -> None:
     """Drop every check registered for ``exercise`` (an exercise defined in a test or a notebook cell)."""
     _REGISTRY.pop(exercise, None)
+
+
+def length_hint(exercise: str | None) -> str | None:
+    """The exercise module's ``LENGTH_HINT``: what a message that does not fit its receive asks, in its words."""
+    if exercise not in EXERCISE_MODULES:
+        return None
+    return getattr(importlib.import_module(EXERCISE_MODULES[exercise]), "LENGTH_HINT", None)
 
 
 def instead_of(exercise: str) -> str | None:

@@ -1,5 +1,9 @@
 """What grading leaves: a :class:`Result` per check, the :class:`Report` table, and the file ``coursekit grade`` reads.
 
+The one crediting rule of every exercise is applied here (:func:`credited`): a check registered with
+``requires=`` judges a property of an answer (its traffic, its edge cases, its hidden variants) and earns nothing
+while that answer is wrong.
+
 :func:`save` adds a report's results to ``$COURSEKIT_GRADE_REPORT`` when it is
 set (``coursekit grade`` sets it before it runs a copy of the notebook);
 :func:`saved_report` reads them back, every check of the exercise in order,
@@ -15,7 +19,7 @@ from pathlib import Path
 
 from .registry import checks_for
 
-__all__ = ["Result", "Report", "REPORT_ENV", "save", "saved_report"]
+__all__ = ["Result", "Report", "REPORT_ENV", "save", "saved_report", "credited", "NOT_CREDITED"]
 
 REPORT_ENV = "COURSEKIT_GRADE_REPORT"  # where grade() also writes its results (set by `coursekit grade`)
 
@@ -25,7 +29,7 @@ class Result:
     name: str
     points: float
     earned: float
-    status: str          # pass, partial, fail, not done, deadlock, timeout, skipped, not run
+    status: str          # pass, partial, fail, not done, deadlock, timeout, skipped, not run, not scored
     feedback: str = ""
     hidden: bool = False
     seconds: float = 0.0
@@ -69,6 +73,30 @@ class Report:
         printer.text(f"Report({self.exercise!r}, {_fmt(self.score)}/{_fmt(self.max_score)})")
 
 
+NOT_CREDITED = "not scored: {name} counts only for a right answer, and {wrong} {verb} not earned full marks yet"
+
+
+def credited(exercise: str, results: list) -> list:
+    """``results`` with the crediting rule applied: a property earns nothing while the answer it measures is wrong.
+
+    A check registered with ``requires=(...)`` keeps its points only if each of those checks, when among
+    ``results``, earned full marks; otherwise it scores 0 and its feedback says why (after what it found, which
+    is still worth reading). A required check not among ``results`` (graded with ``only=``) is not held against it.
+    """
+    by_name, requires = {r.name: r for r in results}, {c.name: c.requires for c in checks_for(exercise)}
+    kept = []
+    for result in results:
+        wrong = [name for name in requires.get(result.name, ())
+                 if name in by_name and by_name[name].earned < by_name[name].points]
+        if wrong and result.earned > 0:
+            said = NOT_CREDITED.format(name=result.name, wrong=" and ".join(wrong),
+                                       verb="has" if len(wrong) == 1 else "have")
+            feedback = f"right, but {said}" if result.status == "pass" else f"{result.feedback}\n{said}"
+            result = Result(result.name, result.points, 0.0, "not scored", feedback, result.hidden, result.seconds)
+        kept.append(result)
+    return kept
+
+
 def _fmt(x: float) -> str:
     return f"{x:g}"
 
@@ -101,4 +129,5 @@ def saved_report(exercise: str, path: Path, note: str = "") -> Report:
         else:
             report.results.append(Result(item.name, item.points, 0.0, "not run",
                                          "the notebook never ran this check", item.hidden))
+    report.results = credited(exercise, report.results)  # the checks may have been run in separate cells
     return report

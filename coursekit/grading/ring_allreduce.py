@@ -35,13 +35,18 @@ from ..collectives import owned_segment, ring_traffic, segment_bounds
 from .registry import check
 from .ring_judge import all_gather_start, judge_all_gather, judge_reduce_scatter, ring_input, ring_sum, shape_problems
 from .ring_schedule import AG, RS, diagnose
-from .scoring import CheckFailed, partial_credit
+from .ring_subgroup import subgroup_case
+from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 EXERCISE = "01_ring_allreduce"  # registered in registry.EXERCISES, the one place exercises are named
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("reduce_scatter_correct", "all_gather_correct")
 F32 = torch.float32
 # (world size, length) of the all-gather cases whose segment is passed as a copy, not as the view of out that
 # reduce_scatter returns: the notebook asks all_gather to put it in place unless it already is that view.
 AS_COPY = {(3, 10)}
+BOTH = "reduce_scatter then all_gather"  # how the cases that run both phases are named
+LENGTH_HINT = "which segment does each step send, and which does it receive?"  # said when gloo aborts a rank
 
 
 # ----------------------------------------------------------------------------- what runs on each rank
@@ -96,10 +101,17 @@ def _random_all_reduce(rank, world_size, reduce_scatter, all_gather, numel):
 
 
 # ----------------------------------------------------------------------------- scoring many cases
-def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge):
+def _label(name: str, world_size: int, cases) -> str:
+    """The case a deadlock is said in: ``reduce_scatter, world size 4, lengths 16 and 10``."""
+    lengths = [str(n) for n, _ in cases]
+    said = f"length {lengths[0]}" if len(lengths) == 1 else f"lengths {', '.join(lengths[:-1])} and {lengths[-1]}"
+    return f"{name}, world size {world_size}, {said}"
+
+
+def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge, name):
     """All cases in one run; if that crashes, one run per case, so a crash costs only its case.
 
-    Yields ``(numel, outcome)``: None when right, else what went wrong.
+    Yields ``(numel, outcome)``: None when right, else what went wrong. ``name``: the learner's function run.
     """
     def judged(chosen, results):
         return [judge(world_size, n, d, [r[i] for r in results]) for i, (n, d) in enumerate(chosen)]
@@ -107,12 +119,14 @@ def _per_case(ctx, rank_fn, world_size, learner_fn, cases, judge):
     def accept(chosen):
         return lambda results: not any(judged(chosen, results))
 
-    results = ctx.run_case(rank_fn, world_size, learner_fn, cases, accept=accept(cases))
+    results = ctx.run_case(rank_fn, world_size, learner_fn, cases, accept=accept(cases),
+                           case=_label(name, world_size, cases))
     if not isinstance(results, CheckFailed):
         yield from zip((n for n, _ in cases), judged(cases, results))
         return
     for numel, dtype in cases:
-        results = ctx.run_case(rank_fn, world_size, learner_fn, [(numel, dtype)], accept=accept([(numel, dtype)]))
+        results = ctx.run_case(rank_fn, world_size, learner_fn, [(numel, dtype)], accept=accept([(numel, dtype)]),
+                               case=_label(name, world_size, [(numel, dtype)]))
         if isinstance(results, CheckFailed):
             yield numel, f"world size {world_size}, length {numel}: {results}"
         else:
@@ -127,7 +141,7 @@ def _outcomes(submission, ctx, phase: str, plan) -> list:
     ``[(world size, length, outcome), ...]``."""
     rank_fn, judge, name = _PHASES[phase]
     return [(world_size, numel, outcome) for world_size, cases in plan
-            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge)]
+            for numel, outcome in _per_case(ctx, rank_fn, world_size, getattr(submission, name), cases, judge, name)]
 
 
 def _is_precondition(world_size: int, numel: int) -> bool:
@@ -208,7 +222,7 @@ def _not_ring_shaped(world_size: int, numel: int, results: list, what: str) -> N
                           f"This check counts only for the ring's traffic")
 
 
-@check(EXERCISE, points=1)
+@check(EXERCISE, points=1, requires=ANSWER)
 def all_reduce_bit_identical(submission, ctx):
     """reduce_scatter then all_gather = all-reduce, with the same bits on every rank (G = 4, length 1001).
 
@@ -217,7 +231,7 @@ def all_reduce_bit_identical(submission, ctx):
     world_size, numel = 4, 1001
     right = _all_reduce_right(world_size, numel)
     results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
-                      accept=right)
+                      accept=right, case=_label(BOTH, world_size, [(numel, F32)]))
     full = ring_sum(world_size, numel, F32)
     for rank, (x, _) in enumerate(results):
         if not torch.equal(x.double(), full):
@@ -226,7 +240,7 @@ def all_reduce_bit_identical(submission, ctx):
     _not_ring_shaped(world_size, numel, results, "every rank holds the sum")
     same = lambda results: all(torch.equal(r, results[0]) for r in results)  # noqa: E731
     random = ctx.run(_random_all_reduce, world_size, submission.reduce_scatter, submission.all_gather, numel,
-                     accept=same)
+                     accept=same, case=_label(BOTH, world_size, [(numel, F32)]) + ", random inputs")
     if not same(random):
         differ = [r for r in range(1, world_size) if not torch.equal(random[r], random[0])]
         bits = int((random[differ[0]] != random[0]).sum())
@@ -252,7 +266,7 @@ def _traffic_problems(world_size: int, numel: int, traffic: comm.Traffic) -> lis
     return problems
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def ring_traffic_pattern(submission, ctx):
     """Only neighbours talk, one segment per message, 2·(G−1)·N elements spread evenly (G = 3 and 4).
 
@@ -262,7 +276,7 @@ def ring_traffic_pattern(submission, ctx):
     for world_size, numel in ((4, 10), (3, 7)):
         right = _all_reduce_right(world_size, numel)
         results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
-                          accept=right)
+                          accept=right, case=_label(BOTH, world_size, [(numel, F32)]))
         correct_results &= right(results)
         problems += _traffic_problems(world_size, numel, comm.Traffic.merge([t for _, t in results]))
     if not correct_results:
@@ -272,14 +286,15 @@ def ring_traffic_pattern(submission, ctx):
         raise CheckFailed("\n".join(problems))
 
 
-@check(EXERCISE, points=1)
+@check(EXERCISE, points=1, requires=ANSWER)
 def only_point_to_point(submission, ctx):
     """Built from coursekit.comm point-to-point only: no torch.distributed collectives (G = 4).
 
     Counted only for a ring: a parameter server built from coursekit.comm is point-to-point too.
     """
     world_size, numel = 4, 12
-    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32)
+    results = ctx.run(_both_rank, world_size, submission.reduce_scatter, submission.all_gather, numel, F32,
+                      case=_label(BOTH, world_size, [(numel, F32)]))
     if comm.Traffic.merge([t for _, t in results]).total == 0:
         raise CheckFailed(f"world size {world_size}, length {numel}: nothing was sent through coursekit.comm: "
                           f"each ring step sends one segment to the right neighbour with comm.isend and receives "
@@ -287,15 +302,25 @@ def only_point_to_point(submission, ctx):
     _not_ring_shaped(world_size, numel, results, "point-to-point through coursekit.comm")
 
 
-@check(EXERCISE, points=1, hidden=True)
+@check(EXERCISE, points=1, hidden=True, requires=ANSWER)
 def edge_cases(submission, ctx):
     """Lengths shorter than the world size, zero, and a world of one rank."""
     return _score(submission, ctx, {RS: [(4, [(2, F32), (0, F32)]), (1, [(5, F32)])],
                                     AG: [(4, [(3, F32), (0, F32)]), (1, [(5, F32)])]})
 
 
-@check(EXERCISE, points=2, hidden=True)
+@check(EXERCISE, points=2, hidden=True, requires=ANSWER)
 def hidden_variants(submission, ctx):
-    """World sizes and lengths the notebook does not show, float64 and float16 too."""
+    """World sizes and lengths the notebook does not show, float64 and float16 too, and a ring over each tp group
+    of a 2 × 2 mesh (``group=``: the neighbours' global ranks are not their ranks within the group)."""
     plan = [(5, [(1001, torch.float64), (5, F32)]), (6, [(50, F32)]), (3, [(7, torch.float16)])]
-    return _score(submission, ctx, {RS: plan, AG: plan})
+    try:  # half the points: the sizes and dtypes, case by case
+        _score(submission, ctx, {RS: plan, AG: plan})
+    except (NotDone, Deadlocked):
+        raise
+    except CheckFailed as failed:
+        raise CheckFailed(f"{failed}\n(the other half, a ring over a tp sub-group, is judged once these cases are "
+                          f"right)", failed.fraction / 2) from None
+    problem = subgroup_case(ctx, submission)  # the other half: real ranks, the group's own numbering
+    if problem:
+        raise CheckFailed(problem, fraction=0.5)

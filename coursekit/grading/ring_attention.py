@@ -53,9 +53,11 @@ from .ring_attention_merges import (MERGE_CASES, MERGE_PRECONDITIONS, NO_RESCALE
 from .ring_attention_runs import (B, D, H, L, attention_seeing_later_blocks, dq_with_o_cut, full_answer, run_ring,
                                   tensors)
 from .ring_attention_work import not_blockwise
-from .scoring import CheckFailed, NotDone, partial_credit
+from .scoring import CheckFailed, NotDone, credit_said_once
 
 EXERCISE = "06_ring_attention"
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("merge_exact", "ring_equals_full_attention", "causal_masking", "key_value_gradients")
 SIZES = (2, 3, 4)
 
 
@@ -89,7 +91,7 @@ def merge_exact(submission, ctx):
         if hint:  # what the merge did, said once, at its first wrong case that tells
             outcomes[-1] += "\n" + hint
             hinted = True
-    return partial_credit(outcomes[MERGE_PRECONDITIONS:], outcomes[:MERGE_PRECONDITIONS])
+    return credit_said_once(outcomes[MERGE_PRECONDITIONS:], outcomes[:MERGE_PRECONDITIONS])
 
 
 def _merge_hint(o, lse, o_right: bool, parts, shifts, small_right: bool) -> str | None:
@@ -177,14 +179,14 @@ def _drops_grad_o(results, world_size: int, causal: bool) -> bool:
 @check(EXERCISE, points=3)
 def ring_equals_full_attention(submission, ctx):
     """Without a mask, at G = 1..4: each rank's output and the gradient of q equal full attention's."""
-    return partial_credit([_against_full(ctx, submission, g, False) for g in SIZES],
+    return credit_said_once([_against_full(ctx, submission, g, False) for g in SIZES],
                           [_against_full(ctx, submission, 1, False)])
 
 
 @check(EXERCISE, points=2)
 def causal_masking(submission, ctx):
     """With a causal mask, at G = 1..4: each query sees only keys at or before its position."""
-    return partial_credit([_against_full(ctx, submission, g, True) for g in SIZES],
+    return credit_said_once([_against_full(ctx, submission, g, True) for g in SIZES],
                           [_against_full(ctx, submission, 1, True)])
 
 
@@ -241,11 +243,11 @@ def key_value_gradients(submission, ctx):
     # right (the way the block went) arrives where it belongs and only G >= 3 tells
     cases = [(g, causal) for causal in (False, True) for g in SIZES if g > 2]
     preconditions = [(g, causal) for causal in (False, True) for g in (1, 2)]
-    return partial_credit([_key_value_gradients(ctx, submission, g, c) for g, c in cases],
+    return credit_said_once([_key_value_gradients(ctx, submission, g, c) for g, c in cases],
                           [_key_value_gradients(ctx, submission, g, c) for g, c in preconditions])
 
 
-@check(EXERCISE, points=2)
+@check(EXERCISE, points=2, requires=ANSWER)
 def traffic_pattern(submission, ctx):
     """Only neighbours: every message to rank r+1; each rank sends each key and value block once per step."""
     outcomes = []
@@ -269,4 +271,4 @@ def traffic_pattern(submission, ctx):
                             f"G−1 steps (the last block needs no passing on)")
         else:  # the ring's traffic, and the ring's work (blocks held: nothing is saved for a backward here)?
             outcomes.append(lazy)
-    return partial_credit(outcomes[1:], outcomes[:1])
+    return credit_said_once(outcomes[1:], outcomes[:1])

@@ -59,6 +59,8 @@ from .tensor_tools import all_gather, all_reduce, shard_range
 __all__ = ["all_reduce", "all_gather", "shard_range", "EXERCISE", "CASES"]  # the learner's tools, also from here
 
 EXERCISE = "05_tensor_parallel"  # registered in registry.EXERCISES
+# The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
+ANSWER = ("column_parallel_linear", "row_parallel_linear")
 INSTEAD = ("use the counted collectives of this exercise (from coursekit.grading.tensor_tools import all_reduce, "
            "all_gather), so that the grader sees every one")
 
@@ -100,7 +102,7 @@ def _gathered_weights(calls, weight_numels) -> bool:
 
 GATHERED = ("you all-gather the weight shards in forward: every rank then holds the whole matrix and does all of "
             "the multiplication itself, so neither the memory nor the arithmetic is split — that is one GPU's "
-            "work repeated t times, not tensor parallelism (partial credit). Keep each rank's shard and communicate "
+            "work repeated on each of the group's t ranks, not tensor parallelism (partial credit). Keep each rank's shard and communicate "
             "activations instead: f (all-reduce of the input gradient) before a column-parallel layer, g "
             "(all-reduce of the partial outputs) after a row-parallel one.")
 
@@ -261,7 +263,7 @@ def row_parallel_linear(submission, ctx):
     return _score(submission, ctx, "row", lambda per_rank, label: _judge_layer("row", per_rank, label))
 
 
-@check(EXERCISE, points=4, timeout=60)
+@check(EXERCISE, points=4, timeout=60, requires=ANSWER)
 def mlp_one_all_reduce_each_way(submission, ctx):
     """The MLP out(gelu(fc(x))), fc column- and out row-parallel, on 2 and 4 ranks and on two groups of 2 (10 hidden
     features: 3, 3, 2, 2; one rank must work too): the dense MLP's output and every gradient, with exactly one

@@ -25,12 +25,12 @@ SWAPPED = "f and g are swapped"
 F_NO_BACKWARD = ("the input gradient on each rank is only its own shard's part (grad_Y_r · W_r): f, before the "
                  "column-parallel layer, must all-reduce the input's gradient in backward (identity forward, "
                  "all-reduce backward) — every rank read the whole input, so every rank's part must be summed")
-BIAS_EVERY_RANK = ("the output is off by (t − 1) × the bias: every rank added the bias (before the sum, or without "
+BIAS_EVERY_RANK = ("the output is off by (t − 1) × the bias, t the ranks of the layer's group: every rank added the bias (before the sum, or without "
                    "one), so the sum holds it t times. Add it after g's all-reduce, on every rank: the output then "
                    "holds it once, and every rank's copy of the bias gets its gradient")
 COLUMN_SWAPPED = (f"{SWAPPED}: before a column-parallel layer comes f — identity in forward, all-reduce of the "
                   "input's gradient in backward. Yours all-reduces in forward (the input, which every rank already "
-                  "holds whole: it comes out t times) and not in backward")
+                  "holds whole: it comes out t times, once per rank of the group) and not in backward")
 ROW_SWAPPED = (f"{SWAPPED}: after a row-parallel layer comes g — all-reduce of the partial outputs in forward, "
                "identity in backward. Yours is identity in forward (each rank returns only its own partial sum) and "
                "all-reduces in backward")

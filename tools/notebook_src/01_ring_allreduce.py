@@ -20,18 +20,22 @@
 # After reduce-scatter, rank `r` holds the complete sum of segment `(r + 1) % G` (GPU1 ends with
 # `b₂+c₂+d₂+a₂`). `reduce_scatter` returns that segment (a view into the tensor); `all_gather` starts from it.
 #
-# **The tools**: `comm.get_rank()`, `comm.get_world_size()`, `comm.isend(tensor, dst)`,
-# `comm.irecv(tensor, src)` (both return a work object: call `.wait()`), and the blocking
-# `comm.send` / `comm.recv`. Every transfer through `comm` is counted; `torch.distributed`'s own
+# **The tools**: `comm.get_rank(group)`, `comm.get_world_size(group)`, `comm.isend(tensor, dst, group)`,
+# `comm.irecv(tensor, src, group)` (both return a work object: call `.wait()`), and the blocking
+# `comm.send` / `comm.recv`. Both functions take `group=`: the ring runs over that group's ranks (the whole
+# world when `None`; a mesh axis such as `mesh["tp"]` in the hidden checks). `comm.get_rank(group)` is your
+# rank *within* the group, but `dst`/`src` are *global* ranks, as in `torch.distributed`: name a neighbour
+# within the group with `group_dst=` / `group_src=` instead. Every transfer through `comm` is counted; `torch.distributed`'s own
 # collectives and raw send/recv, and coursekit's own ring (`coursekit.ring_reduce_scatter`,
 # `ring_all_gather`, `ring_all_reduce`), are switched off while grading: both phases are yours to write.
 #
 # **Grading**: the cells below grade each part as you go; the last cell grades everything, including
-# hidden world sizes and lengths. Or from a terminal: `coursekit grade exercises/01_ring_allreduce.ipynb`
-# (it runs a copy; your file is never touched). Points: correctness of each phase for G = 2, 3, 4 and
+# hidden world sizes and lengths. Or from a terminal, in the course's folder:
+# `make grade NB=exercises/01_ring_allreduce.ipynb` (it runs a copy; your file is never touched). Points: correctness of each phase for G = 2, 3, 4 and
 # lengths that do and do not divide by G; bit-identical results on every rank; traffic exactly
-# 2·(G−1)·N, neighbours only, one segment per message; no built-in collectives; hidden variants.
-# Every point is for the ring: right values computed another way (everything through one rank) earn nothing.
+# 2·(G−1)·N, neighbours only, one segment per message; no built-in collectives; hidden variants (a sub-group
+# among them). Every point is for the ring: right values computed another way (everything through one rank) earn
+# nothing, and the points for bits, traffic, edge cases and hidden variants count only once both phases are right.
 
 # %% tags=["parameters"]
 # Parameters: seconds each check may run before it counts as a deadlock (raise it on a slow machine).
@@ -66,9 +70,9 @@ def reduce_scatter(tensor, group=None):
         incoming = buffer[:segments[recv_k].numel()]
         works = []
         if segments[send_k].numel():
-            works.append(comm.isend(segments[send_k], right, group))
+            works.append(comm.isend(segments[send_k], group=group, group_dst=right))
         if incoming.numel():
-            comm.irecv(incoming, left, group).wait()
+            comm.irecv(incoming, group=group, group_src=left).wait()
             segments[recv_k].add_(incoming)             # "added to b1"
         for work in works:
             work.wait()                                 # before the next step touches that segment
@@ -119,9 +123,9 @@ def all_gather(segment, out, group=None):
         send_k, recv_k = (r + 1 - s) % G, (r - s) % G
         works = []
         if segments[send_k].numel():
-            works.append(comm.isend(segments[send_k], right, group))
+            works.append(comm.isend(segments[send_k], group=group, group_dst=right))
         if segments[recv_k].numel():
-            works.append(comm.irecv(segments[recv_k], left, group))   # straight into place
+            works.append(comm.irecv(segments[recv_k], group=group, group_src=left))   # straight into place
         for work in works:
             work.wait()
     return out

@@ -7,7 +7,8 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"125m": Layout(dp=4, micro_batches=8)})
 
-SCORE = 9   # 2 of 3 in the three checks of the shown runs; the hidden runs are the solution's
+SCORE = 6  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"valid_layout": (2, "125m: dp × tp × pp × sp = 4 × 1 × 1 × 1 = 4 GPUs, but the scenario has 8"),
          "fits_in_memory": (2, "125m: not judged: not a valid layout"),
-         "follows_the_chapter": (2, "125m: not judged: not a valid layout")}
+         "follows_the_chapter": (2, "125m: not judged: not a valid layout"),
+    "hidden_scenarios": (0, "counts only for a right answer")}

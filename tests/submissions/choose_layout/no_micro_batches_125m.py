@@ -9,8 +9,9 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"125m": Layout(dp=8)})
 
-SCORE = 10
+SCORE = 7  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"fits_in_memory": (2, ("125m: dp 8, m = 1: does not fit: 132.8 GB per GPU > 80.0 GB",
                                 "The largest term: activations 130.8 GB per GPU: at 32 sequences per micro-batch: "
                                 "more micro-batches (micro_batches = 2 holds half as many")),
-         "follows_the_chapter": (2, "125m: not judged: it does not fit")}
+         "follows_the_chapter": (2, "125m: not judged: it does not fit"),
+    "hidden_scenarios": (0, "counts only for a right answer")}

@@ -8,8 +8,9 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"13b": Layout(dp=8, micro_batches=16)})
 
-SCORE = 10  # valid 3, fits 2 of 3, follows_the_chapter 2 of 3 (13b not judged: it does not fit), hidden 3
+SCORE = 7  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"fits_in_memory": (2, ("13b: dp 8, m = 16: does not fit: 254.0 GB per GPU > 80.0 GB",
                                 "The largest term: optimizer state 154.3 GB per GPU: add ZeRO over dp (zero=1 "
                                 "shards it dp = 8 ways: 19.3 GB) or split the model by tp")),
-         "follows_the_chapter": (2, "13b: not judged: it does not fit (see fits_in_memory)")}
+         "follows_the_chapter": (2, "13b: not judged: it does not fit (see fits_in_memory)"),
+    "hidden_scenarios": (0, "counts only for a right answer")}

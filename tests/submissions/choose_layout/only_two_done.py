@@ -10,8 +10,9 @@ def choose_layout(scenario):
     return solution(scenario)
 
 
-SCORE = 9   # 2 of 3 in each check of the shown runs; the hidden runs are the solution's
+SCORE = 6  # a property of a wrong answer earns nothing (issue 58)
 NOT_DONE = "175b: not done yet: choose_layout raises NotImplementedError for it"
 LOSES = {"valid_layout": (2, NOT_DONE),
          "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
-         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)")}
+         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)"),
+    "hidden_scenarios": (0, "counts only for a right answer")}

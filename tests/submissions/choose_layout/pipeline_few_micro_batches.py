@@ -11,7 +11,8 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"175b": Layout(dp=16, tp=8, pp=8, zero=1, micro_batches=16, recompute="full")})
 
-SCORE = 11  # the bubble, 30% of the step, over a fifth: follows_the_chapter 2 of 3
+SCORE = 8  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"follows_the_chapter": (2, ("175b: dp 16 × tp 8 × pp 8, ZeRO-1, 1f1b, m = 16, recompute full: ",
                                      "the pipeline bubble takes 12.36 s: pp = 8 at m = 16 idles 30% of the time",
-                                     "raise micro_batches", "a bubble under a fifth of the step earns the point"))}
+                                     "raise micro_batches", "a bubble under a fifth of the step earns the point")),
+    "hidden_scenarios": (0, "counts only for a right answer")}

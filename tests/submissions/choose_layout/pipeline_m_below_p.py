@@ -7,7 +7,8 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"175b": Layout(dp=16, tp=8, pp=8, zero=1, micro_batches=4)})
 
-SCORE = 9   # 2 of 3 in each shown check: 175b is invalid, so neither priced nor judged; hidden runs: the solution's
+SCORE = 6  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"valid_layout": (2, "175b: pp = 8 with micro_batches = 4: m < p, the pipeline never fills"),
          "fits_in_memory": (2, "175b: not judged: not a valid layout (see valid_layout)"),
-         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)")}
+         "follows_the_chapter": (2, "175b: not judged: not a valid layout (see valid_layout)"),
+    "hidden_scenarios": (0, "counts only for a right answer")}

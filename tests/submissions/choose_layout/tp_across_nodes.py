@@ -13,7 +13,8 @@ from coursekit.costmodel import Layout
 
 choose_layout = but(**{"175b": Layout(dp=16, tp=16, pp=4, zero=1, micro_batches=96)})
 
-SCORE = 11  # follows_the_chapter 2 of 3: tp crosses nodes (the other runs are the solution's)
+SCORE = 8  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"follows_the_chapter": (2, ("175b: dp 16 × tp 16 × pp 4, ZeRO-1, 1f1b, m = 96: ",
                                      "the tp = 16 group crosses nodes (8 GPUs a node)", "38.03 s of the step",
-                                     "keep tp inside a node (tp <= 8)"))}
+                                     "keep tp inside a node (tp <= 8)")),
+    "hidden_scenarios": (0, "counts only for a right answer")}

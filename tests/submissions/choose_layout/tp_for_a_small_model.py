@@ -14,8 +14,8 @@ def choose_layout(scenario):
     return chosen
 
 
-SCORE = 10
+SCORE = 8  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"follows_the_chapter": (2, ("125m: dp 4 × tp 2, m = 2: the model's states, 2.0 GB with Adam, fit one GPU "
                                      "of 80 GB: data parallelism alone (P1, P10; tp = pp = sp = 1)",)),
-         "hidden_scenarios": (2, ("350m: GPT-3 Medium (350 M parameters) on 16 GPUs (2 nodes of 8): dp 8 × tp 2",
+         "hidden_scenarios": (0, ("350m: GPT-3 Medium (350 M parameters) on 16 GPUs (2 nodes of 8): dp 8 × tp 2",
                                   "data parallelism alone"))}

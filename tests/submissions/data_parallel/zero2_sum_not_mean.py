@@ -12,12 +12,13 @@ from coursekit.collectives import ring_reduce_scatter
 from _dp_solution import attach_gradient_averaging  # noqa: F401  (part 1 is right)
 
 EXERCISE = "02_data_parallel"
-SCORE = 9  # part 1: 8; zero2_frees_gradients 1; the one-rank case is right but earns nothing
+SCORE = 8  # a property of a wrong answer earns nothing (issue 58)
 _SUM = "(it is the *sum* over ranks: divide by the world size)"
 LOSES = {
     "zero2_segment": (0, ("mlp, world size 2: step 0, grad", _SUM)),
     "zero2_traffic": (0, "traffic is scored only for a right one"),
     "zero2_hidden_variants": (0, _SUM),
+    "zero2_frees_gradients": (0, "counts only for a right answer"),
 }
 
 

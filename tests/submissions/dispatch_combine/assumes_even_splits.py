@@ -17,7 +17,8 @@ LOSES = {"dispatch_rows": (0, ("its rows_per_local_expert is [2, 1, 1, 1]: its e
          "skewed_routing": (0, "Exchange the counts first"),
          "gradients_equal_one_process": (0, "Exchange the counts first"),
          "traffic": (0, "Exchange the counts first"),
-         "process_groups": (0, ("sender and receiver disagree on a length",
+         "process_groups": (0, ("sender and receiver disagree on a length (each receive must hold the rows its sender "
+                                "sends: exchange the counts first and size it from them)",
                                 "it is wrong with the whole world as the group too")),
          "hidden_sizes": (0, "Exchange the counts first")}
 

@@ -8,7 +8,7 @@ from coursekit.parallel.sequence.comm import all_to_all
 from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 2 + 0.75 + 1.33 + 0.5 + 1  # dispatch 2, outputs 1/4, skewed 2/3, gradients 1/4, hidden 1/2
+SCORE = 4.58  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"outputs_equal_one_process": (0.75, ("Every rank's dispatch is right (see dispatch_rows), so combine is wrong",
                                               "undo dispatch's regrouping")),
          "skewed_routing": (1.33, "undo dispatch's regrouping"),
@@ -16,7 +16,7 @@ LOSES = {"outputs_equal_one_process": (0.75, ("Every rank's dispatch is right (s
          "traffic": (0, "traffic is judged only for a right answer"),
          "process_groups": (0, ("the output differs from the one-process MoE's",
                                 "it is wrong with the whole world as the group too")),
-         "hidden_sizes": (1, "undo dispatch's regrouping")}
+         "hidden_sizes": (0, "undo dispatch's regrouping")}
 
 
 def combine(y, routing, plan, tokens, group=None):

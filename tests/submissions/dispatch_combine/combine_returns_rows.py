@@ -9,14 +9,14 @@ from coursekit.parallel.sequence.comm import all_to_all
 from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 2 + 1.33 + 1  # dispatch 2, skewed 2/3 (k = 1 cases), hidden 1/2 (the k = 1 case)
+SCORE = 3.33  # dispatch_rows 2 + skewed_routing 1.33; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"outputs_equal_one_process": (0, ("rank 0's combine returned shape (9, 8), not (tokens, d) = (5, 8)",
                                            "add it times its gate into its token's row (routing.token)")),
          "skewed_routing": (1.33, "rank 0's combine returned shape (7, 8), not (tokens, d) = (5, 8)"),
          "gradients_equal_one_process": (0, "the outputs differ (see outputs_equal_one_process)"),
          "traffic": (0, "traffic is judged only for a right answer"),
          "process_groups": (0, "it is wrong with the whole world as the group too"),
-         "hidden_sizes": (1, "combine returned shape")}
+         "hidden_sizes": (0, "combine returned shape")}
 
 
 def combine(y, routing, plan, tokens, group=None):

@@ -16,7 +16,8 @@ LOSES = {"dispatch_rows": (0, "rank 0's rows_per_local_expert [1, 0] adds up to 
          "skewed_routing": (0, "(fix dispatch first)"),
          "gradients_equal_one_process": (0, "the outputs differ (see outputs_equal_one_process)"),
          "traffic": (0, "traffic is judged only for a right answer"),
-         "process_groups": (0, ("split_with_sizes", "it is wrong with the whole world as the group too")),
+         "process_groups": (0, ("the experts could not run on what dispatch returned",
+                                "it is wrong with the whole world as the group too")),
          "hidden_sizes": (0, "(fix dispatch first)")}
 
 

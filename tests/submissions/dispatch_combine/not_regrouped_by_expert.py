@@ -9,7 +9,7 @@ from coursekit import comm
 from coursekit.parallel.sequence.comm import all_to_all
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 0.67 + 0.75 + 1.33 + 0.5 + 1  # dispatch 1/3, outputs 1/4, skewed 2/3, gradients 1/4, hidden 1/2
+SCORE = 3.25  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"dispatch_rows": (0.67, ("rank 0 received the right rows, but not grouped by expert",
                                   "they are still grouped by sender", "regroup them by expert")),
          "outputs_equal_one_process": (0.75, "they are still grouped by sender"),
@@ -18,7 +18,7 @@ LOSES = {"dispatch_rows": (0.67, ("rank 0 received the right rows, but not group
          "traffic": (0, "traffic is judged only for a right answer"),
          "process_groups": (0, ("the output differs from the one-process MoE's",
                                 "it is wrong with the whole world as the group too")),
-         "hidden_sizes": (1, "they are still grouped by sender")}
+         "hidden_sizes": (0, "they are still grouped by sender")}
 
 
 def dispatch(x, routing, group=None):

@@ -10,10 +10,15 @@ from _dc_solution import combine as solution_combine
 from _dc_solution import dispatch as solution_dispatch
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 3 + 2 + 2 + 1  # dispatch_rows, skewed_routing, hidden_sizes 0: each has a case with a rank of no tokens
+SCORE = 5  # a property of a wrong answer earns nothing (issue 58)
 DEADLOCK = ("deadlock (a send waits until its receive is posted, as on gloo)",
             "rank 1 waits in the grader, after its dispatch returned")
-LOSES = {"dispatch_rows": (0, DEADLOCK), "skewed_routing": (0, DEADLOCK), "hidden_sizes": (0, DEADLOCK)}
+# the deadlock names its case (issue 58: "world size 4" alone), the one with a rank of no tokens
+LOSES = {"dispatch_rows": (0, DEADLOCK + ("ep=4, E=4, k=1, dropless, skewed, tokens 5/0/6/11: deadlock",)),
+         "skewed_routing": (0, DEADLOCK + ("ep=4, E=4, k=1, dropless, skewed, tokens 5/0/6/11: deadlock",)),
+         "hidden_sizes": (0, DEADLOCK + ("ep=3, E=6, k=2, capacity 1.25, tokens 7/0/12: deadlock",)),
+    "traffic": (0, "counts only for a right answer"),
+    "process_groups": (0, "counts only for a right answer")}
 
 
 def dispatch(x, routing, group=None):

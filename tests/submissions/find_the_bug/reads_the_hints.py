@@ -11,4 +11,8 @@ SCORE = 9
 LOSES = {"names_each_bug": (0, ("not every reading is the one its report supports",
                                 "program_a: read the length error again",
                                 "program_b: read the timeout report again",
+                                # issue 58: "why two ranks finished" read as contradicting "ranks [0, 1, 2] still
+                                # running"; it meant the two-rank run before it
+                                "All three are still waiting there. Then ask why the same code finished on two ranks, "
+                                "in the run before it",
                                 "program_c: look at the replicas before the first step"))}

@@ -9,4 +9,4 @@ train_step, ring_sum = solution["train_step"], solution["ring_sum"]
 
 SCORE = 9
 LOSES = {"program_c_fixed": (0, ("world size 2: rank 1 drew the same samples as rank 0", "one seed for all",
-                                 "Keep each rank's own seed, 1000 + rank"))}
+                                 "Each rank's samples come from its own seed, 1000 + rank: seed it after the weights are drawn"))}

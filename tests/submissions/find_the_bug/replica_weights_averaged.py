@@ -17,5 +17,5 @@ make_replica = edited("broken_make_replica",
 train_step, ring_sum = solution["train_step"], solution["ring_sum"]
 
 SCORE = 9
-LOSES = {"program_c_fixed": (0, ("rank 0's weights are not the ones it drew", "averaged",
-                                 "send rank 0's own weights"))}
+LOSES = {"program_c_fixed": (0, ("rank 0's weights are not the ones its seed (1000) draws", "averaged",
+                                 "Start every replica from rank 0's own"))}

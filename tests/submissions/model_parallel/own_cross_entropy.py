@@ -10,13 +10,14 @@ on the activations rank 0 computed": the grader saw a loss only inside its own l
 from _mp_solution import first_stage, second_stage_with  # noqa: F401  (rank 0's half is right)
 
 EXERCISE = "03_model_parallel"
-SCORE = 5.5  # gradients 3, training 1.5 (the one-micro-batch case), detached 1 (of 12)
+SCORE = 4.5  # a property of a wrong answer earns nothing (issue 58)
 _NEVER = "second_stage never called loss_fn"
 LOSES = {
     "activations_reach_the_loss": (0, (_NEVER, "it is scaled for micro-batches")),
     "training_equals_one_process": (1.5, ("batch 10 in 3 micro-batches, 2 steps: step 0, loss", _NEVER)),
     "traffic_pattern": (0, "traffic is scored only for a right one"),
     "other_splits_and_sizes": (0, _NEVER),
+    "activations_sent_detached": (0, "counts only for a right answer"),
 }
 
 

@@ -10,8 +10,8 @@ from coursekit.parallel.pipeline import Action, Schedule, add_communication
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 7  # valid 3 + bubble 2 + executed 2 (every case within one of 1F1B's bound); peak 0 (only m = 1 agrees)
-LOSES = {"peak_activations": (0, ("p=2, m=3: rank 0 holds 3 micro-batches at its peak; 1F1B holds at most "
-                                  "min(p−r, m) = 2", "one warm-up forward too many"))}
+LOSES = {"peak_activations": (0, ("p=2, m=3; p=2, m=4: rank 0 holds 3 micro-batches at its peak; 1F1B holds at "
+                                  "most min(p−r, m) = 2", "one warm-up forward too many"))}
 
 
 def one_f_one_b(p, m):

@@ -12,16 +12,15 @@ from _ring_solution import reduce_scatter, ring_all_gather_as_written  # noqa: F
 EXERCISE = "01_ring_allreduce"
 # Every all-gather case with G ≥ 2 and a non-empty segment to receive is wrong (N = 0 on 4 ranks: nothing to
 # add; one rank: nothing received); the reduce-scatter is right.
-SCORE = 5.5  # reduce_scatter_correct 3 + only_point_to_point 1 + edge_cases 1/2 + hidden_variants 1 (its half)
-#             edge_cases: the reduce-scatter's N = 2 right, the all-gather's N = 3 wrong; N = 0 and one rank are
-#             preconditions (right, they earn nothing)
+SCORE = 3  # reduce_scatter_correct 3; a property of a wrong answer earns nothing (issue 58)
 _ADDS = "all_gather must copy (replace) what it receives, not add it"
 LOSES = {
     "all_gather_correct": (0, _ADDS),
     "all_reduce_bit_identical": (0, "rank 0 does not hold the sum"),
     "ring_traffic_pattern": (0, "traffic is scored only for a correct all-reduce"),
-    "edge_cases": (0.5, _ADDS),
-    "hidden_variants": (1, _ADDS),
+    "edge_cases": (0, _ADDS),
+    "hidden_variants": (0, _ADDS),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: irecv into a buffer, then segments[k].add_(buffer), as in the reduce-scatter

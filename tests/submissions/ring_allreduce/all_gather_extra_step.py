@@ -12,15 +12,15 @@ from _ring_solution import reduce_scatter, ring_all_gather_as_written  # noqa: F
 EXERCISE = "01_ring_allreduce"
 # Every all-gather case in which some rank's segment (r + 2) % G is not empty fails (N = 0: nothing sent);
 # on one rank range(G) still runs once, a send to itself (which comm refuses). The reduce-scatter is right.
-SCORE = 6.33  # reduce_scatter_correct 3 + all_reduce_bit_identical 1 + only_point_to_point 1 + edge_cases 1/3
-#               (the reduce-scatter's N = 2 right, the all-gather's N = 3 wrong, and its one-rank all-gather, a
-#               failed precondition, counts as a third case: 1/3, shown rounded to 0.33) + hidden_variants 1
+SCORE = 3  # reduce_scatter_correct 3; a property of a wrong answer earns nothing (issue 58)
 _EXTRA = "one step too many in the all-gather"
 LOSES = {
     "all_gather_correct": (0, _EXTRA),
     "ring_traffic_pattern": (0, "the expected traffic"),
-    "edge_cases": (0.33, (_EXTRA, "world size 1, length 5: rank 0 raised ValueError: rank 0 cannot send to rank 0")),
-    "hidden_variants": (1, _EXTRA),
+    "edge_cases": (0, (_EXTRA, "world size 1, length 5: rank 0 raised ValueError: rank 0 cannot send to rank 0")),
+    "hidden_variants": (0, _EXTRA),
+    "all_reduce_bit_identical": (0, "counts only for a right answer"),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: range(G) for range(G - 1)

@@ -11,9 +11,14 @@ from _ring_solution import reduce_scatter, ring_all_gather_as_written  # noqa: F
 
 EXERCISE = "01_ring_allreduce"
 # Only all_gather_correct's G = 3, N = 10 case passes the segment as a copy: 3 of its 4 cases are right.
-SCORE = 11.5
+SCORE = 4.5  # reduce_scatter_correct 3 + all_gather_correct 1.5; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"all_gather_correct": (1.5, ("world size 3, length 10: after all_gather rank 0",
-                                      "was given its segment as a copy"))}
+                                      "was given its segment as a copy")),
+    "all_reduce_bit_identical": (0, "counts only for a right answer"),
+    "ring_traffic_pattern": (0, "counts only for a right answer"),
+    "only_point_to_point": (0, "counts only for a right answer"),
+    "edge_cases": (0, "counts only for a right answer"),
+    "hidden_variants": (0, "counts only for a right answer")}
 
 # the mistake: no mine.copy_(segment) when segment is not already out's segment (r + 1) % G
 all_gather = ring_all_gather_as_written(puts_own=False)

@@ -12,9 +12,7 @@ from _ring_solution import reduce_scatter  # noqa: F401  (the reduce-scatter is 
 
 EXERCISE = "01_ring_allreduce"
 # The reduce-scatter cases all pass; every all-gather case calls the forbidden function and fails.
-SCORE = 4.25  # reduce_scatter_correct 3 + edge_cases 1/4 + hidden_variants 1
-#              edge_cases: the reduce-scatter's N = 2 right, the all-gather's N = 3 wrong, and the all-gather's two
-#              preconditions (N = 0 on 4 ranks, one rank) fail and cost: 1 right of 2 + 2
+SCORE = 3  # reduce_scatter_correct 3; a property of a wrong answer earns nothing (issue 58)
 _CALLED = ("torch.distributed.all_reduce was called: this exercise asks you to build it from "
            "coursekit.comm.send/recv/isend/irecv")
 LOSES = {
@@ -22,8 +20,8 @@ LOSES = {
     "all_reduce_bit_identical": (0, _CALLED),
     "ring_traffic_pattern": (0, _CALLED),
     "only_point_to_point": (0, _CALLED),
-    "edge_cases": (0.25, ("world size 4, length 0; world size 1, length 5; world size 4, length 3: " + _CALLED)),
-    "hidden_variants": (1, _CALLED),
+    "edge_cases": (0, ("world size 4, length 0; world size 1, length 5; world size 4, length 3: " + _CALLED)),
+    "hidden_variants": (0, _CALLED),
 }
 
 

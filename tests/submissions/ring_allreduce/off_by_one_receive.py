@@ -11,15 +11,16 @@ EXERCISE = "01_ring_allreduce"
 # G = 4, N = 1001 and N = 10 the segment lengths differ (251 vs 250, 3 vs 2): the simulator stops it
 # there. N = 12 divides: wrong values, but traffic went through comm. N = 2 on 4 ranks: the rank with
 # an empty segment skips a receive its neighbour's send waits for: a deadlock.
-SCORE = 4  # all_gather_correct 2 + only_point_to_point 1 + hidden_variants 1 (its all-gather half)
+SCORE = 2  # all_gather_correct 2; a property of a wrong answer earns nothing (issue 58)
 _STEP = ("at step 0, GPU2 should add a₁ into b₁; it added it into b₂ (rank r adds what it receives at step s "
          "into its segment (r − s − 1) mod G = 0)")
 LOSES = {
     "reduce_scatter_correct": (0, _STEP),
     "all_reduce_bit_identical": (0, "sender and receiver must agree on the length"),
     "ring_traffic_pattern": (0, "sender and receiver must agree on the length"),
-    "edge_cases": (0, "world size 4: deadlock"),
-    "hidden_variants": (1, _STEP),
+    "edge_cases": (0, "reduce_scatter, world size 4, lengths 2 and 0: deadlock"),
+    "hidden_variants": (0, _STEP),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: what arrives at step s is added into segment (r − s) % G, not (r − s − 1) % G

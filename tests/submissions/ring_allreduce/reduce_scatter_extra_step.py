@@ -13,15 +13,15 @@ from _ring_solution import all_gather, ring_reduce_scatter  # noqa: F401  (the a
 EXERCISE = "01_ring_allreduce"
 # Every reduce-scatter case in which a rank has a finished segment to send again fails (N = 0 on 4 ranks:
 # nothing sent; one rank: no steps); the all-gather and every value are right.
-SCORE = 5.5  # all_gather_correct 2 + all_reduce_bit_identical 1 + only_point_to_point 1 + edge_cases 1/2
-#              (the reduce-scatter's N = 2 wrong, the all-gather's N = 3 right; N = 0 and one rank are
-#              preconditions) + hidden_variants 1 (its all-gather half)
+SCORE = 2  # all_gather_correct 2; a property of a wrong answer earns nothing (issue 58)
 _EXTRA = "one step too many in the reduce-scatter"
 LOSES = {
     "reduce_scatter_correct": (0, (_EXTRA, "one message too many (the ring's reduce-scatter has G − 1 = 3 steps)")),
     "ring_traffic_pattern": (0, "1.17× the expected traffic"),
-    "edge_cases": (0.5, _EXTRA),
-    "hidden_variants": (1, _EXTRA),
+    "edge_cases": (0, _EXTRA),
+    "hidden_variants": (0, _EXTRA),
+    "all_reduce_bit_identical": (0, "counts only for a right answer"),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: range(G) for range(G - 1)

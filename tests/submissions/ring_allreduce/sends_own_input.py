@@ -13,16 +13,15 @@ from _ring_solution import all_gather, ring_reduce_scatter  # noqa: F401  (the a
 EXERCISE = "01_ring_allreduce"
 # The reduce-scatter cases with G = 2 are right (2 of 6), those with G ≥ 3 are the sum of two ranks.
 # At G = 4, N = 2 rank 0's one-element segment misses two ranks too (N = 0: nothing to miss); the all-gather is right.
-SCORE = 5.5  # reduce_scatter_correct 3·2/6 + all_gather_correct 2 + only_point_to_point 1 + edge_cases 1/2
-#              (the reduce-scatter's N = 2 wrong, the all-gather's N = 3 right; N = 0 and one rank are
-#              preconditions) + hidden_variants 1 (its all-gather half)
+SCORE = 3  # reduce_scatter_correct 1 + all_gather_correct 2; a property of a wrong answer earns nothing (issue 58)
 LOSES = {
     "reduce_scatter_correct": (1, "world size 3, length 12, float32, rank 0: segment 1 holds the sum of only 2 of 3 "
                                   "ranks"),
     "all_reduce_bit_identical": (0, "rank 0 does not hold the sum"),
     "ring_traffic_pattern": (0, "traffic is scored only for a correct all-reduce"),
-    "edge_cases": (0.5, "holds the sum of only 2 of 4 ranks"),
-    "hidden_variants": (1, "holds the sum of only 2 of 5 ranks"),
+    "edge_cases": (0, "holds the sum of only 2 of 4 ranks"),
+    "hidden_variants": (0, "holds the sum of only 2 of 5 ranks"),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: send from original = tensor.clone() instead of the segments just added to

@@ -4,15 +4,15 @@ from _ring_solution import all_gather, ring_reduce_scatter  # noqa: F401  (the a
 
 EXERCISE = "01_ring_allreduce"
 # Every reduce-scatter case with G ≥ 2 misses a step (N = 0 on 4 ranks: nothing to miss); the all-gather is right.
-SCORE = 4.5  # all_gather_correct 2 + only_point_to_point 1 + edge_cases 1/2 (the reduce-scatter's N = 2 wrong,
-#             the all-gather's N = 3 right; N = 0 and one rank are preconditions) + hidden_variants 1
+SCORE = 2  # all_gather_correct 2; a property of a wrong answer earns nothing (issue 58)
 _STOPPED = "at step 2, GPU1 should send (a₃+c₃+d₃) to GPU2; it sent nothing more (its reduce-scatter stopped after 2 messages)"
 LOSES = {
     "reduce_scatter_correct": (0, _STOPPED),
     "all_reduce_bit_identical": (0, "rank 0 does not hold the sum"),
     "ring_traffic_pattern": (0, "traffic is scored only for a correct all-reduce"),
-    "edge_cases": (0.5, _STOPPED),
-    "hidden_variants": (1, _STOPPED),
+    "edge_cases": (0, _STOPPED),
+    "hidden_variants": (0, _STOPPED),
+    "only_point_to_point": (0, "counts only for a right answer"),
 }
 
 # the mistake: range(G - 2) for range(G - 1)

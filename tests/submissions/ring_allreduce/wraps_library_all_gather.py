@@ -14,7 +14,7 @@ EXERCISE = "01_ring_allreduce"
 # The reduce-scatter cases all pass; every all-gather case fails, and every check that runs both.
 # edge_cases: the reduce-scatter's G = 4, N = 2 is right, the all-gather's N = 3 wrong; of the preconditions the
 # all-gather's two (N = 0, one rank) fail and cost: 1 right of 2 cases + 2 failed preconditions = 1/4.
-SCORE = 4.25  # reduce_scatter_correct 3 + edge_cases 1/4 + hidden_variants 1 (its reduce-scatter half)
+SCORE = 3  # reduce_scatter_correct 3; a property of a wrong answer earns nothing (issue 58)
 _AG = ("coursekit.collectives.ring.ring_all_gather was called: it is coursekit's own answer to exercise 01_ring_allreduce, "
        "so it earns no credit there -- write the all-gather's G-1 steps yourself with coursekit.comm")
 LOSES = {
@@ -22,8 +22,8 @@ LOSES = {
     "all_reduce_bit_identical": (0, _AG),
     "ring_traffic_pattern": (0, _AG),
     "only_point_to_point": (0, _AG),
-    "edge_cases": (0.25, ("world size 4, length 0; world size 1, length 5; world size 4, length 3: " + _AG)),
-    "hidden_variants": (1, _AG),
+    "edge_cases": (0, ("world size 4, length 0; world size 1, length 5; world size 4, length 3: " + _AG)),
+    "hidden_variants": (0, _AG),
 }
 
 

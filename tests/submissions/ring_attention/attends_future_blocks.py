@@ -12,10 +12,12 @@ from _ra_solution import PassRight, merge  # noqa: F401  (right)
 EXERCISE = "06_ring_attention"
 # causal 0 (G = 1 has no other block: a precondition); k, v gradients 2 × 2/5: G = 3, 4 right without a mask, wrong
 # causal; G = 2 causal a failed precondition (it costs as a case)
-SCORE = 8.8
+SCORE = 6.8  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"causal_masking": (0, ("G=2, causal: rank 0's output attends to the blocks of later ranks",
                                 "skip a block whose owner comes after you")),
-         "key_value_gradients": (0.8, "G=2, causal: the output differs from full attention")}
+         "key_value_gradients": (0.8, "G=2, causal; G=3, causal; G=4, causal: the output differs from full "
+                                       "attention"),
+    "traffic_pattern": (0, "counts only for a right answer")}
 
 
 def ring_attention_forward(q, k, v, causal=False):

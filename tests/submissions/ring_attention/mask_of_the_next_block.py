@@ -14,9 +14,10 @@ from _ra_solution import PassRight, merge  # noqa: F401  (right)
 EXERCISE = "06_ring_attention"
 # causal 0; k, v gradients 2 × 2/5: G = 3, 4 right without a mask, wrong causal; G = 2 causal a failed precondition
 # (it costs as a case)
-SCORE = 8.8
+SCORE = 6.8  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"causal_masking": (0, "G=2: rank 0 raised ValueError: PassRight got o=None"),
-         "key_value_gradients": (0.8, ("G=2: rank 0 raised ValueError", "check the mask"))}
+         "key_value_gradients": (0.8, ("G=2: rank 0 raised ValueError", "check the mask")),
+    "traffic_pattern": (0, "counts only for a right answer")}
 
 
 def ring_attention_forward(q, k, v, causal=False):

@@ -12,12 +12,13 @@ import torch
 from _ra_solution import loop_with
 
 EXERCISE = "06_ring_attention"
-SCORE = 2  # merge 0 (right only in the preconditions with a 30 shift); traffic 2; the ring's outputs wrong at G >= 2
+SCORE = 0  # nothing; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"merge_exact": (0, ("the second part's scores 1.5 higher: the merged output is off by",
                              "keeps only the part with the larger log-sum-exp")),
          "ring_equals_full_attention": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
          "causal_masking": (0, ("differs from full attention by", "your merge is wrong (see merge_exact)")),
-         "key_value_gradients": (0, "the output differs from full attention (see the checks above)")}
+         "key_value_gradients": (0, "the output differs from full attention (see the checks above)"),
+    "traffic_pattern": (0, "counts only for a right answer")}
 
 
 def merge(o1, lse1, o2, lse2):

@@ -9,9 +9,10 @@ import torch
 from _ra_solution import loop_with
 
 EXERCISE = "06_ring_attention"
-SCORE = 10.5  # merge 3 × 2/4: right in the two ±1.5 cases, NaN in the two large-score ones; everything else right
+SCORE = 8.5  # a property of a wrong answer earns nothing (issue 58)
 LOSES = {"merge_exact": (1.5, ("merged output is off by nan",
-                               "merge overflows for large scores: subtract the running maximum before exp"))}
+                               "merge overflows for large scores: subtract the running maximum before exp")),
+    "traffic_pattern": (0, "counts only for a right answer")}
 
 
 def merge(o1, lse1, o2, lse2):

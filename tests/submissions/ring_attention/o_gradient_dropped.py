@@ -11,11 +11,12 @@ from coursekit import comm
 from _ra_solution import functions, loop_with
 
 EXERCISE = "06_ring_attention"
-SCORE = 5  # merge 3 + traffic 2; q's gradient wrong at G >= 2 (causal and not), so k's and v's too
+SCORE = 3  # merge_exact 3; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"ring_equals_full_attention": (0, ("G=2: rank 0's gradient of q is what it would be if PassRight.backward "
                                             "returned None for o", "return grad_o unchanged")),
          "causal_masking": (0, "returned None for o"),
-         "key_value_gradients": (0, "the gradient of q is wrong too (see ring_equals_full_attention)")}
+         "key_value_gradients": (0, "the gradient of q is wrong too (see ring_equals_full_attention)"),
+    "traffic_pattern": (0, "counts only for a right answer")}
 
 _solution = functions()
 merge = _solution["merge"]

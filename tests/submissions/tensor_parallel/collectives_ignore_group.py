@@ -12,12 +12,12 @@ from _tp_solution import RowParallelLinear as _Row
 from coursekit.grading.tensor_tools import all_reduce
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 2 + 2 + 2.67  # each check: 2 and 4 ranks right, the groups case wrong: 2/3 of 3, 3 and 4 points
+SCORE = 4  # column_parallel_linear 2 + row_parallel_linear 2; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"column_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
                                        "group {0, 1}: pass group= to every collective"),
          "row_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
                                     "group {0, 1}: pass group= to every collective"),
-         "mlp_one_all_reduce_each_way": (2.67, "not over the layer's group {0, 1}")}
+         "mlp_one_all_reduce_each_way": (0, "not over the layer's group {0, 1}")}
 
 
 class CopyToParallelRegion(torch.autograd.Function):

@@ -11,10 +11,10 @@ from _tp_solution import RowParallelLinear as _Row
 from coursekit.grading.tensor_tools import all_gather, shard_range
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 5  # each check half its points: 1.5 + 1.5 + 2
+SCORE = 3  # column_parallel_linear 1.5 + row_parallel_linear 1.5; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"column_parallel_linear": (1.5, ("all-gather the weight shards", "not tensor parallelism")),
          "row_parallel_linear": (1.5, "not tensor parallelism"),
-         "mlp_one_all_reduce_each_way": (2, "not tensor parallelism")}
+         "mlp_one_all_reduce_each_way": (0, "not tensor parallelism")}
 
 
 class Gather(torch.autograd.Function):

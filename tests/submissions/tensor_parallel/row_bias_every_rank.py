@@ -11,7 +11,9 @@ from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
 SCORE = 3  # column 3; row 0 (both cases wrong; one rank right earns nothing); MLP 0 (both cases wrong)
-LOSES = {"row_parallel_linear": (0, ("off by (t − 1) × the bias", "Add it after g's all-reduce, on every rank")),
+# issue 58: the feedback used t without saying what it is
+LOSES = {"row_parallel_linear": (0, ("off by (t − 1) × the bias, t the ranks of the layer's group",
+                                     "Add it after g's all-reduce, on every rank")),
          "mlp_one_all_reduce_each_way": (0, ("out, the row-parallel layer", "off by (t − 1) × the bias"))}
 
 
