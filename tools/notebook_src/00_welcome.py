@@ -14,7 +14,7 @@
 #    small, so each chapter runs in seconds. Raise them to see bigger effects.
 # 2. Chapters 01–09 each end with a graded exercise. Your copy is in `exercises/`, a worked one in
 #    `solutions/`. Grade it with its grading cell, or from a terminal:
-#    `coursekit grade exercises/01_ring_allreduce.ipynb`. Your file is never changed.
+#    `make grade NB=exercises/01_ring_allreduce.ipynb`. Your file is never changed.
 # 3. If something looks wrong with your machine, run `coursekit doctor` in a terminal.
 # 4. A linked term leads to the [glossary](../docs/glossary.md). It gives a one-line definition, the Russian and
 #    Vietnamese names, and the chapter that teaches it.

@@ -573,6 +573,6 @@ print(f"the ring is {speed(master.total, ring)} than the first master and {speed
 # parameter servers split that one interface's load across many servers, which in effect rebuilds a
 # reduce-scatter.
 #
-# **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by `coursekit grade`.
+# **Next**: `exercises/01_ring_allreduce.ipynb`: write the two phases yourself, graded by `make grade`.
 # Then chapter 02 builds data parallelism and [ZeRO](../docs/glossary.md#zero) on these very collectives.
 

@@ -36,7 +36,7 @@
 # but all of it through one rank).
 # Part 1 is also trained with gradient accumulation: two micro-batches per rank, two `loss.backward()`
 # calls per step, compared with one process on the whole batch.
-# From a terminal: `coursekit grade exercises/02_data_parallel.ipynb` (it grades a copy of your file).
+# From a terminal: `make grade NB=exercises/02_data_parallel.ipynb` (it grades a copy of your file).
 
 # %% tags=["parameters"]
 # Parameters: seconds each check may run before it counts as a deadlock (raise it on a slow machine).

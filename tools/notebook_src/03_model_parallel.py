@@ -57,7 +57,7 @@
 # traffic is counted: exactly one message of b×h elements forward (rank 0 → 1) and one back (1 → 0) per
 # micro-batch, nothing else. And the activations must be sent detached. Each check runs in the strict
 # simulator first (a deadlock is named at once), then on two real ranks.
-# From a terminal: `coursekit grade exercises/03_model_parallel.ipynb` (it grades a copy of your file).
+# From a terminal: `make grade NB=exercises/03_model_parallel.ipynb` (it grades a copy of your file).
 
 # %% tags=["parameters"]
 # Parameters: seconds each check may run before it counts as a deadlock (raise it on a slow machine).

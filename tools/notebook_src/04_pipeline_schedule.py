@@ -27,7 +27,7 @@
 # more than one micro-batch over min(p−r, m), so GPipe's order earns next to nothing. The library's own
 # schedules (`gpipe`, `one_f_one_b`, `make_schedule`) refuse while your function is graded; `Action`,
 # `Schedule` and `add_communication` are yours to use.
-# From a terminal: `coursekit grade exercises/04_pipeline_schedule.ipynb`.
+# From a terminal: `make grade NB=exercises/04_pipeline_schedule.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: seconds the execution check may run before it counts as a deadlock (raise it on a slow machine).

@@ -33,7 +33,7 @@
 # numbers with exactly one all-reduce each way. Each also runs on 4 ranks as two tensor-parallel groups,
 # {0, 1} and {2, 3} (a `Mesh({"dp": 2, "tp": 2})`, different inputs in each group), the layers given their
 # group: pass `group` to `shard_range` and to every collective. Gathering the weights instead of splitting
-# the work earns partial credit only. From a terminal: `coursekit grade exercises/05_tensor_parallel.ipynb`
+# the work earns partial credit only. From a terminal: `make grade NB=exercises/05_tensor_parallel.ipynb`
 # (it grades a copy of your file).
 
 # %% tags=["parameters"]

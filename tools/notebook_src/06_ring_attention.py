@@ -31,7 +31,7 @@
 # keys are attended to by every later rank's queries: their gradient must come back around the ring); and the
 # work and traffic: one L×L score block per step (never all keys at once), at most two key/value blocks held at
 # once, every message to the right-hand neighbour, each rank sending its key and value block once per step.
-# From a terminal: `coursekit grade exercises/06_ring_attention.ipynb`.
+# From a terminal: `make grade NB=exercises/06_ring_attention.ipynb`.
 #
 # **What this version gives up.** Written this way, with autograd doing the backward, it saves for backward
 # every key/value block a rank receives and every block's L×L probabilities (what `q kᵀ` and the softmax in

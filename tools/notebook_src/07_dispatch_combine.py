@@ -53,7 +53,7 @@
 # rank has no tokens; `gradients_equal_one_process`, the gradients of x, the router and each expert; `traffic`,
 # each way, each rank sends each rank exactly the rows for its experts (d × 8 bytes a row), the counts as control
 # traffic; `process_groups`, 4 real ranks as two expert-parallel groups {0, 1} and {2, 3}; and a hidden check at
-# sizes not shown here. From a terminal: `coursekit grade exercises/07_dispatch_combine.ipynb`.
+# sizes not shown here. From a terminal: `make grade NB=exercises/07_dispatch_combine.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: the try-it cells' sizes, and seconds a check may run (raise it on a slow machine).

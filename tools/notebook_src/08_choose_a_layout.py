@@ -33,7 +33,7 @@
 # planner's best, the factor its time model is checked to. A hidden check runs the same on the three runs you do
 # not see. The planner's search (`plan`, `brute_force`, `layouts`) refuses while your function is graded, and from
 # the first cell under `coursekit grade`: choose with the numbers. `evaluate` -- one layout's memory, step time
-# and reasons -- is your calculator. From a terminal: `coursekit grade exercises/08_choose_a_layout.ipynb`.
+# and reasons -- is your calculator. From a terminal: `make grade NB=exercises/08_choose_a_layout.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: the scenario the calculator cell below prices first ("125m", "13b" or "175b").

@@ -21,7 +21,7 @@
 # once) and is compared with one process doing the same work. The feedback says what is still wrong. As in the other
 # exercises, `torch.distributed`'s collectives are switched off while your fix runs: send with `coursekit.comm` and
 # sum with `coursekit.collectives.ring_all_reduce`, as the broken programs do.
-# From a terminal: `coursekit grade exercises/09_find_the_bug.ipynb`.
+# From a terminal: `make grade NB=exercises/09_find_the_bug.ipynb`.
 
 # %% tags=["parameters"]
 # Parameters: seconds program B may hang before the launcher stops it and reports who waits on what.
