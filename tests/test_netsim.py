@@ -60,9 +60,10 @@ def test_two_level_network_hand_derived():
     master (root 0): gather brings 3N over the node link and 4N over the network, each on its own link;
     naive: each GPU sends 3N inside and 4N out. Planted: one link per GPU for both levels (loads summed)
     -> master 7N through the root's one side, fails; nodes ignored (every transfer on the network link)
-    -> master fails (the ring does not notice: its steps are set by the slow link anyway)."""
+    -> master fails (the ring does not notice: its steps are set by the slow link anyway). The ring is
+    one ring here (ring_channels=1); test_channelled_ring_* price NCCL's channels."""
     b_in, a_in = 400e9, 2e-6
-    net = Network(BW, ALPHA, gpus_per_node=4, intra_bandwidth=b_in, intra_latency=a_in)
+    net = Network(BW, ALPHA, gpus_per_node=4, intra_bandwidth=b_in, intra_latency=a_in, ring_channels=1)
     G, N, b = 8, 8 * 1000 + 5, 4
     s = math.ceil(N / G)
     _close(collective_time("ring", G, N, net, b).total, 2 * (G - 1) * max(ALPHA + s * b / BW, a_in + s * b / b_in),
@@ -185,21 +186,22 @@ def test_fast_time_equals_the_replay(name, G, N, k):
     G=8, k=4 loses its network term."""
     net = Network(BW, ALPHA) if k is None else Network(BW, ALPHA, gpus_per_node=k, intra_bandwidth=NVLINK,
                                                         intra_latency=A_IN)
-    trace = collective_trace(name, G, N, gpus_per_node=k)
+    trace = collective_trace(name, G, N, gpus_per_node=k, channels=net.channels(G) if name == "ring" else 1)
     assert collective_time(name, G, N, net) == simulate_time(trace, net, 4)
 
 
 @pytest.mark.parametrize("name", netsim.COLLECTIVES)
 @pytest.mark.parametrize("G,k", [(16, 4), (32, 8), (8, 1), (8, 8), (2, 8), (4, 8)])
 def test_closed_form_time_equals_the_model(name, G, k):
-    """netsim.closed_form_time (what the notebook draws beyond the recorded G) equals the model where G
-    divides N, also for fewer GPUs than a node holds. Planted: the master's network side counted with G−1
+    """netsim.closed_form_time (what the notebook draws beyond the recorded G) equals the model where c·G
+    divides N (c the ring's channels), also for fewer GPUs than a node holds. Planted: the master's network side counted with G−1
     (not G−k) senders -> fails for k > 1; k not capped at G (G=2, k=8: "0 nodes") -> master G=2 k=8
     N=2: model 4.000249e-06 s, closed form 4.000036e-06 s."""
     if name == "hierarchical" and G < k:
         pytest.skip("the hierarchical all-reduce needs whole nodes")
     net = _two_level(k)
-    for N in (G, 3 * G, 1000 * G):
+    c = net.channels(G)
+    for N in (c * G, 3 * c * G, 1000 * c * G):
         _close(netsim.closed_form_time(name, G, N, net), collective_time(name, G, N, net).total,
                f"{name} G={G} k={k} N={N}")
 
@@ -216,23 +218,99 @@ def test_crossover_of_the_model_equals_the_closed_forms_at_32():
 
 
 def test_crossover_at_1024_gpus_against_the_hand_solved_lines():
-    """1,024 GPUs, 8 per node: solve naive = hierarchical and naive = ring by hand (both linear in N
-    above a few elements) and compare with netsim.crossover. The hierarchical all-reduce beats the flat
-    ring at every size (fewer latencies: 268 vs 2,046; and 1/k of the bytes over InfiniBand).
-    Planted: the ring's step set by the NVLink side only (max over levels dropped) -> ring beats naive
-    from 51200 elements, not 252928; crossover returning the last slower size, not the first faster
-    -> one multiple of G lower."""
+    """1,024 GPUs, 8 per node: solve naive = hierarchical, naive = ring and ring = hierarchical by hand (all
+    linear in N above a few elements) and compare with netsim.crossover, which searches multiples of
+    c·G = 8,192 elements. The ring runs 8 channels, so its bandwidth term is 2(G−1)/G·N·b/(8·B) (each step's
+    largest side is a network link: N/(8G) elements against NVLink's 7N/(8G) at 9× the speed); the
+    hierarchical all-reduce pays fewer latencies (268 against 2,046) but its NVLink stages on top of its
+    network stage, so the ring wins from a few GB on. Planted: the ring's step set by the NVLink side only
+    (max over levels dropped) -> ring beats naive from 57344 elements, not 253952; crossover returning
+    the last slower size, not the first faster -> one multiple of c·G lower."""
     G, k, b = 1024, 8, 4
-    n, net = G // k, _two_level(k)
+    n, net, unit = G // k, _two_level(k), k * G
     # naive: one step, each GPU sends (G−k)·N over InfiniBand (it dominates NVLink's (k−1)·N here)
     naive_lat, naive_bw = A_IB, (G - k) * b / IB
     hier_lat = 2 * (k - 1) * A_IN + 2 * (n - 1) * A_IB
     hier_bw = 2 * (k - 1) * b / (k * NVLINK) + 2 * (n - 1) * b / (G * IB)
-    ring_lat, ring_bw = 2 * (G - 1) * A_IB, 2 * (G - 1) * b / (G * IB)
-    for first, lat, bw in (("hierarchical", hier_lat, hier_bw), ("ring", ring_lat, ring_bw)):
-        n_star = (lat - naive_lat) / (naive_bw - bw)                  # equal times at N = n_star
-        want = (int(n_star // G) + 1) * G                             # the first multiple of G beyond it
-        assert netsim.crossover(first, "naive", G, net) == want, (first, n_star)
-    assert netsim.crossover("hierarchical", "ring", G, net) == G      # faster from the smallest size on
-    assert netsim.crossover("ring", "hierarchical", G, net) is None
-    _close(netsim.closed_form_time("ring", G, G, net) - ring_bw * G, ring_lat, "ring latency term")
+    ring_lat, ring_bw = 2 * (G - 1) * A_IB, 2 * (G - 1) * b / (G * k * IB)
+    for first, lat, bw, second, lat2, bw2 in (("hierarchical", hier_lat, hier_bw, "naive", naive_lat, naive_bw),
+                                              ("ring", ring_lat, ring_bw, "naive", naive_lat, naive_bw),
+                                              ("ring", ring_lat, ring_bw, "hierarchical", hier_lat, hier_bw)):
+        n_star = (lat - lat2) / (bw2 - bw)                            # equal times at N = n_star
+        want = (int(n_star // unit) + 1) * unit                       # the first multiple of c·G beyond it
+        assert netsim.crossover(first, second, G, net) == want, (first, second, n_star)
+    with pytest.raises(ValueError, match="ask crossover\\('ring', 'hierarchical'"):
+        netsim.crossover("hierarchical", "ring", G, net)             # it wins below a size, not from one on
+    _close(netsim.closed_form_time("ring", G, unit, net) - ring_bw * unit, ring_lat, "ring latency term")
+
+
+# ----------------------------------------------------------------- channels (issue 56 §2)
+def _ring_by_hand(G: int, k: int, c: int, N: int, b: int, net_bw: float, nvlink: float) -> tuple[float, float]:
+    """(total, bandwidth part) of a ring of c channels over nodes of k, derived here: c·G divides N, so each
+    channel's segment is s = N/(c·G); in a step each channel's exit GPU sends s over its own network link;
+    over NVLink a GPU sends its other channels' segments, c − 1 of them when every GPU is one channel's
+    exit (c = k), all c otherwise."""
+    s = N // (c * G)
+    inside = (c - 1 if c == k else c) * s
+    net_side = (A_IB + s * b / net_bw, s * b / net_bw)
+    nvlink_side = (A_IN + inside * b / nvlink, inside * b / nvlink)
+    step = max(net_side, nvlink_side)
+    return 2 * (G - 1) * step[0], 2 * (G - 1) * step[1]
+
+
+@pytest.mark.parametrize("c", [1, 2, 4])
+@pytest.mark.parametrize("nvlink", [NVLINK, 2 * IB])   # network-bound; NVLink-bound at c = 4 (3 segments at 2B)
+def test_channelled_ring_hand_derived(c, nvlink):
+    """16 GPUs in nodes of 4, N = 4·16·10⁶ float32 (a 4 MB segment per channel at c = 1: bandwidth, not
+    latency, sets each step): the replayed trace of c channels equals the hand derivation, and
+    network-bound its bandwidth term is 2(G−1)/G · N·b/(c·B). Planted, seen failing:
+    the channels not rotated inside the node (all leave through local GPU 3) -> c = 2, 4 network-bound
+    c times the bandwidth term; the chunks not split (each channel carries all of N) -> every c > 1;
+    closed_form_time counting c (not c − 1) segments on NVLink at c = k -> c = 4 NVLink-bound."""
+    G, k, N, b = 16, 4, 4 * 16 * 10**6, 4
+    net = Network(IB, A_IB, gpus_per_node=k, intra_bandwidth=nvlink, intra_latency=A_IN, ring_channels=c)
+    total, bandwidth = _ring_by_hand(G, k, c, N, b, IB, nvlink)
+    t = collective_time("ring", G, N, net, b)
+    _close(t.total, total, f"ring of {c} channels")
+    _close(t.bandwidth, bandwidth, f"ring of {c} channels, bandwidth part")
+    _close(netsim.closed_form_time("ring", G, N, net, b), total, f"closed form, {c} channels")
+    if nvlink == NVLINK:
+        _close(t.bandwidth, 2 * (G - 1) / G * N * b / (c * IB), "bandwidth term 2(G−1)/G·N·b/(c·B)")
+
+
+def test_channels_default_to_one_per_gpu_of_a_node_and_only_across_nodes():
+    """Default: k channels across nodes, one inside a node or without nodes; a count that does not divide
+    the node is refused in one sentence. Each GPU then sends the same bytes between nodes: 2(G−1)·N/(k·G).
+    Planted, seen failing: channels() ignoring the one-node case -> G = 4, k = 8 gives 8."""
+    net = _two_level(8)
+    assert (net.channels(1024), net.channels(8), net.channels(4), NET.channels(64)) == (8, 1, 1, 1)
+    with pytest.raises(ValueError, match="ring_channels=3 must be a divisor of gpus_per_node=8"):
+        Network(IB, A_IB, gpus_per_node=8, ring_channels=3)
+    G, k, N = 16, 4, 16 * 4 * 10
+    trace = collective_trace("ring", G, N, gpus_per_node=k, channels=k)
+    across = {r: sum(t.numel for t in trace.payload if t.src == r and t.src // k != t.dst // k) for r in range(G)}
+    assert set(across.values()) == {2 * (G - 1) * N // (k * G)}, across
+
+
+def test_hierarchical_advantage_is_latency_at_the_chapters_sizes():
+    """Chapter 01's cluster (1,000 GPUs in nodes of 8, 400 Gb/s and NVLink) by hand, through closed_form_time
+    (recording a 1,000-GPU ring takes minutes; the closed form equals the model where both run, above):
+    the ring 2·999 = 1,998 steps, the hierarchical 2·7 + 2·124 = 262. 14 GB of bf16 (N = 7·10⁹, s =
+    N/8,000 = 875,000): a ring step is its network side, 10 µs + 1.75 MB / 50 GB/s = 45 µs, so 89.91 ms;
+    the hierarchical 126.39 ms: the ring 1.4× faster. 4 MiB of float32: the ring is nearly all latency,
+    1,998·10 µs = 19.98 ms, the hierarchical 2.5 ms. Planted, seen failing: ring_channels=1 by default
+    (the old model) -> ring 579 ms at 14 GB."""
+    G, k, n = 1000, 8, 125
+    net = _two_level(k)
+    ring, hier = (netsim.closed_form_time(name, G, 7 * 10**9, net, 2) for name in ("ring", "hierarchical"))
+    _close(ring, 1998 * (A_IB + 875_000 * 2 / IB), "ring at 14 GB")
+    shard = 7 * 10**9 // k
+    _close(hier, 2 * (k - 1) * (A_IN + shard * 2 / NVLINK) + 2 * (n - 1) * (A_IB + 7 * 10**6 * 2 / IB),
+           "hierarchical at 14 GB")
+    assert 1.40 < hier / ring < 1.41
+    small = netsim.closed_form_time("ring", G, 2**20, net, 4)
+    assert 1998 * A_IB < small < 1998 * A_IB * 1.01
+    assert netsim.closed_form_time("hierarchical", G, 2**20, net, 4) < small / 7
+    # the step counts, on the model at a size it records quickly: 2(G−1) for the ring, 2(k−1) + 2(n−1)
+    assert len(collective_time("ring", 32, 32 * 8, net).steps) == 62
+    assert len(collective_time("hierarchical", 32, 32 * 8, net).steps) == 2 * 7 + 2 * 3

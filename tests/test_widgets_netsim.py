@@ -28,8 +28,9 @@ def test_default_state_is_drawn_at_construction(monkeypatch):
     assert net.bandwidth == 50e9 and net.latency == 10e-6        # 400 Gb/s = 50 GB/s each way, 10 µs
     words, image = box.children[3], box.children[4]
     assert bytes(image.value).startswith(b"\x89PNG")
-    # 2(G−1) = 2046 steps of 10 µs + 4 KiB/50 GB/s, the ring's closed form at G = 1024 (N divisible by G)
-    ring = 2046 * (10e-6 + (4 << 20) / 1024 / 50e9)
+    # 2(G−1) = 2046 steps of 10 µs + 512 B/50 GB/s: 8 channels, one per GPU's network link, each carrying a
+    # segment of 4 MiB/(8·1024) (8·G divides N); NVLink's 7 segments at 450 GB/s take less
+    ring = 2046 * (10e-6 + (4 << 20) / (8 * 1024) / 50e9)
     assert abs(closed_form_time("ring", 1024, (4 << 20) // 4, net) - ring) < 1e-12
     assert f"ring {ring * 1e3:g} ms" in words.value, words.value
 

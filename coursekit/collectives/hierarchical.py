@@ -23,10 +23,12 @@ What large clusters do beyond one flat ring. With ``n`` nodes of ``k`` GPUs
 
 Traffic per rank (what it sends; it receives as much). The inner ring moves
 ``2(k−1)/k·N`` elements over the node's fast links, the outer ring
-``2(n−1)/n·S`` over the network, where ``S ≈ N/k`` is the rank's shard: **k
-times less over the network than a flat ring's ``2(G−1)/G·N``**, and every
-GPU's network link carries a share (a flat ring sends over only one link per
-node). Exactly, with ``len_k(j)`` the length of segment ``j`` of
+``2(n−1)/n·S`` over the network, where ``S ≈ N/k`` is the rank's shard, and
+every GPU's network link carries a share. That is what a flat ring sends
+over each link too when it runs as ``k`` channels, as NCCL runs it (one
+ring alone would send ``2(G−1)/G·N`` through one link per node): the
+hierarchical all-reduce saves steps, not network bytes. Exactly, with
+``len_k(j)`` the length of segment ``j`` of
 ``torch.tensor_split(flat, k)``::
 
     inside  = 2N − len_k((l+1)%k) − len_k((l+2)%k)            (ring_traffic(N, k)[l])

@@ -257,6 +257,11 @@ def axis_network(layout: Layout, hardware: Hardware, axis: str) -> tuple[Network
     gpus_per_node`` (NVLink), has every member on its own node when ``stride ≥ gpus_per_node``
     (InfiniBand), and otherwise spans nodes with ``gpus_per_node/stride`` members in each (both levels).
 
+    A group that spans nodes is priced as one ring through one network link per node
+    (``ring_channels=1``), not as NCCL's channels over every member's link (chapter 01's default): an
+    assumption kept until chapter 08's numbers are re-derived with channels. It overprices such rings,
+    up to ``gpus_per_node/stride`` times in their bandwidth term.
+
         >>> [axis_network(Layout(dp=4, tp=8), Hardware(), a)[1] for a in ("tp", "dp")]
         ['intra', 'net']
     """
@@ -293,7 +298,8 @@ def group_network(layout: Layout, hardware: Hardware, axes: tuple[str, ...]) -> 
     if stride >= k:
         return Network(net_bandwidth, hardware.latency), "net"
     return Network(net_bandwidth, hardware.latency, gpus_per_node=math.gcd(G, k // stride),
-                   intra_bandwidth=intra_bandwidth, intra_latency=hardware.intra_latency), "intra+net"
+                   intra_bandwidth=intra_bandwidth, intra_latency=hardware.intra_latency,
+                   ring_channels=1), "intra+net"     # one ring, one link per node: axis_network says why
 
 
 def collective_seconds(row: Collective, network: Network, bytes_per_element: int = 2) -> float:

@@ -24,6 +24,8 @@ Assumptions, stated once
 * Steps run one after another: a ``(phase, step)`` group of the trace is one
   step, and the next starts when the last transfer of this one has arrived.
 * Control messages (the length check) are ignored: only payload is timed.
+* A flat ring that crosses nodes runs as ``c`` rings at once, NCCL's
+  *channels* (below); the other collectives run as coded.
 
 The timing rule
 ---------------
@@ -69,13 +71,46 @@ The closed forms (``N`` elements of ``b`` bytes, one link level)
       T_hier = 2·(k−1)·(α_intra + ⌈N/k⌉·b/B_intra) + 2·(n−1)·(α + ⌈⌈N/k⌉/n⌉·b/B)
 
   268 latencies instead of the flat ring's 2,046 at 1,024 GPUs in nodes of 8,
-  and ``1/k`` of the bytes per GPU over the network. Its stages are labelled
-  apart ("inner reduce-scatter", "outer reduce-scatter", ...): steps with one
-  label are run as one step, so colliding labels would overlap two stages.
+  and ``1/k`` of the bytes per GPU over the network, as the channelled ring
+  (below). Its stages are labelled apart ("inner reduce-scatter", "outer
+  reduce-scatter", ...): steps with one label are run as one step, so
+  colliding labels would overlap two stages.
 
-With nodes, apply the rule per link: e.g. a ring of ``G = 8`` in nodes of 4
-sends ``3→4`` and ``7→0`` between nodes and the rest inside, so each step is
-``max(α + s·b/B, α_intra + s·b/B_intra)`` with ``s = ⌈N/G⌉``.
+With nodes, apply the rule per link: e.g. *one* ring of ``G = 8`` in nodes
+of 4 sends ``3→4`` and ``7→0`` between nodes and the rest inside, so each
+step is ``max(α + s·b/B, α_intra + s·b/B_intra)`` with ``s = ⌈N/G⌉``: every
+byte crosses each node boundary through one GPU's link, while the node's
+other ``k − 1`` network links stay idle.
+
+Channels
+--------
+NCCL does not run one ring. It runs several at once, its *channels*, cuts
+the data into one chunk per channel, and lays the channels so that they
+enter and leave a node through different GPUs and so different network
+cards ("concurrent data movement channels", the data "partitioned into
+pieces": NVIDIA/nccl#299; performance "should add up as you add" NICs, with
+8 or 16 channels: #652; two channels per NIC: #438; it builds only flat
+rings, no 2-D ring: #471). The model does the same with the course's ring
+(:func:`channel_trace`): ``c = Network.channels(G)`` rings, ``gpus_per_node``
+by default (one per GPU, each GPU having its own network link), channel
+``j`` on chunk ``j`` of ``N`` with its positions rotated by ``j·k/c`` inside
+every node, so it leaves each node from local GPU ``(k−1+j·k/c) mod k``. In a
+step every channel's exit GPU sends one segment ``s = ⌈⌈N/c⌉/G⌉`` over its
+network link and the other GPUs over NVLink; with ``c = k`` each GPU is one
+channel's exit and sends ``k − 1`` segments inside its node::
+
+    T_ring,c=k = 2·(G−1)·max(α + s·b/B, α_intra + (k−1)·s·b/B_intra),   s = N/(k·G)
+
+The bandwidth term is about ``2·N·b/(k·B)``: the node's ``k`` links share the
+bytes, as the hierarchical all-reduce's outer rings do. What the
+hierarchical all-reduce still saves is latency, ``2(k−1) + 2(n−1)`` steps
+against ``2(G−1)``; it pays its NVLink stages *before and after* the network
+one, where the channels keep NVLink and the network busy in the same step,
+so on large messages the channelled ring is the faster. Channels change
+nothing inside one node or on one level (every GPU's link is already in
+use): there ``c = 1``. ``Network(..., ring_channels=1)`` prices the ring as
+the course's ``ring_all_reduce`` is coded, one ring through one network
+link per node (about ``k`` times the bandwidth term).
 
 Recording large ``G``
 ---------------------
@@ -102,7 +137,7 @@ equal to the model wherever both run.
 
 from .calibration import calibrate, fit_alpha_beta
 from .model import COLLECTIVES, Network, StepTime, Timing, closed_form_time, simulate_time
-from .replay import RankGroup, collective_time, collective_trace, crossover, node_groups
+from .replay import RankGroup, channel_trace, collective_time, collective_trace, crossover, node_groups
 
-__all__ = ["Network", "StepTime", "Timing", "RankGroup", "node_groups", "simulate_time", "collective_trace",
+__all__ = ["Network", "StepTime", "Timing", "RankGroup", "node_groups", "simulate_time", "collective_trace", "channel_trace",
            "collective_time", "closed_form_time", "crossover", "calibrate", "fit_alpha_beta", "COLLECTIVES"]

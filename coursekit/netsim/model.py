@@ -21,7 +21,13 @@ class Network:
     """``G`` GPUs on a non-blocking switch: ``bandwidth`` in bytes/s each way, ``latency`` in seconds.
 
     With ``gpus_per_node=k``, transfers inside a node use ``intra_bandwidth``
-    and ``intra_latency`` (default: the same as between nodes).
+    and ``intra_latency`` (default: the same as between nodes). Every GPU has
+    its own network link, so a node has ``k``. A flat ring that crosses nodes
+    runs as ``ring_channels`` rings at once (NCCL's channels), each on its
+    share of the data and leaving every node through another GPU's link
+    (:mod:`coursekit.netsim`, "Channels"); None: one per GPU of a node, so
+    the ring uses all ``k`` links. ``ring_channels=1`` is the course's
+    ``ring_all_reduce`` as coded: one ring, one network link per node.
     """
 
     bandwidth: float
@@ -29,6 +35,21 @@ class Network:
     gpus_per_node: int | None = None
     intra_bandwidth: float | None = None
     intra_latency: float | None = None
+    ring_channels: int | None = None
+
+    def __post_init__(self) -> None:
+        c, k = self.ring_channels, self.gpus_per_node
+        if c is not None and (c < 1 or (k is None and c > 1) or (k is not None and k % c)):
+            raise ValueError(f"ring_channels={c} must be a divisor of gpus_per_node={k} "
+                             f"(1 without nodes): a ring's channels share a node's network links.")
+
+    def channels(self, world_size: int) -> int:
+        """How many rings a flat ring over ``world_size`` GPUs runs at once: 1 inside one node or
+        without nodes (nothing to spread), else ``ring_channels`` (default ``gpus_per_node``)."""
+        k = self.gpus_per_node
+        if k is None or world_size <= k:
+            return 1
+        return k if self.ring_channels is None else self.ring_channels
 
     def link(self, src: int, dst: int) -> tuple[str, float, float]:
         """``(name, bandwidth, latency)`` of the link a transfer ``src → dst`` uses."""
@@ -122,8 +143,10 @@ def closed_form_time(name: str, world_size: int, numel: int, network: Network, i
 
     * master: ``2·max(T_intra((k−1)N), T_net((G−k)N))`` (the root's two receive sides, then send sides);
     * naive: ``max(T_intra((k−1)N), T_net((G−k)N))``;
-    * ring: ``2(G−1)·max(T_intra(s), T_net(s))``, ``s = ⌈N/G⌉`` (exact when ``G`` divides ``N``
-      or on one level; otherwise an upper bound, as the largest segment may not cross a node);
+    * ring: ``2(G−1)·max(T_intra(c'·s), T_net(s))`` with ``c = network.channels(G)`` rings,
+      ``s = ⌈⌈N/c⌉/G⌉`` a channel's segment, ``c' = k − 1`` if ``c = k`` (each GPU is one channel's exit),
+      else ``c`` (exact when ``c·G`` divides ``N`` or on one level; otherwise an upper bound, as the
+      largest segment may not cross a node);
     * hierarchical: ``2(k−1)·T_intra(⌈N/k⌉) + 2(n−1)·T_net(⌈⌈N/k⌉/n⌉)``.
 
     For ``N ≥ G`` (no empty segments) and ``k`` dividing ``G`` (or ``G < k``: one node). Cheap at
@@ -145,8 +168,11 @@ def closed_form_time(name: str, world_size: int, numel: int, network: Network, i
     if name == "naive":
         return worst((k - 1) * N, (G - k) * N)
     if name == "ring":
-        s = -(-N // G)
-        return 2 * (G - 1) * worst(s, s)
+        c = network.channels(G)
+        s = -(-(-(-N // c)) // G)    # ⌈⌈N/c⌉/G⌉: a channel's largest segment
+        # per step each channel's exit GPU sends s over its network link; with c = k every GPU is one
+        # channel's exit, so (c − 1)·s over NVLink, else some GPU sends all c segments over NVLink
+        return 2 * (G - 1) * worst((c - 1 if c == k > 1 else c) * s, s)
     if name == "hierarchical":
         shard = -(-N // k)
         return 2 * (k - 1) * (busy("intra", shard) if k > 1 else 0.0) + 2 * (n - 1) * busy("net", -(-shard // n))

@@ -17,7 +17,7 @@ from ..comm import state as comm_state
 from ..comm.traffic import Traffic, Transfer
 from .model import COLLECTIVES, Network, StepTime, Timing, closed_form_time
 
-__all__ = ["RankGroup", "node_groups", "collective_trace", "collective_time", "crossover"]
+__all__ = ["RankGroup", "node_groups", "collective_trace", "channel_trace", "collective_time", "crossover"]
 
 
 # ----------------------------------------------------------------- recording the trace
@@ -176,14 +176,19 @@ def _shape(t: Transfer) -> tuple:
     return (t.phase, t.step, t.src, t.dst, t.kind, t.meta, t.seq)
 
 
-def collective_trace(name: str, world_size: int, numel: int, gpus_per_node: int | None = None) -> Traffic:
+def collective_trace(name: str, world_size: int, numel: int, gpus_per_node: int | None = None,
+                     channels: int = 1) -> Traffic:
     """The trace of collective ``name`` on ``world_size`` ranks for ``numel`` elements (float32).
 
     Recorded directly when ``numel < 2·G``; otherwise recorded at ``q = 1``
     and ``q = 2`` elements per rank (same remainder) and every message's size
     extrapolated affinely to ``q = ⌊numel/G⌋`` (see the module docstring).
-    ``gpus_per_node`` is the ``k`` of ``"hierarchical"`` (the others ignore it).
+    ``gpus_per_node`` is the ``k`` of ``"hierarchical"``; ``channels > 1``
+    lays the ring as that many rings over nodes of ``gpus_per_node``
+    (:func:`channel_trace`). The others ignore both.
     """
+    if name == "ring" and channels > 1:
+        return channel_trace(world_size, numel, gpus_per_node or world_size, channels)
     q, r = divmod(numel, world_size)
     if q < 2:
         return _recorded(name, world_size, numel, gpus_per_node=gpus_per_node)
@@ -195,8 +200,36 @@ def collective_trace(name: str, world_size: int, numel: int, gpus_per_node: int 
     return Traffic(transfers, world_size)
 
 
+def channel_trace(world_size: int, numel: int, gpus_per_node: int, channels: int) -> Traffic:
+    """A flat ring laid as ``channels`` rings at once (NCCL's channels), over nodes of ``gpus_per_node``.
+
+    The data is cut into ``channels`` chunks (sizes differing by at most one
+    element); channel ``j`` runs the recorded ring on its chunk, its ring
+    positions placed on GPUs rotated by ``j·k/channels`` inside every node.
+    So channel ``j`` leaves each node from local GPU ``(k − 1 + j·k/c) mod k``
+    and enters the next at ``j·k/c``: the channels use ``c`` different network
+    links of a node. Steps keep the ring's labels, so the channels run
+    together (the same step of each is one step of the model).
+    """
+    k, c = gpus_per_node, channels
+    if c < 1 or k % c:
+        raise ValueError(f"channels={c} must divide gpus_per_node={k}.")
+
+    def gpu(position: int, j: int) -> int:
+        node, local = divmod(position, k)
+        size = min(k, world_size - node * k)          # a last node that is not full
+        return node * k + (local + j * k // c) % size
+
+    transfers = []
+    for j in range(c):
+        chunk = numel // c + (j < numel % c)
+        for t in collective_trace("ring", world_size, chunk).transfers:
+            transfers.append(replace(t, src=gpu(t.src, j), dst=gpu(t.dst, j), meta=t.meta + (("channel", j),)))
+    return Traffic(transfers, world_size)
+
+
 @lru_cache(maxsize=256)
-def _busiest_sides(name: str, world_size: int, numel: int, gpus_per_node: int | None) -> tuple:
+def _busiest_sides(name: str, world_size: int, numel: int, gpus_per_node: int | None, channels: int = 1) -> tuple:
     """Per step of the trace: ``(key, ((link, elements, side), ...))``, the busiest side of each link kind.
 
     All sides of one link kind share ``α`` and ``B``, so the busiest one of each
@@ -205,7 +238,7 @@ def _busiest_sides(name: str, world_size: int, numel: int, gpus_per_node: int | 
     """
     grouping = Network(1.0, 0.0, gpus_per_node)
     out = []
-    for key, transfers in collective_trace(name, world_size, numel, gpus_per_node).steps():
+    for key, transfers in collective_trace(name, world_size, numel, gpus_per_node, channels).steps():
         load: dict[tuple[int, str, str], int] = {}
         for t in transfers:
             link = grouping.link(t.src, t.dst)[0]
@@ -225,10 +258,12 @@ def collective_time(name: str, world_size: int, numel: int, network: Network, it
 
     Equal to ``simulate_time(collective_trace(...), network, itemsize)`` (tested), computed from the
     busiest side of each link kind per step. ``"hierarchical"`` uses ``network.gpus_per_node`` as its
-    node size (the whole world as one node if None).
+    node size (the whole world as one node if None); ``"ring"`` runs ``network.channels(world_size)``
+    rings at once.
     """
     steps = []
-    for key, sides in _busiest_sides(name, world_size, numel, network.gpus_per_node):
+    channels = network.channels(world_size) if name == "ring" else 1
+    for key, sides in _busiest_sides(name, world_size, numel, network.gpus_per_node, channels):
         best = None
         for link, elements, side in sides:
             bandwidth, latency = network.level(link)
@@ -246,30 +281,33 @@ def collective_time(name: str, world_size: int, numel: int, network: Network, it
 
 def crossover(first: str, second: str, world_size: int, network: Network, itemsize: int = 4,
               time: Callable[..., float] | None = None, hi: int = 2**30) -> int | None:
-    """The smallest message, in elements and a multiple of ``G``, from which ``first`` is faster than ``second``.
+    """The smallest message, in elements and a multiple of ``c·G``, from which ``first`` is faster than ``second``.
 
-    Searched over ``numel = G·m`` for ``m`` in ``[1, hi]`` (multiples of ``G``: the closed forms are
-    exact there, and the model records one pattern for all of them). ``time(name, G, numel,
-    network, itemsize)`` is :func:`closed_form_time` by default; pass
+    Searched over ``numel = c·G·m`` for ``m`` in ``[1, hi]``, ``c = network.channels(G)`` (multiples of
+    ``c·G``: the closed forms are exact there, and the model records one pattern for all of them).
+    ``time(name, G, numel, network, itemsize)`` is :func:`closed_form_time` by default; pass
     ``lambda *a: collective_time(*a).total`` to search the model itself. Binary search: assumes
     one crossing (both times are maxima of lines in ``N``). None if ``first`` is never faster in the
-    range; ``G`` if it always is.
+    range; ``c·G`` if it always is; a ValueError if it is faster only below some size.
 
         >>> crossover("ring", "naive", 1024, Network(50e9, 10e-6)) * 4 // 1024    # KiB of float32
         980
     """
     time = time or closed_form_time
-    lo = 1
+    lo, unit = 1, world_size * network.channels(world_size)
 
     def faster(m: int) -> bool:
-        numel = m * world_size
+        numel = m * unit
         return time(first, world_size, numel, network, itemsize) < time(second, world_size, numel, network, itemsize)
 
     if faster(lo):
-        return world_size
+        if faster(hi):
+            return unit
+        raise ValueError(f"{first} beats {second} on small messages and loses on large ones: ask "
+                         f"crossover({second!r}, {first!r}, ...) for the size from which {second} wins.")
     if not faster(hi):
         return None
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if faster(mid) else (mid, hi)
-    return hi * world_size
+    return hi * unit

@@ -10,6 +10,7 @@ Every function draws times it is given or asks :mod:`coursekit.netsim` for; none
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Mapping
 
 import matplotlib.pyplot as plt
@@ -60,8 +61,8 @@ def plot_time_against_g(nbytes: int, network: Network, ax=None, recorded: Mappin
                     label=None if dots_labelled else "dots: a recorded trace replayed")
             dots_labelled = True
     if terms:
-        latency = Network(math.inf, network.latency, network.gpus_per_node, math.inf, network.intra_latency)
-        bandwidth = Network(network.bandwidth, 0.0, network.gpus_per_node, network.intra_bandwidth, 0.0)
+        latency = replace(network, bandwidth=math.inf, intra_bandwidth=math.inf)
+        bandwidth = replace(network, latency=0.0, intra_latency=0.0)
         # darker and on top: where one term is nearly the whole time its dashes still show on the ring's line
         ax.plot(world_sizes, [closed_form_time("ring", g, numel, latency, itemsize) for g in world_sizes], ":",
                 color="#123c5a", linewidth=2, zorder=3, label="ring: latency term 2(G−1)·α")
@@ -116,13 +117,20 @@ def summary(nbytes: int, world_size: int, network: Network, itemsize: int = 4) -
     best = min(times, key=times.get)
     parts = ", ".join(f"{n} {_seconds(t)}" for n, t in times.items())
     text = f"G = {world_size}, {size_label(nbytes)}: {parts}. Fastest: {best}."
-    latency = Network(math.inf, network.latency, network.gpus_per_node, math.inf, network.intra_latency)
+    latency = replace(network, bandwidth=math.inf, intra_bandwidth=math.inf)
     ring_latency = closed_form_time("ring", world_size, numel, latency, itemsize)
     text += f" The ring's latency term alone is {_seconds(ring_latency)} ({ring_latency / times['ring']:.0%} of its time)."
     others = [n for n in times if n != best]
+    unit = world_size * network.channels(world_size)      # crossover's sizes: multiples of it, up to 2^30
     for other in others:
+        if closed_form_time(best, world_size, unit << 30, network, itemsize) > \
+                closed_form_time(other, world_size, unit << 30, network, itemsize):
+            # best only below some size (the hierarchical against the channelled ring): where the other wins
+            at = crossover(other, best, world_size, network, itemsize)
+            text += f" {other.capitalize()} beats {best} from {size_label(at * itemsize)} on."
+            continue
         at = crossover(best, other, world_size, network, itemsize)
-        if at is not None and at > world_size:
+        if at is not None and at > unit:
             text += f" {best.capitalize()} beats {other} from {size_label(at * itemsize)} on."
     return text
 

@@ -591,7 +591,8 @@ for v in VARIANTS:
 #
 # NVLink: 450 GB/s each way per GPU and 2 µs latency, inside a node. InfiniBand: 400 Gb/s, that is 50 GB/s, and
 # 10 µs, between nodes. Compute: 400 TFLOP/s per GPU. The model records the ring's transfers at a small size,
-# scales them, and times each step by its busiest link.
+# scales them, and times each step by its busiest link. Across nodes the ring runs as NCCL runs it, one channel per
+# GPU of a node, so each of the node's GPUs sends an equal share over its own InfiniBand link (chapter 01).
 # </details>
 
 # %% tags=["nbval-check-output"]
@@ -613,8 +614,8 @@ for label, net in (("inside one node (NVLink)", nvlink), ("across 2 nodes of 4 (
           f"against {compute * 1e3:.2f} ms of compute ({per_layer_forward / compute:.0%})")
 
 # %% [markdown]
-# **Takeaway:** inside one node a layer's two forward all-reduces cost 19% of its compute; across nodes they cost
-# 164%, more than the compute they split.
+# **Takeaway:** inside one node a layer's two forward all-reduces cost 19% of its compute; across 2 nodes of 4
+# they cost 50%, and across 8 nodes 164%, more than the compute they split.
 #
 # So the tensor group stays inside a node, at most 8 GPUs, and data or pipeline parallelism combines the nodes.
 # Plain Megatron-style tensor parallelism waits for every all-reduce; PyTorch's asynchronous tensor parallelism
