@@ -225,7 +225,9 @@ class Hardware:
       ``memory_efficiency`` ((bytes, share) pairs); a fused flash-attention kernel, where the run uses one, at
       ``attention_efficiency`` of peak. The efficiencies are a kernel's, so the bubble, the exposed
       communication and the optimizer are priced once each, on top. Collectives move ``intra_efficiency``
-      and ``net_efficiency`` of the links' bandwidth.
+      and ``net_efficiency`` of the links' bandwidth; traffic hidden behind compute still costs that compute
+      ``intra_processor_usage`` (``net_processor_usage``) of the traffic's time, the SMs that drive it
+      (Calculon's ``processor_usage``: calculon/llm/layers.py, "it contributes to compute slowdown").
     """
 
     memory: float = 80e9
@@ -244,6 +246,8 @@ class Hardware:
     attention_efficiency: float = 0.0   # a flash-attention kernel's share of peak; 0: none on this card
     intra_efficiency: float = 1.0   # share of intra_bandwidth a collective reaches
     net_efficiency: float = 1.0     # share of bandwidth a collective reaches
+    intra_processor_usage: float = 0.0  # share of hidden NVLink traffic's time its compute loses (Calculon's)
+    net_processor_usage: float = 0.0    # the same for the network's
 
     def __post_init__(self):
         for field in ("flops", "efficiency", "intra_bandwidth", "bandwidth", "memory_bandwidth",
@@ -258,6 +262,10 @@ class Hardware:
                     not 0 < share <= 1 for _, share in curve):
                 raise ValueError(f"Hardware.{field} is (size, share) pairs, sizes largest first down to 0, each "
                                  f"share in (0, 1] (got {curve!r}).")
+        for field in ("intra_processor_usage", "net_processor_usage"):
+            if not 0 <= getattr(self, field) < 1:
+                raise ValueError(f"Hardware.{field} is a share in [0, 1) of hidden traffic's time that its compute "
+                                 f"loses (got {getattr(self, field)}).")
         if not 0 <= self.attention_efficiency <= 1:
             raise ValueError(f"Hardware.attention_efficiency is a share of peak in [0, 1], 0 for no flash kernel "
                              f"(got {self.attention_efficiency}).")
@@ -273,7 +281,8 @@ class Hardware:
         (calculon-ai/calculon at caa4b11, systems/a100_80g.json -- the one its validation of Korthikanti et al.
         2022's Table 5 runs on): matmuls at 0.95 of 312 TFLOP/s from 128 GFLOP up, 0.9 from 16, 0.6 from 1,
         0.1 below; memory at 0.9 of its bandwidth from 100 MB up, 0.75 from 10, 0.6 from 1, 0.3 below; NVLink
-        collectives at 0.65 of 300 GB/s, InfiniBand at 0.9 of 25 GB/s. The bandwidth is NVIDIA's A100 80 GB
+        collectives at 0.65 of 300 GB/s, InfiniBand at 0.9 of 25 GB/s; hidden traffic costing its compute 0.15
+        (NVLink) and 0.02 (InfiniBand) of its time (the file's ``processor_usage``). The bandwidth is NVIDIA's A100 80 GB
         SXM datasheet's 2,039 GB/s (Calculon rounds it to 2,048).
 
             >>> Hardware.a100().by_shape, Hardware().by_shape
@@ -281,7 +290,8 @@ class Hardware:
         """
         return cls(memory_bandwidth=2039e9, matmul_efficiency=((128e9, 0.95), (16e9, 0.9), (1e9, 0.6), (0.0, 0.1)),
                    memory_efficiency=((100e6, 0.9), (10e6, 0.75), (1e6, 0.6), (0.0, 0.3)),
-                   intra_efficiency=0.65, net_efficiency=0.9, name="A100 SXM 80 GB, 8 per node, priced by shape")
+                   intra_efficiency=0.65, net_efficiency=0.9, intra_processor_usage=0.15, net_processor_usage=0.02,
+                   name="A100 SXM 80 GB, 8 per node, priced by shape")
 
     @classmethod
     def h100(cls, attention: str = "cudnn") -> "Hardware":
@@ -291,7 +301,7 @@ class Hardware:
         NIC per GPU, 50e9 bytes/s (DGX H100's ConnectX-7; Llama 3's and torchtitan's clusters); HBM3 at 3.35e12
         bytes/s (the datasheet). The efficiencies are Calculon's H100 system file's (calculon-ai/calculon at caa4b11,
         systems/h100_80g_nvl8.json: memory 0.9 / 0.75 / 0.6 / 0.3 from 100 / 10 / 1 / 0 MB, NVLink 0.65, the network
-        0.9), but for the matmuls': that file copies its A100 curve (0.95 / 0.9 / 0.6 / 0.1 from 128 / 16 / 1 / 0
+        0.9, hidden traffic's ``processor_usage`` 0.15 and 0.02), but for the matmuls': that file copies its A100 curve (0.95 / 0.9 / 0.6 / 0.1 from 128 / 16 / 1 / 0
         GFLOP), above what an H100 was measured to reach at its best shape, 794.5 of 989 TFLOP/s (80.3%: the
         "Maximum Achievable Matmul FLOPS" table, stas00/ml-engineering at 744d01e, compute/accelerator/README.md).
         So the curve's thresholds are Calculon's and its shares are scaled so that its top is that measured
@@ -313,6 +323,7 @@ class Hardware:
                    matmul_efficiency=H100_MATMUL,
                    memory_efficiency=((100e6, 0.9), (10e6, 0.75), (1e6, 0.6), (0.0, 0.3)),
                    attention_efficiency=ATTENTION[attention], intra_efficiency=0.65, net_efficiency=0.9,
+                   intra_processor_usage=0.15, net_processor_usage=0.02,
                    name=f"H100 SXM 80 GB, 8 per node, priced by shape ({attention} attention)")
 
     @classmethod

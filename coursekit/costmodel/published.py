@@ -54,7 +54,8 @@ matmul; RoPE's and RMSNorm's passes are the config's norms'.
   H100's measured best share (80.3%), attention a causal flash kernel at the FlashAttention-3 paper's measured
   speed -- cuDNN's (Transformer Engine: NeMo; Llama 3, whose kernel is not published, takes the description's
   default) or FlashAttention-2's (PyTorch's SDPA: torchtitan);
-* overlap derived (:func:`~.overlap.shares`, ``ASSUMPTIONS``): dp's reduce behind the last micro-batch's backward
+* overlap derived (:func:`~.overlap.shares`, ``ASSUMPTIONS``; hidden traffic taking ``processor_usage`` of its time
+  from the compute, :class:`~.config.Hardware`): dp's reduce behind the last micro-batch's backward
   (FSDP: all but the first layer's gather); tp on the critical path except NeMo's 70B, whose config turns on
   ``ub_tp_comm_overlap``; the pipeline's sends asynchronous (Llama 3 section 3.3.2, Megatron-LM's
   ``--overlap-p2p-communication``, NeMo's ``overlap_p2p_comm``); CP's ring exposed (``step_time``'s default);
@@ -70,12 +71,13 @@ matmul; RoPE's and RMSNorm's passes are the config's norms'.
   (Table 4's figures are checked against a second transcription, Balaji's SC'24 slide at
   glennklockwood.com/garden/llama-3.1; the section 3.3.2 statements here were not re-checked against a copy.)
 
-**What the runs say** (predicted / published tokens/s): Llama 3 405B 1.009 and 0.906, NeMo 8B 1.080 and 1.071,
-NeMo 70B 1.151 (its tp traffic hidden as if free: exposed, 1.02), torchtitan 1.76 (eager) and 1.52 (compiled) --
-the one miss: one step priced once, published 1.16× apart, both at an MFU (33-39%) far under NeMo's 58-60% on
-the same model, for what the model does not price (the 500 W card's clock, eager launches and unfused passes,
-FSDP2's casts and gathers at two sequences a step). The 8B pair on 8 and 128 GPUs (:data:`~.ties.LAYOUT_PAIRS`)
-differs only in DP: published 0.972 of the speed per GPU, the model 0.964.
+**What the runs say** (predicted / published tokens/s): Llama 3 405B 1.007 and 0.904, NeMo 8B 1.079 and 1.071,
+NeMo 70B 1.117 (its tp traffic hidden, its compute losing 0.15 of that time: Calculon's ``processor_usage``; free,
+1.151; exposed, 1.02), torchtitan 1.74 (eager) and 1.50 (compiled) -- the one miss: one step priced once, published
+1.16× apart, both at an MFU (33-39%) far under NeMo's 58-60% on the same model, for what the model does not price
+(the 500 W card's clock, eager launches and unfused passes, FSDP2's casts and gathers at two sequences a step).
+The 8B pair on 8 and 128 GPUs (:data:`~.ties.LAYOUT_PAIRS`) differs only in DP: published 0.972 of the speed per
+GPU, the model 0.964.
 
     >>> run = LLAMA3_405B_8K
     >>> run.layout.tp * run.layout.pp * run.layout.dp, run.global_batch * run.config.seq_len
