@@ -27,7 +27,7 @@ and coursekit/costmodel/__init__.py's marking):
   optimizer state 154.3 GB per GPU: add ZeRO over dp'", no_micro_batches_125m the same for its activations;
 * the grader's best computed inside ``held_back`` -> the solution and every attempt's follows_the_chapter 0;
 * the slow term always taken to be tp -> pipeline_few_micro_batches "feedback lacks 'the pipeline bubble takes
-  12.36 s: pp = 8 at m = 16 idles 30% of the time'", zero3_every_micro_batch its ZeRO-3 sentence; ZeRO-3's gathers
+  12.36 s: pp = 8 at m = 16 idles 30% of the time'" (on the single-efficiency Hardware(), before issue 59), zero3_every_micro_batch its ZeRO-3 sentence; ZeRO-3's gathers
   described as a plain all-reduce -> zero3_every_micro_batch "feedback lacks 'ZeRO-3 gathers the parameters ...'";
 * the scenarios' keys left out of the feedback (partial_credit's lines as they come) -> 7 attempts lack their phrase.
 """

@@ -34,14 +34,16 @@ def test_tensor_parallel_is_exposed_unless_a_kernel_overlaps_it_and_sends_hide_w
 
 
 def test_each_part_is_printed_and_the_step_is_their_sum():
-    """NeMo's 70B with its ``ub_tp_comm_overlap``: tp's traffic all hidden, CP's ring exposed; the total is
+    """NeMo's 70B with its ``ub_tp_comm_overlap``: tp's traffic hidden but for the 0.15 of its time its compute
+    loses (Hardware.h100's NVLink ``intra_processor_usage``, Calculon's), CP's ring exposed; the total is
     compute + bubble + what is exposed, and each axis's line says traffic = hidden + exposed."""
     run = NEMO_70B
     step = step_time(run.config, run.layout, run.hardware, run.global_batch, overlap="derived", tp_comm_overlap=True)
-    assert step.exposed.tp == 0 and step.exposed.sp == step.communication.sp > 0
+    assert step.exposed.tp == pytest.approx(0.15 * step.communication.tp) and step.exposed.sp == step.communication.sp > 0
     assert step.total == pytest.approx(step.compute + step.bubble + step.exposed.total)
     lines = step.parts()
-    assert any(line.startswith("tp: ") and "0 s exposed" in line for line in lines), lines
+    tp = f"tp: {step.communication.tp:.3g} s of traffic, {0.85 * step.communication.tp:.3g} s hidden"
+    assert any(line.startswith(tp) for line in lines), lines
     for axis in ("dp", "tp", "pp", "sp"):
         assert getattr(step.hidden, axis) + getattr(step.exposed, axis) == pytest.approx(getattr(step.communication, axis))
     with pytest.raises(ValueError, match="'declared'.*'derived'"):

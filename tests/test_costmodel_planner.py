@@ -49,9 +49,17 @@ SMALL = [
     (GPT3_13B, Hardware(gpus_per_node=4), 16, 32, Space(zero=(0, 1, 3), recompute=("none", "full"))),
     (ModelConfig(51200, 2048, 4096, 32, 32, name="6.7B"), A100, 64, 64, Space.megatron_2021()),
 ]
+# the same search on hardware priced by shape (Hardware.a100(): kernels by size, so a micro-batch's size moves its
+# speed): the bound must still hold, pruning must still return brute force's head
+BY_SHAPE = [
+    (ModelConfig.gpt2_small(), Hardware.a100(), 8, 32, Space()),
+    (ModelConfig(51200, 1024, 2048, 24, 16, name="1.3B"), replace(Hardware.a100(), memory=24e9, gpus_per_node=4), 16,
+     32, Space()),
+]
 
 
-@pytest.mark.parametrize("config,hardware,gpus,batch,space", SMALL, ids=[s[0].name for s in SMALL])
+@pytest.mark.parametrize("config,hardware,gpus,batch,space", SMALL + BY_SHAPE,
+                         ids=[s[0].name + (" by shape" if s[1].by_shape else "") for s in SMALL + BY_SHAPE])
 def test_plan_ranks_as_brute_force(config, hardware, gpus, batch, space):
     """plan's pruned search returns exactly brute force's fitting head, in the same order; some layouts of
     each space do not fit, so the memory pruning is exercised too."""
@@ -74,7 +82,19 @@ def test_plan_ranks_as_brute_force_with_overlap_assumptions():
     assert all(config.heads % (c.layout.tp * c.layout.sp) == 0 for c in everything)       # Ulysses: whole heads
 
 
-@pytest.mark.parametrize("config,hardware,gpus,batch,space", SMALL[:2], ids=[s[0].name for s in SMALL[:2]])
+def test_plan_ranks_as_brute_force_with_derived_overlap():
+    """Derived overlap (step_time(overlap="derived")) on hardware priced by shape: the bound takes what it can hide
+    at most (planted: the bound's shares left at the declared 0 -> plan drops layouts brute force ranks first)."""
+    config, hardware = BY_SHAPE[1][0], BY_SHAPE[1][1]
+    everything = brute_force(config, hardware, 16, 32, overlap="derived")
+    assert plan(config, hardware, 16, 32, 10, overlap="derived") == _fitting(everything)[:10]
+    for c in everything[:200]:
+        group = Layout(dp=c.layout.dp, tp=c.layout.tp, pp=c.layout.pp, sp=c.layout.sp, zero=c.layout.zero)
+        assert lower_bound(config, group, hardware, 32, overlap="derived") <= c.seconds * (1 + 1e-12), c.layout
+
+
+@pytest.mark.parametrize("config,hardware,gpus,batch,space", SMALL[:2] + BY_SHAPE,
+                         ids=[s[0].name + (" by shape" if s[1].by_shape else "") for s in SMALL[:2] + BY_SHAPE])
 def test_lower_bound_holds_for_every_layout(config, hardware, gpus, batch, space):
     """The bound plan prunes with is never above a layout of its group (else pruning could drop the best)."""
     for c in brute_force(config, hardware, gpus, batch, space):

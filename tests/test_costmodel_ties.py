@@ -7,7 +7,7 @@ Seen failing, each planted in ties.py and taken out:
 * ``<`` in place of ``<=`` (a layout exactly the error away, or two equal times at error 1, not a tie): the
   same test fails;
 * the error taken as the smallest factor (``min(factors)``): test_the_error_is_the_largest_factor fails;
-* ties' default error the one-run error (``model_error()``, 1.38) instead of the ranking's:
+* ties' default error the one-run error (``model_error()``, then 1.38) instead of the ranking's:
   test_by_default_a_tie_is_within_the_ranking_error fails (``1.2`` counted a tie);
 * the ranking error read from one run of the pair (``predict(b).ratio``) instead of the pair's ratio:
   test_the_ranking_error_compares_a_ratio_of_two_layouts fails;
@@ -45,25 +45,25 @@ def test_the_error_is_the_largest_factor():
 
 
 def test_the_ranking_error_compares_a_ratio_of_two_layouts():
-    """Llama 3 405B at 16,384 GPUs runs at 400/430 of its speed per GPU at 8,192 (Table 4); the model's ratio of
-    the same two layouts, set against it. Both runs alone are off by 0.77-0.84 (test_costmodel_published): most
-    of that is common to both and cancels in the ratio."""
+    """Llama 3 405B at 16,384 GPUs runs at 400/430 = 0.930 of its speed per GPU at 8,192 (Table 4); the model's ratio
+    of the same two layouts (0.835 on Hardware.h100: the bubble, the same seconds on half the micro-batches' work),
+    set against it: off by 1.11, more than either run alone (1.009 and 0.906: test_costmodel_published)."""
     eight, sixteen = predict(LLAMA3_405B_8K), predict(LLAMA3_405B_16K)
     predicted, published = sixteen.tokens_per_gpu / eight.tokens_per_gpu, 400 / 430
     assert ranking_error() == pytest.approx(max(predicted / published, published / predicted))
-    assert ranking_error() < min(1 / eight.ratio, 1 / sixteen.ratio) < model_error()
+    assert ranking_error() < model_error()
 
 
 def test_the_ranking_error_is_the_largest_over_the_pairs():
     """NeMo's Llama 3.1 8B on 8 and 128 GPUs (dp 4 and 64, all else equal): published 10,253.5 and 9,962.1
-    tokens/s per GPU, 0.972; the model hides dp's traffic and predicts the same step, so this pair is off by
-    1/0.972 = 1.03, less than the 405B pair's 1.09, which stays the ranking error."""
+    tokens/s per GPU, 0.972; derived overlap leaves part of the 64-way reduce exposed, so the model predicts a
+    slower step too, and this pair is off by less than the 405B pair, which stays the ranking error."""
     assert LAYOUT_PAIRS == ((LLAMA3_405B_8K, LLAMA3_405B_16K), (NEMO_8B, NEMO_8B_128))
     small, large = predict(NEMO_8B), predict(NEMO_8B_128)
     nemo = ranking_error([(NEMO_8B, NEMO_8B_128)])
     published = NEMO_8B_128.tokens_per_gpu / NEMO_8B.tokens_per_gpu
-    assert large.tokens_per_gpu == pytest.approx(small.tokens_per_gpu)      # the predicted ratio: 1
-    assert nemo == pytest.approx(1 / published) and 1.02 < nemo < 1.04
+    predicted = large.tokens_per_gpu / small.tokens_per_gpu
+    assert predicted < 1 and nemo == pytest.approx(max(predicted / published, published / predicted)) and nemo < 1.03
     assert ranking_error() == max(ranking_error(LAYOUT_PAIRS[:1]), nemo) == ranking_error(LAYOUT_PAIRS[:1])
 
 

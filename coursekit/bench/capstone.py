@@ -67,14 +67,15 @@ def modeled_state(config: Config) -> int:
 
 
 def at_scale(config: Config, gpus: int = 1024, global_batch: int = 1024) -> tuple[float, float] | None:
-    """Modeled step seconds and tokens/s per GPU of the same tp, pp, sp degrees on ``gpus`` A100s (GPT-2 small)."""
+    """Modeled step seconds and tokens/s per GPU of the same tp, pp, sp degrees on ``gpus`` A100s (GPT-2 small),
+    priced by shape (:meth:`Hardware.a100`)."""
     inner = config.tp * config.pp * config.sp
     gpt2, micro = ModelConfig.gpt2_small(), max(config.microbatches, 1)
     layout = Layout(dp=gpus // inner, tp=config.tp, pp=config.pp, sp=config.sp, zero=config.zero,
                     micro_batches=micro)
     if global_batch % (layout.dp * micro):
         return None
-    t = step_time(gpt2, layout, Hardware(), global_batch=global_batch).total
+    t = step_time(gpt2, layout, Hardware.a100(), global_batch=global_batch).total
     return t, global_batch * gpt2.seq_len / t / gpus
 
 

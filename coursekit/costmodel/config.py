@@ -22,10 +22,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES"]
+__all__ = ["ModelConfig", "Layout", "Hardware", "RECOMPUTE", "SCHEDULES", "ATTENTION", "H100_MATMUL"]
 
 RECOMPUTE = ("none", "selective", "full")          # Korthikanti et al. 2022, section 5
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb_h1")  # chapter 04's schedules
+
+
+def _flash(forward: float, backward: float, peak: float = 989e12) -> float:
+    """One share of peak for a flash kernel's forward and backward (2.5× the forward's FLOPs) measured apart."""
+    return 3.5 / (peak / forward + 2.5 * peak / backward)
+
+
+# an H100's flash-attention kernels, TFLOP/s at head dimension 128, sequence 8K (Shah et al. 2024, FlashAttention-3,
+# arXiv:2407.08608, Figure 5(d) forward with the causal mask, Figure 6 backward): cuDNN 529 and 518, FA2 333 and 318
+ATTENTION = {"cudnn": _flash(529e12, 518e12), "flash2": _flash(333e12, 318e12)}
+# Calculon's matmul curve (its A100's, copied into its H100 file) with its top at an H100's measured best share,
+# 794.5 of 989 TFLOP/s (stas00/ml-engineering at 744d01e, compute/accelerator/README.md): Hardware.h100's docstring
+H100_MATMUL = tuple((size, share * 794.5 / 989 / 0.95) for size, share in ((128e9, 0.95), (16e9, 0.9), (1e9, 0.6),
+                                                                           (0.0, 0.1)))
 
 
 @dataclass(frozen=True)
@@ -211,7 +225,9 @@ class Hardware:
       ``memory_efficiency`` ((bytes, share) pairs); a fused flash-attention kernel, where the run uses one, at
       ``attention_efficiency`` of peak. The efficiencies are a kernel's, so the bubble, the exposed
       communication and the optimizer are priced once each, on top. Collectives move ``intra_efficiency``
-      and ``net_efficiency`` of the links' bandwidth.
+      and ``net_efficiency`` of the links' bandwidth; traffic hidden behind compute still costs that compute
+      ``intra_processor_usage`` (``net_processor_usage``) of the traffic's time, the SMs that drive it
+      (Calculon's ``processor_usage``: calculon/llm/layers.py, "it contributes to compute slowdown").
     """
 
     memory: float = 80e9
@@ -230,6 +246,8 @@ class Hardware:
     attention_efficiency: float = 0.0   # a flash-attention kernel's share of peak; 0: none on this card
     intra_efficiency: float = 1.0   # share of intra_bandwidth a collective reaches
     net_efficiency: float = 1.0     # share of bandwidth a collective reaches
+    intra_processor_usage: float = 0.0  # share of hidden NVLink traffic's time its compute loses (Calculon's)
+    net_processor_usage: float = 0.0    # the same for the network's
 
     def __post_init__(self):
         for field in ("flops", "efficiency", "intra_bandwidth", "bandwidth", "memory_bandwidth",
@@ -244,6 +262,10 @@ class Hardware:
                     not 0 < share <= 1 for _, share in curve):
                 raise ValueError(f"Hardware.{field} is (size, share) pairs, sizes largest first down to 0, each "
                                  f"share in (0, 1] (got {curve!r}).")
+        for field in ("intra_processor_usage", "net_processor_usage"):
+            if not 0 <= getattr(self, field) < 1:
+                raise ValueError(f"Hardware.{field} is a share in [0, 1) of hidden traffic's time that its compute "
+                                 f"loses (got {getattr(self, field)}).")
         if not 0 <= self.attention_efficiency <= 1:
             raise ValueError(f"Hardware.attention_efficiency is a share of peak in [0, 1], 0 for no flash kernel "
                              f"(got {self.attention_efficiency}).")
@@ -259,7 +281,8 @@ class Hardware:
         (calculon-ai/calculon at caa4b11, systems/a100_80g.json -- the one its validation of Korthikanti et al.
         2022's Table 5 runs on): matmuls at 0.95 of 312 TFLOP/s from 128 GFLOP up, 0.9 from 16, 0.6 from 1,
         0.1 below; memory at 0.9 of its bandwidth from 100 MB up, 0.75 from 10, 0.6 from 1, 0.3 below; NVLink
-        collectives at 0.65 of 300 GB/s, InfiniBand at 0.9 of 25 GB/s. The bandwidth is NVIDIA's A100 80 GB
+        collectives at 0.65 of 300 GB/s, InfiniBand at 0.9 of 25 GB/s; hidden traffic costing its compute 0.15
+        (NVLink) and 0.02 (InfiniBand) of its time (the file's ``processor_usage``). The bandwidth is NVIDIA's A100 80 GB
         SXM datasheet's 2,039 GB/s (Calculon rounds it to 2,048).
 
             >>> Hardware.a100().by_shape, Hardware().by_shape
@@ -267,24 +290,44 @@ class Hardware:
         """
         return cls(memory_bandwidth=2039e9, matmul_efficiency=((128e9, 0.95), (16e9, 0.9), (1e9, 0.6), (0.0, 0.1)),
                    memory_efficiency=((100e6, 0.9), (10e6, 0.75), (1e6, 0.6), (0.0, 0.3)),
-                   intra_efficiency=0.65, net_efficiency=0.9, name="A100 SXM 80 GB, 8 per node, priced by shape")
+                   intra_efficiency=0.65, net_efficiency=0.9, intra_processor_usage=0.15, net_processor_usage=0.02,
+                   name="A100 SXM 80 GB, 8 per node, priced by shape")
 
     @classmethod
-    def h100(cls) -> "Hardware":
-        """An H100 SXM 80 GB, 8 to a node (a DGX H100 or HGX H100 board): 989e12 FLOP/s dense bf16 (NVIDIA's H100
-        datasheet gives 1,979 "with sparsity"; the dense figure is half, the denominator torchtitan's
-        ``get_peak_flops`` and Megatron-LM use: NVIDIA/Megatron-LM issue 1276); NVLink 4 at 900 GB/s per GPU
-        both ways together, 450e9 per direction; one 400 Gb/s InfiniBand (or RoCE) NIC per GPU, 50e9 bytes/s
-        per direction (DGX H100's ConnectX-7; Llama 3's and torchtitan's clusters: "400 Gb/s per GPU").
-        Latencies and ``efficiency`` as the A100's (0.5, Narayanan et al. 2021): a share of peak, not a speed.
+    def h100(cls, attention: str = "cudnn") -> "Hardware":
+        """An H100 SXM 80 GB, 8 to a node (DGX/HGX H100), priced kernel by kernel as :meth:`a100`: 989e12 FLOP/s
+        dense bf16 (NVIDIA's datasheet gives 1,979 "with sparsity"; half is the dense figure torchtitan's
+        ``get_peak_flops`` and Megatron-LM divide by); NVLink 4 at 450e9 bytes/s per direction; one 400 Gb/s
+        NIC per GPU, 50e9 bytes/s (DGX H100's ConnectX-7; Llama 3's and torchtitan's clusters); HBM3 at 3.35e12
+        bytes/s (the datasheet). The efficiencies are Calculon's H100 system file's (calculon-ai/calculon at caa4b11,
+        systems/h100_80g_nvl8.json: memory 0.9 / 0.75 / 0.6 / 0.3 from 100 / 10 / 1 / 0 MB, NVLink 0.65, the network
+        0.9, hidden traffic's ``processor_usage`` 0.15 and 0.02), but for the matmuls': that file copies its A100 curve (0.95 / 0.9 / 0.6 / 0.1 from 128 / 16 / 1 / 0
+        GFLOP), above what an H100 was measured to reach at its best shape, 794.5 of 989 TFLOP/s (80.3%: the
+        "Maximum Achievable Matmul FLOPS" table, stas00/ml-engineering at 744d01e, compute/accelerator/README.md).
+        So the curve's thresholds are Calculon's and its shares are scaled so that its top is that measured
+        maximum (:data:`H100_MATMUL`: 0.803 / 0.761 / 0.507 / 0.085).
 
-            >>> Hardware.h100().flops / Hardware().flops               # bf16 dense: H100 SXM over A100
-            3.1698717948717947
+        Attention is a fused flash kernel (:data:`ATTENTION`, causal, the FLOPs it skips not priced):
+        ``"cudnn"``, Transformer Engine's cuDNN kernel (NeMo, Megatron Core), or ``"flash2"``, FlashAttention-2
+        (PyTorch's ``scaled_dot_product_attention`` on an H100: torchtitan). Their shares are the FlashAttention-3
+        paper's measurements on an H100 SXM5 (Shah et al. 2024, arXiv:2407.08608, Figures 5 and 6: head
+        dimension 128, sequence 8K, forward with the causal mask, backward without, the only backward printed).
+
+            >>> h100 = Hardware.h100()
+            >>> h100.flops / Hardware().flops, h100.by_shape, round(h100.attention_efficiency, 3)
+            (3.1698717948717947, True, 0.527)
         """
-        return cls(flops=989e12, intra_bandwidth=450e9, bandwidth=50e9, name="H100 SXM 80 GB, 8 per node")
+        if attention not in ATTENTION:
+            raise ValueError(f"attention is one of {sorted(ATTENTION)} (the flash kernel the run uses), got {attention!r}.")
+        return cls(flops=989e12, intra_bandwidth=450e9, bandwidth=50e9, memory_bandwidth=3.35e12,
+                   matmul_efficiency=H100_MATMUL,
+                   memory_efficiency=((100e6, 0.9), (10e6, 0.75), (1e6, 0.6), (0.0, 0.3)),
+                   attention_efficiency=ATTENTION[attention], intra_efficiency=0.65, net_efficiency=0.9,
+                   intra_processor_usage=0.15, net_processor_usage=0.02,
+                   name=f"H100 SXM 80 GB, 8 per node, priced by shape ({attention} attention)")
 
     @classmethod
-    def h100_hbm2e(cls) -> "Hardware":
+    def h100_hbm2e(cls, attention: str = "cudnn") -> "Hardware":
         """The H100 torchtitan's Llama 3.1 8B benchmark ran on: 96 GB of HBM2e at 500 W, "between SXM and NVL" in
         speed (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md, its footnote 2). Its peak is not
         published: torchtitan's MFU divides by the SXM's 989 TFLOP/s, and so does this description; links and
@@ -294,4 +337,4 @@ class Hardware:
             >>> Hardware.h100_hbm2e().memory / Hardware.h100().memory
             1.2
         """
-        return replace(cls.h100(), memory=96e9, name="H100 96 GB HBM2e 500 W, 8 per node")
+        return replace(cls.h100(attention), memory=96e9, name=f"H100 96 GB HBM2e 500 W, 8 per node ({attention} attention)")

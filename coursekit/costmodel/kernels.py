@@ -12,7 +12,8 @@ A100 iterations (Table 5) the share each row needs runs from 0.50 (22B, each GPU
 * a **memory-bound** kernel of ``B`` bytes (norms, softmax, dropout, GELU, the residual adds, the optimizer):
   ``B / (bandwidth · e_mem(B))``;
 * attention with a **flash kernel** (where the hardware has an ``attention_efficiency``): its FLOPs at that share,
-  the ``s×s`` scores never in memory; without one, as Megatron-LM ran it in 2022: two batched matmuls (``QKᵀ``,
+  the ``s×s`` scores never in memory, the causal mask's masked half skipped (a decoder's; the kernels' measured
+  TFLOP/s count the same half: Shah et al. 2024); without one, as Megatron-LM ran it in 2022: two batched matmuls (``QKᵀ``,
   ``AV``) and the fused scale-mask-softmax and dropout over the ``b·(a/t)·s²`` scores.
 
 The kernels of one layer, one micro-batch, on one rank (``T = b·s`` tokens, ``t`` = tp, ``h' = h/t`` with
@@ -116,7 +117,8 @@ def layer_seconds(config: ModelConfig, layout: Layout, micro_batch: float, hardw
     # the s×s part: each rank's queries against all s·sp keys (ring attention's blocks, one after another)
     scores = micro_batch * a / t * s * config.seq_len
     if hardware.attention_efficiency:       # one fused kernel; backward recomputes the scores: 2.5× forward
-        core_f = 4 * micro_batch * s * config.seq_len * h / t / (hardware.flops * hardware.attention_efficiency)
+        # causal: the kernel skips the masked half of the s×s blocks (its measured TFLOP/s count that half too)
+        core_f = 2 * micro_batch * s * config.seq_len * h / t / (hardware.flops * hardware.attention_efficiency)
         core = core_mm = (core_f, 2.5 * core_f)
     else:                                   # batched matmuls, then softmax and dropout through memory
         qk = _gemm(s, d, config.seq_len, hardware, micro_batch * a / t, weight=False)

@@ -36,7 +36,11 @@ model states do not depend on the rest, so a group whose states alone exceed the
 micro-batches or recomputation (activations only add). And no layout of a group is faster than
 :func:`lower_bound`: the FLOPs without recomputation, the smallest bubble the group's schedules allow, and its
 communication at ``m = 1`` without recomputation, the least any ``m`` sends (the same bytes in fewer, larger
-messages: one latency instead of ``m``). Groups are visited cheapest bound first; once ``top`` fitting layouts
+messages: one latency instead of ``m``). On hardware priced by shape (:meth:`~.config.Hardware.a100`, the default
+for a GPU cluster) the bound's compute is one micro-batch's kernels (larger kernels are never slower a FLOP: the
+efficiency curves rise with size), the cheaper of sequence parallelism on or off, its bubble stretching them and
+not Adam; with ``overlap="derived"`` its traffic is what :func:`~.overlap.shares` can leave exposed at least.
+Groups are visited cheapest bound first; once ``top`` fitting layouts
 are found and the next group's bound exceeds the slowest of them, no later group can enter the ranking.
 tests/test_costmodel_planner.py checks that ranking equals :func:`brute_force`'s and that every bound holds.
 """
@@ -49,6 +53,7 @@ from functools import cached_property
 from typing import Iterator
 
 from .compute import bubble_fraction, compute_time
+from .kernels import kernel_time
 from .config import RECOMPUTE, SCHEDULES, Hardware, Layout, ModelConfig
 from .gpu_memory import GPUMemory, memory_per_gpu, rank_state_bytes
 from .experts import check_experts
@@ -251,20 +256,29 @@ def states_fit(config: ModelConfig, group: Layout, hardware: Hardware) -> bool:
 def lower_bound(config: ModelConfig, group: Layout, hardware: Hardware, global_batch: int, space: Space = Space(),
                 **assumptions) -> float:
     """Seconds no layout of ``group`` (its degrees and ZeRO stage) beats: the module docstring's bound."""
-    compute = compute_time(config, replace(group, recompute="none"), hardware, global_batch,
-                           assumptions.get("efficiency"), assumptions.get("imbalance", 1.0)).compute
     fractions = [bubble_fraction(layout) for layout in _members(config, group, global_batch, space)]
     smallest = min(fractions, default=0.0)
+    sp_choices = space.sequence_parallel if group.tp > 1 and not config.experts else (False,)
+    if hardware.by_shape and assumptions.get("efficiency") is None:
+        # kernels by size: one micro-batch (the largest kernels, never slower a FLOP) without recomputation, the
+        # cheaper of sequence parallelism on or off; the bubble stretches the micro-batches' part, not Adam's
+        kernels = min((kernel_time(config, replace(group, recompute="none", sequence_parallel=on), hardware,
+                                   global_batch) for on in sp_choices), key=lambda k: k.total)
+        compute = kernels.optimizer + kernels.pipelined / (1 - smallest)
+    else:
+        compute = compute_time(config, replace(group, recompute="none"), hardware, global_batch,
+                               assumptions.get("efficiency"), assumptions.get("imbalance", 1.0)).compute / (1 - smallest)
     comm = {k: v for k, v in assumptions.items()
             if k in ("attention", "gather_logits", "vocab_parallel_loss", "imbalance")}
     shares = {axis: assumptions.get(f"{axis}_overlap", 0.0) for axis in ("dp", "tp", "pp", "sp", "ep")}
-    sp_choices = space.sequence_parallel if group.tp > 1 and not config.experts else (False,)
+    if assumptions.get("overlap") == "derived":   # what overlap.shares can hide at most
+        shares = {"dp": 1.0, "tp": 1.0 if assumptions.get("tp_comm_overlap") else 0.0, "pp": 1.0, "sp": 0.0, "ep": 0.0}
     exposed = min(sum(getattr(seconds, axis) * (1 - share) for axis, share in shares.items())
                   for seconds in (communication_time(config, replace(group, micro_batches=1, sequence_parallel=on),
                                                      hardware, global_batch // group.dp,
                                                      assumptions.get("bytes_per_element", 2), **comm)
                                   for on in sp_choices))
-    return compute / (1 - smallest) + exposed
+    return compute + exposed
 
 
 def plan(config: ModelConfig, hardware: Hardware, gpus: int, global_batch: int, top: int = 10,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .comm import PerAxis, communication_time
+from .comm import PerAxis, axis_network, communication_time
 from .compute import bubble_fraction, compute_time
 from .config import Hardware, Layout, ModelConfig
 from .overlap import shares
@@ -66,6 +66,14 @@ class TrainingStepTime:
         return lines + [f"total {self.total:.3g} s"]
 
 
+def _usage(layout: Layout, hardware: Hardware, axis: str) -> float:
+    """The share of ``axis``'s hidden traffic's time its compute loses: its link's ``*_processor_usage``."""
+    if not (hardware.intra_processor_usage or hardware.net_processor_usage):
+        return 0.0
+    link = axis_network(layout, hardware, axis)[1]
+    return hardware.intra_processor_usage if link == "intra" else hardware.net_processor_usage
+
+
 def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_batch: int,
               dp_overlap: float = 0.0, tp_overlap: float = 0.0, pp_overlap: float = 0.0, sp_overlap: float = 0.0,
               efficiency: float | None = None, bytes_per_element: int = 2, ep_overlap: float = 0.0,
@@ -83,6 +91,9 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     overlaps with another micro-batch's compute, ``--overlap-moe-expert-parallel-comm``). ``optimizer``
     (``"adam"``, ``"sgd"``) and ``bytes_per_element`` also size the per-op and memory-bound terms where the
     hardware has them (:mod:`~.overhead`: activations in that precision).
+
+    Hidden traffic is not free where the hardware says so: its compute loses ``*_processor_usage`` of the traffic's
+    time (Calculon's, on :meth:`~.config.Hardware.a100` and :meth:`~.config.Hardware.h100`), counted as exposed.
 
     ``overlap="derived"``: the shares are not taken from the ``*_overlap`` arguments but derived from the step's
     parts (:func:`~.overlap.shares`: dp hidden up to the compute it can run beside, tp exposed unless
@@ -110,7 +121,8 @@ def step_time(config: ModelConfig, layout: Layout, hardware: Hardware, global_ba
     if overlap == "derived":
         stage_layers = -(-config.layers // layout.pp)
         overlaps = shares(layout, communication, compute.compute, stage_layers, tp_comm_overlap, async_p2p)
-    exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share) for axis, share in overlaps.items()})
+    exposed = PerAxis(**{axis: getattr(communication, axis) * (1 - share + share * _usage(layout, hardware, axis))
+                         for axis, share in overlaps.items()})
     # priced by shape, the bubble is (p - 1)/(v·m) of a micro-batch's *whole* time (Narayanan et al. 2021, section
     # 2.2: of t_f + t_b): what each micro-batch waits for on tp, sp, ep and the pipeline's sends is stretched with
     # its kernels. (One efficiency for the step is an end-to-end share, with these inside it: left as it was.)

@@ -10,21 +10,21 @@ and 16,384 GPUs, NVIDIA's NeMo benchmarks of Llama 3.1 8B on 8 and 128 and 70B o
 * :func:`ranking_error` -- a *ratio* of two layouts of one model on one machine, which is what a ranking
   compares: the same factor between the predicted and the published ratio. What is wrong in both alike
   cancels; what is left is the error in what differs (the bubble, the communication). Two sources publish
-  such a pair: Llama 3 405B on 8,192 and 16,384 GPUs (dp 64 and 128, so m 32 and 16; off by 1.09), and NeMo's
-  Llama 3.1 8B on 8 and 128 (dp 4 and 64, m 32 both: published 0.972, the model 1.000 with dp hidden; off by
-  1.03).
+  such a pair: Llama 3 405B on 8,192 and 16,384 GPUs (dp 64 and 128, so m 32 and 16: published 0.930, the
+  model 0.835 on :meth:`~.config.Hardware.h100`; off by 1.11), and NeMo's Llama 3.1 8B on 8 and 128 (dp 4 and 64,
+  m 32 both: published 0.972, the model 0.964 with dp's reduce partly exposed across nodes; off by 1.008).
 
 * :func:`margin` -- the same over *every* pair the published set holds (:func:`layout_pairs`: one model on one
   machine in two layouts, found in :data:`~.published.ALL_RUNS`, not listed by hand): the two above and
   Korthikanti et al. 2022's four models, full recomputation against sequence parallelism with selective
-  recomputation, on A100s priced by shape (off by 1.003 to 1.023). The worst is still the 405B's 1.09; a pair
+  recomputation, on A100s priced by shape (off by 1.003 to 1.023). The worst is the 405B's 1.11; a pair
   added that the model gets worse moves it.
 
 Two layouts whose predicted step times are within the margin are a **tie** for the model: it cannot say which is
 faster, only that both fit. :func:`ties` reads them off a ranking.
 
-    >>> round(model_error(), 2), round(ranking_error(), 2)   # torchtitan's eager run; 405B's 16K/8K: 0.85 vs 0.93
-    (1.38, 1.09)
+    >>> round(model_error(), 2), round(ranking_error(), 2)   # torchtitan's eager run; 405B's 16K/8K: 0.835 vs 0.930
+    (1.74, 1.11)
 """
 
 from __future__ import annotations

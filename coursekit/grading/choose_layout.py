@@ -81,22 +81,22 @@ class Scenario:
 # as Megatron-LM and OPT-13B use); the 175B run is Narayanan et al. 2021's (Table 1: 1,024 A100s, batch 1,536).
 SCENARIOS = {s.key: s for s in (
     Scenario("125m", "GPT-3 Small (125 M parameters) on one node of 8 GPUs",
-             ModelConfig(VOCAB, 2048, 768, 12, 12, name="GPT-3 Small"), Hardware(), 8, 256),
+             ModelConfig(VOCAB, 2048, 768, 12, 12, name="GPT-3 Small"), Hardware.a100(), 8, 256),
     Scenario("13b", "GPT-3 13B on one node of 8 GPUs",
-             ModelConfig(VOCAB, 2048, 5120, 40, 40, name="GPT-3 13B"), Hardware(), 8, 128),
+             ModelConfig(VOCAB, 2048, 5120, 40, 40, name="GPT-3 13B"), Hardware.a100(), 8, 128),
     Scenario("175b", "GPT-3 175B on 1,024 GPUs (128 nodes of 8)",
-             replace(ModelConfig.gpt3_175b(), vocab=VOCAB), Hardware(), 1024, 1536),
+             replace(ModelConfig.gpt3_175b(), vocab=VOCAB), Hardware.a100(), 1024, 1536),
 )}
 # The same three kinds at other sizes, run only by the grader: a model that fits one GPU (GPT-3 Medium, Brown et al.
 # 2020, Table 2.1) on two nodes; one that does not (GPT-3 6.7B) on one node of 40 GB GPUs; GPT-3 175B on half the
 # GPUs and a third of the batch, where a pipeline still pays.
 HIDDEN = {s.key: s for s in (
     Scenario("350m", "GPT-3 Medium (350 M parameters) on 16 GPUs (2 nodes of 8)",
-             ModelConfig(VOCAB, 2048, 1024, 24, 16, name="GPT-3 Medium"), Hardware(), 16, 512),
+             ModelConfig(VOCAB, 2048, 1024, 24, 16, name="GPT-3 Medium"), Hardware.a100(), 16, 512),
     Scenario("6.7b", "GPT-3 6.7B on one node of 8 GPUs of 40 GB",
-             ModelConfig(VOCAB, 2048, 4096, 32, 32, name="GPT-3 6.7B"), Hardware(memory=40e9), 8, 64),
+             ModelConfig(VOCAB, 2048, 4096, 32, 32, name="GPT-3 6.7B"), replace(Hardware.a100(), memory=40e9), 8, 64),
     Scenario("175b-512", "GPT-3 175B on 512 GPUs (64 nodes of 8), batch 512",
-             replace(ModelConfig.gpt3_175b(), vocab=VOCAB), Hardware(), 512, 512),
+             replace(ModelConfig.gpt3_175b(), vocab=VOCAB), Hardware.a100(), 512, 512),
 )}
 INSTEAD = ("choose the degrees yourself from the numbers: evaluate(scenario.config, Layout(...), scenario.hardware, "
            "scenario.global_batch) prices one layout -- its memory, its step time and why")

@@ -41,13 +41,15 @@ def calculator_inputs(preset: str = DEFAULTS["preset"], seq_len: int = DEFAULTS[
                       gpus: int = DEFAULTS["gpus"], gpus_per_node: int = DEFAULTS["gpus_per_node"],
                       nvlink_gbs: float = DEFAULTS["nvlink_gbs"], network_gbs: float = DEFAULTS["network_gbs"]
                       ) -> tuple[ModelConfig, Hardware, int, int]:
-    """The controls' values as ``(config, hardware, gpus, global_batch)``: the preset at ``seq_len`` tokens, an
-    A100's speed (312 TFLOP/s bf16 at 50%) with ``gpu_gb`` GB, NVLink inside a node, the network between."""
+    """The controls' values as ``(config, hardware, gpus, global_batch)``: the preset at ``seq_len`` tokens, an A100
+    priced kernel by kernel (:meth:`Hardware.a100`: 312 TFLOP/s bf16, each matmul at its size's efficiency) with
+    ``gpu_gb`` GB, NVLink inside a node, the network between."""
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r}: choose one of {sorted(PRESETS)}.")
     config = replace(PRESETS[preset], seq_len=seq_len)
-    hardware = Hardware(memory=gpu_gb * 1e9, gpus_per_node=gpus_per_node, intra_bandwidth=nvlink_gbs * 1e9,
-                        bandwidth=network_gbs * 1e9, name=f"{gpu_gb:g} GB, {gpus_per_node} per node")
+    hardware = replace(Hardware.a100(), memory=gpu_gb * 1e9, gpus_per_node=gpus_per_node,
+                       intra_bandwidth=nvlink_gbs * 1e9, bandwidth=network_gbs * 1e9,
+                       name=f"A100 priced by shape, {gpu_gb:g} GB, {gpus_per_node} per node")
     return config, hardware, gpus, global_batch
 
 
