@@ -20,8 +20,9 @@
 #
 # The grader runs three more it does not show you, of the same kinds at other sizes: so your function reads
 # `scenario.config` (`.heads`, `.layers`, ...), `.hardware` (`.memory`, `.gpus_per_node`), `.gpus` and
-# `.global_batch`, never the key. Here every GPU is an A100 with 80 GB; NVLink inside a node (300 GB/s),
-# InfiniBand between nodes (25 GB/s per GPU). `Layout(dp=, tp=, pp=, sp=, zero=, schedule=, micro_batches=,
+# `.global_batch`, never the key. Here every GPU is an A100 with 80 GB, priced by shape (`Hardware.a100()`: each
+# matmul at the share of peak its size reaches); NVLink inside a node (300 GB/s), InfiniBand between nodes
+# (25 GB/s per GPU). `Layout(dp=, tp=, pp=, sp=, zero=, schedule=, micro_batches=,
 # recompute=, sequence_parallel=)`: `micro_batches` is `m`, how many micro-batches each data-parallel replica cuts
 # its share of the batch into.
 #

@@ -496,8 +496,10 @@ draw_recompute(recompute_rows);
 # says "tp stays in a node".
 #
 # **What the model can tell apart.** Its bytes are exact, as section 2 checked, so *fits or not* is firm. Its
-# time is coarse: compute at an assumed efficiency (half of peak), ideal links. Here it is against published
-# runs on H100s, each priced with the same assumptions:
+# time is coarser. Against published runs on H100s it prices each GPU by shape (`Hardware.h100()`): a matmul at
+# the share of peak its size reaches, attention at a flash kernel's measured speed, Llama with its own shapes
+# (grouped-query attention, SwiGLU). The planner below keeps the simpler `Hardware()`: every matmul at half of
+# peak, ideal links.
 
 # %% tags=["nbval-check-output"]
 for p in map(predict, PUBLISHED_RUNS):
@@ -507,12 +509,14 @@ print(f"one run's speed: off by up to {model_error():.2f}×; the ratio of two la
       f"(405B on 16,384 against 8,192 GPUs): off by {ranking_error():.2f}×")
 
 # %% [markdown]
-# **Takeaway:** one run's speed is off by up to 1.38×, but the ratio of two layouts only by 1.09×.
+# **Takeaway:** one run's speed is off by up to 1.74× (torchtitan's eager run; every other run within 1.12×), but
+# the ratio of two layouts only by 1.11×.
 #
 # A ranking compares layouts of one model on one machine, so what is wrong for all of them alike cancels. That
-# is the share of peak the matmuls reach (torchtitan's eager and compiled runs are the same step, 1.16× apart),
-# and the card's true peak. So the model separates gaps like tp across nodes, 61 s against 26 s. Layouts within
-# 1.09× of the first are a **tie** for it: `ties(ranked)` lists them, and the planner below says so.
+# is how fast one code base runs the same step (torchtitan's eager and compiled runs are 1.16× apart, and both
+# reach a lower share of peak than NeMo's on the same model), and the card's true peak. So the model separates
+# gaps like tp across nodes, 61 s against 26 s. Layouts within 1.11× of the first are a **tie** for it:
+# `ties(ranked)` lists them, and the planner below says so.
 
 # %%
 def show(config, hardware, gpus, batch, top=TOP, space=Space(), where="", **assumptions):
