@@ -31,7 +31,8 @@ PHRASES = {
     r"\btest_\w+\.py\b": "a test file",
     r"coursekit\.bench\s+\w+|-m coursekit\.bench\b": "a benchmark command",
     r"--check\b": "a benchmark's target check",
-    r"\bthis run\b": "a verdict on this particular run",
+    # "this run: ...", "this run cannot show P10"; not a log line's "(not written by this run)"
+    r"\bthis run\s*(?::|cannot\b|does not\b|shows\b)": "a verdict on this particular run",
     r"\b(?:cannot|does not) show P\d+": "a verdict on this particular run",
     r"has not run (?:on \w+ )?yet|no GPU has been lent": "the project's status",
     r"site-packages|\.venv/": "a path of the machine that executed the notebook",

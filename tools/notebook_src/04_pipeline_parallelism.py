@@ -428,8 +428,8 @@ print("two ranks computing at once took " + ", ".join(f"{rows[m]['both_cores'][0
       " the time of one alone (1.00×: the cores do not slow each other)")
 
 # %% [markdown]
-# **Takeaway:** from 1 to 16 micro-batches the bubble shrinks from 51% to 21%, and 1F1B runs 1.53× faster
-# than one process doing the same work.
+# **Takeaway:** from 1 to 4 micro-batches the bubble shrinks from 51% to 23%, and 1F1B runs 1.46× faster than
+# one process doing the same work. Past m = 4 the bubble stops falling here: the note below says why.
 #
 # On a CPU, small matrix products cost more per element than one large one. So cutting the batch slows one
 # process too: from two micro-batches on, one process on the whole batch beats every pipelined run here. The

@@ -287,8 +287,8 @@ last = windows[0][-1]
 draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end in flights[0]) + 100));
 
 # %% [markdown]
-# **Takeaway:** the buckets' all-reduces run on gloo's threads while backward computes: 73% of their time is
-# hidden behind it on rank 0, 56% on rank 1.
+# **Takeaway:** the buckets' all-reduces run on gloo's threads while backward computes: 52% of their time is
+# hidden behind it on rank 0, 83% on rank 1.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -328,8 +328,8 @@ draw_waits([("1F1B, m = 4, one step of 2 ranks", {r: (computing(pipelined[4], r)
                                                          for r in (0, 1)}, step_windows(tensor_trace, 0)[-1])]);
 
 # %% [markdown]
-# **Takeaway:** at m = 1 the pipeline's ranks wait 50% and 48% of a step, at m = 4 27% and 31%, against
-# bubbles of 50% and 20%. Tensor parallelism's all-reduces fill 25% of the step, and the main thread computes
+# **Takeaway:** at m = 1 the pipeline's ranks wait 50% and 52% of a step, at m = 4 28% and 28%, against
+# bubbles of 50% and 20%. Tensor parallelism's all-reduces fill 27% of the step, and the main thread computes
 # during 0% of them: they are on the critical path.
 #
 # At m = 4 the waits exceed the bubble: each micro-batch crosses between the ranks twice, and a message's
@@ -360,8 +360,8 @@ for name, op, shapes in COURSE_OPS:
 draw_roofline(roof, points);
 
 # %% [markdown]
-# **Takeaway:** the wide MLP's matrix product is compute-bound and runs near the peak, 203.3 of 215 GFLOP/s.
-# Layer norm and softmax are memory-bound: about one FLOP per byte, at 10.0 and 8.4 GFLOP/s.
+# **Takeaway:** the wide MLP's matrix product is compute-bound and runs near the peak, 106.7 of 109 GFLOP/s.
+# Layer norm and softmax are memory-bound: about one FLOP per byte, at 13.8 and 9.3 GFLOP/s.
 #
 # A transformer step is many such operations. The wide ones set its speed only when they are most of it.
 #
@@ -417,9 +417,9 @@ for name, rate, tokens in (("course transformer", course_rate, inputs.numel()), 
           f"({predicted[name] * rate / tokens:.2f}×)")
 
 # %% [markdown]
-# **Takeaway:** on the same core the wide MLP uses 65.9% of the peak and the course transformer 28.3%: its
+# **Takeaway:** on the same core the wide MLP uses 92.3% of the peak and the course transformer 53.9%: its
 # operations are small, and its memory-bound ones run far below the peak. Priced with each operation's fixed
-# cost and bytes, the cost model's step is 0.90× the course transformer's and 0.96× the wide MLP's.
+# cost and bytes, the cost model's step is 0.87× the course transformer's and 1.00× the wide MLP's.
 #
 # On this core, that is where its time holds. With two ranks it misses by more: the course's own loop and
 # hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it.
@@ -610,7 +610,7 @@ for config, gpus, batch in ((PRESETS["GPT-2 small"], 8, 64), (gpt3_13b, 8, 64), 
 
 # %% [markdown]
 # **Takeaway:** for the two smaller models the best layout without a pipeline is as fast as the best with one,
-# a tie; for 175B every layout without one is at least 1.37× slower.
+# a tie; for 175B every layout without one is at least 1.38× slower.
 #
 # That is **P10**'s "pipeline parallelism may bring little for small models", and **P7**'s "bubbles remain",
 # priced.
