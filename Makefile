@@ -32,13 +32,14 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 	touch $@
 
 # The test extra in the same pip run as the package (one resolution, one editable build): what a fresh
-# clone's make test installs. It satisfies `install` too. --no-compile: pip would byte-compile every module of
-# every package (torch's alone took 18 of its 22 s here); Python compiles the few a test imports when it imports them.
+# clone's make test installs. It satisfies `install` too. (Not --no-compile: it saves 18 s of torch's install, but
+# where PYTHONDONTWRITEBYTECODE is set, as on the course's CI machines, nothing is ever compiled after it, and every
+# rank, kernel and torchrun of the suite then compiled torch again: make test took 837 s instead of ~600.)
 $(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PIP) install --quiet --no-compile "$(TORCH)"
+	$(PIP) install --quiet "$(TORCH)"
 	echo "$(TORCH)" > $(VENV)/torch-pin.txt
-	$(PIP) install --quiet --no-compile -c $(VENV)/torch-pin.txt -e ".[test]"
-	$(PIP) install --quiet --no-compile --no-deps $(TORCHTITAN)
+	$(PIP) install --quiet -c $(VENV)/torch-pin.txt -e ".[test]"
+	$(PIP) install --quiet --no-deps $(TORCHTITAN)
 	touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

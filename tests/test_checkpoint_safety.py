@@ -338,7 +338,7 @@ def test_overwrite_sets_the_other_runs_checkpoints_aside(saved, tmp_path, capfd)
 def test_resume_and_overwrite_together(saved, tmp_path, capfd):
     folder = _copy(saved, tmp_path)
     status, said = _train(capfd, "--steps", "3", "--checkpoint-dir", str(folder), "--resume", "--overwrite")
-    _refused(status, said, "--resume and --overwrite together", "choose one")
+    _refused(status, said, "resume = True with overwrite = True", "choose one")
 
 
 def test_a_torn_save_and_an_unfinished_step_are_set_aside_not_removed(saved, tmp_path, capfd):
