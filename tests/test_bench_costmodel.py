@@ -1,7 +1,9 @@
 """python -m coursekit.bench costmodel --quick: the predicted-vs-measured table prints every strategy with bytes that
 match the measured ones but for Adam's step counters, and plan's ranking equals brute force's.
 
-Timings are noise here (a shared machine); what is checked is what is printed and the targets' names. Planted and
+Timings are noise here (a shared machine); what is checked is what is printed and the targets' names: a target only
+where compute dominates (the wide MLPs, the pipeline at m = 1), every other run reported with its ratio (issue 59;
+planted, seen failing: every run a target again). Planted and
 seen failing (each undone): the tensor run priced as Layout(dp=2) (its bytes then the whole model's: "AssertionError:
 ('tensor', ..."), the data run priced as ZeRO-1 ("AssertionError: ('data', ..."). Pricing it in mixed precision
 instead of fp32 did *not* fail, rightly: 2 + 2 + 12 = 4 + 4 + 8 bytes a parameter."""
@@ -27,9 +29,13 @@ def test_quick_run_prints_bytes_times_and_the_planners_match(capsys):
     runs = ([f"course transformer, {s}" for s in ("data", "pipeline", "tensor")]
             + [f"wide MLP, {v}" for v in ("one process", "tensor parallel", "model parallel")]
             + [f"pipeline MLP, {s}, m = {m}" for s, m in PIPELINE_RUNS])
-    assert names[:len(runs)] == [f"{run}: step within ±25% of measured" for run in runs]
+    checked = [run for run in runs if run.startswith("wide MLP") or run == "pipeline MLP, 1f1b, m = 1"]
+    assert names[:len(checked)] == [f"{run}: step within ±25% of measured" for run in checked]
+    reported = re.search(r"Reported, not targets: (.*?): the course transformer", out)
+    assert reported and [r.rsplit(" ", 1)[0] for r in reported.group(1).split("; ")] == \
+        [run for run in runs if run not in checked], out
     for run in runs:                                     # every run's row: measured, predicted and their ratio
         assert re.search(rf"^\| {re.escape(run)} \| [\d.]+ ms \| [\d.]+ ms \(.*\) \| [\d.]+ \| [+-][\d.]+ ms \|$", out, re.M), run
     assert "Load average" in out and "measured − predicted |" in out
-    assert targets[len(runs)] == ("plan's top 10 = brute force's, 64 GPUs", "identical", True)
+    assert targets[len(checked)] == ("plan's top 10 = brute force's, 64 GPUs", "identical", True)
     assert "| plan | (pruned) |" in out and "identical" in out

@@ -124,6 +124,13 @@ def pipeline_predictions(hardware: Hardware, one_at_a_time: Hardware, options) -
     return out
 
 
+def compute_dominated(run: str) -> bool:
+    """Whether the model's ±25% is a target for ``run``: the wide MLPs' steps and the pipeline at m = 1, where
+    compute is most of the step. The others carry the course's harness and gloo's stalls, which the model does not
+    price: their ratio is reported beside the stalls, not checked (issue 46's restatement, issue 59)."""
+    return run.startswith("wide MLP") or run == "pipeline MLP, 1f1b, m = 1"
+
+
 def measured_vs_predicted(options) -> list[tuple[str, str, bool]]:
     sizes = [4 << 10, 256 << 10, 4 << 20] if options.quick else [4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20]
     ranks = launch(rank_runs, 2, options, sizes, 5 if options.quick else 20, timeout=900)
@@ -148,13 +155,19 @@ def measured_vs_predicted(options) -> list[tuple[str, str, bool]]:
                      *piped[key]))
     print("\n| run | measured step | predicted (compute + bubble + exposed comm) | predicted / measured | "
           "measured − predicted |\n|---|---|---|---|---|")
-    targets = []
+    targets, reported = [], []
     for name, measured, predicted, parts in rows:
         ratio = predicted / measured
         print(f"| {name} | {measured * 1e3:.1f} ms | {predicted * 1e3:.1f} ms ({parts}) | {ratio:.2f} | "
               f"{(measured - predicted) * 1e3:+.1f} ms |")
-        targets.append((f"{name}: step within ±{TOLERANCE:.0%} of measured", f"predicted / measured = {ratio:.2f}",
-                        abs(ratio - 1) <= TOLERANCE))
+        if compute_dominated(name):
+            targets.append((f"{name}: step within ±{TOLERANCE:.0%} of measured",
+                            f"predicted / measured = {ratio:.2f}", abs(ratio - 1) <= TOLERANCE))
+        else:
+            reported.append(f"{name} {ratio:.2f}")
+    print(f"\nTargets only where compute dominates (the wide MLPs, the pipeline at m = 1; issues 46 and 59). "
+          f"Reported, not targets: {'; '.join(reported)}: the course transformer on 2 ranks and the pipeline at "
+          f"m >= 2 are made of what the model does not price (below).")
     narrow_table(ranks, hardware, options.global_batch)
     print("\nNot priced, where a run misses: the course's own harness around the model (train's loop, the "
           "strategies' hooks and records, the pipeline executor), and gloo's stalls while both ranks compute (a "
