@@ -534,38 +534,14 @@ for rank in range(2):
 #
 # ## 7. Why tensor rather than model parallelism (P10)
 #
-# **P10** says tensor parallelism "is more efficient because GPUs work simultaneously". Below, one step of model
-# parallelism, chapter 03's layers on 2 ranks, and one of tensor parallelism, on the same model and batch. For
-# each, we measure the share of the passes during which *both* ranks compute at once:
-
-# %%
-model_spans = coursekit.launch(traced, 2, "model")[0]
-draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, degree 2": tensor_spans},
-               hidden_share=False)
-plt.show()
-
-
-from coursekit.measure.trace import computing_together
-
-runs = {"model": model_spans, "tensor": tensor_spans}
-computing = {name: computing_together(spans) for name, spans in runs.items()}
-step = {name: max(s.end for s in spans) - min(s.start for s in spans) for name, spans in runs.items()}
-
-# %% tags=["nbval-ignore-output"]
-for name in runs:
-    print(f"{name:<6} parallelism: both ranks computing (not waiting) during {computing[name]:.0%} of the "
-          f"passes; step {step[name] * 1e3:.1f} ms")
-
-# %% [markdown]
-# Model parallelism is a chain: rank 1 waits for rank 0's activations, and rank 0 for rank 1's gradients.
-# Tensor parallelism's ranks work through the same layer together and meet at each all-reduce. But on this tiny
-# model, the arithmetic between two all-reduces is short. Which step is faster changes from run to run: it
-# measures waits and scheduling more than the split arithmetic.
+# **P10** says tensor parallelism "is more efficient because GPUs work simultaneously". Model parallelism, chapter
+# 03's, is a chain: rank 1 waits for rank 0's activations, and rank 0 for rank 1's gradients. Tensor
+# parallelism's ranks work through the same layer together and meet at each all-reduce.
 #
-# That is the honest counter-case: a small model on costly links. To see P10, layers must be wide enough that
-# compute dominates. The next run uses 4 residual MLP blocks, 1024 → 4096 → 1024, Megatron's MLP shape, on 256
-# tokens. A block's forward is about 4.3 GFLOP, and its all-reduce carries 1 MiB. On 2 ranks of one core each,
-# one process, tensor parallelism and model parallelism run back to back, so their ratios are paired.
+# To see it on a CPU, the layers must be wide enough that compute dominates. The run uses 4 residual MLP blocks,
+# 1024 → 4096 → 1024, Megatron's MLP shape, on 256 tokens. A block's forward is about 4.3 GFLOP, and its
+# all-reduce carries 1 MiB. On 2 ranks of one core each, one process, tensor parallelism and model parallelism
+# run back to back, so their ratios are paired.
 
 # %% tags=["nbval-ignore-output"]
 from coursekit.experiments import VARIANTS, step_times
@@ -578,6 +554,14 @@ print("variant           step (median)   speed-up over one process: median [lowe
 for v in VARIANTS:
     print(f"{v:<16} {statistics.median(slowest[v]) * 1e3:>9.0f} ms     "
           f"{statistics.median(speedup[v]):.2f}× [{speedup[v][0]:.2f}, {speedup[v][-1]:.2f}]")
+fig, ax = plt.subplots(figsize=(5, 2.4))
+medians = [statistics.median(slowest[v]) * 1e3 for v in VARIANTS]
+ax.barh(list(VARIANTS), medians, color=["gray", "C0", "C1"])
+ax.axvline(medians[0] / 2, color="black", linestyle="--", label="half of one process: the ideal")
+ax.invert_yaxis()
+ax.set_xlabel("ms per forward + backward (median)")
+ax.legend(fontsize=8)
+plt.show()
 
 # %% [markdown]
 # **Takeaway:** where compute dominates, tensor parallelism runs about 1.7× faster than one process on 2 ranks,
@@ -782,6 +766,36 @@ print(f"coursekit {median['coursekit'] * 1e3:.1f} ms, DTensor {median['DTensor']
 # tensors, finds the placements of its result, and wraps the result again. On GPUs with large matrices both issue
 # the same NCCL all-reduces around the same matrix products.
 # </details>
+
+# %% [markdown]
+# ## When it does not pay on a laptop
+#
+# The same comparison on the course transformer, 64 wide: one traced step of model parallelism, chapter 03's
+# layers on 2 ranks, and one of tensor parallelism (§6's), with the share of the passes during which *both*
+# ranks compute at once.
+
+# %%
+model_spans = coursekit.launch(traced, 2, "model")[0]
+draw_timelines({"model parallelism, 2 ranks": model_spans, "tensor parallelism, degree 2": tensor_spans},
+               hidden_share=False)
+plt.show()
+
+
+from coursekit.measure.trace import computing_together
+
+runs = {"model": model_spans, "tensor": tensor_spans}
+computing = {name: computing_together(spans) for name, spans in runs.items()}
+step = {name: max(s.end for s in spans) - min(s.start for s in spans) for name, spans in runs.items()}
+
+# %% tags=["nbval-ignore-output"]
+for name in runs:
+    print(f"{name:<6} parallelism: both ranks computing (not waiting) during {computing[name]:.0%} of the "
+          f"passes; step {step[name] * 1e3:.1f} ms")
+
+# %% [markdown]
+# Tensor parallelism keeps both ranks busy for more of the step, but at 64 wide the arithmetic between two
+# all-reduces is short: the step is mostly all-reduces and the fixed cost of each operation, so which step is
+# faster changes from run to run.
 #
 # **Exercise** `exercises/05_tensor_parallel.ipynb`: f and g are given; write `ColumnParallelLinear` and
 # `RowParallelLinear` around them. It is graded on outputs, gradients and the number of all-reduces.
