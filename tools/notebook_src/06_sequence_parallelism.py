@@ -239,29 +239,29 @@ for step in range(RANKS):
     print(f"step {step}: " + "   ".join(f"rank {r} holds rank {(r - step) % RANKS}'s block" for r in range(RANKS)))
 
 # %% [markdown]
-# Follow one query, the last of rank 1, through the 4 steps. Each block brings its own maximum and sum. When the
-# running maximum rises, the old sum is rescaled:
+# Follow one query, the last of rank 1, through the 4 steps, in the form FlashAttention keeps: a running maximum
+# m, a running sum l of exp(score − m), and a running weighted sum of values. Each block brings its own maximum
+# and sum. When the running maximum rises, the old sum and values are rescaled by exp(m_old − m_new). The
+# `merge` above does the same in one number, lse = m + log l:
 
 # %% tags=["nbval-check-output"]
 gen = torch.Generator().manual_seed(12)
 tokens = 4
 qs, ks, vs = (torch.randn(RANKS * tokens, 8, generator=gen, dtype=torch.float64) * 2 for _ in range(3))
-me, query = 1, 2 * tokens - 1                       # rank 1's last query
-o = lse = None
-for step in range(RANKS):
-    owner = (me - step) % RANKS
-    block = slice(owner * tokens, (owner + 1) * tokens)
-    scores = qs[query] @ ks[block].T / 8 ** 0.5
-    o_blk, lse_blk = torch.softmax(scores, -1) @ vs[block], scores.logsumexp(-1)
-    o, lse = (o_blk, lse_blk) if o is None else merge(o, lse, o_blk, lse_blk)
-    seen = torch.cat([torch.arange(((me - s) % RANKS) * tokens, ((me - s) % RANKS + 1) * tokens)
-                      for s in range(step + 1)])
-    m = (qs[query] @ ks[seen].T / 8 ** 0.5).max()
+query, blocks_met = 2 * tokens - 1, [1, 0, 3, 2]   # rank 1's last query; the blocks rank 1 holds, step by step
+m, l, acc = torch.tensor(float("-inf"), dtype=torch.float64), 0.0, torch.zeros(8, dtype=torch.float64)
+for step, owner in enumerate(blocks_met):
+    scores = qs[query] @ ks[owner * tokens:(owner + 1) * tokens].T / 8 ** 0.5
+    m_new = torch.maximum(m, scores.max())
+    rescale = torch.exp(m - m_new)                  # 0 at the first block, 1 when the maximum did not rise
+    l = l * rescale + torch.exp(scores - m_new).sum()
+    acc = acc * rescale + torch.exp(scores - m_new) @ vs[owner * tokens:(owner + 1) * tokens]
+    m = m_new
     print(f"step {step}: block of rank {owner}: m_blk = {scores.max():6.3f}, l_blk = {torch.exp(scores - scores.max()).sum():6.3f}"
-          f"  ->  running m = {m:6.3f}, l = {torch.exp(lse - m):6.3f}")
+          f"  ->  running m = {m:6.3f}, l = {l:6.3f}")
 full_scores = qs[query] @ ks.T / 8 ** 0.5
-print("equal to full attention over all keys:", torch.allclose(o, torch.softmax(full_scores, -1) @ vs),
-      torch.allclose(lse, full_scores.logsumexp(-1)))
+print("equal to full attention over all keys:", torch.allclose(acc / l, torch.softmax(full_scores, -1) @ vs),
+      torch.allclose(m + torch.log(l), full_scores.logsumexp(-1)))
 
 # %% [markdown]
 # The same code runs on real ranks and, here, on a single-process simulator. Outputs and gradients are checked

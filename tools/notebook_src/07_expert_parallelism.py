@@ -107,7 +107,8 @@ coursekit.show(nudge_bias)
 # %% [markdown]
 # We train a model of two MoE blocks, `x + moe(norm(x))`, to imitate a fixed random MLP on these tokens. Three
 # times per seed: without balancing, with the balance loss (weight 0.01), and with the bias nudge (rate 0.001).
-# Every 10 steps we route the same 4,096 tokens and record the imbalance of the worse of the two blocks:
+# Every 10 steps we route the same 4,096 tokens and record the imbalance of the worse of the two blocks. So
+# step 0 is not §1's router: these are other fresh routers, two per model, and the worse one counts.
 
 # %% tags=["nbval-skip"]
 METHODS = {"no balancing": {}, "balance loss": {"aux_weight": 0.01}, "bias nudge": {"bias_rate": 1e-3}}

@@ -343,6 +343,8 @@ except coursekit.ScheduleError as error:
 # constructor. The helpers are plain data parallelism, as in chapter 02.
 
 # %%
+from coursekit.parallel.data import broadcast_parameters
+
 data = TeacherData()
 
 
@@ -358,9 +360,8 @@ def my_slice(rank, world_size, x, y):
 
 def seeded_by_rank(rank, world_size, steps, broadcast):
     model = tiny_mlp(seed=rank)                      # the bug: each rank draws its own initial weights
-    if broadcast:                                    # the fix: every rank starts from rank 0's
-        for p in model.parameters():
-            dist.broadcast(p.data, src=0)
+    if broadcast:                                    # the fix: every rank starts from rank 0's weights,
+        broadcast_parameters(model)                  # as DDP's constructor does (chapter 02's library)
     at_start = check_replicas(model)
     optimizer, losses = torch.optim.SGD(model.parameters(), lr=0.2), []
     for step in range(steps):

@@ -172,7 +172,8 @@ diagnosis = {"program_a": "D", "program_b": "A", "program_c": "B"}
 # needs. The grader runs `train_step` on 2 and 3 ranks, `ring_sum` on 3 and 4 (where a wrong neighbour shows),
 # `make_replica` on 2 and 3. Send with `coursekit.comm.send`/`recv` and sum with `ring_all_reduce`, as the broken
 # programs do (`torch.distributed`'s collectives are switched off while grading), with one exception: `make_replica`
-# may also call `torch.distributed.broadcast`, as chapter 09 §7 does. Any fix of program C is right that starts
+# may also call `torch.distributed.broadcast` (chapter 09 §7's `broadcast_parameters` wraps it, and is switched
+# off here). Any fix of program C is right that starts
 # every replica from the weights rank 0 builds (its seed, 1000, draws them) while each rank still draws its own
 # samples, with or without a message.
 
