@@ -312,7 +312,7 @@ ax.barh(["one process", "2 ranks, waiting", "2 ranks, overlapped"], medians, col
 ax.axvline(medians[0] / 2, color="black", linestyle="--", label="half of one process: the ideal")
 ax.invert_yaxis()
 ax.set_xlabel("ms per training step (median)")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not on them
 plt.show()
 
 # %% [markdown]

@@ -560,7 +560,7 @@ ax.barh(list(VARIANTS), medians, color=["gray", "C0", "C1"])
 ax.axvline(medians[0] / 2, color="black", linestyle="--", label="half of one process: the ideal")
 ax.invert_yaxis()
 ax.set_xlabel("ms per forward + backward (median)")
-ax.legend(fontsize=8)
+ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the bars, not on them
 plt.show()
 
 # %% [markdown]
