@@ -194,12 +194,15 @@ class Transformer(nn.Module):
         if tie_weights:
             self.head.weight = self.tok_emb.weight
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: where the tokens ``idx`` sit in their sequences (default ``0 .. seq-1``; a rank of
+        sequence parallelism holds some of them)."""
         seq = idx.shape[1]
         if seq > self.max_seq_len:
             raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}; "
                              f"build the model with a larger max_seq_len.")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(seq, device=idx.device))
+        where = torch.arange(seq, device=idx.device) if positions is None else positions.to(idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(where)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

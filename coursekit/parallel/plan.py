@@ -16,12 +16,14 @@ same thing as a seven-row table ``(module, projection, column/row)``; torchtitan
 
 from __future__ import annotations
 
+import copy
 from fnmatch import fnmatchcase
 from typing import Callable
 
+import torch
 import torch.nn as nn
 
-__all__ = ["Style", "parallelize_module"]
+__all__ = ["Style", "parallelize_module", "with_parts", "FunctionCore", "with_core"]
 
 Style = Callable[[nn.Module, nn.Module, object], nn.Module]
 
@@ -49,3 +51,34 @@ def parallelize_module(model: nn.Module, plan: dict[str, Style], group=None) -> 
         raise ValueError(f"the plan's rows {unused} name no module of this {type(model).__name__}: "
                          f"give paths of its named_modules(), such as {[p for p, _ in model.named_modules()][1:4]}.")
     return model
+
+
+def with_parts(module: nn.Module, **parts: nn.Module) -> nn.Module:
+    """A copy of ``module`` holding the same parameters and submodules, except ``parts`` (name: new module).
+
+    For a plan that must leave the model it is given as it was, while sharing its parameters: the copy's
+    gradients land on the model's own tensors, under the same names.
+    """
+    new = copy.copy(module)
+    new._modules = dict(module._modules)  # the copy's own table of submodules; the parameters stay shared
+    for name, part in parts.items():
+        setattr(new, name, part)
+    return new
+
+
+class FunctionCore(nn.Module):
+    """Attention's core given as a function ``attend(q, k, v)``, for the slot ``attn.core`` of a block (ring
+    attention over a sequence split, Ulysses, chunk-local attention)."""
+
+    def __init__(self, attend: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]):
+        super().__init__()
+        self.attend = attend
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self.attend(q, k, v)
+
+
+def with_core(block: nn.Module, attend: Callable) -> nn.Module:
+    """``block`` (a :class:`coursekit.models.Block`) with ``attend(q, k, v)`` as its attention's core; its
+    parameters shared, ``block`` itself unchanged."""
+    return with_parts(block, attn=with_parts(block.attn, core=FunctionCore(attend)))
