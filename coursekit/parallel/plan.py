@@ -60,7 +60,9 @@ def with_parts(module: nn.Module, **parts: nn.Module) -> nn.Module:
     gradients land on the model's own tensors, under the same names.
     """
     new = copy.copy(module)
-    new._modules = dict(module._modules)  # the copy's own table of submodules; the parameters stay shared
+    for key, value in vars(module).items():  # the copy's own tables (submodules, hooks); the tensors stay shared
+        if isinstance(value, (dict, set)):
+            new.__dict__[key] = copy.copy(value)
     for name, part in parts.items():
         setattr(new, name, part)
     return new
