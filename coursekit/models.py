@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["MLP", "Transformer", "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData",
+__all__ = ["MLP", "CausalAttention", "SelfAttention", "Block", "Transformer", "tiny_mlp", "tiny_transformer", "LanguageData", "TeacherData",
            "loss_fn", "count_parameters"]
 
 
@@ -104,30 +104,52 @@ def tiny_mlp(seed: int = 0, d_in: int = 16, d_hidden: int = 64, d_out: int = 4, 
 
 
 # ------------------------------------------------------------------- Transformer
+class CausalAttention(nn.Module):
+    """Attention's core, ``o = softmax(QKᵀ/√d + causal mask)·V`` on ``(batch, heads, seq, head_dim)``: no weights.
+
+    The slot ``attn.core`` of every block holds one; a plan swaps it (ring attention over a sequence split,
+    the explicit core under recomputation) without touching the projections around it.
+    """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class SelfAttention(nn.Module):
-    """Causal multi-head self-attention: one ``qkv`` projection, ``n_heads`` heads, one output projection."""
+    """Causal multi-head self-attention: ``proj(core(q, k, v))`` with ``q, k, v = qkv(x)``, heads of ``head_dim``.
+
+    Its parts are slots: ``qkv`` and ``proj`` (tensor parallelism splits them by heads, and the forward reads
+    as many heads as ``qkv`` returns), and ``core`` (:class:`CausalAttention`).
+    """
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}).")
-        self.n_heads = n_heads
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
         # No bias on q, k, v: a key bias shifts every score of a row equally, which softmax
         # ignores, so its true gradient is zero and only rounding noise would train it.
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model)
+        self.core = CausalAttention()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, d_model = x.shape
-        q, k, v = self.qkv(x).split(d_model, dim=-1)
-        # (batch, seq, d_model) -> (batch, heads, seq, head_dim)
-        q, k, v = (t.view(batch, seq, self.n_heads, -1).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
+        batch, seq, _ = x.shape
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        # (batch, seq, heads · head_dim) -> (batch, heads, seq, head_dim)
+        q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
+        y = self.core(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + attn(ln(x))`` then ``x + mlp(ln(x))``."""
+    """Pre-norm transformer block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``, the one block of the course.
+
+    Its parts are slots a plan replaces in place (:func:`coursekit.parallel.plan.apply_plan`): ``attn`` and
+    its ``qkv``, ``core`` and ``proj``; the MLP's ``fc`` and ``out`` (``out(gelu(fc(h)))``), or the whole MLP
+    through ``mlp`` (None: this block's ``fc`` and ``out``). ``fc`` and ``out`` sit on the block itself, so
+    the parameter names (``blocks.0.fc.weight``) are those of every checkpoint the course wrote.
+    """
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
@@ -136,10 +158,15 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.fc = nn.Linear(d_model, 4 * d_model)
         self.out = nn.Linear(4 * d_model, d_model)
+        self.mlp: nn.Module | None = None
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The MLP slot: ``out(gelu(fc(h)))``, or the module a plan put in ``mlp``."""
+        return self.out(F.gelu(self.fc(h))) if self.mlp is None else self.mlp(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
+        return x + self.feed_forward(self.ln2(x))
 
 
 class Transformer(nn.Module):
@@ -148,6 +175,9 @@ class Transformer(nn.Module):
     With ``tie_weights=True`` (the default, as in GPT-2) the output head *is* the
     token embedding matrix: one parameter used twice, whose gradient is the sum
     of both uses -- an edge case every parallel strategy must get right.
+
+    Its ends are slots too: ``tok_emb`` and ``pos_emb`` (summed), ``ln_f`` and ``head`` (tensor parallelism
+    puts the vocabulary-parallel embedding and its tied column-parallel head there).
     """
 
     def __init__(self, vocab_size: int = 16, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,
@@ -164,12 +194,15 @@ class Transformer(nn.Module):
         if tie_weights:
             self.head.weight = self.tok_emb.weight
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """``positions``: where the tokens ``idx`` sit in their sequences (default ``0 .. seq-1``; a rank of
+        sequence parallelism holds some of them)."""
         seq = idx.shape[1]
         if seq > self.max_seq_len:
             raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}; "
                              f"build the model with a larger max_seq_len.")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(seq, device=idx.device))
+        where = torch.arange(seq, device=idx.device) if positions is None else positions.to(idx.device)
+        x = self.tok_emb(idx) + self.pos_emb(where)
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))

@@ -123,9 +123,10 @@ def test_check_degrees_accepts_a_layout_that_fits():
 def _applied(rank, world_size, shape, zero):
     """The four applications by hand on this rank's mesh: what each returned, described."""
     from coursekit.parallel.data import ShardedOptimizer
-    from coursekit.parallel.hybrid import (DataParallelPipeline, SequenceBlock, apply_dp, apply_pp, apply_sp,
+    from coursekit.parallel.hybrid import (DataParallelPipeline, apply_dp, apply_pp, apply_sp,
                                            apply_tp)
     from coursekit.parallel.pipeline import PipelineParallel
+    from coursekit.parallel.plan import FunctionCore
     from coursekit.parallel.sequence import ring_attention
 
     mesh, dense = Mesh(shape), model()
@@ -134,7 +135,7 @@ def _applied(rank, world_size, shape, zero):
     pp = apply_pp(sp, mesh, lambda params: torch.optim.SGD(params, lr=0.1), [2, 4] if shape["pp"] == 2 else [6])
     dp = apply_dp(pp, mesh, (torch.optim.SGD, {"lr": 0.1}) if zero else None)
     return {"tp is the model": tp is dense, "sp is its input": sp is tp,
-            "sequence blocks": sum(isinstance(m, SequenceBlock) for m in sp.modules()),
+            "sequence blocks": sum(isinstance(m, FunctionCore) for m in sp.modules()),  # a ring core each
             "pipeline": isinstance(pp, PipelineParallel), "stages": sorted(pp.mine),
             "data": isinstance(dp, DataParallelPipeline) and dp.pipe is pp, "batch ranks": dp.batch_axis.size,
             "zero1": isinstance(pp.optimizer, ShardedOptimizer)}

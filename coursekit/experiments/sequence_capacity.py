@@ -29,7 +29,7 @@ import torch
 
 from ..measure.live_memory import ActivationMemory, LiveMemory, as_rank, forward_backward_memory
 from ..models import tiny_transformer
-from ..parallel.tensor import ParallelBlock
+from ..parallel.tensor import parallelize_block
 from ..parallel.sequence.layout import shard_sequence
 from ..parallel.sequence.core import full_attention, ring_attention
 from ..parallel.sequence.split import ulysses_attention
@@ -46,7 +46,7 @@ def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), kinds=("tensor
 
     One block of ``tiny_transformer(seed, **model)`` (chapter 06's sizes by default: h = 64, a = 4, d_ff =
     256), ``batch`` samples of ``seq_len`` tokens, fp32: the dense block; chapter 05's
-    :class:`~coursekit.parallel.tensor.ParallelBlock` (plain tensor parallelism, the norms replicated); chapter
+    :func:`~coursekit.parallel.tensor.parallelize_block` (plain tensor parallelism, the norms replicated); chapter
     06's :class:`SequenceTensorParallelBlock` (each rank its ``S/t`` contiguous tokens outside attention and
     the MLP; ``t`` must divide ``seq_len``). ``kinds``: which of the two to run. The input and the output's
     gradient are drawn once and given to each rank (sharded for SP).
@@ -63,7 +63,7 @@ def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), kinds=("tensor
                 with as_rank(rank, t):
                     dense = tiny_transformer(seed=seed, **model).blocks[0]
                     if name == "tensor":
-                        run = forward_backward_memory(ParallelBlock(dense), x.clone().requires_grad_(),
+                        run = forward_backward_memory(parallelize_block(dense), x.clone().requires_grad_(),
                                                       grad_output=dy)
                     else:
                         local = shard_sequence(x, 1, rank, t).contiguous().requires_grad_()

@@ -16,6 +16,10 @@ side -- and registers its :class:`coursekit.strategy.Strategy` subclasses for :f
   data on a mesh ("sequence_data");
 * ``expert`` -- mixture-of-experts layers: routing, balance, capacity, experts over ranks with all-to-all
   dispatch and combine (the layer and its parallel form; no strategy yet).
+
+The course transformer is written once (:mod:`coursekit.models`); a parallelism that splits it is a plan, a
+table from module path to what replaces the module there (:mod:`coursekit.parallel.plan`; tensor's:
+:data:`coursekit.parallel.tensor.plan.TRANSFORMER_PLAN`).
 """
 
 from . import data, pipeline, tensor, sequence  # noqa: F401  (in this order: chapters 02, 03-04, 05, 06)

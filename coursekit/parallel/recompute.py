@@ -23,7 +23,7 @@ inside one checkpointed block; a sub-function is the plainer way to say "attenti
 **The attention is explicit under every policy.** The course model calls ``scaled_dot_product_attention``,
 whose CPU kernel is flash-style: it never keeps the s×s probabilities (it keeps the output and a
 log-sum-exp and recomputes the scores in backward) -- fused attention *is* selective recomputation, done
-inside one kernel. To have something to recompute, :class:`RecomputedBlock` computes
+inside one kernel. To have something to recompute, :func:`recomputed_block` computes
 ``softmax(QKᵀ/√d + causal mask)·V`` as Table 2 counts it, the same ops under all three policies, so the
 policies differ only in what is kept: loss and gradients are bit-for-bit equal across them (the
 recomputation runs the same CPU kernels on the same inputs, in the same order). Against the course model
@@ -31,18 +31,20 @@ as it is (the fused kernel) they agree to float32 rounding only: a different sum
 
     >>> from coursekit.models import tiny_transformer
     >>> model = apply_recompute(tiny_transformer(seed=0), "selective")
-    >>> [type(b).__name__ for b in model.blocks], model.blocks[0].policy
-    (['RecomputedBlock', 'RecomputedBlock'], 'selective')
+    >>> [b.policy for b in model.blocks], model.blocks[0].attn.core.attend.__name__
+    (['selective', 'selective'], 'selective_core')
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from torch.distributed._composable import checkpoint as whole_block_checkpoint
 from torch.utils.checkpoint import checkpoint
 
-__all__ = ["POLICIES", "attention_core", "RecomputedBlock", "apply_recompute"]
+from .plan import with_core
+
+__all__ = ["POLICIES", "attention_core", "selective_core", "recomputed_block", "RecomputedBlock", "apply_recompute"]
 
 POLICIES = ("none", "selective", "full")   # the cost model's RECOMPUTE, Korthikanti et al.'s names
 
@@ -60,47 +62,36 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
     return (scores + mask).softmax(dim=-1) @ v
 
 
-class RecomputedBlock(nn.Module):
-    """A course :class:`~coursekit.models.Block` under a recomputation ``policy``, sharing its modules.
+def selective_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """:func:`attention_core` under ``checkpoint``: Q, K, V (its inputs) kept; QKᵀ, the softmax and ·V redone."""
+    return checkpoint(attention_core, q, k, v, use_reentrant=False)
 
-    The submodules keep their names (``ln1``, ``attn.qkv``, ``attn.proj``, ``ln2``, ``fc``, ``out``), so the
-    model's ``state_dict`` and parameter names do not change.
-    """
 
-    def __init__(self, block: nn.Module, policy: str):
-        super().__init__()
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES} (got {policy!r}).")
-        self.policy = policy
-        self.ln1, self.attn, self.ln2, self.fc, self.out = block.ln1, block.attn, block.ln2, block.fc, block.out
+def recomputed_block(block: nn.Module, policy: str) -> nn.Module:
+    """A course :class:`~coursekit.models.Block` under a recomputation ``policy``: a copy sharing its parameters
+    (same names, same ``state_dict``) whose ``attn.core`` is :func:`attention_core` (``"selective"``: under
+    ``checkpoint``); ``"full"`` checkpoints the whole block (``torch.distributed._composable.checkpoint``: hooks
+    around its forward, no wrapper, so no name changes). The forward is the block's own."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES} (got {policy!r}).")
+    block = block.__dict__.get("recomputes", block)  # applied again: start from the course block
+    new = with_core(block, selective_core if policy == "selective" else attention_core)
+    new.__dict__["recomputes"], new.policy = block, policy  # the block it copies is not a submodule
+    if policy == "full":              # keep the input only; redo the whole block in backward
+        whole_block_checkpoint(new)
+    return new
 
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, d_model = x.shape
-        q, k, v = self.attn.qkv(x).split(d_model, dim=-1)
-        q, k, v = (t.view(batch, seq, self.attn.n_heads, -1).transpose(1, 2) for t in (q, k, v))
-        if self.policy == "selective":    # keep Q, K, V (its inputs); redo QKᵀ, softmax, ·V in backward
-            y = checkpoint(attention_core, q, k, v, use_reentrant=False)
-        else:
-            y = attention_core(q, k, v)
-        return self.attn.proj(y.transpose(1, 2).reshape(batch, seq, d_model))
 
-    def layer(self, x: torch.Tensor) -> torch.Tensor:
-        """The block's forward, ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``, as :class:`~coursekit.models.Block`."""
-        x = x + self.attention(self.ln1(x))
-        return x + self.out(F.gelu(self.fc(self.ln2(x))))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.policy == "full":         # keep the input only; redo the whole block in backward
-            return checkpoint(self.layer, x, use_reentrant=False)
-        return self.layer(x)
+RecomputedBlock = recomputed_block  # the name chapter 08 imports
 
 
 def apply_recompute(model: nn.Module, policy: str) -> nn.Module:
     """Put every block of the course transformer ``model`` under ``policy`` (``"none"``, ``"selective"``,
-    ``"full"``), in place; returns ``model``. Applying it again replaces the policy (the modules are shared)."""
+    ``"full"``), in place; returns ``model``: torchtitan's ``apply_ac``, a plan on every ``blocks.*``. Applying it
+    again replaces the policy (the modules are shared)."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES} (got {policy!r}).")
     for i, block in enumerate(model.blocks):
-        model.blocks[i] = RecomputedBlock(block, policy)
+        model.blocks[i] = recomputed_block(block, policy)
     return model
 

@@ -458,8 +458,7 @@ for mistake in MISTAKES:
 # `torch.utils.checkpoint`, around the whole block or around the core:
 
 # %%
-coursekit.show(RecomputedBlock.attention)
-coursekit.show(RecomputedBlock.forward)
+coursekit.show(RecomputedBlock)
 
 # %% [markdown]
 # We measure what a layer keeps, with saved-tensor hooks, and count the FLOPs of one step under each policy.

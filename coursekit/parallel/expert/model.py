@@ -18,7 +18,7 @@ import torch.nn as nn
 from ...models import tiny_transformer
 from .core import MoE
 
-__all__ = ["MoEModel", "tiny_moe", "MoETransformer", "moe_transformer"]
+__all__ = ["MoEModel", "tiny_moe", "ExpertsSlot", "MoETransformer", "moe_transformer"]
 
 
 class MoEModel(nn.Module):
@@ -49,26 +49,37 @@ def tiny_moe(seed: int = 0, vocab_size: int = 16, d_model: int = 32, d_ff: int =
         return MoEModel(vocab_size, d_model, d_ff, n_experts, k, n_layers, capacity_factor, seed)
 
 
+class ExpertsSlot(nn.Module):
+    """Block ``index``'s MLP slot in a :class:`MoETransformer`: ``owner.moes[index]`` on the block's tokens (experts
+    see tokens, not sequences), its balance loss added to ``owner.aux``. It holds no module: the MoE stays in
+    ``owner.moes``, named there, where the ``"expert"`` strategy finds and replaces it."""
+
+    def __init__(self, owner: nn.Module, index: int):
+        super().__init__()
+        self.__dict__["owner"], self.index = owner, index  # the owner is not a submodule
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        out, aux = self.owner.moes[self.index](h.flatten(0, 1))
+        self.owner.aux = self.owner.aux + aux
+        return out.view_as(h)
+
+
 class MoETransformer(nn.Module):
     """tiny_transformer's embeddings, attention, norms and head; each block's MLP an :class:`MoE` in ``moes``;
-    ``aux``: the blocks' balance losses, summed."""
+    ``aux``: the blocks' balance losses, summed. The forward is the course transformer's (``base``), each block's
+    ``mlp`` slot holding an :class:`ExpertsSlot`."""
 
     def __init__(self, base: nn.Module, moes: list[MoE]):
         super().__init__()
-        for block in base.blocks:  # the dense MLP gives way to the experts (no unused parameters left behind)
+        for i, block in enumerate(base.blocks):  # the dense MLP gives way to the experts (no unused parameters)
             del block.fc, block.out
+            block.mlp = ExpertsSlot(self, i)
         self.base, self.moes = base, nn.ModuleList(moes)
         self.aux = torch.zeros(())
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        base, seq = self.base, idx.shape[1]
-        x = base.tok_emb(idx) + base.pos_emb(torch.arange(seq, device=idx.device))
-        self.aux = x.new_zeros(())
-        for block, moe in zip(base.blocks, self.moes):
-            x = x + block.attn(block.ln1(x))
-            out, aux = moe(block.ln2(x).flatten(0, 1))  # experts see tokens, not sequences
-            x, self.aux = x + out.view_as(x), self.aux + aux
-        return base.head(base.ln_f(x))
+        self.aux = self.base.tok_emb.weight.new_zeros(())
+        return self.base(idx)
 
 
 def moe_transformer(seed: int = 0, vocab_size: int = 16, d_model: int = 64, n_heads: int = 4, n_layers: int = 2,

@@ -10,11 +10,11 @@
 
 from .degrees import AXES, check_degrees, layout_problem, mesh_shape, settings_problem
 from .suggest import LayoutError, Refusal, nearest, refuse
-from .layers import SequenceBlock, SequenceEmbedding, TensorParallelHead, composed_layers
+from .layers import SequenceEmbedding, TensorParallelHead, composed_layers
 from .apply import DataParallelPipeline, apply_dp, apply_pp, apply_sp, apply_tp
 from .strategy import Hybrid
 
 __all__ = ["AXES", "check_degrees", "mesh_shape", "layout_problem", "settings_problem", "LayoutError", "Refusal",
            "refuse", "nearest", "composed_layers", "apply_tp", "apply_sp", "apply_pp", "apply_dp",
-           "DataParallelPipeline", "SequenceBlock", "SequenceEmbedding",
+           "DataParallelPipeline", "SequenceEmbedding",
            "TensorParallelHead", "Hybrid"]

@@ -9,7 +9,8 @@ version of it, and the pipeline neither knows nor cares:
   head that returns this rank's ``V/t`` logits (:class:`TensorParallelHead`);
 * **sequence** (``sp > 1``): the dense layers on this rank's part of every sequence -- the embedding takes the
   *whole* micro-batch and keeps this rank's tokens at their global positions (:class:`SequenceEmbedding`),
-  each block runs its attention as ring attention over the ``sp`` group (:class:`SequenceBlock`), the head
+  each block runs ring attention over the ``sp`` group in its ``attn.core`` slot (a copy of the block sharing
+  its parameters: :func:`~coursekit.parallel.plan.with_core`), the head
   is the dense one on the local tokens;
 * neither: the dense layers themselves.
 
@@ -20,19 +21,18 @@ states under tensor parallelism, its own tokens' under sequence parallelism).
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ...comm.mesh import rank_size
 from ..pipeline import layers as dense_layers
 from ..pipeline.model import Embedding
+from ..plan import with_core
 from ..sequence.layout import positions, shard_sequence
 from ..tensor import parallel_lm_logits
 
-__all__ = ["TensorParallelHead", "SequenceEmbedding", "SequenceBlock", "composed_layers"]
+__all__ = ["TensorParallelHead", "SequenceEmbedding", "composed_layers"]
 
 
 class TensorParallelHead(nn.Module):
@@ -63,27 +63,6 @@ class SequenceEmbedding(nn.Module):
         return self.tok_emb(shard_sequence(idx, 1, rank, size, self.layout)) + self.pos_emb(where)
 
 
-class SequenceBlock(nn.Module):
-    """A dense block on this rank's tokens; ``attend(q, k, v)`` is the attention across ranks (the ring).
-
-    ``attend`` must know the whole sequence's length (a rank's share does not say it when the split is
-    uneven): the strategy that builds the block sets it per step, from the micro-batches every rank reads.
-    """
-
-    def __init__(self, block: nn.Module, attend: Callable):
-        super().__init__()
-        self.block, self.attend = block, attend
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, attn = self.block, self.block.attn
-        h = b.ln1(x)
-        batch, seq, d_model = h.shape
-        q, k, v = (t.view(batch, seq, attn.n_heads, -1).transpose(1, 2) for t in attn.qkv(h).split(d_model, -1))
-        y = self.attend(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x = x + attn.proj(y)
-        return x + b.out(F.gelu(b.fc(b.ln2(x))))
-
-
 def composed_layers(base: nn.Module, tensor: bool = False, sequence: tuple | None = None) -> list[tuple[str, nn.Module]]:
     """``(name, layer)`` pairs whose composition is ``base``'s forward under the composition asked for.
 
@@ -98,6 +77,6 @@ def composed_layers(base: nn.Module, tensor: bool = False, sequence: tuple | Non
         group, layout, attend = sequence
         named = dense_layers(base)
         return ([("embedding", SequenceEmbedding(base, group, layout))]
-                + [(f"blocks.{i}", SequenceBlock(b, attend)) for i, b in enumerate(base.blocks)]
+                + [(f"blocks.{i}", with_core(b, attend)) for i, b in enumerate(base.blocks)]
                 + [named[-1]])
     return dense_layers(base)

@@ -54,6 +54,7 @@ from ... import comm
 from ...comm.mesh import rank_size
 from ..data import all_reduce_flat
 from ...strategy import Setup, Strategy, register
+from ..plan import with_core, with_parts
 from .core import ring_attention
 from .layout import chunk_bounds, positions, shard_sequence
 from .work import AttentionWork
@@ -124,19 +125,13 @@ def sequence_forward(model: nn.Module, idx: torch.Tensor, where: torch.Tensor,
     """``model`` (the course ``tiny_transformer``) on the tokens ``idx`` at global positions ``where``.
 
     Everything is token by token except ``attention(q, k, v)`` on ``(b, H, L, d_head)`` tensors
-    (default: causal attention over these tokens alone). The model's own parameters are used, so
-    gradients land on them, named as in the dense model.
+    (default: causal attention over these tokens alone), put in each block's ``attn.core`` slot of a copy of
+    ``model`` that shares its parameters: gradients land on them, named as in the dense model, and the
+    forward is ``model``'s own.
     """
     attention = attention or chunked_attention(1)
-    x = model.tok_emb(idx) + model.pos_emb(where.to(idx.device))
-    for block in model.blocks:
-        attn, h = block.attn, block.ln1(x)
-        batch, seq, d_model = h.shape
-        q, k, v = (t.view(batch, seq, attn.n_heads, -1).transpose(1, 2) for t in attn.qkv(h).split(d_model, -1))
-        y = attention(q, k, v).transpose(1, 2).reshape(batch, seq, d_model)
-        x = x + attn.proj(y)
-        x = x + block.out(F.gelu(block.fc(block.ln2(x))))
-    return model.head(model.ln_f(x))
+    blocks = nn.ModuleList(with_core(block, attention) for block in model.blocks)
+    return with_parts(model, blocks=blocks)(idx, positions=where)
 
 
 class SavedBytes:

@@ -9,7 +9,7 @@ those regions too, along the sequence.
 
 Two counts, kept apart:
 
-* :func:`tensor_parallel_saved_bytes` -- what chapter 05's :class:`~coursekit.parallel.tensor.ParallelBlock`
+* :func:`tensor_parallel_saved_bytes` -- what chapter 05's :func:`~coursekit.parallel.tensor.parallelize_block`
   really saves for backward on each rank, element by element: fp32 here, PyTorch's fused attention
   (``scaled_dot_product_attention``: q, k, v, the output and one log-sum-exp per head and token, never the
   s × s scores), no dropout. Tests measure it exactly.
@@ -34,7 +34,7 @@ __all__ = ["tensor_parallel_saved_bytes", "korthikanti_table2_bytes"]
 
 def tensor_parallel_saved_bytes(batch: int, seq_len: int, d_model: int, n_heads: int, d_ff: int, size: int,
                                 itemsize: int = 4) -> int:
-    """Bytes one :class:`~coursekit.parallel.tensor.ParallelBlock` saves for backward on each rank (activations).
+    """Bytes one :func:`~coursekit.parallel.tensor.parallelize_block` saves for backward on each rank (activations).
 
     Per token, elements, counted as :func:`~coursekit.parallel.sequence.megatron_sp_saved_bytes` counts them:
 

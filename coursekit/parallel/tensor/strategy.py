@@ -43,10 +43,12 @@ from ...comm.mesh import as_group, rank_size
 from ...strategy import Setup, Strategy, register
 from ...comm.traffic import Collective, CollectiveCounts
 from ..data import average_gradients
-from .core import (ParallelMLP, ParallelSelfAttention, ShardedLinear, VocabParallelEmbedding,
-                   gather_from_parallel_region, parallel_lm_logits, vocab_parallel_cross_entropy)
+from ...models import Block, Transformer
+from ..plan import parallelize_module
+from .core import ShardedLinear, VocabParallelEmbedding, gather_from_parallel_region, vocab_parallel_cross_entropy
+from .plan import BLOCK_PLAN, TRANSFORMER_PLAN
 
-__all__ = ["ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name",
+__all__ = ["parallelize_block", "ParallelBlock", "TensorParallelTransformer", "parallelize_transformer", "gather_dense", "dense_name",
            "shard_dim", "count_communication", "expected_counts", "TensorParallel", "DataTensorParallel"]
 
 
@@ -64,52 +66,33 @@ def count_communication() -> Iterator[CollectiveCounts]:
         yield traffic.collective_counts()
 
 
-class ParallelBlock(nn.Module):
-    """A pre-norm block: ``x + attn(ln1(x))`` then ``x + mlp(ln2(x))``; the norms are replicated on every rank."""
+def parallelize_block(dense: Block, group=None) -> Block:
+    """This rank's tensor-parallel shard of one course block: a copy of ``dense`` with :data:`BLOCK_PLAN` applied
+    (heads and MLP split over ``group``; the norms whole on every rank). Its forward is the dense block's."""
+    return parallelize_module(_copy(dense), BLOCK_PLAN, as_group(group))
 
-    def __init__(self, dense: nn.Module, group=None):
-        super().__init__()
-        self.ln1, self.ln2 = _copy(dense.ln1), _copy(dense.ln2)
-        self.attn = ParallelSelfAttention.from_dense(dense.attn, group)
-        self.mlp = ParallelMLP.from_dense(dense.fc, dense.out, group)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+ParallelBlock = parallelize_block  # the name chapters 05 and 06 call it by
 
 
 def _copy(module: nn.Module) -> nn.Module:
-    """A replicated module (a norm, the position embedding): a copy of the dense one's, whole on every rank."""
-    return copy.deepcopy(module)
+    """A copy of the dense module to split in place, without the dense gradients (the shards start with none)."""
+    module = copy.deepcopy(module)
+    for param in module.parameters():
+        param.grad = None
+    return module
 
 
-class TensorParallelTransformer(nn.Module):
-    """The course transformer with its vocabulary, heads and MLP split over the ranks of ``group``.
+class TensorParallelTransformer(Transformer):
+    """The course transformer after :data:`TRANSFORMER_PLAN`: the same forward, returning this rank's logits
+    ``(b, s, V/t)``; :meth:`loss` is the vocabulary-parallel mean cross-entropy, :meth:`full_logits` all-gathers.
 
-    ``forward(idx)`` returns this rank's logits ``(b, s, V/t)``; :meth:`loss` the
-    vocabulary-parallel mean cross-entropy; :meth:`full_logits` all-gathers them.
+    Not built directly: :func:`parallelize_transformer` gives a split copy of the dense model this class (as
+    ``torch.distributed.fsdp.fully_shard`` gives a module its FSDP class), for these two methods.
     """
 
-    def __init__(self, dense: nn.Module, group=None):
-        super().__init__()
-        if dense.head.weight is not dense.tok_emb.weight:
-            raise ValueError("parallelize_transformer supports the tied head of the course transformer "
-                             "(tie_weights=True): the vocabulary-parallel head reuses the embedding's rows.")
-        self.group, self.max_seq_len = group, dense.max_seq_len
-        self.vocab_size = dense.tok_emb.num_embeddings
-        self.tok_emb = VocabParallelEmbedding.from_dense(dense.tok_emb, group)
-        self.pos_emb = _copy(dense.pos_emb)
-        self.blocks = nn.ModuleList(ParallelBlock(block, group) for block in dense.blocks)
-        self.ln_f = _copy(dense.ln_f)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        seq = idx.shape[1]
-        if seq > self.max_seq_len:
-            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}.")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(seq, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        return parallel_lm_logits(self.ln_f(x), self.tok_emb.weight, self.group)
+    group: object
+    vocab_size: int
 
     def full_logits(self, idx: torch.Tensor) -> torch.Tensor:
         """The whole ``(b, s, V)`` logits on every rank (one all-gather; backward keeps this rank's slice)."""
@@ -120,18 +103,30 @@ class TensorParallelTransformer(nn.Module):
         return vocab_parallel_cross_entropy(self(idx), targets, self.tok_emb.vocab_start, self.group).mean()
 
 
-def parallelize_transformer(dense: nn.Module, tp_axis=None) -> TensorParallelTransformer:
-    """This rank's tensor-parallel shard of the course transformer ``dense`` (same weights on every rank).
+def parallelize_transformer(dense: Transformer, tp_axis=None) -> TensorParallelTransformer:
+    """This rank's tensor-parallel shard of the course transformer ``dense`` (same weights on every rank):
+    a copy with :data:`TRANSFORMER_PLAN` applied; ``dense`` itself is left as it was.
 
     ``tp_axis``: the tensor-parallel group (None: every rank), a process group or ``mesh["tp"]``.
     Raises ``ValueError`` when the degree exceeds the heads, the vocabulary or the MLP width.
     """
-    return TensorParallelTransformer(dense, as_group(tp_axis))
+    if not isinstance(dense, Transformer):
+        raise ValueError(f"parallelize_transformer splits the course transformer (coursekit.models.Transformer, "
+                         f"as tiny_transformer(...) builds it), not a {type(dense).__name__}.")
+    if dense.head.weight is not dense.tok_emb.weight:
+        raise ValueError("parallelize_transformer supports the tied head of the course transformer "
+                         "(tie_weights=True): the vocabulary-parallel head reuses the embedding's rows.")
+    group = as_group(tp_axis)
+    model = parallelize_module(_copy(dense), TRANSFORMER_PLAN, group)
+    model.__class__ = TensorParallelTransformer
+    model.group, model.vocab_size = group, dense.tok_emb.num_embeddings
+    return model
 
 
 def dense_name(name: str) -> str:
-    """The dense model's name of a tensor-parallel parameter (a Megatron block keeps its MLP under ``mlp.``)."""
-    return name.replace(".mlp.", ".")  # the dense block holds fc and out itself
+    """The dense model's name of a tensor-parallel parameter: the same name (a block that keeps its MLP under
+    ``mlp.``, as Megatron's does, loses the prefix)."""
+    return name.replace(".mlp.", ".")
 
 
 def shard_dim(module: nn.Module, param_name: str) -> int | None:
