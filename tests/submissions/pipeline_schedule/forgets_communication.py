@@ -1,5 +1,5 @@
-"""The right order of F and B, but no sends or receives (add_communication never called): on one rank
-that is a schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
+"""The right order of F and B, but no sends or receives (the contract's messages left out): on one rank that is a
+schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
 
 from coursekit.parallel.pipeline import Action, Schedule
 
@@ -24,4 +24,4 @@ def one_f_one_b(p, m):
             ops += [Action("F", r, warmup + i), Action("B", r, i)]
         ops += [Action("B", r, i) for i in range(m - warmup, m)]
         actions.append(ops)
-    return Schedule("1f1b", p, m, 1, actions)   # the mistake: add_communication(...) forgotten
+    return Schedule("1f1b", p, m, 1, actions)   # the mistake: no SEND and RECV around F and B
