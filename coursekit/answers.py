@@ -48,11 +48,12 @@ ANSWERS: dict[str, tuple[str, str]] = {
                                 "write the reduce-scatter and the all-gather yourself with coursekit.comm"),
     **{_SCHEDULES + name: ("04_pipeline_schedule", _ACTIONS)
        for name in ("_schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "add_communication")},
-    # f and g are chapter 05's mechanism (shown there, given in the exercise): the two layers are the answer, held
-    # back by their forward (a subclass of the library's layer inherits it)
-    **{_TENSOR + name: ("05_tensor_parallel", "write the two layers yourself with the exercise's f, g and collectives")
+    # f, g and the two layers are the answer: the layers held back by their forward (a subclass of the library's layer
+    # inherits it), f and g by their forward and backward and the functions that apply them
+    **{_TENSOR + name: ("05_tensor_parallel", "write f, g and the two layers yourself with the exercise's collectives")
        for name in ("ColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear.forward",
-                    "RowParallelLinear.forward")},
+                    "RowParallelLinear.forward", "_Copy", "_Copy.forward", "_Copy.backward", "_Reduce",
+                    "_Reduce.forward", "_Reduce.backward", "copy_to_parallel_region", "reduce_from_parallel_region")},
     _SEQUENCE + "merge": ("06_ring_attention",
                           "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)"),
     _SEQUENCE + "ring_attention": ("06_ring_attention",

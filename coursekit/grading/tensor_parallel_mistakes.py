@@ -12,12 +12,17 @@ wrong ranks). Each mistake is told apart by what :mod:`.tensor_parallel_cases` r
 * **g left out**: no all-reduce in forward, and the row-parallel output equals this rank's partial sum;
 * **the bias on every rank**: the row-parallel output is off by exactly (t − 1) × the bias;
 * **f without its backward**: no all-reduce in backward, and the input's gradient is this shard's part.
+
+f and g alone (:func:`f_mistake`, :func:`g_mistake`) are told apart by what came out: f's output equal to the
+group's sum (it all-reduced in forward), f's input gradient equal to this rank's own (it did not sum it), g's output
+equal to this rank's own input (no sum), g's input gradient t times the output's (it all-reduced a gradient every
+rank already holds whole).
 """
 
 from __future__ import annotations
 
-__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "column_mistake", "row_mistake", "mlp_mistake",
-           "F_NO_BACKWARD", "BIAS_EVERY_RANK", "SWAPPED"]
+__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "f_mistake", "g_mistake", "column_mistake",
+           "row_mistake", "mlp_mistake", "F_NO_BACKWARD", "BIAS_EVERY_RANK", "SWAPPED"]
 
 TOL = 1e-4
 
@@ -119,4 +124,43 @@ def mlp_mistake(r: dict) -> str | None:
     elif (not r["input grad"] < TOL and r["input grad is the shard's part"] < TOL
           and not count(r["calls"], "all_reduce", "backward")):
         return f"fc, the column-parallel layer: {F_NO_BACKWARD}"
+    return None
+
+
+F_SUMS_FORWARD = ("f's forward all-reduces the input: f is identity in forward (every rank already holds the whole "
+                  "input, so the sum holds it t times, t the ranks of the group); its all-reduce belongs in backward")
+F_OWN_GRADIENT = ("f's backward returns this rank's gradient as it came: f must sum the input's gradient over the "
+                  "group (all-reduce) in backward, since each rank's holds only the part its own shard computed")
+G_OWN_INPUT = ("g's forward returns this rank's own tensor: g must sum the partial results over the group "
+               "(all-reduce) in forward")
+G_SUMS_BACKWARD = ("g's backward all-reduces the gradient, which every rank already holds whole (the output after "
+                   "g is the same on every rank): it comes out t times, t the ranks of the group; g is identity in "
+                   "backward")
+
+
+def f_mistake(r: dict) -> str | None:
+    """f alone, wrong: its all-reduce in forward (f and g swapped when backward passes through), or none in backward."""
+    if not r["output"] < TOL:
+        if r["output is the sum"] < TOL:
+            both = r["input grad is its own"] < TOL
+            return f"{SWAPPED}: {F_SUMS_FORWARD}" if both else F_SUMS_FORWARD
+        return f"f's output differs from its input by {r['output']:.3g}: f is identity in forward"
+    if not r["input grad"] < TOL:
+        if r["input grad is its own"] < TOL:
+            return F_OWN_GRADIENT
+        return f"f's input gradient differs from the sum of the group's gradients by {r['input grad']:.3g}"
+    return None
+
+
+def g_mistake(r: dict) -> str | None:
+    """g alone, wrong: no sum in forward (f and g swapped when backward sums), or an all-reduce in backward."""
+    if not r["output"] < TOL:
+        if r["output is its own"] < TOL:
+            both = r["input grad t times"] < TOL
+            return f"{SWAPPED}: {G_OWN_INPUT}, and its backward is identity" if both else G_OWN_INPUT
+        return f"g's output differs from the sum of the group's inputs by {r['output']:.3g}"
+    if not r["input grad"] < TOL:
+        if r["input grad t times"] < TOL:
+            return G_SUMS_BACKWARD
+        return f"g's input gradient differs from its output's gradient by {r['input grad']:.3g}: g is identity in backward"
     return None
