@@ -37,7 +37,7 @@ What a typical mistake is told (each seen in ``tests/submissions/tensor_parallel
   not the layer's group, and to pass ``group=`` to every collective and to ``shard_range``;
 * f and g swapped (the all-reduce in the other pass), and g left out (each rank's partial sum returned):
   named as such, with where each operator's all-reduce belongs; f or g alone with its all-reduce in the wrong
-  pass, or missing, named from what came out (:func:`.tensor_parallel_mistakes.f_mistake`, ``g_mistake``);
+  pass, or missing, named from what came out (:func:`.tensor_parallel_mistakes.operator_mistake`);
 
 * the weights all-gathered instead (each rank rebuilds the dense matrix and multiplies all of it): partial
   credit, and why that is not tensor parallelism;
@@ -60,7 +60,7 @@ from .guard import forbid_torch_collectives
 from .registry import check
 from .scoring import CheckFailed, NotDone, partial_credit
 from .tensor_parallel_cases import all_parts
-from .tensor_parallel_mistakes import (TOL, as_set, column_mistake, count, f_mistake, g_mistake, mlp_mistake,
+from .tensor_parallel_mistakes import (TOL, as_set, column_mistake, count, mlp_mistake, operator_mistake,
                                        row_mistake, world_shard, wrong_group)
 from .tensor_tools import all_gather, all_reduce, shard_range
 
@@ -282,7 +282,7 @@ def _judge_operators(per_rank: list[dict], label: str) -> tuple[str | None, bool
         for name, r in both.items():
             where = f"{label}, rank {rank}, {name}"
             problem = wrong_group(r) or (_operator_error(r, where) if "error" in r else None)
-            if problem or (problem := (f_mistake if name == "f" else g_mistake)(r)):
+            if problem or (problem := operator_mistake(name, r)):
                 return (problem if problem.startswith(where) else f"{where}: {problem}"), False
     return None, False
 

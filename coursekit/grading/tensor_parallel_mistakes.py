@@ -13,7 +13,7 @@ wrong ranks). Each mistake is told apart by what :mod:`.tensor_parallel_cases` r
 * **the bias on every rank**: the row-parallel output is off by exactly (t − 1) × the bias;
 * **f without its backward**: no all-reduce in backward, and the input's gradient is this shard's part.
 
-f and g alone (:func:`f_mistake`, :func:`g_mistake`) are told apart by what came out: f's output equal to the
+f and g alone (:func:`operator_mistake`) are told apart by what came out: f's output equal to the
 group's sum (it all-reduced in forward), f's input gradient equal to this rank's own (it did not sum it), g's output
 equal to this rank's own input (no sum), g's input gradient t times the output's (it all-reduced a gradient every
 rank already holds whole).
@@ -21,7 +21,7 @@ rank already holds whole).
 
 from __future__ import annotations
 
-__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "f_mistake", "g_mistake", "column_mistake",
+__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "operator_mistake", "column_mistake",
            "row_mistake", "mlp_mistake", "F_NO_BACKWARD", "BIAS_EVERY_RANK", "SWAPPED"]
 
 TOL = 1e-4
@@ -138,29 +138,26 @@ G_SUMS_BACKWARD = ("g's backward all-reduces the gradient, which every rank alre
                    "backward")
 
 
-def f_mistake(r: dict) -> str | None:
-    """f alone, wrong: its all-reduce in forward (f and g swapped when backward passes through), or none in backward."""
-    if not r["output"] < TOL:
-        if r["output is the sum"] < TOL:
-            both = r["input grad is its own"] < TOL
-            return f"{SWAPPED}: {F_SUMS_FORWARD}" if both else F_SUMS_FORWARD
-        return f"f's output differs from its input by {r['output']:.3g}: f is identity in forward"
-    if not r["input grad"] < TOL:
-        if r["input grad is its own"] < TOL:
-            return F_OWN_GRADIENT
-        return f"f's input gradient differs from the sum of the group's gradients by {r['input grad']:.3g}"
-    return None
+#: per operator: (the output's right value, said when wrong; its backward's) -- and for each pass the recorded
+#: difference that names the usual mistake, with what it is told
+_OPERATORS = {
+    "f": (("output is the sum", F_SUMS_FORWARD, "its input", "f is identity in forward"),
+          ("input grad is its own", F_OWN_GRADIENT, "the sum of the group's gradients", "")),
+    "g": (("output is its own", G_OWN_INPUT, "the sum of the group's inputs", ""),
+          ("input grad t times", G_SUMS_BACKWARD, "its output's gradient", "g is identity in backward")),
+}
 
 
-def g_mistake(r: dict) -> str | None:
-    """g alone, wrong: no sum in forward (f and g swapped when backward sums), or an all-reduce in backward."""
-    if not r["output"] < TOL:
-        if r["output is its own"] < TOL:
-            both = r["input grad t times"] < TOL
-            return f"{SWAPPED}: {G_OWN_INPUT}, and its backward is identity" if both else G_OWN_INPUT
-        return f"g's output differs from the sum of the group's inputs by {r['output']:.3g}"
-    if not r["input grad"] < TOL:
-        if r["input grad t times"] < TOL:
-            return G_SUMS_BACKWARD
-        return f"g's input gradient differs from its output's gradient by {r['input grad']:.3g}: g is identity in backward"
+def operator_mistake(name: str, r: dict) -> str | None:
+    """f or g alone, wrong: the all-reduce in the wrong pass, or missing, named; both at once: f and g swapped."""
+    forward, backward = _OPERATORS[name]
+    for key, (named_by, named, right, rule), other in (("output", forward, backward),
+                                                        ("input grad", backward, None)):
+        if r[key] < TOL:
+            continue
+        if r[named_by] < TOL:
+            swapped = other is not None and r[other[0]] < TOL
+            return f"{SWAPPED}: {named}" if swapped else named
+        return f"{name}'s {key.replace('input grad', 'input gradient')} differs from {right} by {r[key]:.3g}" \
+            + (f": {rule}" if rule else "")
     return None
