@@ -17,6 +17,7 @@
 #
 # **Output.** A `Schedule` named `"1f1b"` for `p` ranks, `m` micro-batches and one stage per rank, whose
 # `actions[r]` is everything rank `r` does in one training step, in order: every computation *and* every message.
+# A `Schedule`'s fields, in order: `name, n_ranks, n_micro_batches, stages_per_rank, actions`.
 #
 # **The primitives.** `Action(op, stage, micro_batch)`, printed as `F3@s1`, with six ops. `F` and `B` are the
 # forward and the backward of one micro-batch on one stage. `SEND_F` hands a stage's output to the next rank and
@@ -51,8 +52,7 @@ CHECK_TIMEOUT = 90.0
 # %%
 # %matplotlib inline
 from coursekit.grading import check_pipeline_schedule
-from coursekit.parallel.pipeline import (Action, Schedule, ScheduleError, add_communication, bubble_formula,
-                                         gpipe, plan, validate)
+from coursekit.parallel.pipeline import Action, Schedule, ScheduleError, bubble_formula, gpipe, plan, validate
 from coursekit.viz.pipeline import draw_plan
 
 # %% [markdown]
@@ -118,16 +118,18 @@ def one_f_one_b(p, m):
 # the plan gives the bubble and each rank's peak.
 
 # %%
-try:
-    mine = one_f_one_b(4, 8) if one_f_one_b else None
-    validate(mine) if mine else print("not done yet: write one_f_one_b in the cell above")
-    planned = plan(mine) if mine else None
-    if planned:
+if one_f_one_b is None:
+    print("not done yet: write one_f_one_b in the cell above")
+else:
+    try:
+        mine = one_f_one_b(4, 8)
+        validate(mine)
+        planned = plan(mine)
         print(f"bubble {planned.bubble_fraction} (formula {bubble_formula('1f1b', 4, 8)}) | peak activations per "
               f"rank: {planned.peak_activations} (1F1B: at most [4, 3, 2, 1])")
         draw_plan(planned);
-except ScheduleError as error:
-    print("not a valid schedule:", error)
+    except ScheduleError as error:
+        print("not a valid schedule:", error)
 
 # %% [markdown]
 # ## The grader
