@@ -1,7 +1,8 @@
 """The library's own answers to the exercises, by name, and the switch a grader uses to hold them back.
 
 Exercise 01 asks for the ring's reduce-scatter and all-gather; coursekit has both (:mod:`coursekit.collectives.ring`), and
-exercise 02 tells learners to import them. Exercise 04 asks for 1F1B; :mod:`coursekit.parallel.pipeline` has it;
+exercise 02 tells learners to import them. Exercise 04 asks for 1F1B with its messages; :mod:`coursekit.parallel.pipeline` has it and
+``add_communication``, which places the messages;
 exercise 06's merge and ring loop are :mod:`coursekit.parallel.sequence`'s ``merge`` and ``ring_attention``;
 exercise 08's choice is what the planner computes. A learner who calls the library's function has written
 nothing, so every function that answers an exercise is listed here, in :data:`ANSWERS`, by its qualified name --
@@ -32,7 +33,7 @@ _SEQUENCE = "coursekit.parallel.sequence.core."
 _PLANNER = "coursekit.costmodel.planner."
 _TENSOR = "coursekit.parallel.tensor.core."
 _EXPERT = "coursekit.parallel.expert.core."
-_ACTIONS = "write each rank's list of actions yourself"
+_ACTIONS = "write each rank's list of actions yourself, its sends and receives included"
 _CHOOSE = ("choose the degrees yourself from the numbers: evaluate(config, Layout(...), hardware, global_batch) "
            "prices one layout -- its memory, its step time and why")
 
@@ -46,12 +47,13 @@ ANSWERS: dict[str, tuple[str, str]] = {
     _RING + "ring_all_reduce": ("01_ring_allreduce",
                                 "write the reduce-scatter and the all-gather yourself with coursekit.comm"),
     **{_SCHEDULES + name: ("04_pipeline_schedule", _ACTIONS)
-       for name in ("_schedule", "gpipe", "one_f_one_b", "interleaved_1f1b")},
-    # f and g are chapter 05's mechanism (shown there, given in the exercise): the two layers are the answer, held
-    # back by their forward (a subclass of the library's layer inherits it)
-    **{_TENSOR + name: ("05_tensor_parallel", "write the two layers yourself with the exercise's f, g and collectives")
+       for name in ("_schedule", "gpipe", "one_f_one_b", "interleaved_1f1b", "add_communication")},
+    # f, g and the two layers are the answer: the layers held back by their forward (a subclass of the library's layer
+    # inherits it), f and g by their forward and backward and the functions that apply them
+    **{_TENSOR + name: ("05_tensor_parallel", "write f, g and the two layers yourself with the exercise's collectives")
        for name in ("ColumnParallelLinear", "RowParallelLinear", "ColumnParallelLinear.forward",
-                    "RowParallelLinear.forward")},
+                    "RowParallelLinear.forward", "_Copy", "_Copy.forward", "_Copy.backward", "_Reduce",
+                    "_Reduce.forward", "_Reduce.backward", "copy_to_parallel_region", "reduce_from_parallel_region")},
     _SEQUENCE + "merge": ("06_ring_attention",
                           "write the online-softmax merge yourself: weigh each part by e^(lse_i - lse)"),
     _SEQUENCE + "ring_attention": ("06_ring_attention",

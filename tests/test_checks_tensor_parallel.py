@@ -51,9 +51,15 @@ ATTEMPTS = attempts("tensor_parallel")
 
 
 def notebook_classes(exercise: bool):
-    """``ColumnParallelLinear`` and ``RowParallelLinear`` as the exercise (stub) or the solution defines them."""
-    namespace = attempt("_tp_solution").from_source(exercise)
-    return namespace["ColumnParallelLinear"], namespace["RowParallelLinear"]
+    """The four parts (the layers, f, g) as the exercise (None each) or the solution defines them."""
+    solution = attempt("_tp_solution")
+    namespace = solution.from_source(exercise)
+    return tuple(namespace[name] for name in solution.PARTS)
+
+
+def parts_of(module) -> tuple:
+    """An attempt's four parts, in the order ``check_tensor_parallel`` takes them."""
+    return tuple(getattr(module, name) for name in attempt("_tp_solution").PARTS)
 
 
 def attempt(name: str):
@@ -62,24 +68,27 @@ def attempt(name: str):
 
 def test_stub_scores_zero_and_says_not_done():
     report = check_tensor_parallel(*notebook_classes(exercise=True), verbose=False)
-    assert report.score == 0 and report.max_score == 10, report.table()
+    assert report.score == 0 and report.max_score == 12, report.table()
     assert all(r.status == "not done" for r in report.results), report.table()
 
 
 def test_solution_gets_full_marks():
     report = check_tensor_parallel(*notebook_classes(exercise=False), verbose=False)
-    assert report.full_marks and report.score == 10, report.table()
+    assert report.full_marks and report.score == 12, report.table()
 
 
 def test_part_1_is_graded_before_part_2_is_written():
     """The notebook's Part 1 cell, check_tensor_parallel(ColumnParallelLinear, None, only=[...]): the row-parallel
     part not written yet (None, the entry's not_done stand-in) must not make the column-parallel part "not done".
     Seen failing before the fix: "column_parallel_linear 0/3 not done" for the notebook's solution."""
-    column, _ = notebook_classes(exercise=False)
-    part_1 = check_tensor_parallel(column, None, only=["column_parallel_linear"], verbose=False)
+    column, _, f, _ = notebook_classes(exercise=False)
+    part_1 = check_tensor_parallel(column, None, f, only=["column_parallel_linear"], verbose=False)
     assert part_1.score == 3 and part_1.full_marks, part_1.table()
-    both = check_tensor_parallel(column, None, verbose=False)
-    assert [r.status for r in both.results] == ["pass", "not done", "not done"], both.table()
+    both = check_tensor_parallel(column, None, f, verbose=False)
+    assert {r.name: r.status for r in both.results} == {
+        "f_and_g": "not done", "column_parallel_linear": "pass", "row_parallel_linear": "not done",
+        "mlp_one_all_reduce_each_way": "not done", "traffic": "not done"}, both.table()
+    assert "not implemented yet: ReduceFromParallelRegion (g) (still None" in both.results[0].feedback
 
 
 def test_every_mistake_of_the_issue_has_an_attempt():
@@ -91,7 +100,7 @@ def test_every_mistake_of_the_issue_has_an_attempt():
 def test_attempt_gets_its_score_and_feedback(name, capfd):
     module = attempt(name)
     start = time.perf_counter()
-    report = check_tensor_parallel(module.ColumnParallelLinear, module.RowParallelLinear, verbose=False)
+    report = check_tensor_parallel(*parts_of(module), verbose=False)
     with capfd.disabled():
         print(f"\n{name}: graded in {time.perf_counter() - start:.1f} s")
     assert_graded(report, module)

@@ -27,6 +27,9 @@ def test_show_renders_what_runs():
                                               (schedules, "04_pipeline_schedule"),
                                               (core.RowParallelLinear, "05_tensor_parallel"),
                                               (core.ColumnParallelLinear, "05_tensor_parallel"),
+                                              (core._Copy, "05_tensor_parallel"),      # f
+                                              (core._Reduce, "05_tensor_parallel"),    # g
+                                              (core.copy_to_parallel_region, "05_tensor_parallel"),
                                               (core, "05_tensor_parallel")])
 def test_an_exercise_answer_is_never_shown(answer, exercise):
     """Planted, seen failing: no check (the wrapped function's source -- the answer -- was rendered)."""
@@ -35,10 +38,11 @@ def test_an_exercise_answer_is_never_shown(answer, exercise):
         coursekit.show(answer)
 
 
-def test_f_and_g_are_shown_they_are_chapter_05s_mechanism():
-    """Exercise 05 gives f and g and asks for the layers, so chapter 05 shows them."""
-    assert "_all_reduce(grad, ctx.group)" in repr(coursekit.show(core._Copy))
-    assert "_all_reduce(tensor, group)" in repr(coursekit.show(core._Reduce))
+def test_chapter_05_shows_the_pair_beside_f_and_g():
+    """Exercise 05 asks for f and g (issue 58: the whole mechanism), so chapter 05 shows the neighbouring pair of
+    operators, gather forward / slice backward and the reverse, and never f or g (listed with the answers above)."""
+    assert "_all_gather(tensor, dim, sizes, group)" in repr(coursekit.show(core._Gather))
+    assert "_all_gather(grad, ctx.dim, ctx.sizes, ctx.group)" in repr(coursekit.show(core._Split))
 
 
 def test_show_of_something_without_source_says_what_it_takes():

@@ -3,10 +3,10 @@
     from coursekit.grading import check_pipeline_schedule
     check_pipeline_schedule(one_f_one_b)
 
-The learner writes ``one_f_one_b(p, m) -> Schedule``: per rank, the ordered
-actions (F, B, and the sends and receives, by hand or through
-:func:`coursekit.parallel.pipeline.add_communication`). Four checks, each over
-p = 1..4 ranks and m = 1..8 micro-batches (m < p and m not divisible by p included):
+The learner writes ``one_f_one_b(p, m) -> Schedule`` from a contract (the notebook states the inputs, the output,
+the primitives and the properties, not the recipe): per rank, the ordered actions, F, B and the sends and
+receives, all placed by hand. Four checks, each over p = 1..4 ranks and m = 1..8 micro-batches (m < p and m not
+divisible by p included):
 
 * ``valid_schedule``: :func:`~coursekit.parallel.pipeline.validate` accepts it --
   the feedback is the validator's: the rank, the first wrong action, why;
@@ -34,10 +34,11 @@ idles (p−1)/p, the formula's value): those cases are preconditions (they earn
 nothing; wrong, they cost as much as any case).
 
 **Only what the learner wrote.** The library's own schedules (``one_f_one_b``,
-``gpipe``, ``make_schedule``, the builder they share; :mod:`coursekit.answers`)
-are held back while the learner's function runs: a submission that calls one
-gets no schedule judged, and each check says so once. ``Action``, ``Schedule``
-and ``add_communication``, the tools the exercise gives, stay the learner's.
+``gpipe``, ``make_schedule``, the builder they share, and ``add_communication``, which
+places the messages; :mod:`coursekit.answers`) are held back while the
+learner's function runs: a submission that calls one gets no schedule judged,
+and each check says so once. ``Action`` and ``Schedule``, the tools the exercise
+gives, stay the learner's.
 The grader's own references (1F1B's plan, for the feedback) run outside that block.
 """
 
@@ -63,8 +64,8 @@ ONE_TOO_MANY = ("one warm-up forward too many: rank r runs min(p−1−r, m) for
                 "(the last rank none), not min(p−r, m)")
 EARLIER = ("start each backward as soon as its gradient can arrive: min(p−1−r, m) warm-up forwards on rank r, "
            "then one forward and one backward")
-INSTEAD = ("Action, Schedule and add_communication are yours to use: list F and B per rank (warm-up, one forward "
-           "and one backward, cool-down) and return add_communication(Schedule(\"1f1b\", p, m, 1, actions)).")
+INSTEAD = ("Action and Schedule are yours to use: list each rank's actions, its F and B and the SEND and RECV "
+           "around them, and return them as a Schedule named \"1f1b\" with one stage per rank.")
 
 
 class _LibrarysAnswer(CheckFailed):

@@ -33,7 +33,7 @@ EXERCISES = {e.name: e for e in (
     Exercise("03_model_parallel", "model_parallel", "check_model_parallel", ("first_stage", "second_stage")),
     Exercise("04_pipeline_schedule", "pipeline_schedule", "check_pipeline_schedule", ("one_f_one_b",)),
     Exercise("05_tensor_parallel", "tensor_parallel", "check_tensor_parallel",
-             ("ColumnParallelLinear", "RowParallelLinear")),
+             ("ColumnParallelLinear", "RowParallelLinear", "CopyToParallelRegion", "ReduceFromParallelRegion")),
     Exercise("06_ring_attention", "ring_attention", "check_ring_attention", ("merge", "ring_attention_forward")),
     Exercise("07_dispatch_combine", "dispatch_combine", "check_dispatch_combine", ("dispatch", "combine")),
     Exercise("08_choose_a_layout", "choose_layout", "check_choose_layout", ("choose_layout",)),

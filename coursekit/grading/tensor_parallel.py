@@ -1,11 +1,15 @@
-"""Checks of exercise 05 (``exercises/05_tensor_parallel.ipynb``): column- and row-parallel linear layers.
+"""Checks of exercise 05 (``exercises/05_tensor_parallel.ipynb``): f, g and the column- and row-parallel layers.
 
     from coursekit.grading import check_tensor_parallel
     from coursekit.grading.tensor_tools import all_gather, all_reduce, shard_range
-    check_tensor_parallel(ColumnParallelLinear, RowParallelLinear)
+    check_tensor_parallel(ColumnParallelLinear, RowParallelLinear, CopyToParallelRegion, ReduceFromParallelRegion)
 
-The learner writes two ``nn.Module`` classes, each built from a dense ``nn.Linear`` that every rank
-passes identically, ``Layer(dense, group=None)``, keeping its shard as ``self.weight`` (and ``self.bias``):
+The learner writes, from a contract (the notebook states the inputs, the outputs, the primitives and the
+properties, no line of code), Megatron-LM's two operators as ``torch.autograd.Function`` classes called
+``Operator.apply(tensor, group)`` -- **f** (``CopyToParallelRegion``: identity forward, all-reduce of the
+gradient backward) and **g** (``ReduceFromParallelRegion``: all-reduce forward, identity backward) -- and two
+``nn.Module`` classes, each built from a dense ``nn.Linear`` that every rank passes identically,
+``Layer(dense, group=None)``, keeping its shard as ``self.weight`` (and ``self.bias``):
 
 * ``ColumnParallelLinear``: rank r keeps the rows ``shard_range(out_features)`` of ``dense.weight`` (and
   of its bias); ``forward(x)`` takes the whole input and returns this rank's slice of the output
@@ -16,13 +20,15 @@ passes identically, ``Layer(dense, group=None)``, keeping its shard as ``self.we
 
 Collectives go through :func:`all_reduce` and :func:`all_gather` of this module, which count every call,
 in forward and in backward (``torch.distributed``'s own are switched off while grading). The checks run
-the layers on real ranks against the dense layer: outputs, the input gradient, the weight and bias
-gradients of every shard, and the collectives issued (column: none forward, one all-reduce of the input
-backward; row: one all-reduce of the output forward, none backward; the MLP built from the two: exactly
-one each way), each over the layer's group. Sizes are uneven where the degree does not divide them (7
-features on 2 and 4 ranks). Each check has three cases that earn points: the whole world of 2 and of 4
-ranks as the group, and 4 ranks as two tensor-parallel groups {0, 1} and {2, 3} of a ``Mesh({"dp": 2,
-"tp": 2})`` with different inputs in each (one rank is a precondition).
+f and g alone and the layers on real ranks against one process: outputs, the input gradient, the weight and
+bias gradients of every shard, each over the layer's group (the answer: ``f_and_g``,
+``column_parallel_linear``, ``row_parallel_linear``). Its properties score only while it is right: the MLP built
+from the two layers (the dense MLP's numbers with exactly one all-reduce each way) and ``traffic``, the
+elements each part all-reduces per pass, counted by amount (column: the input's gradient backward, none
+forward; row: the output forward, none backward; f and g likewise; the MLP: one of each). Sizes are uneven
+where the degree does not divide them (7 features on 2, 3 and 4 ranks). Each check has four cases that earn
+points: the whole world of 2, 3 and 4 ranks as the group, and 4 ranks as two tensor-parallel groups {0, 1}
+and {2, 3} of a ``Mesh({"dp": 2, "tp": 2})`` with different inputs in each (one rank is a precondition).
 
 What a typical mistake is told (each seen in ``tests/submissions/tensor_parallel/``; the detection lives in
 :mod:`.tensor_parallel_mistakes`):
@@ -30,7 +36,8 @@ What a typical mistake is told (each seen in ``tests/submissions/tensor_parallel
 * ``group=`` ignored (the world's all-reduce, or the world's shards): which ranks the collective ran over,
   not the layer's group, and to pass ``group=`` to every collective and to ``shard_range``;
 * f and g swapped (the all-reduce in the other pass), and g left out (each rank's partial sum returned):
-  named as such, with where each operator's all-reduce belongs;
+  named as such, with where each operator's all-reduce belongs; f or g alone with its all-reduce in the wrong
+  pass, or missing, named from what came out (:func:`.tensor_parallel_mistakes.operator_mistake`);
 
 * the weights all-gathered instead (each rank rebuilds the dense matrix and multiplies all of it): partial
   credit, and why that is not tensor parallelism;
@@ -46,27 +53,30 @@ from __future__ import annotations
 
 import torch
 
+from ..answers import held_back
 from ..comm.mesh import groups_along
 from .feedback import is_stub
 from .guard import forbid_torch_collectives
 from .registry import check
 from .scoring import CheckFailed, NotDone, partial_credit
 from .tensor_parallel_cases import all_parts
-from .tensor_parallel_mistakes import (TOL, as_set, column_mistake, count, mlp_mistake, row_mistake, world_shard,
-                                       wrong_group)
+from .tensor_parallel_mistakes import (TOL, as_set, column_mistake, count, mlp_mistake, operator_mistake,
+                                       row_mistake, world_shard, wrong_group)
 from .tensor_tools import all_gather, all_reduce, shard_range
 
 __all__ = ["all_reduce", "all_gather", "shard_range", "EXERCISE", "CASES"]  # the learner's tools, also from here
 
 EXERCISE = "05_tensor_parallel"  # registered in registry.EXERCISES
 # The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
-ANSWER = ("column_parallel_linear", "row_parallel_linear")
+ANSWER = ("f_and_g", "column_parallel_linear", "row_parallel_linear")
 INSTEAD = ("use the counted collectives of this exercise (from coursekit.grading.tensor_tools import all_reduce, "
            "all_gather), so that the grader sees every one")
 
-# (world size, tensor-parallel degree: None is the whole world as the group). 7 features: 4 + 3 and 2 + 2 + 2 + 1
-# (uneven); the MLP's 10 hidden: 5 + 5 and 3, 3, 2, 2. The last: Mesh({"dp": 2, "tp": 2}), groups {0, 1} and {2, 3}.
-CASES = ((1, None), (2, None), (4, None), (4, 2))
+# (world size, tensor-parallel degree: None is the whole world as the group). 7 features: 4 + 3, 3 + 2 + 2 and
+# 2 + 2 + 2 + 1 (uneven); the MLP's 10 hidden: 5 + 5, 4 + 3 + 3 and 3, 3, 2, 2. The last: Mesh({"dp": 2, "tp": 2}),
+# groups {0, 1} and {2, 3}.
+CASES = ((1, None), (2, None), (3, None), (4, None), (4, 2))
+PARTS = ("ColumnParallelLinear", "RowParallelLinear", "CopyToParallelRegion", "ReduceFromParallelRegion")
 
 
 def _label(world_size: int, tp: int | None) -> str:
@@ -83,10 +93,10 @@ def _results(submission, ctx, world_size: int, tp: int | None) -> list[dict] | C
     entry's ``not_done`` stand-in for ``None``) travels as None, and only its parts are "not done": handed to the
     ranks, it would make ``ctx`` refuse the whole launch, the part that is written too (the notebook's Part 1 cell).
     """
-    classes = tuple(None if is_stub(c) else c for c in (submission.ColumnParallelLinear, submission.RowParallelLinear))
+    classes = tuple(None if is_stub(c) else c for c in (getattr(submission, part) for part in PARTS))
     if world_size == 1:
         def compute():
-            with forbid_torch_collectives(INSTEAD):
+            with forbid_torch_collectives(INSTEAD), held_back(EXERCISE):
                 return [all_parts(0, 1, *classes)]
     else:
         def compute():
@@ -143,17 +153,6 @@ def _numbers_problem(kind: str, r: dict, where: str) -> str | None:
     return None
 
 
-def _counts_problem(kind: str, r: dict, where: str) -> str | None:
-    want = {"forward": 0, "backward": 1} if kind == "column" else {"forward": 1, "backward": 0}
-    got = {phase: count(r["calls"], "all_reduce", phase) for phase in want}
-    if got == want:
-        return None
-    return (f"{where}: {got['forward']} all-reduce(s) in forward and {got['backward']} in backward; a "
-            f"{kind}-parallel layer issues {want['forward']} and {want['backward']} "
-            + ("(f: identity forward, all-reduce of the input's gradient backward)" if kind == "column"
-               else "(g: all-reduce of the partial outputs forward, identity backward)"))
-
-
 def _judge_layer(kind: str, per_rank: list[dict], label: str) -> tuple[str | None, bool]:
     """(what is wrong with this case, or None; whether the weights were gathered)."""
     gathered = False
@@ -170,46 +169,64 @@ def _judge_layer(kind: str, per_rank: list[dict], label: str) -> tuple[str | Non
             return problem, False
         gathered |= _gathered_weights(r["calls"], {r["weight numel"]})
         problem = _numbers_problem(kind, r, where)
-        if not problem and len(r["group ranks"]) > 1 and not gathered:
-            problem = _counts_problem(kind, r, where)
         if problem:
             return problem, gathered
     return None, gathered
 
 
-def _score(submission, ctx, part: str, judge) -> float:
-    """partial_credit over :data:`CASES` of ``judge(per_rank, label) -> (problem, gathered)`` for one part."""
+def _score(submission, ctx, parts: tuple[str, ...], judge) -> float:
+    """partial_credit over :data:`CASES` of ``judge(per_rank, label) -> (problem, gathered)`` for ``parts``: each
+    rank's results of those parts, ``{part: results}``."""
     outcomes, preconditions, gathered = [], [], False
     for world_size, tp in CASES:
         results = _results(submission, ctx, world_size, tp)
         if isinstance(results, CheckFailed):
             outcome = str(results)
         else:
-            per_rank = [r[part] for r in results]
-            _refuse(per_rank)
+            per_rank = [{part: r[part] for part in parts} for r in results]
+            _refuse({part: [r[part] for r in results] for part in parts})
             outcome, case_gathered = judge(per_rank, _label(world_size, tp))
             gathered |= case_gathered
         (preconditions if world_size == 1 else outcomes).append(outcome)
     return _with_gathered(outcomes, preconditions, gathered)
 
 
-def _refuse(per_rank: list[dict]) -> None:
-    """An unfinished part (NotImplementedError) or a call to torch.distributed ends its check at once."""
-    if all(r.get("not done") for r in per_rank):
-        raise NotDone("not implemented yet (your class raises NotImplementedError)")
-    forbidden = next((r["error"] for r in per_rank if r.get("error", "").startswith("ForbiddenCall")), None)
+def _said_once(lines: list[str]) -> str:
+    """Each case's line is ``"<case, rank>: <mistake>"``: the cases with the same mistake named together, it once."""
+    heads: dict[str, list[str]] = {}
+    for line in lines:
+        head, _, mistake = line.partition(": ") if line.startswith("world size") else ("", "", line)
+        heads.setdefault(mistake, []).append(head)
+    return "\n".join(("; ".join(h for h in where if h) + ": " if any(where) else "") + mistake
+                     for mistake, where in heads.items())
+
+
+NAMES = {"f": "CopyToParallelRegion (f)", "g": "ReduceFromParallelRegion (g)", "column": "ColumnParallelLinear",
+         "row": "RowParallelLinear", "mlp": "ColumnParallelLinear or RowParallelLinear"}
+
+
+def _refuse(parts: dict[str, list[dict]]) -> None:
+    """A part not written yet (NotImplementedError on every rank: the check names it) or a call to torch.distributed
+    ends the check at once. ``parts``: each part's results, per rank."""
+    unwritten = [part for part, per_rank in parts.items() if all(r.get("not done") for r in per_rank)]
+    if unwritten:
+        raise NotDone("not implemented yet: " + " and ".join(map(NAMES.get, unwritten))
+                      + " (still None, or raising NotImplementedError)")
+    forbidden = next((r["error"] for per_rank in parts.values() for r in per_rank
+                      if r.get("error", "").startswith("ForbiddenCall")), None)
     if forbidden:
         raise CheckFailed(forbidden.split(": ", 1)[1])
 
 
 def _with_gathered(outcomes, preconditions, gathered: bool) -> float:
-    """partial_credit, halved (with the reason) when the weights were gathered instead of split."""
+    """partial_credit (a mistake several cases share said once), halved (with the reason) when the weights were
+    gathered instead of split."""
     try:
         fraction = partial_credit(outcomes, preconditions)
     except CheckFailed as failed:
-        if not gathered:
-            raise
-        raise CheckFailed(f"{GATHERED}\n{failed}", fraction=failed.fraction / 2) from None
+        said = _said_once(str(failed).splitlines())
+        raise CheckFailed(f"{GATHERED}\n{said}" if gathered else said,
+                          fraction=failed.fraction / 2 if gathered else failed.fraction) from None
     if gathered:
         raise CheckFailed(GATHERED, fraction=fraction / 2)
     return fraction
@@ -217,7 +234,7 @@ def _with_gathered(outcomes, preconditions, gathered: bool) -> float:
 
 def _judge_mlp(per_rank: list[dict], label: str) -> tuple[str | None, bool]:
     """The MLP's case: the dense MLP's numbers, 1 all-reduce each way over the group, no all-gather."""
-    gathered = False
+    gathered, per_rank = False, [r["mlp"] for r in per_rank]
     want = {("all_reduce", "forward"): 1, ("all_reduce", "backward"): 1, ("all_gather", "forward"): 0,
             ("all_gather", "backward"): 0}
     for rank, r in enumerate(per_rank):
@@ -247,25 +264,88 @@ def _judge_mlp(per_rank: list[dict], label: str) -> tuple[str | None, bool]:
     return None, gathered
 
 
+CALLED_AS = ("f and g are called as Operator.apply(tensor, group): forward takes (ctx, tensor, group), and backward "
+             "returns one gradient per input of forward, None for the group")
+
+
+def _operator_error(r: dict, where: str) -> str:
+    """An error of f or g alone, its likely cause named where it is the signature (group= left out)."""
+    error = r["error"]
+    if error.startswith("TypeError") and "positional argument" in error or "incorrect number of gradients" in error:
+        return f"{where}: {CALLED_AS} ({error})"
+    return _error(r, where)
+
+
+def _judge_operators(per_rank: list[dict], label: str) -> tuple[str | None, bool]:
+    """f and g alone: f's output the input, its input gradient the group's sum; g the other way round."""
+    for rank, both in enumerate(per_rank):
+        for name, r in both.items():
+            where = f"{label}, rank {rank}, {name}"
+            problem = wrong_group(r) or (_operator_error(r, where) if "error" in r else None)
+            if problem or (problem := operator_mistake(name, r)):
+                return (problem if problem.startswith(where) else f"{where}: {problem}"), False
+    return None, False
+
+
+@check(EXERCISE, points=2, timeout=60)
+def f_and_g(submission, ctx):
+    """f (CopyToParallelRegion) and g (ReduceFromParallelRegion) alone on 2, 3 and 4 ranks and on two groups of 2, each
+    rank its own input: f's output is the input and its input's gradient the group's sum; g's output is the group's
+    sum and its input's gradient the output's."""
+    return _score(submission, ctx, ("f", "g"), _judge_operators)
+
+
 @check(EXERCISE, points=3, timeout=60)
 def column_parallel_linear(submission, ctx):
-    """Column-parallel Linear(5, 7) on 2 and 4 ranks and on two groups of 2 (one rank must work too): this rank's
-    output slice, the whole input's gradient (f's all-reduce), its rows' gradients; 0 all-reduces forward, 1
-    backward, over the layer's group."""
-    return _score(submission, ctx, "column", lambda per_rank, label: _judge_layer("column", per_rank, label))
+    """Column-parallel Linear(5, 7) on 2, 3 and 4 ranks and on two groups of 2 (one rank must work too): this rank's
+    output slice, the whole input's gradient (f's all-reduce), its rows' gradients, over the layer's group."""
+    return _score(submission, ctx, ("column",),
+                  lambda per_rank, label: _judge_layer("column", [r["column"] for r in per_rank], label))
 
 
 @check(EXERCISE, points=3, timeout=60)
 def row_parallel_linear(submission, ctx):
-    """Row-parallel Linear(7, 4) on 2 and 4 ranks and on two groups of 2 (one rank must work too): the whole output
-    on every rank (g's all-reduce, the bias once), its input columns' and weight columns' gradients; 1 all-reduce
-    forward, 0 backward, over the layer's group."""
-    return _score(submission, ctx, "row", lambda per_rank, label: _judge_layer("row", per_rank, label))
+    """Row-parallel Linear(7, 4) on 2, 3 and 4 ranks and on two groups of 2 (one rank must work too): the whole output
+    on every rank (g's all-reduce, the bias once), its input columns' and weight columns' gradients, over the
+    layer's group."""
+    return _score(submission, ctx, ("row",),
+                  lambda per_rank, label: _judge_layer("row", [r["row"] for r in per_rank], label))
 
 
-@check(EXERCISE, points=4, timeout=60, requires=ANSWER)
+@check(EXERCISE, points=2, timeout=60, requires=ANSWER)
 def mlp_one_all_reduce_each_way(submission, ctx):
-    """The MLP out(gelu(fc(x))), fc column- and out row-parallel, on 2 and 4 ranks and on two groups of 2 (10 hidden
-    features: 3, 3, 2, 2; one rank must work too): the dense MLP's output and every gradient, with exactly one
-    all-reduce forward and one backward over the layer's group, no all-gather."""
-    return _score(submission, ctx, "mlp", _judge_mlp)
+    """The MLP out(gelu(fc(x))), fc column- and out row-parallel, on 2, 3 and 4 ranks and on two groups of 2 (10 hidden
+    features; one rank must work too): the dense MLP's output and every gradient, with exactly one all-reduce
+    forward and one backward over the layer's group, no all-gather."""
+    return _score(submission, ctx, ("mlp",), _judge_mlp)
+
+
+WHY = {"f": "f sums only the input's gradient, in backward", "g": "g sums only the partial results, in forward",
+       "column": "f's all-reduce of the input's gradient, in backward", "row": "g's all-reduce of the partial "
+       "outputs, in forward", "mlp": "g's all-reduce of the output forward, f's of the input's gradient backward"}
+
+
+def _judge_traffic(per_rank: list[dict], label: str) -> tuple[str | None, bool]:
+    """Each part's collectives, by amount: one all-reduce of the tensor that needs summing per pass, nothing else."""
+    for rank, parts in enumerate(per_rank):
+        for name, r in parts.items():
+            if "error" in r:  # judged only after a right answer: an error here is the MLP's, said there
+                return _error(r, f"{label}, rank {rank}, {name}"), False
+            if len(r["group ranks"]) == 1:
+                continue
+            for phase, least in r["least"].items():
+                calls = [c for c in r["calls"] if c.phase == phase]
+                if [(c.op, c.numel) for c in calls] == ([("all_reduce", least)] if least else []):
+                    continue
+                moved = ", ".join(f"{c.op.replace('_', '-')} of {c.numel}" for c in calls) or "nothing"
+                least_said = f"one all-reduce of {least} elements" if least else "no collective"
+                return (f"{label}, rank {rank}, {name}: in {phase}, {moved}; the least is {least_said} "
+                        f"({WHY[name]})"), False
+    return None, False
+
+
+@check(EXERCISE, points=2, timeout=60, requires=ANSWER)
+def traffic(submission, ctx):
+    """Counted by amount, on 2, 3 and 4 ranks and on two groups of 2: f, g, each layer and the MLP move only what must
+    be summed, one all-reduce of it per pass where one is needed and no collective where none is."""
+    return _score(submission, ctx, ("f", "g", "column", "row", "mlp"), _judge_traffic)

@@ -1,6 +1,7 @@
 """What runs on each rank in exercise 05: the learner's layers against the dense layer they split.
 
-Three parts (:func:`all_parts`): a column-parallel ``Linear(5, 7)``, a row-parallel
+Five parts (:func:`all_parts`): **f** and **g** alone (each rank its own input and gradient, the
+group's sums computed here from the seeds), a column-parallel ``Linear(5, 7)``, a row-parallel
 ``Linear(7, 4)`` and the MLP ``out(gelu(fc(x)))`` built from both. Each returns
 numbers, not verdicts: how far the output, the input's gradient and every shard's
 gradients are from the dense layer's (and from what a typical mistake computes: the
@@ -20,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..comm.mesh import Mesh
+from ..comm.mesh import Mesh, rank_size
 from .feedback import learner_line_of
 from .tensor_tools import group_ranks, phase, recording, shard_range
 
@@ -71,6 +72,39 @@ def _shards(seen: dict, piece: str, total: int, group) -> tuple[int, int]:
     return seen[piece]
 
 
+def _least(forward: int, backward: int) -> dict:
+    """The elements a part must all-reduce, per pass: one all-reduce of the tensor that needs summing, no more."""
+    return {"least": {"forward": forward, "backward": backward}}
+
+
+def _operator_case(seen: dict, Operator, group, seed: int, sums_forward: bool) -> dict:
+    """f (``sums_forward`` False) or g alone on (3, 4, 5): each rank of the group its own input; f's output
+    gradient differs on every rank, g's is the same (its output is whole on every rank)."""
+    _shards(seen, "rows", 5, group)  # notes the group's ranks (and the world's)
+    rank, t = rank_size(group)
+    inputs = [_randn(3, 4, 5, seed=seed + 11 + k) for k in range(t)]
+    grads = [_randn(3, 4, 5, seed=seed + (21 + k if not sums_forward else 31)) for k in range(t)]
+    x = inputs[rank].clone().requires_grad_(True)
+    with phase("forward"):
+        y = Operator.apply(x, group)
+    with phase("backward"):
+        y.backward(grads[rank] if tuple(y.shape) == (3, 4, 5) else torch.ones_like(y))
+    whole_input, whole_grad = sum(inputs), sum(grads)
+    return {"output": _diff(y, whole_input if sums_forward else x), "output is the sum": _diff(y, whole_input),
+            "output is its own": _diff(y, inputs[rank]),
+            "input grad": _diff(x.grad, grads[rank] if sums_forward else whole_grad),
+            "input grad is its own": _diff(x.grad, grads[rank]), "input grad t times": _diff(x.grad, t * grads[rank]),
+            **_least(x.numel() if sums_forward else 0, 0 if sums_forward else x.numel())}
+
+
+def _f_case(seen: dict, Copy, group, seed: int) -> dict:
+    return _operator_case(seen, Copy, group, seed, sums_forward=False)
+
+
+def _g_case(seen: dict, Reduce, group, seed: int) -> dict:
+    return _operator_case(seen, Reduce, group, seed, sums_forward=True)
+
+
 def _column_case(seen: dict, Column, group, seed: int) -> dict:
     """Linear(5, 7) column-parallel: this rank's output slice, the whole input's gradient, its rows' gradients."""
     dense, x, grad_out = _dense(5, 7, seed=1), _randn(3, 4, 5, seed=seed + 2), _randn(3, 4, 7, seed=seed + 3)
@@ -91,7 +125,7 @@ def _column_case(seen: dict, Column, group, seed: int) -> dict:
             "input grad is the shard's part": _diff(inputs.grad, grad_out[..., start:stop] @ mine),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad[start:stop]),
-            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")})}
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}), **_least(0, x.numel())}
 
 
 def _row_case(seen: dict, Row, group, seed: int) -> dict:
@@ -117,7 +151,7 @@ def _row_case(seen: dict, Row, group, seed: int) -> dict:
             "input grad": _diff(inputs.grad, reference.grad[..., start:stop]),
             "weight grad": _diff(_grad(layer, "weight"), dense.weight.grad[:, start:stop]),
             "bias grad": _diff(_grad(layer, "bias"), dense.bias.grad),
-            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")})}
+            "no grad": _no_grad({name: (layer, name) for name in ("weight", "bias")}), **_least(expected.numel(), 0)}
 
 
 def _mlp_case(seen: dict, Column, Row, group, seed: int) -> dict:
@@ -151,7 +185,8 @@ def _mlp_case(seen: dict, Column, Row, group, seed: int) -> dict:
     t = len(seen["group ranks"])
     return {"output": _diff(y, expected), "bias t times": _diff(y, expected + (t - 1) * out.bias),
             "input grad": _diff(inputs.grad, reference.grad),
-            "input grad is the shard's part": _diff(inputs.grad, shard_part), "grads": grads, "no grad": unused}
+            "input grad is the shard's part": _diff(inputs.grad, shard_part), "grads": grads, "no grad": unused,
+            **_least(expected.numel(), x.numel())}
 
 
 def _run_part(part, *args) -> dict:
@@ -172,8 +207,9 @@ def _run_part(part, *args) -> dict:
     return result
 
 
-def all_parts(rank, world_size, Column, Row, tp: int | None = None):
-    """Every part of exercise 05 on this rank: the column- and row-parallel layers alone, then the MLP of both.
+def all_parts(rank, world_size, Column, Row, Copy=None, Reduce=None, tp: int | None = None):
+    """Every part of exercise 05 on this rank: f and g alone, the column- and row-parallel layers alone, then the
+    MLP of both.
 
     ``tp``: the layers get this rank's group of a mesh ``{"dp": world_size // tp, "tp": tp}``, and each
     tensor-parallel group its own inputs (seeds 100 apart); None: the whole world (``group=None``)."""
@@ -181,6 +217,7 @@ def all_parts(rank, world_size, Column, Row, tp: int | None = None):
     if tp is not None:
         mesh = Mesh({"dp": world_size // tp, "tp": tp})
         group, seed = mesh.group("tp"), 100 * mesh["dp"].rank
-    return {"column": _run_part(_column_case, Column, group, seed),
+    return {"f": _run_part(_f_case, Copy, group, seed), "g": _run_part(_g_case, Reduce, group, seed),
+            "column": _run_part(_column_case, Column, group, seed),
             "row": _run_part(_row_case, Row, group, seed),
             "mlp": _run_part(_mlp_case, Column, Row, group, seed)}

@@ -12,12 +12,17 @@ wrong ranks). Each mistake is told apart by what :mod:`.tensor_parallel_cases` r
 * **g left out**: no all-reduce in forward, and the row-parallel output equals this rank's partial sum;
 * **the bias on every rank**: the row-parallel output is off by exactly (t − 1) × the bias;
 * **f without its backward**: no all-reduce in backward, and the input's gradient is this shard's part.
+
+f and g alone (:func:`operator_mistake`) are told apart by what came out: f's output equal to the
+group's sum (it all-reduced in forward), f's input gradient equal to this rank's own (it did not sum it), g's output
+equal to this rank's own input (no sum), g's input gradient t times the output's (it all-reduced a gradient every
+rank already holds whole).
 """
 
 from __future__ import annotations
 
-__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "column_mistake", "row_mistake", "mlp_mistake",
-           "F_NO_BACKWARD", "BIAS_EVERY_RANK", "SWAPPED"]
+__all__ = ["TOL", "count", "as_set", "wrong_group", "world_shard", "operator_mistake", "column_mistake",
+           "row_mistake", "mlp_mistake", "F_NO_BACKWARD", "BIAS_EVERY_RANK", "SWAPPED"]
 
 TOL = 1e-4
 
@@ -119,4 +124,40 @@ def mlp_mistake(r: dict) -> str | None:
     elif (not r["input grad"] < TOL and r["input grad is the shard's part"] < TOL
           and not count(r["calls"], "all_reduce", "backward")):
         return f"fc, the column-parallel layer: {F_NO_BACKWARD}"
+    return None
+
+
+F_SUMS_FORWARD = ("f's forward all-reduces the input: f is identity in forward (every rank already holds the whole "
+                  "input, so the sum holds it t times, t the ranks of the group); its all-reduce belongs in backward")
+F_OWN_GRADIENT = ("f's backward returns this rank's gradient as it came: f must sum the input's gradient over the "
+                  "group (all-reduce) in backward, since each rank's holds only the part its own shard computed")
+G_OWN_INPUT = ("g's forward returns this rank's own tensor: g must sum the partial results over the group "
+               "(all-reduce) in forward")
+G_SUMS_BACKWARD = ("g's backward all-reduces the gradient, which every rank already holds whole (the output after "
+                   "g is the same on every rank): it comes out t times, t the ranks of the group; g is identity in "
+                   "backward")
+
+
+#: per operator: (the output's right value, said when wrong; its backward's) -- and for each pass the recorded
+#: difference that names the usual mistake, with what it is told
+_OPERATORS = {
+    "f": (("output is the sum", F_SUMS_FORWARD, "its input", "f is identity in forward"),
+          ("input grad is its own", F_OWN_GRADIENT, "the sum of the group's gradients", "")),
+    "g": (("output is its own", G_OWN_INPUT, "the sum of the group's inputs", ""),
+          ("input grad t times", G_SUMS_BACKWARD, "its output's gradient", "g is identity in backward")),
+}
+
+
+def operator_mistake(name: str, r: dict) -> str | None:
+    """f or g alone, wrong: the all-reduce in the wrong pass, or missing, named; both at once: f and g swapped."""
+    forward, backward = _OPERATORS[name]
+    for key, (named_by, named, right, rule), other in (("output", forward, backward),
+                                                        ("input grad", backward, None)):
+        if r[key] < TOL:
+            continue
+        if r[named_by] < TOL:
+            swapped = other is not None and r[other[0]] < TOL
+            return f"{SWAPPED}: {named}" if swapped else named
+        return f"{name}'s {key.replace('input grad', 'input gradient')} differs from {right} by {r[key]:.3g}" \
+            + (f": {rule}" if rule else "")
     return None

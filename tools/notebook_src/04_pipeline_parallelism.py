@@ -630,6 +630,7 @@ for name, t in times.items():
           f"ratio {t['pipeline'] / t['torch_pipeline']:.2f}")
 
 # %% [markdown]
-# **Exercise** `exercises/04_pipeline_schedule.ipynb`: write the 1F1B generator. The validator checks it, its
-# bubble and peak activations are compared with the formulas, and it runs on real ranks against one process.
+# **Exercise** `exercises/04_pipeline_schedule.ipynb`: write 1F1B, its messages included, for any p and m from its
+# contract. The validator checks it, its bubble and peak activations are compared with the formulas, and it runs
+# on real ranks against one process.
 

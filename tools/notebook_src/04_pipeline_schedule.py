@@ -4,29 +4,45 @@
 # EXERCISE: # # Exercise 04 · Pipeline parallelism: write the 1F1B schedule
 # END SOLUTION
 #
-# In `notebooks/04_pipeline_parallelism.ipynb` micro-batches filled the chain of stages (**P7**): while
-# one rank works on micro-batch 2, the next already works on micro-batch 1. *Who does what, and when*
-# is the **schedule**, and in this course a schedule is plain data: per rank, an ordered list of
-# actions. The executor only carries it out; a validator checks it before anything runs.
+# In `notebooks/04_pipeline_parallelism.ipynb` micro-batches filled the chain of stages (**P7**), and a
+# schedule was plain data: per rank, an ordered list of actions, checked by a validator and carried out by an
+# executor. Here you write one such schedule, **1F1B** (PipeDream-Flush; Narayanan et al. 2021, "Efficient
+# Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), for any number of ranks and of
+# micro-batches. How the ranks get there is yours to work out: below is what it must do, not how.
 #
-# You write **`one_f_one_b(p, m)`**: the 1F1B schedule (PipeDream-Flush; Narayanan et al. 2021,
-# "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM") for `p` ranks
-# (one stage each: rank `r` holds stage `r`) and `m` micro-batches.
+# ## The contract
 #
-# **The actions** (`Action(op, stage, micro_batch)`, printed as `F3@s1`): `F` forward, `B` backward,
-# `SEND_F`/`RECV_F` the activations going forward to the next rank, `SEND_B`/`RECV_B` the gradients
-# coming back. A SEND never blocks; a RECV blocks until its SEND has been issued; messages between two
-# ranks match **in order**. You may write the sends and receives yourself, or list only F and B per
-# rank and let `add_communication` put them in.
+# **Inputs.** `p >= 1` ranks, rank `r` holding stage `r` (one stage each); `m >= 1` micro-batches, numbered from
+# 0. Any `m`: fewer than `p`, or not a multiple of `p`.
 #
-# **Grading** (`check_pipeline_schedule`), for p = 1..4 and m = 1..8, m < p included: the validator
-# accepts it (the feedback names the rank and the first wrong action); its unit-time plan idles exactly
-# (p−1)/(m+p−1) of the time; rank r never holds more than min(p−r, m) micro-batches' activations; and
-# run by the course's executor on real ranks, training equals one process.
-# Only 1F1B's shape counts: validity, the bubble and the training earn points only where no rank holds
-# more than one micro-batch over min(p−r, m), so GPipe's order earns next to nothing. The library's own
-# schedules (`gpipe`, `one_f_one_b`, `make_schedule`) refuse while your function is graded; `Action`,
-# `Schedule` and `add_communication` are yours to use.
+# **Output.** A `Schedule` named `"1f1b"` for `p` ranks, `m` micro-batches and one stage per rank, whose
+# `actions[r]` is everything rank `r` does in one training step, in order: every computation *and* every message.
+# A `Schedule`'s fields, in order: `name, n_ranks, n_micro_batches, stages_per_rank, actions`.
+#
+# **The primitives.** `Action(op, stage, micro_batch)`, printed as `F3@s1`, with six ops. `F` and `B` are the
+# forward and the backward of one micro-batch on one stage. `SEND_F` hands a stage's output to the next rank and
+# `RECV_F` takes it there; `SEND_B` hands the gradient of a stage's input back to the previous rank and
+# `RECV_B` takes it there. A send never blocks. A receive blocks until its send was issued. Between two ranks,
+# messages match in the order they were sent. To try a schedule: `validate(s)` raises a `ScheduleError` naming
+# the rank and the first wrong action; `plan(s)` runs it on a unit-time clock (F = 1, B = 2), with its
+# `bubble_fraction` and each rank's `peak_activations`; `draw_plan` draws that plan. The library's generators
+# (`gpipe` below among them) and `add_communication` refuse while your function is graded: you place the
+# messages too.
+#
+# **The properties**, each graded for p = 1..4 and m = 1..8:
+#
+# 1. *valid*: `validate` accepts it: no stage computes before its input or its gradient has arrived, every
+#    forward comes before its backward, and no rank waits on a message that is never sent;
+# 2. *memory*: rank `r` never holds the activations of more than `min(p − r, m)` micro-batches at once (those
+#    whose forward ran there and whose backward has not);
+# 3. *bubble*: on the unit-time clock the ranks idle exactly (p − 1)/(m + p − 1) of the step, GPipe's bubble, no
+#    more;
+# 4. *training*: run by the course's executor on real ranks (p = 2, m = 4 and p = 3, m = 5), one step trains the
+#    MLP exactly as one process does.
+#
+# The grader judges (1) and (4) as the answer, and (2) and (3) as its properties: they score only while the
+# answer is right. A schedule far over the memory bound is another schedule, not 1F1B, and earns nothing.
+# The feedback names the rank, the case and what to change.
 # From a terminal: `make grade NB=exercises/04_pipeline_schedule.ipynb`.
 
 # %% tags=["parameters"]
@@ -36,8 +52,7 @@ CHECK_TIMEOUT = 90.0
 # %%
 # %matplotlib inline
 from coursekit.grading import check_pipeline_schedule
-from coursekit.parallel.pipeline import (Action, Schedule, ScheduleError, add_communication, bubble_formula,
-                                         gpipe, plan, validate)
+from coursekit.parallel.pipeline import Action, Schedule, ScheduleError, bubble_formula, gpipe, plan, validate
 from coursekit.viz.pipeline import draw_plan
 
 # %% [markdown]
@@ -58,38 +73,44 @@ print("bubble", planned.bubble_fraction, "= (p-1)/(m+p-1) =", bubble_formula("gp
 draw_plan(planned);
 
 # %% [markdown]
-# GPipe idles (p − 1)/(m + p − 1) of the time, and every rank holds **all m** micro-batches'
-# activations until the backwards start. 1F1B does not shrink that bubble — it is the same
-# (p − 1)/(m + p − 1) — but it cuts the memory: it starts each backward as early as it can. (Smaller
-# bubbles take other schedules: interleaved 1F1B gives each rank v smaller stages, (p − 1)/(v·m + p − 1);
-# ZB-H1 splits the backward and fills the bubble with weight gradients — chapter 04 plans and measures
-# both.) 1F1B, step by step:
+# GPipe idles (p − 1)/(m + p − 1) of the time, and every rank holds **all m** micro-batches' activations until
+# its backwards start. 1F1B keeps that bubble and holds far fewer: that is property 2. (Smaller bubbles take
+# other schedules, interleaved 1F1B and ZB-H1: chapter 04 plans and measures both.)
 #
-# 1. **warm-up**: rank `r` runs `min(p − 1 − r, m)` forwards (micro-batches 0, 1, …);
-# 2. **steady state**: then it alternates one forward (the next micro-batch) and one backward (the
-#    oldest micro-batch whose backward has not run), until every forward is done;
-# 3. **cool-down**: the remaining backwards, oldest first.
+# ## Your schedule
 #
-# The last rank has no warm-up (F0 B0 F1 B1 …); rank 0 of 4 runs three forwards first. So rank `r`
-# holds at most `min(p − r, m)` micro-batches. Build the per-rank lists of `Action("F", r, i)` and
-# `Action("B", r, i)`, wrap them in `Schedule("1f1b", p, m, 1, actions)` and return
-# `add_communication(...)` of it (or write the sends and receives yourself).
+# Write `one_f_one_b(p, m)` in the cell below, from the contract. Print `plan(...)`'s numbers for a few sizes
+# before you grade: p = 4 with m = 2, 3 and 8 tell most mistakes apart.
 
 # %%
-def one_f_one_b(p, m):
-    """The 1F1B schedule for p ranks (rank r holds stage r) and m micro-batches."""
 # BEGIN SOLUTION
+def one_f_one_b(p, m):
+    """1F1B for p ranks (rank r holds stage r) and m micro-batches, its messages placed by hand."""
+    def forward(r, i):                  # the input arrives, the stage runs, its output leaves
+        before = [Action("RECV_F", r, i)] if r > 0 else []
+        after = [Action("SEND_F", r, i)] if r < p - 1 else []
+        return before + [Action("F", r, i)] + after
+
+    def backward(r, i):                 # the output's gradient arrives, the stage runs, the input's leaves
+        before = [Action("RECV_B", r, i)] if r < p - 1 else []
+        after = [Action("SEND_B", r, i)] if r > 0 else []
+        return before + [Action("B", r, i)] + after
+
     actions = []
     for r in range(p):
-        warmup = min(p - 1 - r, m)                                 # forwards before the first backward
-        ops = [Action("F", r, i) for i in range(warmup)]
-        for i in range(m - warmup):                                # one forward, one backward
-            ops += [Action("F", r, warmup + i), Action("B", r, i)]
-        ops += [Action("B", r, i) for i in range(m - warmup, m)]  # cool-down
+        most, ops = min(p - r, m), []   # rank r may hold at most this many micro-batches
+        started = done = 0              # forwards and backwards run so far: started - done are held
+        while done < m:
+            if started < m and started - done < most:
+                ops += forward(r, started)
+                started += 1
+            else:                       # full, or no forward left: free the oldest micro-batch
+                ops += backward(r, done)
+                done += 1
         actions.append(ops)
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
-# EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("per rank: warm-up forwards, then one forward and one backward, then the rest")
+    return Schedule("1f1b", p, m, 1, actions)
+# EXERCISE: # YOUR CODE HERE: one_f_one_b(p, m), returning the Schedule the contract above describes.
+# EXERCISE: one_f_one_b = None
 # END SOLUTION
 
 # %% [markdown]
@@ -97,17 +118,18 @@ def one_f_one_b(p, m):
 # the plan gives the bubble and each rank's peak.
 
 # %%
-try:
-    mine = one_f_one_b(4, 8)
-    validate(mine)
-    planned = plan(mine)
-    print(f"bubble {planned.bubble_fraction} (formula {bubble_formula('1f1b', 4, 8)}) | peak activations per "
-          f"rank: {planned.peak_activations} (1F1B: at most [4, 3, 2, 1])")
-    draw_plan(planned);
-except ScheduleError as error:
-    print("not a valid schedule:", error)
-except NotImplementedError as error:
-    print("not done yet:", error)
+if one_f_one_b is None:
+    print("not done yet: write one_f_one_b in the cell above")
+else:
+    try:
+        mine = one_f_one_b(4, 8)
+        validate(mine)
+        planned = plan(mine)
+        print(f"bubble {planned.bubble_fraction} (formula {bubble_formula('1f1b', 4, 8)}) | peak activations per "
+              f"rank: {planned.peak_activations} (1F1B: at most [4, 3, 2, 1])")
+        draw_plan(planned);
+    except ScheduleError as error:
+        print("not a valid schedule:", error)
 
 # %% [markdown]
 # ## The grader

@@ -135,17 +135,19 @@ print("RowParallelLinear's output (after its all-reduce) on both ranks equals X 
 # Two operators do all the communicating. **g** sits after the row-parallel layer. Forward, it all-reduces the
 # partial products. Backward, every rank already holds the whole gradient, so g passes it on. **f** sits before
 # the column-parallel layer and mirrors g. Forward, every rank reads the whole input as it is. Backward, each
-# rank's input gradient covers only its own features, so f all-reduces it. Here they are, as the library runs
-# them:
+# rank's input gradient covers only its own features, so f all-reduces it. Writing f and g is exercise 05. Here
+# is their neighbour, as the library runs it: a pair of operators built the same way, one autograd function each.
+# The first gathers every rank's slice forward and keeps this rank's slice of the gradient backward; the second
+# does the reverse.
 
 # %%
 from coursekit.parallel.tensor import core
 
-coursekit.show(core._Copy)  # f
+coursekit.show(core._Gather)  # all-gather forward, this rank's slice backward
 
 
 # %%
-coursekit.show(core._Reduce)  # g
+coursekit.show(core._Split)  # this rank's slice forward, all-gather backward
 
 
 # %% [markdown]
@@ -797,5 +799,5 @@ for name in runs:
 # all-reduces is short: the step is mostly all-reduces and the fixed cost of each operation, so which step is
 # faster changes from run to run.
 #
-# **Exercise** `exercises/05_tensor_parallel.ipynb`: f and g are given; write `ColumnParallelLinear` and
-# `RowParallelLinear` around them. It is graded on outputs, gradients and the number of all-reduces.
+# **Exercise** `exercises/05_tensor_parallel.ipynb`: write f, g, `ColumnParallelLinear` and `RowParallelLinear`
+# from their contract. It is graded on outputs, gradients and the traffic, on groups of a mesh too.

@@ -1,27 +1,34 @@
-"""Steady state backward of the *newest* forward instead of the oldest (a stack, not a queue): valid, but
-rank 0 asks for micro-batch 1's gradient while rank 1 is still on micro-batch 0's.
+"""Steady state backward of the *newest* forward instead of the oldest (a stack, not a queue), each message placed
+next to its F or B. The next rank sends the gradients back oldest first, so rank 0's first receive of a gradient
+(micro-batch 1's) is not the first message on its way (micro-batch 0's): messages between two ranks match in order,
+and the validator says so.
 
-Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
-"backward_newest_first: bubble_equals_formula earned 0.25, not 0"."""
+Seen against the grader while add_communication was the learner's (it moved each receive to match the sends'
+order): valid, 8/10, bubble_equals_formula 0 ("rank 0 waits from t=2 to t=7 (F = 1, B = 2) before B1@s0")."""
 
-from coursekit.parallel.pipeline import Action, Schedule, add_communication
+from _ps_solution import with_messages
 
 EXERCISE = "04_pipeline_schedule"
-SCORE = 8  # valid 3 + peak 3 + executed 2; bubble 0 (right only at m = 1, where every order idles (p−1)/p)
-LOSES = {"bubble_equals_formula": (0, "p=2, m=2: the ranks idle 45.5% of the time; 1F1B idles (p−1)/(m+p−1) = "
-                                      "33.3%: rank 0 waits from t=2 to t=7 (F = 1, B = 2) before B1@s0")}
+SCORE = 0  # nothing valid beyond the preconditions; a property of a wrong answer earns nothing (issue 58)
+LOSES = {
+    "valid_schedule": (0, ("p=2, m=2: rank 0, action RECV_B1@s0\n", "the 1st message from rank 1 is SEND_B0@s1, but "
+                           "the 1st receive from rank 1 here is RECV_B1@s0 (messages between two ranks match in order)")),
+    "bubble_equals_formula": (0, "not a valid schedule (see valid_schedule)"),
+    "peak_activations": (0, "not a valid schedule"),
+    "equals_one_process": (0, "p=2, m=4: not run, not a valid schedule"),
+}
 
 
 def one_f_one_b(p, m):
     actions = []
     for r in range(p):
         warmup = min(p - 1 - r, m)
-        ops = [Action("F", r, i) for i in range(warmup)]
+        ops = [("F", i) for i in range(warmup)]
         waiting = list(range(warmup))
         for i in range(warmup, m):
-            ops.append(Action("F", r, i))
+            ops.append(("F", i))
             waiting.append(i)
-            ops.append(Action("B", r, waiting.pop()))      # the mistake: pop(0), the oldest
-        ops += [Action("B", r, i) for i in reversed(waiting)]
+            ops.append(("B", waiting.pop()))      # the mistake: pop(0), the oldest
+        ops += [("B", i) for i in reversed(waiting)]
         actions.append(ops)
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
+    return with_messages(p, m, actions)

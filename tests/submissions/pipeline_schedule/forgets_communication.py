@@ -1,7 +1,9 @@
-"""The right order of F and B, but no sends or receives (add_communication never called): on one rank
-that is a schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
+"""The right order of F and B, but no sends or receives (the contract's messages left out): on one rank that is a
+schedule; on two, rank 0's backward has no gradient to start from (and rank 1's forward no input)."""
 
-from coursekit.parallel.pipeline import Action, Schedule
+from _ps_solution import compute_order
+
+from coursekit.parallel.pipeline import Schedule
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 0  # nothing; a property of a wrong answer earns nothing (issue 58)
@@ -16,12 +18,4 @@ LOSES = {
 
 
 def one_f_one_b(p, m):
-    actions = []
-    for r in range(p):
-        warmup = min(p - 1 - r, m)
-        ops = [Action("F", r, i) for i in range(warmup)]
-        for i in range(m - warmup):
-            ops += [Action("F", r, warmup + i), Action("B", r, i)]
-        ops += [Action("B", r, i) for i in range(m - warmup, m)]
-        actions.append(ops)
-    return Schedule("1f1b", p, m, 1, actions)   # the mistake: add_communication(...) forgotten
+    return Schedule("1f1b", p, m, 1, compute_order(p, m))   # the mistake: no SEND and RECV around F and B

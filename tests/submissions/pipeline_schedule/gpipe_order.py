@@ -7,7 +7,7 @@ where GPipe's order is a warm-up one forward too long. m = 1 (every order is 1F1
 Seen against the grader before the 1F1B gate: 7/10 (valid 3 + bubble 2 + executed 2), "valid_schedule earned 3,
 not 0.33"."""
 
-from coursekit.parallel.pipeline import Action, Schedule, add_communication
+from _ps_solution import with_messages
 
 EXERCISE = "04_pipeline_schedule"
 # valid 3 × 3/27 and bubble 2 × 3/27: of 21 cases (p = 2..4, m = 2..8) only m = 2 counts, and p = 1, m >= 3
@@ -25,5 +25,5 @@ LOSES = {
 
 
 def one_f_one_b(p, m):
-    actions = [[Action("F", r, i) for i in range(m)] + [Action("B", r, i) for i in range(m)] for r in range(p)]
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
+    actions = [[("F", i) for i in range(m)] + [("B", i) for i in range(m)] for r in range(p)]
+    return with_messages(p, m, actions)

@@ -4,7 +4,7 @@ but each forward waits for the whole round trip of the previous micro-batch: the
 Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
 "no_warmup: bubble_equals_formula earned 0.25, not 0"."""
 
-from coursekit.parallel.pipeline import Action, Schedule, add_communication
+from _ps_solution import with_messages
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 8  # valid 3 + peak 3 + executed 2; bubble 0 (right only at m = 1, where every order idles (p−1)/p)
@@ -14,5 +14,5 @@ LOSES = {"bubble_equals_formula": (0, ("p=2, m=2: the ranks idle 50.0% of the ti
 
 
 def one_f_one_b(p, m):
-    actions = [[a for i in range(m) for a in (Action("F", r, i), Action("B", r, i))] for r in range(p)]
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
+    actions = [[a for i in range(m) for a in (("F", i), ("B", i))] for r in range(p)]
+    return with_messages(p, m, actions)

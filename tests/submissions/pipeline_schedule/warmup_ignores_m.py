@@ -4,7 +4,7 @@ rank 0 runs forwards of micro-batches that do not exist.
 Seen failing before the fix (m = 1 not yet a precondition of bubble_equals_formula):
 "warmup_ignores_m: bubble_equals_formula earned 1.75, not 1.74"."""
 
-from coursekit.parallel.pipeline import Action, Schedule, add_communication
+from _ps_solution import with_messages
 
 EXERCISE = "04_pipeline_schedule"
 # valid 3 × 20/23 and bubble 2 × 20/23 (m = 1 a precondition of both: p=4, m=2 wrong of 21 cases, p=3 and p=4 at
@@ -23,9 +23,9 @@ def one_f_one_b(p, m):
     actions = []
     for r in range(p):
         warmup = p - 1 - r                      # the mistake: min(p - 1 - r, m)
-        ops = [Action("F", r, i) for i in range(warmup)]
+        ops = [("F", i) for i in range(warmup)]
         for i in range(m - warmup):
-            ops += [Action("F", r, warmup + i), Action("B", r, i)]
-        ops += [Action("B", r, i) for i in range(max(0, m - warmup), m)]
+            ops += [("F", warmup + i), ("B", i)]
+        ops += [("B", i) for i in range(max(0, m - warmup), m)]
         actions.append(ops)
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
+    return with_messages(p, m, actions)

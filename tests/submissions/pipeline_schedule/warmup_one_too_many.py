@@ -6,7 +6,7 @@ its bound): only peak_activations is lost, and its feedback names the count.
 Seen against the grader before the fix: 7/10 as now, but peak_activations said only "start each backward as soon
 as its gradient can arrive" (the phrase "one warm-up forward too many" missing)."""
 
-from coursekit.parallel.pipeline import Action, Schedule, add_communication
+from _ps_solution import with_messages
 
 EXERCISE = "04_pipeline_schedule"
 SCORE = 7  # valid 3 + bubble 2 + executed 2 (every case within one of 1F1B's bound); peak 0 (only m = 1 agrees)
@@ -18,9 +18,9 @@ def one_f_one_b(p, m):
     actions = []
     for r in range(p):
         warmup = min(p - r, m)                  # the mistake: min(p - 1 - r, m)
-        ops = [Action("F", r, i) for i in range(warmup)]
+        ops = [("F", i) for i in range(warmup)]
         for i in range(m - warmup):
-            ops += [Action("F", r, warmup + i), Action("B", r, i)]
-        ops += [Action("B", r, i) for i in range(m - warmup, m)]
+            ops += [("F", warmup + i), ("B", i)]
+        ops += [("B", i) for i in range(m - warmup, m)]
         actions.append(ops)
-    return add_communication(Schedule("1f1b", p, m, 1, actions))
+    return with_messages(p, m, actions)

@@ -9,7 +9,8 @@ from coursekit.parallel.pipeline.schedules import _schedule
 EXERCISE = "04_pipeline_schedule"
 SCORE = 0  # the library's builder held back: no schedule of the learner's to judge, in any check
 HELD_BACK = ("coursekit.parallel.pipeline.schedules._schedule was called: it is coursekit's own answer",
-             "return add_communication(Schedule(\"1f1b\", p, m, 1, actions))")
+             "Action and Schedule are yours to use: list each rank's actions, its F and B and "
+             "the SEND and RECV")
 LOSES = {"valid_schedule": (0, HELD_BACK)} | {  # said in full once; the other checks point to it
     name: (0, "not judged: one_f_one_b calls coursekit's own answer to this exercise (see valid_schedule)")
     for name in ("bubble_equals_formula", "peak_activations", "equals_one_process")}

@@ -1,5 +1,6 @@
 """The notebook's solution, read from its one source (tools/notebook_src/05_tensor_parallel.py): each attempt here
-imports what it gets right from this module and changes one thing. ``from_source(exercise=True)`` is the stub."""
+imports what it gets right from this module and changes one thing. ``from_source(exercise=True)`` is the stub (each
+class None). ``PARTS``: the four, in the order ``check_tensor_parallel`` takes them."""
 
 import re
 import sys
@@ -17,8 +18,8 @@ def from_source(exercise: bool) -> dict:
     cells = re.split(r"^# %%.*$", source, flags=re.M)
     namespace: dict = {}
     exec(next(c for c in cells if "import torch" in c and "check_tensor_parallel" in c), namespace)
-    for cell in cells:
-        if "class " in cell:
+    for cell in cells:  # the solution's classes, or the exercise's placeholders (``f = layer = None``)
+        if re.search(r"^(class \w+|\w+ = \w+ = None)", cell, re.M):
             exec(cell, namespace)
     return namespace
 
@@ -27,3 +28,4 @@ _tp_solution = from_source(exercise=False)
 CopyToParallelRegion = _tp_solution["CopyToParallelRegion"]
 ReduceFromParallelRegion = _tp_solution["ReduceFromParallelRegion"]
 ColumnParallelLinear, RowParallelLinear = _tp_solution["ColumnParallelLinear"], _tp_solution["RowParallelLinear"]
+PARTS = ("ColumnParallelLinear", "RowParallelLinear", "CopyToParallelRegion", "ReduceFromParallelRegion")

@@ -5,13 +5,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from _tp_solution import ColumnParallelLinear
+from _tp_solution import ColumnParallelLinear, CopyToParallelRegion
 from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 3  # column 3; row and MLP refused
-LOSES = {"row_parallel_linear": (0, ("torch.distributed.all_reduce was called", "import all_reduce")),
-         "mlp_one_all_reduce_each_way": (0, "torch.distributed.all_reduce was called")}
+DIST = "torch.distributed.all_reduce was called"
+SCORE = 3  # column 3; f and g, row, MLP and traffic refused (g calls it)
+LOSES = {"f_and_g": (0, DIST), "row_parallel_linear": (0, (DIST, "import all_reduce")),
+         "mlp_one_all_reduce_each_way": (0, DIST), "traffic": (0, DIST)}
 
 
 class Reduce(torch.autograd.Function):
@@ -29,3 +30,6 @@ class Reduce(torch.autograd.Function):
 class RowParallelLinear(_Row):
     def forward(self, x_local):
         return Reduce.apply(F.linear(x_local, self.weight), self.group) + self.bias
+
+
+ReduceFromParallelRegion = Reduce  # g

@@ -12,12 +12,12 @@ from _tp_solution import RowParallelLinear as _Row
 from coursekit.grading.tensor_tools import all_reduce
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 4  # column_parallel_linear 2 + row_parallel_linear 2; a property of a wrong answer earns nothing (issue 58)
-LOSES = {"column_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
-                                       "group {0, 1}: pass group= to every collective"),
-         "row_parallel_linear": (2, "the all-reduce ran over the whole world (ranks 0–3), not over the layer's "
-                                    "group {0, 1}: pass group= to every collective"),
-         "mlp_one_all_reduce_each_way": (0, "not over the layer's group {0, 1}")}
+GROUP = "not over the layer's group {0, 1}: pass group= to every collective"
+SCORE = 6  # f_and_g 1.5 + column 2.25 + row 2.25 (3 of 4 cases each); a property of a wrong answer earns nothing
+LOSES = {"f_and_g": (1.5, "f: the all-reduce ran over the whole world (ranks 0–3), " + GROUP),
+         "column_parallel_linear": (2.25, "rank 0: the all-reduce ran over the whole world (ranks 0–3), " + GROUP),
+         "row_parallel_linear": (2.25, "rank 0: the all-reduce ran over the whole world (ranks 0–3), " + GROUP),
+         "mlp_one_all_reduce_each_way": (0, GROUP), "traffic": (0, "traffic counts only for a right answer")}
 
 
 class CopyToParallelRegion(torch.autograd.Function):

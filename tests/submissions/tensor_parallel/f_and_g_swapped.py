@@ -14,11 +14,14 @@ from _tp_solution import RowParallelLinear as _Row
 from coursekit.grading.tensor_tools import all_reduce
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 0  # every case on 2 and 4 ranks wrong (one rank right earns nothing)
-LOSES = {"column_parallel_linear": (0, ("f and g are swapped", "identity in forward, all-reduce of the input's "
+SCORE = 0  # every case on 2, 3 and 4 ranks wrong (one rank right earns nothing)
+LOSES = {"f_and_g": (0, ("f: f and g are swapped: f's forward all-reduces the input", "its all-reduce belongs in "
+                         "backward")),
+         "column_parallel_linear": (0, ("f and g are swapped", "identity in forward, all-reduce of the input's "
                                         "gradient in backward")),
          "row_parallel_linear": (0, ("f and g are swapped", "all-reduce of the partial outputs in forward")),
-         "mlp_one_all_reduce_each_way": (0, "f and g are swapped")}
+         "mlp_one_all_reduce_each_way": (0, "f and g are swapped"),
+         "traffic": (0, "f: in forward, all-reduce of 60; the least is no collective")}
 
 
 class AllReduceForward(torch.autograd.Function):  # written as f: it is g
@@ -50,3 +53,6 @@ class ColumnParallelLinear(_Column):
 class RowParallelLinear(_Row):
     def forward(self, x_local):
         return AllReduceBackward.apply(F.linear(x_local, self.weight), self.group) + self.bias
+
+
+CopyToParallelRegion, ReduceFromParallelRegion = AllReduceForward, AllReduceBackward  # f and g, as written

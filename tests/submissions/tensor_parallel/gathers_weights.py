@@ -6,15 +6,16 @@ import torch
 import torch.nn.functional as F
 
 from _tp_solution import ColumnParallelLinear as _Column
-from _tp_solution import CopyToParallelRegion
+from _tp_solution import CopyToParallelRegion, ReduceFromParallelRegion
 from _tp_solution import RowParallelLinear as _Row
 from coursekit.grading.tensor_tools import all_gather, shard_range
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 3  # column_parallel_linear 1.5 + row_parallel_linear 1.5; a property of a wrong answer earns nothing (issue 58)
+SCORE = 5  # f_and_g 2 + column 1.5 + row 1.5; a property of a wrong answer earns nothing (issue 58)
 LOSES = {"column_parallel_linear": (1.5, ("all-gather the weight shards", "not tensor parallelism")),
          "row_parallel_linear": (1.5, "not tensor parallelism"),
-         "mlp_one_all_reduce_each_way": (0, "not tensor parallelism")}
+         "mlp_one_all_reduce_each_way": (0, "not tensor parallelism"),
+         "traffic": (0, "column: in forward, all-gather of 20, all-gather of 4; the least is no collective")}
 
 
 class Gather(torch.autograd.Function):

@@ -12,12 +12,14 @@ import torch.nn.functional as F
 from coursekit.grading.tensor_tools import all_reduce, shard_range
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 4  # column_parallel_linear 2 + row_parallel_linear 2; a property of a wrong answer earns nothing (issue 58)
-LOSES = {"column_parallel_linear": (2, ("the all-reduce ran over the whole world (ranks 0–3), not over the "
-                                        "layer's group {0, 1}: pass group= to every collective", "shard_range")),
-         "row_parallel_linear": (2, ("columns [0, 2) of a split over the whole world (ranks 0–3), not columns "
-                                     "[0, 4) of the layer's group {0, 1}: pass group= to shard_range")),
-         "mlp_one_all_reduce_each_way": (0, "not over the layer's group {0, 1}: pass group= to every collective")}
+SCORE = 4.5  # column 2.25 + row 2.25 (3 of 4 cases); f and g without group= fail; properties 0
+LOSES = {"f_and_g": (0, "f: f and g are called as Operator.apply(tensor, group): forward takes (ctx, tensor, group)"),
+         "column_parallel_linear": (2.25, ("the all-reduce ran over the whole world (ranks 0–3), not over the "
+                                           "layer's group {0, 1}: pass group= to every collective", "shard_range")),
+         "row_parallel_linear": (2.25, ("columns [0, 2) of a split over the whole world (ranks 0–3), not columns "
+                                        "[0, 4) of the layer's group {0, 1}: pass group= to shard_range")),
+         "mlp_one_all_reduce_each_way": (0, "not over the layer's group {0, 1}: pass group= to every collective"),
+         "traffic": (0, "TypeError")}
 
 
 class CopyToParallelRegion(torch.autograd.Function):

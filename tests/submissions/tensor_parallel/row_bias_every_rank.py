@@ -6,15 +6,16 @@ Seen failing before the fix (the hint still offered "or on one rank only", which
 
 import torch.nn.functional as F
 
-from _tp_solution import ColumnParallelLinear, ReduceFromParallelRegion
+from _tp_solution import ColumnParallelLinear, CopyToParallelRegion, ReduceFromParallelRegion
 from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 3  # column 3; row 0 (both cases wrong; one rank right earns nothing); MLP 0 (both cases wrong)
+SCORE = 5  # f_and_g 2, column 3; row 0 (every case wrong; one rank right earns nothing); MLP 0
 # issue 58: the feedback used t without saying what it is
 LOSES = {"row_parallel_linear": (0, ("off by (t − 1) × the bias, t the ranks of the layer's group",
                                      "Add it after g's all-reduce, on every rank")),
-         "mlp_one_all_reduce_each_way": (0, ("out, the row-parallel layer", "off by (t − 1) × the bias"))}
+         "mlp_one_all_reduce_each_way": (0, ("out, the row-parallel layer", "off by (t − 1) × the bias")),
+         "traffic": (0, "traffic counts only for a right answer")}
 
 
 class RowParallelLinear(_Row):

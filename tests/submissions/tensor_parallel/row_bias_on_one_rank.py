@@ -9,13 +9,15 @@ row_parallel_linear's feedback lacks 'world size 2, rank 1: no gradient reached 
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from _tp_solution import ColumnParallelLinear, ReduceFromParallelRegion
+from _tp_solution import ColumnParallelLinear, CopyToParallelRegion, ReduceFromParallelRegion
 from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 3  # column 3; row 0 (wrong at 2 and 4 ranks; one rank right earns nothing); MLP 0 (wrong at 2 and 4)
-LOSES = {"row_parallel_linear": (0, "world size 2, rank 1: no gradient reached self.bias (is it used in forward?)"),
-         "mlp_one_all_reduce_each_way": (0, "no gradient reached out.bias")}
+SCORE = 5  # f_and_g 2, column 3; row 0 (wrong on 2, 3 and 4 ranks; one rank right earns nothing); MLP 0
+LOSES = {"row_parallel_linear": (0, ("world size 2, rank 1; world size 3, rank 1",
+                                     "rank 1: no gradient reached self.bias (is it used in forward?)")),
+         "mlp_one_all_reduce_each_way": (0, "no gradient reached out.bias"),
+         "traffic": (0, "traffic counts only for a right answer")}
 
 
 class RowParallelLinear(_Row):

@@ -6,14 +6,15 @@ layer's by ..."."""
 
 import torch.nn.functional as F
 
-from _tp_solution import ColumnParallelLinear
+from _tp_solution import ColumnParallelLinear, CopyToParallelRegion, ReduceFromParallelRegion  # g written, not used
 from _tp_solution import RowParallelLinear as _Row
 
 EXERCISE = "05_tensor_parallel"
-SCORE = 3  # column 3; row 0 and MLP 0 (wrong on 2 and 4 ranks; one rank right earns nothing)
+SCORE = 5  # f_and_g 2, column 3; row 0 and MLP 0 (wrong on 2, 3 and 4 ranks; one rank right earns nothing)
 LOSES = {"row_parallel_linear": (0, ("only this rank's partial sum", "g, after the row-parallel layer's product, "
                                      "must all-reduce the partial outputs in forward")),
-         "mlp_one_all_reduce_each_way": (0, ("no all-reduce in forward", "g's all-reduce"))}
+         "mlp_one_all_reduce_each_way": (0, ("no all-reduce in forward", "g's all-reduce")),
+         "traffic": (0, "row: in forward, nothing; the least is one all-reduce of 48 elements")}
 
 
 class RowParallelLinear(_Row):

@@ -1,5 +1,5 @@
 """Both layers built on coursekit's own (ColumnParallelLinear.from_dense): nothing written. While exercise 05 is
-graded its answers are held back (coursekit.answers.ANSWERS: the layers' forward; f and g are given), so the
+graded its answers are held back (coursekit.answers.ANSWERS: the layers' forward, f and g), so the
 inherited forward refuses with the sentence that names it, on every case (one rank too). Behind that, a second
 wall: the library's collectives look torch's up at each call, and grading switches those off.
 
@@ -12,8 +12,10 @@ import coursekit.parallel.tensor as library
 EXERCISE = "05_tensor_parallel"
 SCORE = 0
 HELD = ("ParallelLinear.forward was called: it is coursekit's own answer to exercise 05_tensor_parallel",
-        "write the two layers yourself")
-LOSES = {"column_parallel_linear": (0, HELD), "row_parallel_linear": (0, HELD), "mlp_one_all_reduce_each_way": (0, HELD)}
+        "write f, g and the two layers yourself")
+HELD_FG = "copy_to_parallel_region was called: it is coursekit's own answer to exercise 05_tensor_parallel"
+LOSES = {name: (0, HELD) for name in ("column_parallel_linear", "row_parallel_linear", "mlp_one_all_reduce_each_way")} | {
+    name: (0, HELD_FG) for name in ("f_and_g", "traffic")}
 
 
 class ColumnParallelLinear(library.ColumnParallelLinear):
@@ -28,3 +30,11 @@ class RowParallelLinear(library.RowParallelLinear):
         built = library.RowParallelLinear.from_dense(dense, group)
         super().__init__(dense.in_features, dense.out_features, group=group, index=built.index)
         self.load_state_dict(built.state_dict())
+
+
+class CopyToParallelRegion:  # f and g: the library's, by the names the exercise asks for
+    apply = staticmethod(library.copy_to_parallel_region)
+
+
+class ReduceFromParallelRegion:
+    apply = staticmethod(library.reduce_from_parallel_region)
