@@ -4,6 +4,8 @@ Each chapter imports its experiment from here; no algorithm imports one.
 
 * ``pipeline_sweep`` -- P7 measured (chapter 04): 1F1B and GPipe against one process running the same
   micro-batches, for m in a list: speed-up beside the ideal, bubble beside the formula, activation bytes;
+* ``pipeline_schedules`` -- the four schedules raced on real ranks where compute dominates (chapter 04,
+  section 4): measured bubble and step beside the plan, paired repeats;
 * ``tensor_versus_model`` -- P10 measured (chapter 05): tensor against model parallelism on the same wide MLP;
 * ``chunk_local_accuracy`` -- what attention that stays inside its chunk loses on a copy task (chapter 06);
 * ``ring_overlap`` -- how much of ring attention's transfers its compute hides (chapter 06);
@@ -17,6 +19,7 @@ Each chapter imports its experiment from here; no algorithm imports one.
 
 from .pipeline_sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired,
                              pipeline_sweep, same_work_step, sweep_steps)
+from .pipeline_schedules import RACE_CONFIGS, RACE_LINE, RaceRow, format_race, race_steps, schedule_race
 from .tensor_versus_model import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .chunk_local_accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
                                    per_position_loss, train_one_process)
@@ -26,6 +29,7 @@ from .recompute import RecomputeRow, format_table, recompute_table, table2_share
 
 __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps",
            "SweepResult", "pipeline_sweep",
+           "RACE_CONFIGS", "RACE_LINE", "RaceRow", "race_steps", "schedule_race", "format_race",
            "VARIANTS", "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times",
            "EVAL_STEP", "CopyData", "chunk_local_losses", "copy_task_losses", "needs_other_chunk", "per_position_loss",
            "train_one_process", "hidden_share", "transfers_alone",
