@@ -301,11 +301,12 @@ print(format_race(race))
 
 # %% [markdown]
 # **Takeaway:** on real ranks the bubbles keep the plan's order: GPipe and 1F1B the largest, then
-# interleaving, then ZB-H1; the steps shorten with them.
+# interleaving, then ZB-H1.
 #
-# Interleaving pays for its smaller bubble with messages: each micro-batch crosses between the ranks three times
-# instead of once. On 2 CPU cores the waits for them can eat much of what it saves. On GPUs, with fast links,
-# sending costs little beside the compute.
+# A step gains less than its bubble promises. Interleaving pays for its smaller bubble with messages: each
+# micro-batch crosses between the ranks three times instead of once, and on 2 CPU cores the waits for them can
+# eat what it saves. ZB-H1's W allocates a fresh gradient for each weight, which costs a CPU more than a GPU.
+# On GPUs, with fast links and a caching allocator, both costs are small beside the compute.
 #
 # <details><summary>How this was measured</summary>
 #
