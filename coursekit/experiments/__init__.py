@@ -6,6 +6,8 @@ Each chapter imports its experiment from here; no algorithm imports one.
   micro-batches, for m in a list: speed-up beside the ideal, bubble beside the formula, activation bytes;
 * ``data_parallel_speedup`` -- P4 measured (chapter 02): one process against 2 data-parallel ranks, waiting
   and overlapped, on a model that computes much more per byte it sends; optionally behind an emulated link;
+* ``pipeline_schedules`` -- the four schedules raced on real ranks where compute dominates (chapter 04,
+  section 4): measured bubble and step beside the plan, paired repeats;
 * ``tensor_versus_model`` -- P10 measured (chapter 05): tensor against model parallelism on the same wide MLP;
 * ``chunk_local_accuracy`` -- what attention that stays inside its chunk loses on a copy task (chapter 06);
 * ``ring_overlap`` -- how much of ring attention's transfers its compute hides (chapter 06);
@@ -20,6 +22,7 @@ Each chapter imports its experiment from here; no algorithm imports one.
 from .pipeline_sweep import (SWEEP_VARIANTS, Recomputed, SweepResult, balanced_mlp, in_flight_waits, paired,
                              pipeline_sweep, same_work_step, sweep_steps)
 from .data_parallel_speedup import DP_VARIANTS, LinkedDataParallel, dp_step_times
+from .pipeline_schedules import RACE_CONFIGS, RACE_LINE, RaceRow, format_race, race_steps, schedule_race
 from .tensor_versus_model import VARIANTS, ResidualMLP, step_times, tensor_parallel_blocks, wide_mlp
 from .chunk_local_accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy_task_losses, needs_other_chunk,
                                    per_position_loss, train_one_process)
@@ -30,6 +33,7 @@ from .recompute import RecomputeRow, format_table, recompute_table, table2_share
 __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps",
            "SweepResult", "pipeline_sweep",
            "DP_VARIANTS", "LinkedDataParallel", "dp_step_times",
+           "RACE_CONFIGS", "RACE_LINE", "RaceRow", "race_steps", "schedule_race", "format_race",
            "VARIANTS", "ResidualMLP", "wide_mlp", "tensor_parallel_blocks", "step_times",
            "EVAL_STEP", "CopyData", "chunk_local_losses", "copy_task_losses", "needs_other_chunk", "per_position_loss",
            "train_one_process", "hidden_share", "transfers_alone",

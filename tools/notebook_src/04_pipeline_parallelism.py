@@ -1,4 +1,4 @@
-# ci_parameters: {"SPEED_STEPS": 3, "SWEEP_M": [1, 2, 4, 8], "SWEEP_WIDTH": 512, "SWEEP_BATCH": 128, "SWEEP_ITERS": 3}
+# ci_parameters: {"SPEED_STEPS": 3, "SWEEP_M": [1, 2, 4, 8], "SWEEP_WIDTH": 512, "SWEEP_BATCH": 128, "SWEEP_ITERS": 3, "RACE_WIDTH": 512, "RACE_BATCH": 128, "RACE_ITERS": 3}
 # %% [markdown]
 # # 04 · Pipeline parallelism: micro-batches fill the chain
 #
@@ -35,6 +35,9 @@ SWEEP_M = [1, 2, 4, 8, 16]     # m of the P7 sweep (section 6), at a fixed globa
 SWEEP_WIDTH = 1024             # its MLP's width: wide, so that compute dominates
 SWEEP_BATCH = 256              # its global batch
 SWEEP_ITERS = 7                # paired iterations per m
+RACE_WIDTH = 2048              # the MLP the four schedules race on (section 4): wide, so that compute dominates
+RACE_BATCH = 256               # its global batch
+RACE_ITERS = 7                 # repeats of the four schedules
 
 # %%
 # %matplotlib inline
@@ -224,29 +227,23 @@ for k, (name, v, m) in enumerate(RUNS):
 print("\n".join(refused))
 
 # %% [markdown]
-# Now the timelines: the plan above, the measured run below, at m = 4. Each action's real start and end are
-# recorded on every rank, on a shared clock.
+# Now the speed. On the course transformer every action's fixed cost is as large as its work; the last
+# section shows what that does. So the timed runs use layers where computing dominates: an MLP of 8 layers,
+# `RACE_WIDTH` wide, on 2 ranks with a core each, at m = 4. Each repeat runs the four schedules back to back,
+# so whatever else the machine does slows all four alike.
 #
-# The measured bubble uses the plan's definition: the share of the window from the first forward to the last
-# backward in which a rank does not compute. After the last action, the dashed line, the step goes on: sends
-# finish, the tied embedding's gradient is summed, the optimiser steps. That tail does not shrink with *m*, so
-# the titles give it apart.
+# Below, each schedule's plan sits above its measured step, the repeat with the median time. Each action's real
+# start and end are recorded on every rank, on a shared clock. The measured bubble uses the plan's
+# definition: the share of the window from the first forward to the last backward in which a rank does not
+# compute.
 
-# %%
+# %% tags=["nbval-ignore-output"]
+from coursekit.experiments.pipeline_schedules import format_race, race_steps, schedule_race
+
 TIMELINE_M = 4
-
-
-def timeline(rank, world_size, name, v, m=TIMELINE_M):
-    result = train(rank, world_size, "pipeline", schedule=name, stages_per_rank=v, micro_batches=m,
-                   model="transformer", steps=2, global_batch=GLOBAL_BATCH, trace=True, record=False)
-    last = max(s.start for s in result["spans"] if s.name.startswith("F0@s0"))  # the second step only
-    return [s for s in result["spans"] if s.start >= last]
-
-
-measured = {}
-for name, v in configs:
-    spans = coursekit.launch(timeline, RUN_RANKS, name, v, timeout=300)[0]
-    measured[name] = spans
+race = schedule_race(TIMELINE_M, batch=RACE_BATCH, width=RACE_WIDTH, iterations=RACE_ITERS)
+for row in race:
+    name, v, spans = row.schedule, row.v, row.spans
     fig = draw_plan_and_measured(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)), spans,
                                  title=f"{name}, measured on {RUN_RANKS} ranks")
     plt.show()
@@ -278,8 +275,9 @@ def show(measure: bool) -> None:
             print(error)
             return
         if measure:
-            spans = cluster.run(timeline, name, v, m, timeout=120)[0]
-            fig = draw_plan_and_measured(plan(chosen), spans, title=f"{name}, m = {m}, measured on {RUN_RANKS} ranks")
+            ran = cluster.run(race_steps, m, RACE_BATCH, RACE_WIDTH, 8, 1, ((name, v),), timeout=120)
+            fig = draw_plan_and_measured(plan(chosen), ran[0]["spans"][name][0],
+                                         title=f"{name}, m = {m}, measured on {RUN_RANKS} ranks")
         else:
             fig = draw_plan(plan(chosen), title=f"{name}, m = {m}: planned (press the button to run it)")
         display(fig)
@@ -293,43 +291,38 @@ show(measure=False)
 display(widgets.VBox([widgets.HBox([choice, micro, run_button]), run_output]))
 
 # %% [markdown]
-# The measured boxes keep the plan's order, but not its lengths. Every action here carries a fixed cost:
-# Python, autograd's bookkeeping, a gloo message that wakes another process. For a model this small that cost
-# is as large as the work. So the measured bubble sits far above the plan, and the ranking of the schedules can
-# change from run to run.
-#
-# <details><summary>Why the measured lengths differ from the plan</summary>
-#
-# A real backward need not take two forwards' time. The stages are balanced by parameters, not time; in the
-# interleaved run the chunks holding only the embedding or the head are tiny next to those holding a block.
-# ZB-H1's B computes only the input gradient and W the weight gradients, dW = dYᵀ·X, from what B kept
-# (`coursekit.parallel.pipeline.split_backward`, as `torch.distributed.pipelining` splits it). So B + W cost one
-# backward, and W fills the bubble. What decides is the step: the table gives each schedule's measured step,
-# and the last line names the fastest.
-# </details>
+# Each schedule's bubble and step, over the repeats: the median, then the lowest and the highest. The last
+# column is the step's median ratio to 1F1B's in the same repeat.
 
 # %% tags=["nbval-ignore-output"]
-print(f"{'schedule':<12} {'planned':>8} {'measured':>9} {'step':>9}   tail after the actions (share of the step)")
-planned, bubble, step_ms = {}, {}, {}
-for name, spans in measured.items():
-    v = dict(configs)[name]
-    planned[name] = float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction)
-    step = measured_bubble(spans)
-    bubble[name] = step.bubble
-    step_ms[name] = (max(s.end for s in spans) - min(s.start for s in spans)) * 1e3
-    print(f"{name:<12} {planned[name]:>8.1%} {bubble[name]:>9.1%} {step_ms[name]:>6.1f} ms   "
-          f"{step.tail * 1e3:.1f} ms ({step.tail_share:.0%})")
+print(f"MLP of 8 layers {RACE_WIDTH} wide, {RACE_BATCH} samples a step, {RUN_RANKS} ranks, m = {TIMELINE_M}, "
+      f"{RACE_ITERS} repeats: median [lowest, highest]")
+print(format_race(race))
 
-
-def extreme(values, pick):
-    return " and ".join(name for name in values if values[name] == pick(values.values()))
-
-
-above = [name for name in bubble if bubble[name] > planned[name]]
-print(f"\nmeasured above planned: {', '.join(above) or 'none'}; smallest bubble: planned {extreme(planned, min)}, "
-      f"measured {extreme(bubble, min)}; largest: planned {extreme(planned, max)}, measured {extreme(bubble, max)}")
-print(f"fastest step: {extreme(step_ms, min)} ({min(step_ms.values()):.1f} ms); slowest: "
-      f"{extreme(step_ms, max)} ({max(step_ms.values()):.1f} ms)")
+# %% [markdown]
+# **Takeaway:** on real ranks the bubbles keep the plan's order: GPipe and 1F1B the largest, then
+# interleaving, then ZB-H1.
+#
+# A step gains less than its bubble promises. Interleaving pays for its smaller bubble with messages: each
+# micro-batch crosses between the ranks three times instead of once, and on 2 CPU cores the waits for them can
+# eat what it saves. ZB-H1's W allocates a fresh gradient for each weight, which costs a CPU more than a GPU.
+# On GPUs, with fast links and a caching allocator, both costs are small beside the compute.
+#
+# <details><summary>How this was measured</summary>
+#
+# `schedule_race` runs, in each repeat, the four schedules back to back, each after a barrier, in an order that
+# rotates from repeat to repeat. A step is forward and backward of the whole batch on the slowest rank; no
+# optimiser step, the same for all. Interleaving cuts the model in four chunks of two layers, the others in two
+# stages of four. The first layer is 1.5 times wider, so that every stage costs the same. At 1,024 wide, a
+# chunk's compute is too short beside its messages: interleaving's measured bubble comes out larger than
+# 1F1B's.
+#
+# ZB-H1's B computes only the input gradient and W the weight gradients, dW = dYᵀ·X, from what B kept
+# (`coursekit.parallel.pipeline.split_backward`, as `torch.distributed.pipelining` splits it). B and W together
+# run exactly one backward's matrix products. W adds each weight's gradient as soon as it is computed, as one
+# backward does. Holding them all until the end made the memory allocator fetch fresh pages for each, and W's
+# products ran 1.7 times slower.
+# </details>
 
 # %% [markdown]
 # ## 5. Activation memory, measured
@@ -520,71 +513,7 @@ print(f"the uneven cut's bubble: {100 * (plan_a - plan_b):+.1f} points planned a
 # `PipelineModule(partition_method=...)` does.
 
 # %% [markdown]
-# ## 8. When pipelining brings little (P7, P10)
-#
-# P7 warns that "for small models or slow links the gain may be small". Section 6 built the case where compute
-# dominates. Here is the counter-case: the course transformer, a few thousand parameters a layer, on `RUN_RANKS`
-# ranks. Step time as *m* grows, against one process running the same micro-batches and, dashed, one process on
-# the whole batch.
-
-# %%
-def step_times(rank, world_size, ms):
-    out = {}
-    for m in ms:
-        result = train(rank, world_size, "pipeline", schedule="1f1b", micro_batches=m, model="transformer",
-                       steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, record=False)
-        out[m] = sorted(result["step_times"][1:])[len(result["step_times"][1:]) // 2]
-    return out
-
-
-def one_process(m):
-    run = train(0, 1, "single", model="transformer", steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, micro_batches=m,
-                record=False)
-    return sorted(run["step_times"][1:])[len(run["step_times"][1:]) // 2]
-
-
-same_work = {m: one_process(m) for m in RUN_MICRO_BATCHES}
-single = one_process(1)  # the whole batch at once
-piped = coursekit.launch(step_times, RUN_RANKS, RUN_MICRO_BATCHES, timeout=300)
-slowest = {m: max(piped[r][m] for r in range(RUN_RANKS)) for m in RUN_MICRO_BATCHES}
-fig, ax = plt.subplots(figsize=(6.5, 3.2))
-ax.plot(RUN_MICRO_BATCHES, [slowest[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="o", label=f"1F1B on {RUN_RANKS} ranks")
-ax.plot(RUN_MICRO_BATCHES, [same_work[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="s", color="grey",
-        label="one process, the same m micro-batches")
-ax.axhline(single * 1e3, color="black", linestyle="--", label="one process, the whole batch")
-ax.set(xlabel="micro-batches m", ylabel="ms per step (median)", xticks=RUN_MICRO_BATCHES,
-       title=f"course transformer, global batch {GLOBAL_BATCH}")
-ax.legend(fontsize=8)
-fig.tight_layout()
-plt.show()
-for m in RUN_MICRO_BATCHES:
-    print(f"m = {m}: {slowest[m] * 1e3:6.1f} ms per step; {same_work[m] / slowest[m]:.2f}× one process running the "
-          f"same micro-batches ({same_work[m] * 1e3:.1f} ms), {single / slowest[m]:.2f}× one with the whole batch")
-m_max = max(RUN_MICRO_BATCHES)
-compute = single / (m_max * RUN_RANKS)  # one stage's share of one micro-batch, from the one-process step
-m_min = min(RUN_MICRO_BATCHES)
-added = (slowest[m_max] - slowest[m_min]) / (m_max - m_min)
-# the plan's step at m: (m + p - 1) micro-batch slots of single / (p m) each, so its bubble is (p - 1) single / (p m)
-removed = (RUN_RANKS - 1) * single / RUN_RANKS * (1 / m_min - 1 / m_max) / (m_max - m_min)
-print(f"\none stage's compute per micro-batch at m = {m_max}: about {compute * 1e3:.2f} ms; "
-      f"each extra micro-batch changed the step by {added * 1e3:+.2f} ms ({added / compute:+.1f}x that compute), "
-      f"where the plan says each removes {removed * 1e3:.2f} ms of bubble on average")
-
-# %% [markdown]
-# **Takeaway:** for a model this small, each extra micro-batch costs more in fixed overhead than the bubble it
-# removes.
-#
-# Every micro-batch adds a forward, a backward, a send and a receive on every stage, each with a fixed cost.
-# The last line above compares what one more micro-batch cost with one stage's compute and with the bubble it
-# removes. Section 6's wide MLP runs the same code; there the fixed costs are small beside the compute.
-#
-# On a real cluster the proportions change. A stage of a large model computes a micro-batch in tens of
-# milliseconds, and sending its activations takes a fraction of that. Then the formula is what you pay: at
-# p = 4 and m = 8 with 1F1B, 3/11 of the time idle, against 3/4 with one micro-batch. So pipelining is a tool
-# for models too large for one GPU. For a small model, P10 says data parallelism is usually best.
-
-# %% [markdown]
-# ## 9. The same thing in PyTorch: `torch.distributed.pipelining`
+# ## 8. The same thing in PyTorch: `torch.distributed.pipelining`
 #
 # PyTorch's own pipelining runs the *same* stages with its schedules `ScheduleGPipe`, `Schedule1F1B` and
 # `ScheduleInterleaved1F1B`. The training loop registers it as the strategy `"torch_pipeline"`. Torch has no
@@ -630,7 +559,77 @@ for name, t in times.items():
           f"ratio {t['pipeline'] / t['torch_pipeline']:.2f}")
 
 # %% [markdown]
+# ## 9. When it does not pay on a laptop
+#
+# Does pipelining pay for any model? Here is the course transformer, a few thousand parameters a layer, on
+# `RUN_RANKS` ranks. Left, the four schedules at m = 4. Right, 1F1B's step as *m* grows, against one process
+# running the same micro-batches and, dashed, one process on the whole batch.
+
+# %% tags=["nbval-ignore-output"]
+def timeline(rank, world_size, name, v, m=TIMELINE_M):
+    result = train(rank, world_size, "pipeline", schedule=name, stages_per_rank=v, micro_batches=m,
+                   model="transformer", steps=2, global_batch=GLOBAL_BATCH, trace=True, record=False)
+    last = max(s.start for s in result["spans"] if s.name.startswith("F0@s0"))  # the second step only
+    return [s for s in result["spans"] if s.start >= last]
+
+
+def step_times(rank, world_size, ms):
+    out = {}
+    for m in ms:
+        result = train(rank, world_size, "pipeline", schedule="1f1b", micro_batches=m, model="transformer",
+                       steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, record=False)
+        out[m] = sorted(result["step_times"][1:])[len(result["step_times"][1:]) // 2]
+    return out
+
+
+def one_process(m):
+    run = train(0, 1, "single", model="transformer", steps=SPEED_STEPS, global_batch=GLOBAL_BATCH, micro_batches=m,
+                record=False)
+    return sorted(run["step_times"][1:])[len(run["step_times"][1:]) // 2]
+
+
+small = {name: measured_bubble(coursekit.launch(timeline, RUN_RANKS, name, v, timeout=300)[0]) for name, v in configs}
+same_work = {m: one_process(m) for m in RUN_MICRO_BATCHES}
+single = one_process(1)  # the whole batch at once
+piped = coursekit.launch(step_times, RUN_RANKS, RUN_MICRO_BATCHES, timeout=300)
+slowest = {m: max(piped[r][m] for r in range(RUN_RANKS)) for m in RUN_MICRO_BATCHES}
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.4))
+names = [name for name, _ in configs]
+planned = [float(plan(make_schedule(name, RUN_RANKS, TIMELINE_M, v)).bubble_fraction) for name, v in configs]
+left.bar([k - 0.2 for k in range(len(names))], [100 * b for b in planned], width=0.4, color="grey", label="planned")
+left.bar([k + 0.2 for k in range(len(names))], [100 * small[n].bubble for n in names], width=0.4, label="measured")
+left.set(xticks=range(len(names)), xticklabels=names, ylabel="bubble (%)",
+         title=f"course transformer, m = {TIMELINE_M}: the four schedules")
+left.legend(fontsize=8)
+right.plot(RUN_MICRO_BATCHES, [slowest[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="o", label=f"1F1B on {RUN_RANKS} ranks")
+right.plot(RUN_MICRO_BATCHES, [same_work[m] * 1e3 for m in RUN_MICRO_BATCHES], marker="s", color="grey",
+           label="one process, the same m micro-batches")
+right.axhline(single * 1e3, color="black", linestyle="--", label="one process, the whole batch")
+right.set(xlabel="micro-batches m", ylabel="ms per step (median)", xticks=RUN_MICRO_BATCHES,
+          title=f"course transformer, global batch {GLOBAL_BATCH}")
+right.legend(fontsize=8)
+fig.tight_layout()
+plt.show()
+for (name, v), b in zip(configs, planned):
+    print(f"{name:<12} planned {b:5.1%} bubble {small[name].bubble:5.1%} "
+          f"step {(small[name].window + small[name].tail) * 1e3:6.1f} ms")
+for m in RUN_MICRO_BATCHES:
+    print(f"m = {m}: 1F1B {slowest[m] * 1e3:6.1f} ms per step; one process {same_work[m] * 1e3:.1f} ms on the same "
+          f"micro-batches, {single * 1e3:.1f} ms on the whole batch")
+
+# %% [markdown]
+# For layers this small, each action's fixed cost (Python, autograd's bookkeeping, waking the other process) is
+# as large as its work. And the threads that carry the messages share the 2 cores with the ranks computing.
+#
+# **Takeaway:** for a small model the fixed costs decide, not the bubble: the smallest plan need not run
+# fastest, and more micro-batches cost more than the bubble they remove. Pipelining is for models too large
+# for one GPU; for a small one, data parallelism is usually best (P10).
+#
+# On a cluster the proportions change. A stage of a large model computes a micro-batch in tens of milliseconds,
+# and sending its activations takes a fraction of that. Then the plan is what you pay.
+
+# %% [markdown]
 # **Exercise** `exercises/04_pipeline_schedule.ipynb`: write 1F1B, its messages included, for any p and m from its
 # contract. The validator checks it, its bubble and peak activations are compared with the formulas, and it runs
 # on real ranks against one process.
-
