@@ -443,9 +443,9 @@ for stage, strategy in enumerate(labels):
 # The DP row uses chapter 01's ring once per gradient tensor. ZeRO lays all parameters in one flat buffer, cuts it
 # into buckets and runs the ring bucket by bucket; rank r owns segment (r + 1) mod N of every bucket. ZeRO-3
 # does the same unit by unit. The peak's formulas are `coursekit.measure.memory.peak_held_bytes` and, for
-# ZeRO-3, `unit_peak_held_bytes`. In ZeRO-3 the root, the embeddings and the tied head, stays gathered through
-# forward and backward, because the tied weight is used first and last. One unit's reduce-scatter is in flight
-# at a time; before the next starts, only my segment of it stays.
+# ZeRO-3, `unit_peak_held_bytes`. In ZeRO-3 the root, the embeddings, the norms and the tied head, stays
+# gathered through forward and backward, because the tied weight is used first and last. One unit's
+# reduce-scatter is in flight at a time; before the next starts, only my segment of it stays.
 # </details>
 
 # %% tags=["nbval-check-output"]

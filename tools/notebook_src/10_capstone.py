@@ -283,7 +283,8 @@ for name, measured, modeled in rows:
 # **Takeaway:** every layout but dp4 zero3 holds the cost model's bytes, give or take Adam's step counters.
 #
 # Those counters, one per parameter tensor, are the few hundred bytes of difference. ZeRO-3 holds more than its
-# shards for a moment: two layers and the embeddings gathered, and the full gradients of the layers being reduced.
+# shards for a moment: two layers, the embeddings and the norms gathered, and the full gradients of the layers
+# being reduced.
 # Tensor and pipeline parallelism cut what a rank holds. Data and sequence parallelism alone do not, and ZeRO-1
 # cuts Adam's moments.
 #

@@ -39,13 +39,18 @@ def default_units(model: nn.Module) -> list[str]:
     return names
 
 
+_NORMS = tuple(getattr(nn, name) for name in ("LayerNorm", "RMSNorm") if hasattr(nn, name))
+
+
 def layer_units(model: nn.Module) -> list[str]:
     """Every child of a :func:`default_units` module that holds parameters, in registration order (the
-    course's blocks run their children in that order): a transformer block's norms, attention and MLP layers
-    each a unit. With one prefetch a rank holds two of these at once instead of two whole blocks."""
+    course's blocks run their children in that order), but its norms: a transformer block's attention and MLP
+    layers each a unit. With one prefetch a rank holds two of these at once instead of two whole blocks. The
+    norms stay with the root: a unit costs three collectives a step, and a norm holds a few hundred elements."""
     modules = dict(model.named_modules())
     return [f"{unit}.{child}" for unit in default_units(model)
-            for child, module in modules[unit].named_children() if any(True for _ in module.parameters())]
+            for child, module in modules[unit].named_children()
+            if not isinstance(module, _NORMS) and any(True for _ in module.parameters())]
 
 
 class Job:
