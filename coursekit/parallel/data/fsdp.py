@@ -39,8 +39,8 @@ free, :attr:`ShardedUnits.peak_param_bytes`)::
 The root is gathered for the whole forward (and again for the whole backward):
 it holds the **tied** embedding/head weight, used by the first and the last
 layer, and a parameter must stay gathered from its first use to its last (a
-parameter used by a module outside its unit raises ``ValueError``). Today's
-ZeRO-3 peaks at ``Σ segments + Ψ``. The gradients peak at the root's full gradient, the unit
+parameter used by a module outside its unit raises ``ValueError``). The
+whole-model ``ZeRO(stage=3)`` (``"zero3"``) peaks at ``Σ segments + Ψ``. The gradients peak at the root's full gradient, the unit
 being filled and the one being reduce-scattered, beside my segments' gradients
 (:func:`coursekit.measure.memory.unit_peak_held_bytes` counts every kind). **Frozen** parameters are kept whole on
 every rank, outside every flat buffer: never sent, never updated.
