@@ -108,27 +108,31 @@ def test_unit_formula_on_a_hand_worked_example():
     assert unit_peak_held_bytes([10, 6, 8], 4, 2, 0, prefetch=False)["params"] == 4 * (4 + 10) + 4 * 14
 
 
-def _capstone_peaks(zero: int) -> list[dict]:
+def _capstone(zero: int) -> tuple[list[dict], list[float]]:
     from coursekit.capstone.run import Config, run
-    config = Config(dp=4, zero=zero, steps=2, quiet=True)
-    return [{k: r["peak_memory"][k] for k in KINDS} for r in coursekit.launch(run, 4, config, timeout=TIMEOUT)]
+    ranks = coursekit.launch(run, 4, Config(dp=4, zero=zero, steps=2, quiet=True), timeout=TIMEOUT)
+    return [{k: r["peak_memory"][k] for k in KINDS} for r in ranks], ranks[0]["losses"]
 
 
 def test_capstone_zero3_gathers_one_layer_at_a_time():
     """``python -m coursekit.capstone --dp 4 --zero 3`` trains per-unit ZeRO-3, a unit per layer: every rank's
     peak, kind by kind, is ``unit_peak_held_bytes`` of the capstone's model cut by ``layer_units``; the sum
     is below ``--zero 2``'s and above the cost model's fully sharded 16Ψ/N only by what is gathered or being
-    reduced. Planted, seen failing: ``--zero 3`` back on the whole-model ``"zero3"``: "rank 0, params:
-    measured 1011840 != formula 351616"."""
+    reduced; its losses are one process's. Planted, seen failing: ``--zero 3`` back on the whole-model ``"zero3"``: "rank 0, params:
+    measured 1011840 != formula 351616"; the first unit's gradient
+    segment negated when it is settled: "step 1: loss 2.7349621057510376 against one process's 2.7400712966918945"
+    (a gradient scaled by 4/5 is not caught here: Adam's step does not change with the gradient's scale)."""
     from coursekit.bench.capstone import modeled_state
-    from coursekit.capstone.run import Config
+    from coursekit.capstone.run import Config, one_process_losses
     config = Config(dp=4, zero=3)
     model = tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,
                              n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
     modules = dict(model.named_modules())
     sizes = [sum(p.numel() for p in modules[name].parameters()) for name in layer_units(model)]
     root = sum(p.numel() for p in model.parameters()) - sum(sizes)
-    zero3, zero2 = _capstone_peaks(3), _capstone_peaks(2)
+    (zero3, losses), (zero2, _) = _capstone(3), _capstone(2)
+    for step, (got, want) in enumerate(zip(losses, one_process_losses(Config(steps=2)))):
+        assert abs(got - want) <= 1e-5 * abs(want), f"step {step}: loss {got!r} against one process's {want!r}"
     for rank, peak in enumerate(zero3):
         want = unit_peak_held_bytes(sizes, root, 4, rank)
         for kind in KINDS:

@@ -136,5 +136,7 @@ class ZeroStrategy(Strategy):
 
 for _stage in (1, 2, 3):
     _options = dict(ZeroStrategy.options, bucket_cap_mb=DDP_BUCKET_CAP_MB if _stage == 1 else megabytes(55_000))
+    _doc = f"ZeRO stage {_stage}." if _stage < 3 else \
+        "ZeRO stage 3, the whole model gathered at once (one unit at a time: 'zero3_units')."
     register(f"zero{_stage}")(type(f"Zero{_stage}", (ZeroStrategy,), {"stage": _stage, "options": _options,
-                                                                     "__doc__": f"ZeRO stage {_stage}."}))
+                                                                     "__doc__": _doc}))
