@@ -40,10 +40,12 @@ The root is gathered for the whole forward (and again for the whole backward):
 it holds the **tied** embedding/head weight, used by the first and the last
 layer, and a parameter must stay gathered from its first use to its last (a
 parameter used by a module outside its unit raises ``ValueError``). The
-whole-model ``ZeRO(stage=3)`` (``"zero3"``) peaks at ``Σ segments + Ψ``. The gradients peak at the root's full gradient, the unit
-being filled and the one being reduce-scattered, beside my segments' gradients
-(:func:`coursekit.measure.memory.unit_peak_held_bytes` counts every kind). **Frozen** parameters are kept whole on
-every rank, outside every flat buffer: never sent, never updated.
+whole-model ``ZeRO(stage=3)`` (``"zero3"``) peaks at ``Σ segments + Ψ``. The
+gradients peak at the root's full gradient, the unit being filled and the one
+being reduce-scattered, beside my segments' gradients
+(:func:`coursekit.measure.memory.unit_peak_held_bytes` counts every kind).
+**Frozen** parameters are kept whole on every rank, outside every flat buffer:
+never sent, never updated.
 
 **Traffic** per step, summed over ranks, with the ring: every unit is
 all-gathered twice and reduce-scattered once, ``(N−1)·n_u`` elements each, so
