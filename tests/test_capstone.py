@@ -98,7 +98,7 @@ def _same_curve(losses: list[float], reference: list[float]) -> None:
 
 
 # Under torchrun, the layouts whose start differs: the composed strategy on two axes with a pipeline and ring
-# attention (every kind of group it builds), and ZeRO-3 of a whole model (the other strategy run() picks); the two-node
+# attention (every kind of group it builds), and per-unit ZeRO-3 (the other strategy run() picks); the two-node
 # test below adds dp2×tp2 over two agents. Every other layout's numbers are the same code under coursekit.launch,
 # held to one process in tests/test_parallel_hybrid.py (eleven layouts, and dp2×tp2×pp2 on 8 ranks): here each
 # torchrun costs a fresh interpreter importing torch per rank, 20-26 s of make test's time.

@@ -18,9 +18,10 @@ Two columns come from chapter 08's cost model (:mod:`coursekit.costmodel`), whic
 
 Targets (``--check``): every layout's loss curve equals one process's (relative 1e-5 at every step), and each
 layout's measured model-state peak equals the cost model's count plus Adam's step counters (one 4-byte scalar
-per parameter tensor it updates, at most one per tensor of the model, which the cost model does not count). Not ZeRO-3's:
-its peak also holds parameters gathered for compute (chapter 02's ZeRO-3 gathers the whole model at once, the
-cost model a layer), shown in the table, not a target.
+per parameter tensor it updates, at most one per tensor of the model, which the cost model does not count). ZeRO-3's
+peak also holds two layers, the embeddings and the norms gathered for compute and the full gradients of the layers being
+reduced, which these columns of the cost model leave out: its target is per-unit ZeRO-3's own count
+(:func:`~coursekit.measure.memory.unit_peak_held_bytes`, the largest rank's).
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ import os
 from ..capstone import Config, one_process_losses, run
 from ..costmodel import Hardware, Layout, ModelConfig, memory_per_gpu, step_time
 from ..launch import launch
+from ..measure.memory import unit_peak_held_bytes
 from ..models import tiny_transformer
+from ..parallel.data import layer_units
 
 LAYOUTS = [  # label, degrees and options of Config
     ("single", {}),
@@ -64,6 +67,16 @@ def modeled_state(config: Config) -> int:
                     micro_batches=config.microbatches)
     m = memory_per_gpu(model, layout, micro_batch=1, precision="fp32", dropout=False)
     return int(m.params + m.grads + m.optimizer)
+
+
+def zero3_state(config: Config) -> int:
+    """Per-unit ZeRO-3's model-state peak on the most loaded rank, each kind at its own peak, a unit per layer."""
+    model = tiny_transformer(seed=config.seed, vocab_size=config.vocab, d_model=config.d_model,
+                             n_heads=config.heads, n_layers=config.layers, max_seq_len=config.seq_len)
+    modules = dict(model.named_modules())
+    sizes = [sum(p.numel() for p in modules[name].parameters()) for name in layer_units(model)]
+    root = sum(p.numel() for p in model.parameters()) - sum(sizes)
+    return max(sum(unit_peak_held_bytes(sizes, root, config.dp, r).values()) for r in range(config.dp))
 
 
 def at_scale(config: Config, gpus: int = 1024, global_batch: int = 1024) -> tuple[float, float] | None:
@@ -103,7 +116,10 @@ def main(argv: list[str]) -> list[tuple[str, str, bool]]:
         print(f"| {label} | {config.world_size} | {got['tokens_per_s']:,.0f} | {got['state']:,} B | {modeled:,} B | "
               f"{got['total'] / 2**20:.2f} MiB | {where} |", flush=True)
         extra = got["state"] - modeled
-        if config.zero == 3:  # its peak holds gathered parameters too: chapter 02's ZeRO-3 gathers the whole model
+        if config.zero == 3:  # its peak holds gathered layers and full gradients too: its own formula counts them
+            counted = zero3_state(config)
+            targets.append((f"{label}: measured model state = per-unit ZeRO-3's count (unit_peak_held_bytes)",
+                            f"{got['state']:,} = {counted:,}", got["state"] == counted))
             continue
         targets.append((f"{label}: measured model state = the cost model's + Adam's step counters",
                         f"{got['state']:,} = {modeled:,} + {extra:,}", 0 <= extra <= 4 * tensors and extra % 4 == 0))

@@ -73,7 +73,8 @@ def parse(argv: list[str] | None = None) -> Config:
                        ("sp", "sequence (ring attention)")):
         layout.add_argument(f"--{axis}", type=int, default=1, help=f"{what} parallel degree (default 1)")
     layout.add_argument("--zero", type=int, default=0,
-                        help="ZeRO stage over dp: 0 (none), 1 with any layout, 2 and 3 on pure data parallelism")
+                        help="ZeRO stage over dp: 0 (none), 1 with any layout, 2 and 3 (a layer gathered at a time) "
+                             "on pure data parallelism")
     layout.add_argument("--schedule", default=d.schedule, help="gpipe, 1f1b, interleaved or zb_h1")
     layout.add_argument("--stages-per-rank", type=int, default=1, help="v, for --schedule interleaved")
     layout.add_argument("--microbatches", type=int, default=1, help="per step and data-parallel slice (m)")

@@ -3,9 +3,11 @@
 :func:`run` is what every rank executes. It builds the one :class:`~coursekit.comm.mesh.Mesh` of the job from the
 degrees (``pp, dp, sp, tp``, tp innermost), the course transformer and its data from the seed, and hands all of
 it to the one training loop (:func:`coursekit.train.train`) with the composed strategy ``"hybrid"``
-(:mod:`coursekit.parallel.hybrid`) -- or, for ``--zero 2`` and ``3`` of a whole model, chapter 02's
-``"zero2"``/``"zero3"``; with ``experts > 0``, the transformer with MoE blocks and chapter 07's ``"expert"``, its
-experts spread over ``ep`` of the ``dp`` ranks (:mod:`coursekit.capstone.experts`). Rank 0 prints one line per step (loss, tokens/s) and writes the loss curve to a JSON log.
+(:mod:`coursekit.parallel.hybrid`) -- or, for ``--zero 2`` of a whole model, chapter 02's ``"zero2"``, and for
+``--zero 3`` its per-unit ZeRO-3, ``"zero3_units"`` with every layer of a block a unit
+(:func:`~coursekit.parallel.data.layer_units`: a rank holds at most two layers gathered at once); with
+``experts > 0``, the transformer with MoE blocks and chapter 07's ``"expert"``, its experts spread over ``ep``
+of the ``dp`` ranks (:mod:`coursekit.capstone.experts`). Rank 0 prints one line per step (loss, tokens/s) and writes the loss curve to a JSON log.
 
     >>> config = Config(dp=2, tp=2, steps=5)
     >>> coursekit.launch(run, config.world_size, config)[0]["losses"]       # doctest: +SKIP
@@ -32,6 +34,7 @@ import torch.distributed as dist
 
 from ..comm.mesh import Mesh
 from ..models import LanguageData, loss_fn, tiny_transformer
+from ..parallel.data import layer_units
 from ..parallel.hybrid import Refusal, layout_problem, mesh_shape, nearest, refuse
 from ..train import train
 from .experts import expert_mesh, expert_problem, moe_model, one_process_moe_losses
@@ -297,12 +300,13 @@ def _strategy(config: Config) -> tuple[str, dict[str, int], dict]:
         return "expert", expert_mesh(config), {"ep": config.ep, "aux_weight": config.aux_weight,
                                                "bias_rate": config.bias_rate}
     if config.zero >= 2:  # ZeRO-2/3 of a whole model: chapter 02's, which keeps a 16-bit copy and an fp32 master
-        options = {}
+        options = {"units": layer_units} if config.zero == 3 else {}
     else:  # the composed strategy, which autocasts
         options = {"zero": config.zero, "schedule": config.schedule, "stages_per_rank": config.stages_per_rank}
     if config.precision != "fp32":
         options["precision"] = config.precision
-    return (f"zero{config.zero}" if config.zero >= 2 else "hybrid"), config.shape, options
+    name = {2: "zero2", 3: "zero3_units"}.get(config.zero, "hybrid")
+    return name, config.shape, options
 
 
 def _groups(mesh: Mesh, axis: str, world_size: int) -> list[list[int]]:

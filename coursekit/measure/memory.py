@@ -29,7 +29,7 @@ import torch
 from ..collectives import owned_segment, segment_bounds
 
 __all__ = ["PRECISIONS", "held_bytes", "PeakMemory", "formula_bytes", "exact_share", "expected_held_bytes", "shard_elements",
-           "peak_held_bytes", "mixed_peak_held_bytes", "comm_elements", "max_parameters"]
+           "peak_held_bytes", "mixed_peak_held_bytes", "unit_peak_held_bytes", "comm_elements", "max_parameters"]
 
 # bytes per parameter: (parameters, gradients, optimiser state)
 PRECISIONS = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
@@ -213,6 +213,50 @@ def mixed_peak_held_bytes(numel: int, world_size: int, rank: int, stage: int, bu
         grads = max((2 + cast) * size + mine for size, mine in zip(sizes, so_far))
     return {"params": 2 * numel, "grads": grads,
             "optimizer": 12 * sum(segments) + 4 * sum(1 for n in segments if n)}
+
+
+def unit_peak_held_bytes(unit_sizes: list[int], root: int, world_size: int, rank: int, precision: str = "fp32",
+                         prefetch: bool = True) -> dict[str, int]:
+    """Each kind's peak during a step of per-unit ZeRO-3 (``train(..., "zero3_units")``) on ``rank``, Adam.
+
+    ``unit_sizes``: the units' elements in forward order; ``root``: the rest (0: none). ``precision``:
+    ``"fp32"``, ``"bf16"`` (bf16 compute, fp32 reduce) or ``"bf16-reduce-bf16"``. With ``s_u`` my ring
+    segment of unit ``u`` (the root one too), ``p`` the compute dtype's bytes and ``c`` those of a cast copy
+    (4 for an fp32 reduce of bf16 gradients, else 0):
+
+    * parameters: the root (gathered through forward and through backward) and at most two units at once
+      with a prefetch (one without): ``p·(root + max(u_i + u_{i+1}))``, plus my segments ``4·Σs`` in fp32;
+    * gradients: backward fills one unit's full gradient while the unit after it is reduce-scattered; before
+      the next one starts, that one is waited for and only my segment of it stays. The peak is the largest
+      of ``p·root + (p + c)·u_{j+1} + p·u_j + 4·Σ s`` (``s`` over the units already settled) and, when a
+      unit's cast copy appears, ``p·root + (p + c)·u_j + 4·Σ s``; last the root's own reduce-scatter and
+      then my segments' gradients alone, ``4·Σs``;
+    * optimiser state: Adam's m and v (8·Σs), the fp32 master too with mixed precision (12·Σs), and a
+      4-byte step counter per unit.
+    """
+    if precision not in ("fp32", "bf16", "bf16-reduce-bf16"):
+        raise ValueError(f"precision={precision!r}: use 'fp32', 'bf16' or 'bf16-reduce-bf16'.")
+    sizes = list(unit_sizes)
+
+    def seg(numel: int) -> int:
+        start, stop = segment_bounds(numel, world_size)[owned_segment(rank, world_size)]
+        return stop - start
+
+    p = 4 if precision == "fp32" else 2
+    c = 4 if precision == "bf16" else 0
+    mine = [seg(n) for n in sizes] + ([seg(root)] if root else [])
+    pairs = [a + b for a, b in zip(sizes, sizes[1:])] if prefetch and len(sizes) > 1 else sizes
+    params = p * (root + max(pairs, default=0)) + (4 * sum(mine) if p == 4 else 0)
+    moments, settled, in_flight = [], 0, 0  # bytes of the settled segments' gradients, of the unit in flight
+    for j in reversed(range(len(sizes))):  # backward order
+        moments.append(p * root + in_flight + p * sizes[j] + settled)  # unit j allocated beside the one in flight
+        settled += 4 * mine[j + 1] if in_flight else 0                  # that one settled...
+        moments.append(p * root + (p + c) * sizes[j] + settled)         # ...and unit j cast for its reduce-scatter
+        in_flight = (p + c) * sizes[j]
+    settled += 4 * mine[0] if in_flight else 0
+    moments += [(p + c) * root + settled, settled + 4 * mine[-1]]  # the root cast, then settled too
+    return {"params": params, "grads": max(moments),
+            "optimizer": (8 if p == 4 else 12) * sum(mine) + 4 * len(mine)}
 
 
 def comm_elements(psi: int, world_size: int, stage: int = 0) -> int:

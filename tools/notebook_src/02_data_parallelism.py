@@ -331,8 +331,8 @@ plt.show()
 # * **[Stage 1](../docs/glossary.md#zero-1)**: the optimiser state. Each rank updates only its segment of the parameters.
 # * **[Stage 2](../docs/glossary.md#zero-2)**: also the gradients. A **reduce-scatter** replaces the all-reduce, so each rank
 #   receives only its own segment's sum (R5).
-# * **[Stage 3](../docs/glossary.md#zero-3)**: also the parameters. Each rank keeps its segment and **all-gathers** the full
-#   weights just before using them (R6).
+# * **[Stage 3](../docs/glossary.md#zero-3)**: also the parameters. Each rank keeps its segment, **all-gathers** a
+#   layer's full weights just before using them, and frees them after (R6).
 #
 # An all-reduce *is* a reduce-scatter followed by an all-gather, so stages 1 and 2 move exactly as much as plain
 # data parallelism. Stage 3 gathers the parameters twice, for forward and backward: 1.5 times as much. Here is
@@ -348,29 +348,42 @@ coursekit.show(ZeRO.step)
 # every element the ring sent.
 
 # %%
+from coursekit.measure.memory import unit_peak_held_bytes
+from coursekit.parallel.data import layer_units
+
 MEMORY_RANKS = 4
+STRATEGIES = {"naive": {}, "zero1": {}, "zero2": {}, "zero3_units": {"units": layer_units}}  # a unit per layer
 
 
 def memory_and_traffic(rank, world_size):
     out = {}
-    for strategy in ("naive", "zero1", "zero2", "zero3"):
+    for strategy, options in STRATEGIES.items():
         result = train(rank, world_size, strategy, model="transformer", steps=1, global_batch=8,
-                       count_traffic=True, record=False)
-        out[strategy] = (result["memory"], result["traffic"], result["numel"], result["peak_memory"],
-                         result.get("bucket_sizes"))
+                       count_traffic=True, record=False, **options)
+        pieces = result.get("bucket_sizes")
+        if strategy == "zero3_units":  # one segment per unit: the units, then the root
+            pieces = result["unit_sizes"] + [result["root_size"]]
+        out[strategy] = (result["memory"], result["traffic"], result["numel"], result["peak_memory"], pieces,
+                         result)
     return out
+
+
+def peak_held(stage, rank, run):
+    """The peak's formula: ZeRO-3's counts its units, the others their buckets."""
+    if stage == 3:
+        return unit_peak_held_bytes(run[5]["unit_sizes"], run[5]["root_size"], MEMORY_RANKS, rank)
+    return peak_held_bytes(psi, n_tensors, MEMORY_RANKS, rank, stage, run[4])
 
 
 runs = coursekit.launch(memory_and_traffic, MEMORY_RANKS, timeout=300)
 psi = runs[0]["naive"][2]
-labels = {"naive": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+labels = {"naive": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3_units": "ZeRO-3"}
 measured = {labels[s]: runs[0][s][0] for s in labels}
 formula = {labels[s]: sum(formula_bytes(psi, MEMORY_RANKS, stage).values())
            for stage, s in enumerate(labels)}
 n_tensors = len(list(tiny_transformer().parameters()))
 peaks = {labels[s]: {k: runs[0][s][3][k] for k in ("params", "grads", "optimizer")} for s in labels}
-peak_formula = {labels[s]: sum(peak_held_bytes(psi, n_tensors, MEMORY_RANKS, 0, stage, runs[0][s][4]).values())
-                for stage, s in enumerate(labels)}
+peak_formula = {labels[s]: sum(peak_held(stage, 0, runs[0][s]).values()) for stage, s in enumerate(labels)}
 fig, (after_ax, peak_ax) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 draw_memory(measured, formula=formula, ax=after_ax, title=f"after the step: rank 0 of {MEMORY_RANKS}, fp32 Adam, "
             f"Ψ = {psi:,} (black: formula)")
@@ -387,18 +400,19 @@ for stage, strategy in enumerate(labels):
                 for r in range(MEMORY_RANKS))
     print(f"{labels[strategy]:<7} {held['params']:>8} {held['grads']:>8} {held['optimizer']:>10}   "
           f"{f['params']:>8} {f['grads']:>8} {f['optimizer']:>10}   {'yes' if exact else 'NO'}")
-print("\n(optimizer = Adam's m and v, 8 bytes per parameter, + a 4-byte step counter per parameter tensor (DP) "
-      "or per bucket segment (ZeRO))")
-print(f"\nat the peak during the step, rank 0 (ZeRO's buckets: {runs[0]['zero2'][4]} elements):")
-print(f"{'':<7} {'params':>8} {'grads':>8}   {'formula':<17} exact?")
+print("\n(optimizer = Adam's m and v, 8 bytes per parameter, + a 4-byte step counter per parameter tensor (DP), "
+      "per bucket segment (ZeRO-1, -2) or per unit segment (ZeRO-3))")
+print(f"\nat the peak during the step, rank 0 (ZeRO-2's buckets: {runs[0]['zero2'][4]} elements; "
+      f"ZeRO-3's units: {runs[0]['zero3_units'][4][:-1]}, root {runs[0]['zero3_units'][4][-1]:,}):")
+print(f"{'':<7} {'params':>8} {'grads':>8} {'optimizer':>10} {'sum':>9}   {'formula':<27} exact?")
 for stage, strategy in enumerate(labels):
     peak = runs[0][strategy][3]
     exact = all({k: runs[r][strategy][3][k] for k in ("params", "grads", "optimizer")} ==
-                peak_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, runs[r][strategy][4])
-                for r in range(MEMORY_RANKS))
-    f = peak_held_bytes(psi, n_tensors, MEMORY_RANKS, 0, stage, runs[0][strategy][4])
-    print(f"{labels[strategy]:<7} {peak['params']:>8} {peak['grads']:>8}   {f['params']:>8} {f['grads']:>8}   "
-          f"{'yes' if exact else 'NO'}")
+                peak_held(stage, r, runs[r][strategy]) for r in range(MEMORY_RANKS))
+    f = peak_held(stage, 0, runs[0][strategy])
+    total = sum(peak[k] for k in ("params", "grads", "optimizer"))
+    print(f"{labels[strategy]:<7} {peak['params']:>8} {peak['grads']:>8} {peak['optimizer']:>10} {total:>9}   "
+          f"{f['params']:>8} {f['grads']:>8} {f['optimizer']:>9}   {'yes' if exact else 'NO'}")
 print(f"\nelements sent per step, all ranks together (counted by comm.record):")
 for stage, strategy in enumerate(labels):
     traffic = comm.Traffic.merge([runs[r][strategy][1] for r in range(MEMORY_RANKS)])
@@ -411,25 +425,29 @@ for stage, strategy in enumerate(labels):
           f"{'exact' if traffic.total == expected else 'NO'}   rank 0 sent {traffic.sent[0]:,} {rank_0}")
 
 # %% [markdown]
-# **Takeaway:** each rank holds exactly what the formulas say, after the step and at its peak; ZeRO-3's
-# parameter peak is a full copy on top of its segments.
+# **Takeaway:** each rank holds exactly what the formulas say, after the step and at its peak, and ZeRO-3
+# peaks lowest.
 #
 # Memory that limits you is the peak. Plain data parallelism holds every gradient at the end of backward. ZeRO-2
 # reduce-scatters each bucket during backward and frees it, so at its peak a rank holds its segments plus one
-# bucket. This ZeRO-3 treats the whole model as one unit, so while it computes it holds a full copy.
+# bucket. ZeRO-3, as [FSDP](../docs/glossary.md#fsdp) runs it, gathers **one unit at a time**. Here every layer of
+# a block is a unit (`layer_units`). It gathers a unit just before its forward, frees it after, gathers it again
+# before its backward, and reduce-scatters its gradient as soon as it is complete. The next unit's gather is
+# issued ahead: a [prefetch](../docs/glossary.md#prefetch). So a rank holds two layers at most, never the model.
+# `ZeRO(stage=3)`, whose step is shown above, gathers the whole model at once instead.
 #
-# Real ZeRO-3, or [FSDP](../docs/glossary.md#fsdp), gathers **one unit at a time**. `"zero3_units"` makes every block a unit. It
-# gathers a block just before its forward, frees it after, gathers it again before its backward, and
-# reduce-scatters its gradient as soon as it is complete. The next block's gather is issued ahead: a
-# [prefetch](../docs/glossary.md#prefetch). Measured at every gather and free, on a 4-block transformer, 2 ranks:
+# How big should a unit be? The default of `"zero3_units"` is a whole block. Measured at every gather and free,
+# on a 4-block transformer, 2 ranks:
 #
 # <details><summary>How the bytes are counted</summary>
 #
 # The bytes are those of the storage each rank's tensors hold: a view costs nothing, a freed buffer counts zero.
 # The DP row uses chapter 01's ring once per gradient tensor. ZeRO lays all parameters in one flat buffer, cuts it
-# into buckets and runs the ring bucket by bucket; rank r owns segment (r + 1) mod N of every bucket. The peak's
-# formula is `coursekit.measure.memory.peak_held_bytes`. In `"zero3_units"` the root, the embeddings and the
-# tied head, stays gathered through forward and backward, because the tied weight is used first and last.
+# into buckets and runs the ring bucket by bucket; rank r owns segment (r + 1) mod N of every bucket. ZeRO-3
+# does the same unit by unit. The peak's formulas are `coursekit.measure.memory.peak_held_bytes` and, for
+# ZeRO-3, `unit_peak_held_bytes`. In ZeRO-3 the root, the embeddings, the norms and the tied head, stays
+# gathered through forward and backward, because the tied weight is used first and last. One unit's
+# reduce-scatter is in flight at a time; before the next starts, only my segment of it stays.
 # </details>
 
 # %% tags=["nbval-check-output"]
@@ -502,9 +520,11 @@ def mixed_peaks(rank, world_size):
     out = {}
     for precision in PRECISIONS:
         for stage in (1, 2, 3):
-            result = train(rank, world_size, f"zero{stage}", model="transformer", steps=1, global_batch=8,
-                           record=False, count_traffic=True, precision=precision)
-            out[precision, stage] = (result["peak_memory"], result["bucket_sizes"], result["traffic"])
+            name, options = ("zero3_units", {"units": layer_units}) if stage == 3 else (f"zero{stage}", {})
+            result = train(rank, world_size, name, model="transformer", steps=1, global_batch=8,
+                           record=False, count_traffic=True, precision=precision, **options)
+            sizes = result["bucket_sizes"] if stage < 3 else (result["unit_sizes"], result["root_size"])
+            out[precision, stage] = (result["peak_memory"], sizes, result["traffic"])
     return out
 
 
@@ -518,8 +538,13 @@ for stage in (1, 2, 3):
         sent[label] = sum(mp_runs[r][precision, stage][2].total_bytes for r in range(MEMORY_RANKS))
         for r in range(MEMORY_RANKS):
             peak, sizes, _ = mp_runs[r][precision, stage]
-            f = (peak_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, sizes) if precision == "fp32" else
-                 mixed_peak_held_bytes(psi, MEMORY_RANKS, r, stage, sizes, reduce_bytes=4 if precision == "bf16" else 2))
+            if stage == 3:
+                f = unit_peak_held_bytes(*sizes, MEMORY_RANKS, r, precision)
+            elif precision == "fp32":
+                f = peak_held_bytes(psi, n_tensors, MEMORY_RANKS, r, stage, sizes)
+            else:
+                reduce_bytes = 4 if precision == "bf16" else 2
+                f = mixed_peak_held_bytes(psi, MEMORY_RANKS, r, stage, sizes, reduce_bytes=reduce_bytes)
             exact &= all(peak[k] == f[k] for k in kinds)
             if r == 0:
                 ticks[label] = sum(f[k] for k in kinds)
@@ -537,12 +562,15 @@ for label, held in bars.items():
           f"{sum(held.values()):>9}   {sent[label]:>9,} = {sent[label] / ((MEMORY_RANKS - 1) * psi):g}(N−1)Ψ")
 
 # %% [markdown]
-# **Takeaway:** bf16 halves the parameters' bytes and adds the fp32 master to the sharded optimiser state.
+# **Takeaway:** bf16 at least halves the parameters' bytes and adds the fp32 master to the sharded optimiser
+# state.
 #
-# Read the rows in threes. The bf16 parameters are half of fp32's. The optimiser state *grows*: 12 bytes per
-# element of my segments instead of Adam's 8. The gradients show what `reduce_dtype` costs. An fp32 reduce casts
-# each bucket just before it is reduced, and that copy sits beside its bf16 original, so the gradient peak is
-# above fp32's. Reducing in bf16 needs no copy, at the price of summing in bf16.
+# Read the rows in threes. The bf16 parameters are half of fp32's, and less for ZeRO-3, whose fp32 segments become
+# the master. The optimiser state *grows*: 12 bytes per element of my segments instead of Adam's 8. The gradients
+# show what `reduce_dtype` costs. An fp32 reduce casts each bucket just before it is reduced, and that copy sits
+# beside its bf16 original. ZeRO-2's larger bucket of 54,848 elements then costs 6 bytes an element, and its
+# gradient peak is above fp32's. ZeRO-1 casts 25,000 elements at a time and ZeRO-3 one layer, so theirs stay
+# below. Reducing in bf16 needs no copy, at the price of summing in bf16.
 #
 # What does a bf16 reduce cost in accuracy? Each of the ring's G − 1 additions rounds its partial sum to 8
 # significant bits. Below, every rank holds a random bf16 "gradient"; chapter 01's ring sums them in bf16 and

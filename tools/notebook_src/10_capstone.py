@@ -252,8 +252,8 @@ print(f"\nresumed at step {again['first_step'] + 1}; steps {again['first_step'] 
 #
 # Chapter 08's cost model never ran anything: it counts bytes from the model's shape and the layout. Here it is
 # beside what each layout's largest rank really held at its peak: parameters, gradients and Adam's two moments,
-# 4 + 4 + 8 bytes a parameter. One exception to expect: this trainer's ZeRO-3 gathers the whole model for its
-# forward, while the cost model gathers one layer at a time, as FSDP does.
+# 4 + 4 + 8 bytes a parameter. One exception to expect: ZeRO-3 gathers one layer at a time, as FSDP does, and
+# the cost model counts only the shards it keeps.
 
 # %%
 from coursekit.bench.capstone import STATE, modeled_state  # noqa: E402
@@ -282,8 +282,9 @@ for name, measured, modeled in rows:
 # %% [markdown]
 # **Takeaway:** every layout but dp4 zero3 holds the cost model's bytes, give or take Adam's step counters.
 #
-# Those counters, one per parameter tensor, are the few hundred bytes of difference. ZeRO-3's peak is far over its
-# shard because it gathers the whole model; chapter 02's per-unit ZeRO-3 gathers one unit at a time instead.
+# Those counters, one per parameter tensor, are the few hundred bytes of difference. ZeRO-3 holds more than its
+# shards for a moment: two layers, the embeddings and the norms gathered, and the full gradients of the layers
+# being reduced.
 # Tensor and pipeline parallelism cut what a rank holds. Data and sequence parallelism alone do not, and ZeRO-1
 # cuts Adam's moments.
 #

@@ -35,7 +35,8 @@ from .torch import (FSDP2ParameterBytes, GradScaling, TorchDDP, TorchFSDP, Torch
                     optimizer_class_and_defaults)
 from .zero import ZeRO
 from .zero_strategy import MeasuredZeRO, ZeroStrategy
-from .units import CommThread, Job, Unit, average_whole, default_units, gather_whole, kept_whole, plan_units
+from .units import (CommThread, Job, Unit, average_whole, default_units, gather_whole, kept_whole, layer_units,
+                    plan_units)
 from .fsdp import ShardedUnits
 from .fsdp_strategy import Zero3Units
 from .sharded_optimizer import ELEMENTWISE, ShardedOptimizer, ShardedOptimizerStrategy
@@ -44,7 +45,7 @@ from .clip import clip_grad_norm_
 __all__ = ["clip_grad_norm_", "DDP_BUCKET_CAP_MB", "bucket_capacity", "megabytes", "MixedPrecision", "as_policy", "autocast", "cast_inputs", "LossScaler", "loss_scaler_for", "scaler_counters",
            "Bucket", "lay_flat", "make_buckets", "broadcast_parameters", "average_gradients", "all_reduce_flat", "shard_batch", "DataParallel", "MeasuredDataParallel", "Replicated", "Naive", "Bucketed",
            "ZeRO", "MeasuredZeRO", "ZeroStrategy",
-           "default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
+           "default_units", "layer_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole", "ShardedUnits", "Zero3Units",
            "ShardedOptimizer", "ShardedOptimizerStrategy", "ELEMENTWISE",
            "TorchDDP", "TorchZeRO1", "TorchFSDP", "FSDP2ParameterBytes", "optimizer_class_and_defaults",
            "grad_scaler", "GradScaling"]

@@ -18,7 +18,8 @@ element counts the chapters' timelines, traffic and memory figures were measured
   transformer (the MLP is one), so that the all-reduce overlaps backward (chapter 02's timeline);
 * ``"zero2"`` and ``"zero3"``: ``megabytes(55_000)``, two buckets of the course transformer, so that a
   rank frees half its gradients before backward ends (:class:`~coursekit.parallel.data.zero_strategy.ZeroStrategy`);
-* ``"zero1"`` and ``"torch_ddp"``: DDP's 25, one bucket for the whole model.
+* ``"zero1"`` and ``"torch_ddp"``: DDP's 25, one bucket for the whole model; ``"zero1"`` with 16-bit
+  gradients and an fp32 reduce takes ``megabytes(25_000)``, so that it casts one bucket at a time.
 
     >>> megabytes(25_000), bucket_capacity(megabytes(25_000), torch.zeros(1))
     (0.095367431640625, 25000)

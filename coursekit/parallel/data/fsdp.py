@@ -17,7 +17,9 @@ a rank holds only its segment of every unit. Each unit lives through::
 * when backward reaches the unit (a hook on its output's gradient) they are
   all-gathered again; when its last gradient has accumulated they are freed
   and its flat gradient is reduce-scattered: my segment, divided by ``N``, is
-  what my optimiser steps (the optimiser sees only the segments);
+  what my optimiser steps (the optimiser sees only the segments). One
+  reduce-scatter is in flight at a time: issuing the next one first waits for
+  it, adds its result to my segment's gradient and frees its full buffer;
 * after backward, until the next gather, each parameter *is* its piece of my segment (1-D: its flattened
   elements that fall in my segment, possibly none) and its ``.grad`` the same piece of the averaged gradient,
   views of the segment: ``for p in model.parameters(): p.grad`` works between steps.
@@ -37,9 +39,13 @@ free, :attr:`ShardedUnits.peak_param_bytes`)::
 The root is gathered for the whole forward (and again for the whole backward):
 it holds the **tied** embedding/head weight, used by the first and the last
 layer, and a parameter must stay gathered from its first use to its last (a
-parameter used by a module outside its unit raises ``ValueError``). Today's
-ZeRO-3 peaks at ``Σ segments + Ψ``. **Frozen** parameters are kept whole on
-every rank, outside every flat buffer: never sent, never updated.
+parameter used by a module outside its unit raises ``ValueError``). The
+whole-model ``ZeRO(stage=3)`` (``"zero3"``) peaks at ``Σ segments + Ψ``. The
+gradients peak at the root's full gradient, the unit being filled and the one
+being reduce-scattered, beside my segments' gradients
+(:func:`coursekit.measure.memory.unit_peak_held_bytes` counts every kind).
+**Frozen** parameters are kept whole on every rank, outside every flat buffer:
+never sent, never updated.
 
 **Traffic** per step, summed over ranks, with the ring: every unit is
 all-gathered twice and reduce-scattered once, ``(N−1)·n_u`` elements each, so
@@ -91,7 +97,8 @@ class ShardedUnits(nn.Module):
         >>> optimizer.step(); optimizer.zero_grad()
 
     Args:
-        units: module names, in forward order (default :func:`default_units`); the rest is the root.
+        units: module names, in forward order, or a function of the model giving them (default
+            :func:`default_units`; :func:`~coursekit.parallel.data.layer_units` is finer); the rest is the root.
         collectives: ``"ring"`` (chapter 01's, counted by ``comm.record``) or ``"torch"``.
         prefetch: issue the next unit's all-gather ahead and reduce-scatter without waiting (False:
             every collective blocks where it is needed: the baseline prefetch is measured against).
@@ -124,7 +131,8 @@ class ShardedUnits(nn.Module):
         self.rank, self.world_size = rank_size(self.group)
         self.comm, self.prefetch = get_collectives(collectives), prefetch
         self.whole = kept_whole(module, replicate)  # trainable, unsharded: gradients all-reduced
-        plan = plan_units(module, default_units(module) if units is None else list(units), self.whole)
+        names = default_units(module) if units is None else units(module) if callable(units) else list(units)
+        plan = plan_units(module, names, self.whole)
         self.units = [Unit(n, m, named, self.rank, self.world_size, self.policy.param_dtype) for n, m, named in plan]
         self.root = self.units[-1] if plan and plan[-1][0] == "root" else None
         self.blocks = [u for u in self.units if u is not self.root]  # the units prefetched one by one
@@ -138,6 +146,8 @@ class ShardedUnits(nn.Module):
         self._thread = CommThread(tracer, asynchronous=prefetch)
         weakref.finalize(self, self._thread.close)
         self._sync, self._order = True, []
+        self._in_flight: list[Unit] = []  # units whose reduce-scatter is issued and not yet added (at most one)
+        self._settled: list[Unit] = []    # units whose reduced gradient this backward added to my segment
         self._masters: dict[int, torch.Tensor] = {}  # mixed precision: whole parameter -> its fp32 data, while cast
         whole = list(self.frozen.values()) + list(self.whole.values())
         self._fixed = self.peak_param_bytes = held_bytes([u.shard for u in self.units] + whole)
@@ -269,6 +279,7 @@ class ShardedUnits(nn.Module):
         self._gather(unit)
         if unit.flat_grad is None:
             unit.flat_grad = torch.zeros_like(unit.flat)
+            self._measure()
         for p, view in zip(unit.params, unit.views(unit.flat_grad).values()):
             p.grad = view
         unit.pending, unit.in_backward = {id(p) for p in unit.params}, True
@@ -286,31 +297,46 @@ class ShardedUnits(nn.Module):
             self._reduce_scatter(unit)
 
     def _reduce_scatter(self, unit: Unit) -> None:
-        flat = unit.flat_grad
-
+        """Queue the unit's reduce-scatter, after settling the one in flight: at most one at a time. Mixed
+        precision: the gradient is cast to ``reduce_dtype`` here (a copy, held until it is settled), summed in
+        it, and my segment kept in the master's dtype."""
+        self._settle()
         reduce_dtype = self.policy.reduce(unit.shard.dtype)
+        unit.sending = unit.flat_grad.to(reduce_dtype)  # itself when the dtypes agree
+        self._measure()
+        send = unit.sending
 
-        def work():  # mixed precision: summed in reduce_dtype, my segment kept in the master's dtype
-            summed = self.comm.reduce_scatter(flat.to(reduce_dtype), group=self.group)
+        def work():
+            summed = self.comm.reduce_scatter(send, group=self.group)
             unit.reduced = summed.to(unit.shard.dtype).div(self.world_size)
 
         unit.reduce = self._thread.run(f"reduce-scatter {unit.name}", work)
+        self._in_flight.append(unit)
+
+    def _settle(self) -> None:
+        """Wait for the reduce-scatters in flight; add each result to my segment's gradient; free the full one."""
+        for unit in self._in_flight:
+            self._wait(unit, "reduce")
+            unit.shard.grad = unit.reduced if unit.shard.grad is None else unit.shard.grad + unit.reduced
+            unit.reduced, unit.flat_grad, unit.sending = None, None, None
+            for p in unit.params:  # their views kept the full gradient alive
+                p.grad = None
+            self._settled.append(unit)
+        self._in_flight = []
 
     def _finish_backward(self) -> None:
         """End of backward (queued on autograd's engine): finish every unit, wait for the reduce-scatters."""
         for unit in self.units:
             if unit.in_backward:  # some parameter got no gradient: it counts as zero, as in DDP
                 self._backward_done(unit)
-            elif self._sync and unit.flat_grad is not None and unit.reduce is None and unit.reduced is None:
+            elif self._sync and unit.flat_grad is not None and unit not in self._in_flight:
                 self._reduce_scatter(unit)  # accumulated under no_sync, not reached by this backward
         if not self._sync:
             return
-        for unit in self.units:
-            self._wait(unit, "reduce")
-            if unit.reduced is not None:
-                unit.shard.grad = unit.reduced if unit.shard.grad is None else unit.shard.grad + unit.reduced
-                unit.reduced, unit.flat_grad = None, None
-                self._expose_pieces(unit)  # the full gradient buffer is freed: only my segment stays
+        self._settle()
+        for unit in self._settled:
+            self._expose_pieces(unit)  # the full gradient buffer is freed: only my segment stays
+        self._settled = []
         if self.whole:  # on the comm thread too: every rank's collectives in one order
             self._restore_whole()  # mixed precision: the masters back, gradients in fp32 before they are summed
             whole, dtype = list(self.whole.values()), self.policy.reduce_dtype

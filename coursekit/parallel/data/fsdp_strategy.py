@@ -11,12 +11,39 @@ from contextlib import nullcontext
 
 import torch
 
+from ...measure.memory import PeakMemory
 from ...strategy import Setup, Strategy, optimizer_tensors, register
 from .clip import clip_grad_norm_
 from .fsdp import ShardedUnits
 from .precision import scaler_counters
 
-__all__ = ["Zero3Units"]
+__all__ = ["MeasuredUnits", "Zero3Units"]
+
+
+class MeasuredUnits(ShardedUnits):
+    """:class:`ShardedUnits`, measured: :attr:`peak` notes what the rank holds at every moment it can peak --
+    each gather and free of a unit, each full gradient allocated, each gradient cast for its reduce-scatter.
+    ``optimizer`` (set once it exists) adds its state; with mixed precision my segments are the fp32 master,
+    optimiser state as the ZeRO paper's K counts it (:class:`~coursekit.parallel.data.MeasuredZeRO` alike)."""
+
+    optimizer = None
+
+    def _measure(self) -> None:
+        super()._measure()
+        if "peak" in self.__dict__:  # ShardedUnits frees the units before this class made its meter
+            self.peak.note(self.held_tensors())
+
+    def held_tensors(self) -> dict[str, list[torch.Tensor]]:
+        units, whole = self.units, list(self.whole.values())
+        masters = [u.shard for u in units]
+        grads = [g for u in units for g in (u.flat_grad, u.sending, u.shard.grad) if g is not None]
+        state = optimizer_tensors(self.optimizer) if self.optimizer is not None else []
+        params = [u.flat for u in units] + list(self.frozen.values()) + whole
+        if self.policy.mixed:
+            return {"params": params, "grads": grads + [p.grad for p in whole if p.grad is not None],
+                    "optimizer": masters + state}
+        return {"params": params + masters, "grads": grads + [p.grad for p in whole if p.grad is not None],
+                "optimizer": state}
 
 
 @register("zero3_units")
@@ -29,10 +56,11 @@ class Zero3Units(Strategy):
     def __init__(self, setup: Setup):
         super().__init__(setup)
         self.norms: list[float] = []  # with clip_norm: each step's global gradient norm, before clipping
-        self.model = ShardedUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
+        self.model = MeasuredUnits(setup.model, self.option("units"), self.group, self.option("collectives"),
                                   setup.tracer, self.option("prefetch"), self.option("precision"),
                                   self.option("loss_scaler"), self.option("replicate"))
-        self.optimizer = setup.optimizer_fn(self.model.shard_parameters())
+        self.optimizer = self.model.optimizer = setup.optimizer_fn(self.model.shard_parameters())
+        self.model.peak = self.peak = PeakMemory()  # noted inside forward and backward too (the loop adds its own)
         self.peaks: list[int] = []
 
     def backward_context(self, last: bool):
@@ -63,14 +91,13 @@ class Zero3Units(Strategy):
         return self.model.full_parameters()
 
     def held_tensors(self) -> dict[str, list[torch.Tensor]]:
-        units, whole = self.model.units, list(self.model.whole.values())
-        return {"params": [u.flat for u in units] + [u.shard for u in units] + list(self.model.frozen.values()) + whole,
-                "grads": [g for u in units for g in (u.flat_grad, u.shard.grad) if g is not None] +
-                         [p.grad for p in whole if p.grad is not None],
-                "optimizer": optimizer_tensors(self.optimizer)}
+        return self.model.held_tensors()
 
     def counters(self) -> dict:
         moved = self.record.collective_counts("collectives")  # the units' collectives, as comm recorded them
-        return {**scaler_counters(self.model.scaler), "peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
+        units = self.model
+        return {**scaler_counters(units.scaler), "peak_param_bytes": list(self.peaks), "grad_norms": list(self.norms),
+                "unit_sizes": [u.numel for u in units.blocks], "root_size": units.root.numel if units.root else 0,
+                "compute_dtype": str(units.units[0].flat.dtype).split(".")[-1],
                 **{f"elements_{name}": moved.total(op) for name, op in (("all_gathered", "all_gather"),
                    ("reduce_scattered", "reduce_scatter"), ("all_reduced", "all_reduce"))}}

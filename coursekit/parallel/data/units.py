@@ -1,6 +1,7 @@
 """The parts of per-unit ZeRO-3 (:mod:`coursekit.parallel.data.fsdp`): units, their flat buffers, the comm thread.
 
-* :func:`default_units` -- the default policy: every module of an ``nn.ModuleList``.
+* :func:`default_units` -- the default policy: every module of an ``nn.ModuleList``;
+  :func:`layer_units` -- a finer one: every child of those modules (a block's attention, its MLP's layers).
 * :func:`plan_units` -- which trainable parameters each unit holds; the root takes the rest;
   a parameter used outside its unit (a tied weight split between units) is refused.
 * :class:`Unit` -- one unit's parameters laid end to end in one flat buffer (each parameter a
@@ -25,7 +26,7 @@ from ... import comm
 from ...comm import state as comm_state
 from ...collectives import TORCH, owned_segment, segment_bounds
 
-__all__ = ["default_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole",
+__all__ = ["default_units", "layer_units", "plan_units", "Unit", "Job", "CommThread", "gather_whole", "kept_whole", "average_whole",
            "cast_whole", "restore_whole"]
 
 
@@ -36,6 +37,20 @@ def default_units(model: nn.Module) -> list[str]:
         if isinstance(module, nn.ModuleList) and not any(name.startswith(n + ".") for n in names):
             names += [f"{name}.{child}" if name else child for child, _ in module.named_children()]
     return names
+
+
+_NORMS = tuple(getattr(nn, name) for name in ("LayerNorm", "RMSNorm") if hasattr(nn, name))
+
+
+def layer_units(model: nn.Module) -> list[str]:
+    """Every child of a :func:`default_units` module that holds parameters, in registration order (the
+    course's blocks run their children in that order), but its norms: a transformer block's attention and MLP
+    layers each a unit. With one prefetch a rank holds two of these at once instead of two whole blocks. The
+    norms stay with the root: a unit costs three collectives a step, and a norm holds a few hundred elements."""
+    modules = dict(model.named_modules())
+    return [f"{unit}.{child}" for unit in default_units(model)
+            for child, module in modules[unit].named_children()
+            if not isinstance(module, _NORMS) and any(True for _ in module.parameters())]
 
 
 class Job:
@@ -130,6 +145,7 @@ class Unit:
         self.gather: Job | None = None   # all-gather issued, not yet waited
         self.reduce: Job | None = None   # reduce-scatter issued, not yet waited
         self.reduced: torch.Tensor | None = None
+        self.sending: torch.Tensor | None = None  # the gradient as it is reduced (a cast copy, mixed precision)
         self.pending: set[int] = set()    # parameters whose gradient this backward has not yet accumulated
         self.in_backward = False
 

@@ -15,10 +15,14 @@ from ...measure.trace import Tracer, span
 from ...measure.verify import FlatShard
 from ...strategy import Setup, Strategy, register
 from .buckets import DDP_BUCKET_CAP_MB, megabytes
-from .precision import scaler_counters
+from .precision import as_policy, scaler_counters
 from .zero import ZeRO
 
-__all__ = ["MeasuredZeRO", "ZeroStrategy"]
+__all__ = ["MeasuredZeRO", "ZeroStrategy", "CAST_BUCKET_CAP_MB"]
+
+#: Stage 1's buckets when each is cast before its reduce: the copy of one bucket, not of every gradient, sits
+#: beside the 16-bit gradients (the fp32 copy of the whole model made bf16 ZeRO-1 peak above fp32's).
+CAST_BUCKET_CAP_MB = megabytes(25_000)
 
 
 class MeasuredZeRO(ZeRO):
@@ -68,6 +72,9 @@ class ZeroStrategy(Strategy):
 
     * stage 1: DDP's 25 MB, one bucket for the course's models. Its gradients are all complete at the
       end of backward anyway, so smaller buckets buy nothing -- 1 reduce-scatter and 1 all-gather per step.
+      Except when each bucket is cast to another dtype before it is reduced (bf16 or fp16 with an fp32
+      reduce): the copy is a whole bucket beside the 16-bit gradients, so stage 1 then casts and reduces
+      ``megabytes(25_000)`` at a time (:data:`CAST_BUCKET_CAP_MB`, six buckets of the course transformer).
     * stages 2-3: ``megabytes(55_000)``, buckets of 55,000 float32 elements, two for the course
       transformer (49,984 and 54,848): a rank still frees half the gradients before backward ends, with
       2 ring calls per pass instead of the 6 that 25,000-element buckets cost. The course MLP is one bucket.
@@ -81,11 +88,19 @@ class ZeroStrategy(Strategy):
         super().__init__(setup)
         self.zero = MeasuredZeRO(setup.model, setup.optimizer_fn, stage=self.stage, group=self.group,
                                  collectives=self.option("collectives"), tracer=setup.tracer,
-                                 bucket_cap_mb=self.option("bucket_cap_mb"),
+                                 bucket_cap_mb=self._bucket_cap_mb(setup),
                                  bucket_elements=self.option("bucket_elements"), mp_policy=self.option("precision"),
                                  loss_scaler=self.option("loss_scaler"))
         self.model, self.optimizer = self.zero, self.zero.optimizer
         self.peak = self.zero.peak  # noted inside backward too (the loop adds its own moments)
+
+    def _bucket_cap_mb(self, setup: Setup) -> float | None:
+        """The option, or stage 1's default: DDP's one bucket, :data:`CAST_BUCKET_CAP_MB` when a bucket is cast."""
+        policy = as_policy(self.option("precision"))
+        casts = policy.mixed and policy.reduce(torch.float32) != policy.compute_dtype(torch.float32)
+        if self.stage == 1 and casts and "bucket_cap_mb" not in setup.options:
+            return CAST_BUCKET_CAP_MB
+        return self.option("bucket_cap_mb")
 
     def step(self) -> None:
         self.zero.step()  # (stage 1: reduce-scatter), step my segments, all-gather (or free, stage 3)
@@ -121,5 +136,7 @@ class ZeroStrategy(Strategy):
 
 for _stage in (1, 2, 3):
     _options = dict(ZeroStrategy.options, bucket_cap_mb=DDP_BUCKET_CAP_MB if _stage == 1 else megabytes(55_000))
+    _doc = f"ZeRO stage {_stage}." if _stage < 3 else \
+        "ZeRO stage 3, the whole model gathered at once (one unit at a time: 'zero3_units')."
     register(f"zero{_stage}")(type(f"Zero{_stage}", (ZeroStrategy,), {"stage": _stage, "options": _options,
-                                                                     "__doc__": f"ZeRO stage {_stage}."}))
+                                                                     "__doc__": _doc}))
