@@ -1,9 +1,8 @@
-"""Exercise 03: the first stage zeroes its gradients at every call, so micro-batches do not accumulate.
+"""Exercise 03: each stage zeroes its gradients before every micro-batch, so the micro-batches do not accumulate.
 
-Right with one micro-batch per step; with three, rank 0 keeps only the last micro-batch's gradient.
-"""
+Right with one micro-batch per step; with three, each stage keeps only the last micro-batch's gradient."""
 
-from _mp_solution import first_stage_with, second_stage  # noqa: F401  (rank 1's half is right)
+from _mp_solution import two_stage_step_with
 
 EXERCISE = "03_model_parallel"
 SCORE = 6.5  # a property of a wrong answer earns nothing (issue 58)
@@ -15,4 +14,4 @@ LOSES = {
 }
 
 
-first_stage = first_stage_with(zero_grad=True)  # the mistake: stage.zero_grad() first (the optimiser's job, once per step)
+two_stage_step = two_stage_step_with(zero_grad_each=True)  # the mistake: stage.zero_grad() per micro-batch (the optimiser's job, once per step)
