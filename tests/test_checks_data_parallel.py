@@ -42,29 +42,40 @@ def test_typical_mistakes_lose_what_they_get_wrong_and_say_why():
     assert by_name["zero2_frees_gradients"].earned == 0 and "p.grad = None" in by_name["zero2_frees_gradients"].feedback
 
 
-def test_right_variants_are_not_failed_by_the_per_rank_checks():
-    """Hooks that reduce every gradient in one ring all-reduce, flattened together once the last is ready, and a
-    ZeRO-2 that returns a copy of its segment: right, so full marks. Planted bug: hooks_traffic comparing each
-    rank's sends with the per-parameter ring's exactly (sum of ring_traffic per parameter) instead of its bounds
-    -> the bucketed hooks fail ("per-rank sends {0: 14688, 1: 14688, 2: 14688}")."""
-    def bucketed(model, group=None):
-        params = [p for p in model.parameters() if p.requires_grad]
-        ready = []
+def test_right_variants_are_not_failed_by_the_property_checks():
+    """Hooks that keep one handle per bucket and wait for them last one first, dividing each gradient after the copy,
+    and a ZeRO-2 that returns a copy of its segment: right, so full marks. Planted bug, seen failing: the watch
+    (data_parallel_watch._Handle.wait) delivering a sum only once every all-reduce started before it was waited for
+    (a grader that assumed in-order waits) -> these hooks fail hooks_average_gradients (1 / 8 points)."""
+    rule_buckets = load("data_parallel", "_dp_solution").rule_buckets
 
-        def average(param):
-            ready.append(param)
-            if len(ready) < len(params):
-                return
-            ready.clear()
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            ring_all_reduce(flat, group=group).div_(comm.get_world_size(group))
-            offset = 0
-            for p in params:
-                p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
-                offset += p.numel()
+    def waits_last_first(model, bucket_elements, group=None):
+        buckets = rule_buckets(model, bucket_elements)
+        seen, handles = set(), {}
 
-        for param in params:
-            param.register_post_accumulate_grad_hook(average)
+        def mark(param):                               # any bucket whose gradients are all in starts its sum
+            seen.add(id(param))
+            for b, bucket in enumerate(buckets):
+                if b not in handles and all(id(p) in seen for p in bucket):
+                    flat = torch.cat([p.grad.reshape(-1) for p in bucket])
+                    handles[b] = (flat, comm.all_reduce(flat, group=group, async_op=True))
+
+        for bucket in buckets:
+            for p in bucket:
+                p.register_post_accumulate_grad_hook(mark)
+
+        def finish():
+            for b in sorted(handles, reverse=True):
+                flat, handle = handles.pop(b)
+                if handle is not None:
+                    handle.wait()
+                offset = 0
+                for p in buckets[b]:
+                    p.grad.copy_(flat[offset:offset + p.numel()].view_as(p)).div_(comm.get_world_size(group))
+                    offset += p.numel()
+            seen.clear()
+
+        return finish
 
     def copied_segment(model, group=None):
         from coursekit.collectives import ring_reduce_scatter
@@ -74,6 +85,7 @@ def test_right_variants_are_not_failed_by_the_per_rank_checks():
             p.grad = None
         return ring_reduce_scatter(flat, group=group).clone().div_(comm.get_world_size(group))
 
-    report = check_data_parallel(bucketed, copied_segment, verbose=False,
-                                 only=["hooks_traffic", "zero2_frees_gradients"])
+    report = check_data_parallel(waits_last_first, copied_segment, verbose=False,
+                                 only=["hooks_average_gradients", "hooks_buckets", "hooks_overlap",
+                                       "zero2_frees_gradients"])
     assert report.full_marks, report.table()

@@ -35,7 +35,7 @@ ANSWERS = {
                         ("all_reduce_bit_identical", "ring_traffic_pattern", "only_point_to_point", "edge_cases",
                          "hidden_variants"))],
     "data_parallel": [(("hooks_average_gradients",),
-                       ("hooks_traffic", "hooks_gradient_accumulation", "hooks_tied_frozen_uneven")),
+                       ("hooks_buckets", "hooks_overlap", "hooks_gradient_accumulation", "hooks_tied_frozen_uneven")),
                       (("zero2_segment",), ("zero2_traffic", "zero2_frees_gradients", "zero2_hidden_variants"))],
     "model_parallel": [(("activations_reach_the_loss", "gradients_of_both_stages", "training_equals_one_process"),
                         ("traffic_pattern", "activations_sent_detached", "other_splits_and_sizes"))],

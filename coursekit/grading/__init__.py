@@ -21,8 +21,9 @@ learner's code: the strict simulator, real ranks, the grading's memory), :mod:`.
 
 The exercises: ``ring_allreduce`` grades ``exercises/01_ring_allreduce.ipynb`` (with
 ``ring_judge``, judging one case, and ``ring_schedule``, the first step off the ring's
-schedule), ``data_parallel`` 02 (with ``data_parallel_runs``, what runs on the ranks, and
-``data_parallel_hints``), ``model_parallel`` 03 (activations forward, gradients back; with
+schedule), ``data_parallel`` 02 (bucketed hooks overlapped with backward, and ZeRO-2; with ``data_parallel_runs``,
+what runs on the ranks, ``data_parallel_watch`` and ``data_parallel_buckets``, the all-reduces watched and judged,
+and ``data_parallel_hints``), ``model_parallel`` 03 (a two-stage step with its backward; with
 ``model_parallel_ranks``), ``pipeline_schedule`` 04 (a 1F1B generator), ``tensor_parallel``
 05 (column- and row-parallel linear; with ``tensor_parallel_cases``, ``tensor_parallel_mistakes`` (the
 typical mistakes, named) and ``tensor_tools``, the learner's counted collectives), ``ring_attention`` 06 (with ``ring_attention_runs``, ``ring_attention_merges`` and ``ring_attention_work``, the blockwise work each rank did) and ``choose_layout`` 08 (a layout per scenario,

@@ -1,27 +1,26 @@
-"""Checks of exercise 02 (``exercises/02_data_parallel.ipynb``): gradient averaging with hooks, ZeRO-2's reduce-scatter.
+"""Checks of exercise 02 (``exercises/02_data_parallel.ipynb``): bucketed, overlapped hooks; ZeRO-2's reduce-scatter.
 
     from coursekit.grading import check_data_parallel
     check_data_parallel(attach_gradient_averaging, reduce_scatter_gradients)
 
-The learner writes two functions:
+The learner writes two functions, from their contracts:
 
-* ``attach_gradient_averaging(model, group=None)``: register hooks so that,
-  by the end of ``loss.backward()``, every trainable parameter's ``.grad`` is
-  the average over the ranks (built on chapter 01's ``ring_all_reduce``) —
-  also with gradient accumulation (several ``loss.backward()`` before the
-  optimiser step): the hook averages the accumulated ``p.grad`` on every backward.
-* ``reduce_scatter_gradients(model, group=None) -> Tensor``: after backward,
-  ZeRO-2's step: the gradients of the trainable parameters, flattened in
-  ``model.parameters()`` order, reduce-scattered with chapter 01's ring; return
-  this rank's segment (``owned_segment(r, G)``) of the *averaged* gradient, as a
-  tensor of its own (not a view into the flat buffer, which would keep every
-  gradient alive), and free the full gradients (``p.grad = None``).
+* ``attach_gradient_averaging(model, bucket_elements, group=None) -> finish``: the trainable parameters grouped
+  into buckets in backward order (the reverse of ``model.parameters()``), a new bucket when the next parameter
+  would take it past ``bucket_elements`` (a parameter never split); each bucket's ``comm.all_reduce(...,
+  async_op=True)`` started from a gradient hook as soon as its last gradient is ready; ``finish()``, called after
+  each ``loss.backward()``, waits for them and leaves every trainable ``p.grad`` the mean over ``group``'s ranks
+  (gradient accumulation included).
+* ``reduce_scatter_gradients(model, group=None) -> Tensor``: after backward, ZeRO-2's step: the gradients of the
+  trainable parameters, flattened in ``model.parameters()`` order, reduce-scattered with chapter 01's ring; this
+  rank's segment (``owned_segment(r, G)``) of the *averaged* gradient, as a tensor of its own (not a view into the
+  flat buffer, which would keep every gradient alive), the full gradients freed (``p.grad = None``).
 
-Each check trains on real ranks (``torch.distributed``'s collectives switched
-off: everything goes through ``coursekit.comm`` and is counted), compares with
-one process on the same global batch through :mod:`coursekit.measure.verify`, and
-counts the traffic against its formula. What runs on each rank, and the one process it is compared with, is
-:mod:`.data_parallel_runs`, the hints at a mistake :mod:`.data_parallel_hints`; judging and scoring are here.
+Each check trains on real ranks, compares with one process on the same global batch through
+:mod:`coursekit.measure.verify`, and measures a property: the all-reduces each backward started (their sizes
+against the buckets of the rule, when they started and were waited for: :mod:`.data_parallel_watch`), or the
+reduce-scatter's traffic against its formula. What runs on each rank, and the one process it is compared with,
+is :mod:`.data_parallel_runs`, the hints at a mistake :mod:`.data_parallel_hints`; judging and scoring are here.
 """
 
 from __future__ import annotations
@@ -30,17 +29,21 @@ from .. import comm
 from ..collectives import owned_segment, segment_bounds
 from ..models import tiny_mlp
 from ..measure.verify import compare
+from .data_parallel_buckets import bucket_problem, overlap_problem, unwaited
 from .data_parallel_hints import accumulation_hint, gradient_hint, moved_weights
-from .data_parallel_runs import accumulation_rank, hooks_rank, reference, zero2_rank
+from .data_parallel_runs import SHIFT, accumulation_rank, hooks_rank, reference, zero2_rank
 from .registry import check
 from .scoring import CheckFailed, partial_credit
 
 EXERCISE = "02_data_parallel"  # registered in registry.EXERCISES, the one place exercises are named
 # The checks that judge each part's answer; the others judge its properties and earn nothing while it is wrong.
 HOOKS, ZERO2 = ("hooks_average_gradients",), ("zero2_segment",)
-# Said when torch.distributed's collectives are called (they are switched off while grading):
-INSTEAD = ("use chapter 01's ring (from coursekit.collectives import ring_all_reduce, ring_reduce_scatter), "
-           "so that every transfer is counted")
+# Said when torch.distributed's collectives are called (they are switched off while grading, but for part 1's
+# all_reduce, which comm.all_reduce calls):
+INSTEAD = ("use coursekit.comm.all_reduce(..., async_op=True) in part 1 and chapter 01's ring_reduce_scatter "
+           "(coursekit.collectives) in part 2, so that every transfer is counted")
+ALL_REDUCE = ("all_reduce",)  # part 1's checks let comm.all_reduce reach torch's (watched: data_parallel_watch)
+BUCKET = 2000  # elements: the MLP's gradients in three buckets, 324, 4096 and 1088 elements, in backward order
 
 
 FROZEN = "layers.1.bias"  # the MLP parameter the visible ZeRO-2 check freezes
@@ -56,20 +59,35 @@ def _global_losses(per_rank):
     return per_rank
 
 
+def _groups(case) -> list[tuple[list[int], int]]:
+    """The groups that average apart, ``(their global ranks, their batch shift)``: the world, or MESH's dp groups."""
+    world_size = case[2]
+    if len(case) > 6 and case[6]:
+        return [([0, 2], 0), ([1, 3], SHIFT)]  # Mesh({"dp": 2, "tp": 2}): rank = 2·dp + tp
+    return [(list(range(world_size)), 0)]
+
+
 def _judge_training(case, results, guess_unaveraged: bool) -> str | None:
     """None if a case's training equals one process on the same global batches, else what differs first."""
-    name, freeze, world_size, steps, global_batch = case
-    report = compare(reference(name, freeze, steps, global_batch), _global_losses([r[0] for r in results]))
-    if report.ok:
-        return None
-    hint = moved_weights(results) or gradient_hint(report.first, world_size, guess_unaveraged)
-    return f"{_case_name(case)}: {report.first}{hint}"
+    name, freeze, world_size, steps, global_batch = case[:5]
+    for ranks, shift in _groups(case):
+        report = compare(reference(name, freeze, steps, global_batch, shift),
+                         _global_losses([results[r][0] for r in ranks]))
+        if not report.ok:
+            hint = (moved_weights(results) or unwaited(results)
+                    or gradient_hint(report.first, len(ranks), guess_unaveraged))
+            where = f" (the dp group of ranks {ranks})" if len(_groups(case)) > 1 else ""
+            return f"{_case_name(case)}{where}: {report.first}{hint}"
+    return None
 
 
 def _case_name(case) -> str:
-    """``mlp with layers.1.bias frozen, world size 3``."""
+    """``mlp with layers.1.bias frozen, world size 3`` (and the buckets' size, or the mesh, where there is one)."""
     name, freeze, world_size = case[:3]
-    return f"{name}{' with ' + ', '.join(freeze) + ' frozen' if freeze else ''}, world size {world_size}"
+    said = f"{name}{' with ' + ', '.join(freeze) + ' frozen' if freeze else ''}, world size {world_size}"
+    if len(case) > 6 and case[6]:
+        said += " as Mesh({'dp': 2, 'tp': 2}), averaging over each dp group (group=mesh['dp'])"
+    return said + (f", buckets of {case[5]} elements" if len(case) > 5 else "")
 
 
 def _score_training(ctx, rank_fn, learner_fn, cases, guess_unaveraged: bool = True) -> float:
@@ -82,8 +100,8 @@ def _score_training(ctx, rank_fn, learner_fn, cases, guess_unaveraged: bool = Tr
     """
     outcomes = []
     for case in cases:
-        name, freeze, world_size, steps, global_batch = case
-        results = ctx.launch_case(rank_fn, world_size, learner_fn, name, freeze, steps, global_batch)
+        name, freeze, world_size, steps, global_batch = case[:5]
+        results = ctx.launch_case(rank_fn, world_size, learner_fn, name, freeze, steps, global_batch, *case[5:])
         if isinstance(results, CheckFailed):
             outcomes.append((world_size, f"{_case_name(case)}: {results}"))
         else:
@@ -92,7 +110,7 @@ def _score_training(ctx, rank_fn, learner_fn, cases, guess_unaveraged: bool = Tr
 
 
 # Elements a ring collective moves per step, all ranks together, for Ψ gradient elements on G ranks.
-_RING_TRAFFIC = {"all-reduce": (2, "2·(G−1)·Ψ"), "reduce-scatter": (1, "(G−1)·Ψ")}
+_RING_TRAFFIC = {"reduce-scatter": (1, "(G−1)·Ψ")}
 
 
 def _counted_traffic(ctx, rank_fn, learner_fn, world_size: int, steps: int, collective: str,
@@ -108,7 +126,7 @@ def _counted_traffic(ctx, rank_fn, learner_fn, world_size: int, steps: int, coll
     traffic = comm.Traffic.merge([r[1] for r in results])
     if traffic.total == 0:
         raise CheckFailed(silent)
-    wrong = _judge_training(case, results, guess_unaveraged=collective == "all-reduce")
+    wrong = _judge_training(case, results, guess_unaveraged=False)
     if wrong:
         raise CheckFailed(f"{wrong}\nthe result is wrong (see the check above): traffic is scored only "
                           f"for a right one")
@@ -127,51 +145,57 @@ def _counted_traffic(ctx, rank_fn, learner_fn, world_size: int, steps: int, coll
 # ----------------------------------------------------------------------------- part 1
 
 
-@check(EXERCISE, points=3, timeout=60)
+def _mlp_sizes() -> list[int]:
+    return [p.numel() for p in tiny_mlp().parameters()]
+
+
+def _right_hooks(ctx, submission, world_size: int, bucket: int) -> list:
+    """The MLP on ``world_size`` ranks, buckets of ``bucket`` elements, 2 steps; its results if the training is
+    right, else CheckFailed (a property is scored only for a right answer)."""
+    case = ("mlp", (), world_size, 2, 12, bucket)
+    results = ctx.memo(("hooks", world_size, bucket), lambda: ctx.launch(
+        hooks_rank, world_size, submission.attach_gradient_averaging, "mlp", (), 2, 12, bucket))
+    wrong = _judge_training(case, results, guess_unaveraged=True)
+    if wrong:
+        raise CheckFailed(f"{wrong}\nthe result is wrong (see the check above): this is scored only for a right one")
+    return results
+
+
+@check(EXERCISE, points=3, timeout=60, allows=ALL_REDUCE)
 def hooks_average_gradients(submission, ctx):
-    """After backward every gradient is the average over ranks: equal to one process (G = 2, 3; G = 1 must work too)."""
+    """After backward and finish() every gradient is the average over ranks: equal to one process (G = 2, 3; G = 1
+    must work too)."""
     return _score_training(ctx, hooks_rank, submission.attach_gradient_averaging,
-                           [("mlp", (), 1, 3, 12), ("mlp", (), 2, 3, 12), ("mlp", (), 3, 3, 12)])
+                           [("mlp", (), g, 3, 12, BUCKET) for g in (1, 2, 3)])
 
 
-@check(EXERCISE, points=2, timeout=60, requires=HOOKS)
-def hooks_traffic(submission, ctx):
-    """Each gradient goes through the ring once, during backward: exactly 2·(G−1)·Ψ elements per step, each rank
-    sending a ring's share, about 2·(G−1)·Ψ/G (G = 3)."""
-    world_size, steps = 3, 2
-    traffic, psi = _counted_traffic(ctx, hooks_rank, submission.attach_gradient_averaging, world_size, steps,
-                                    "all-reduce", "nothing went through coursekit.comm during loss.backward(): "
-                                    "register hooks (param.register_post_accumulate_grad_hook) that call "
-                                    "ring_all_reduce")
-    # The total alone does not tell a ring: a parameter server (master_all_reduce) moves 2·(G−1)·Ψ too, all of it
-    # through its root. In a ring all-reduce of n elements a rank sends 2·n minus two of its G segments
-    # (ring_traffic); whether the hooks reduce each parameter alone or several flattened together, every
-    # rank's load therefore lies between these bounds.
-    sizes = [p.numel() for p in tiny_mlp().parameters()]
-    low = steps * sum(2 * n - 2 * -(-n // world_size) for n in sizes)
-    high = steps * sum(2 * n - 2 * (n // world_size) for n in sizes)
-    sent = {r: traffic.sent.get(r, 0) for r in range(world_size)}
-    if all(low <= elements <= high for elements in sent.values()):
-        return
-    busiest = max(sent, key=sent.get)
-    said = (f"per-rank sends {sent} in {steps} steps; in a ring every rank sends its share, between {low} and "
-            f"{high} (about 2·(G−1)·Ψ/G = {2 * (world_size - 1) * psi // world_size} per step)")
-    if sent[busiest] > high:
-        raise CheckFailed(f"{said}: rank {busiest} sent {sent[busiest]}, so the gradients funnel through "
-                          f"one rank, as through a master (a parameter server, master_all_reduce); use "
-                          f"ring_all_reduce, where each rank sends only to its neighbour")
-    raise CheckFailed(f"{said}: use ring_all_reduce on every gradient")
+@check(EXERCISE, points=2, timeout=60, requires=HOOKS, allows=ALL_REDUCE)
+def hooks_buckets(submission, ctx):
+    """Each backward all-reduces every trainable gradient once, in the buckets of the rule: backward order, up to
+    bucket_elements, a parameter never split (G = 3, buckets of 5000 elements: two of them)."""
+    problem = bucket_problem(_right_hooks(ctx, submission, 3, 5000), _mlp_sizes(), 5000)
+    if problem:
+        raise CheckFailed(f"mlp, world size 3, buckets of 5000 elements: {problem}")
 
 
-@check(EXERCISE, points=2, timeout=60, requires=HOOKS)
+@check(EXERCISE, points=2, timeout=60, requires=HOOKS, allows=ALL_REDUCE)
+def hooks_overlap(submission, ctx):
+    """Every bucket's all-reduce starts during backward, from a hook, asynchronously, and is waited for after
+    backward, in finish() (G = 3, three buckets)."""
+    problem = overlap_problem(_right_hooks(ctx, submission, 3, BUCKET))
+    if problem:
+        raise CheckFailed(f"mlp, world size 3, buckets of {BUCKET} elements: {problem}")
+
+
+@check(EXERCISE, points=2, timeout=60, requires=HOOKS, allows=ALL_REDUCE)
 def hooks_gradient_accumulation(submission, ctx):
-    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` calls before each step, equal
-    to one process on the whole batch (G = 2, 3)."""
+    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` (each followed by finish())
+    before each step, equal to one process on the whole batch (G = 2, 3)."""
     outcomes = []
-    for case in [("mlp", (), 2, 2, 12), ("mlp", (), 3, 2, 12)]:
-        name, freeze, world_size, steps, global_batch = case
+    for case in [("mlp", (), 2, 2, 12, BUCKET), ("mlp", (), 3, 2, 12, BUCKET)]:
+        name, freeze, world_size, steps, global_batch = case[:5]
         results = ctx.launch_case(accumulation_rank, world_size, submission.attach_gradient_averaging,
-                                  name, freeze, steps, global_batch)
+                                  name, freeze, steps, global_batch, BUCKET)
         if isinstance(results, CheckFailed):
             outcomes.append(f"{_case_name(case)}, two backward calls per step: {results}")
             continue
@@ -179,18 +203,20 @@ def hooks_gradient_accumulation(submission, ctx):
         if report.ok:
             outcomes.append(None)
             continue
-        hint = moved_weights(results) or accumulation_hint(case, results) or gradient_hint(
+        hint = moved_weights(results) or accumulation_hint(case[:5], results) or gradient_hint(
             report.first, world_size, guess_unaveraged=True)
         outcomes.append(f"{_case_name(case)}, two backward calls per step: {report.first}{hint}")
     return partial_credit(outcomes)
 
 
-@check(EXERCISE, points=1, hidden=True, timeout=60, requires=HOOKS)
+@check(EXERCISE, points=1, hidden=True, timeout=60, requires=HOOKS, allows=ALL_REDUCE)
 def hooks_tied_frozen_uneven(submission, ctx):
-    """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks."""
+    """Transformer with a tied head and a frozen parameter, a global batch of 7 on 3 and 4 ranks (buckets of 20000
+    elements); and the MLP on a 2 × 2 mesh, each dp group averaging apart (group=mesh["dp"])."""
     return _score_training(ctx, hooks_rank, submission.attach_gradient_averaging,
-                           [("transformer", ("pos_emb.weight",), 3, 2, 7),
-                            ("transformer", ("pos_emb.weight",), 4, 2, 7)])
+                           [("transformer", ("pos_emb.weight",), 3, 2, 7, 20000),
+                            ("transformer", ("pos_emb.weight",), 4, 2, 7, 20000),
+                            ("mlp", (), 4, 2, 12, BUCKET, True)])
 
 
 # ----------------------------------------------------------------------------- part 2

@@ -1,9 +1,12 @@
 """What runs on each rank in exercise 02, and the one-process answers it is compared with.
 
 Each rank function trains one case around the learner's function and returns ``(records, traffic, moved)``
-(and, for ZeRO-2, what stays allocated): the step records of :mod:`coursekit.measure.verify`, what went through
-``coursekit.comm`` during backward (or the reduce-scatter), and the parameters the learner's hooks changed
-during backward. A case is ``(model name, frozen parameters, world size, steps, global batch)``.
+and, for the hooks, the all-reduces each step started (:mod:`.data_parallel_watch`), for ZeRO-2 what stays
+allocated: the step records of :mod:`coursekit.measure.verify`, what went through ``coursekit.comm``'s
+point-to-point calls during backward (or the reduce-scatter), and the parameters the learner's hooks changed.
+A case is ``(model name, frozen parameters, world size, steps, global batch)``, for the hooks followed by the
+bucket size in elements and whether the ranks form a 2 × 2 mesh whose dp groups average apart (``mesh``: the
+two groups train on different batches, so averaging over the whole world shows).
 """
 
 from __future__ import annotations
@@ -14,12 +17,18 @@ import torch
 
 from .. import comm
 from ..collectives import owned_segment, ring_all_gather, segment_bounds
+from ..comm.mesh import Mesh
 from ..models import LanguageData, TeacherData, loss_fn, tiny_mlp, tiny_transformer
 from ..parallel.data import shard_batch
 from ..measure.verify import FlatShard, record_step, reference_run
+from .data_parallel_watch import watching
 
-__all__ = ["setup", "reference", "hooks_rank", "micro_batches", "accumulation_rank", "micro_batch_means",
+__all__ = ["MESH", "SHIFT", "setup", "reference", "data_group", "hooks_rank", "micro_batches", "accumulation_rank", "micro_batch_means",
            "zero2_rank"]
+
+
+MESH = {"dp": 2, "tp": 2}  # the hidden sub-group case: each dp group ([0, 2] and [1, 3]) averages apart
+SHIFT = 100                # the second dp group trains on the batches SHIFT steps on
 
 
 def setup(name: str, freeze: tuple = ()):
@@ -37,32 +46,58 @@ def setup(name: str, freeze: tuple = ()):
 
 
 @functools.lru_cache(maxsize=16)
-def reference(name, freeze, steps, global_batch):
+def reference(name, freeze, steps, global_batch, shift=0):
     """One process on the global batches (cached: several checks share a reference; nobody mutates it)."""
     model, data, make_opt = setup(name, freeze)
     optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
-    return reference_run(model, optimizer, [data.batch(s, global_batch) for s in range(steps)], loss_fn)
+    return reference_run(model, optimizer, [data.batch(s + shift, global_batch) for s in range(steps)], loss_fn)
 
 
-def hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch):
+def data_group(rank, world_size, mesh: bool):
+    """``(group, rank in it, its size, batch shift)``: the whole world, or this rank's dp group of :data:`MESH`."""
+    if not mesh:
+        return None, rank, world_size, 0
+    grid = Mesh(MESH)
+    return grid["dp"], comm.get_rank(grid["dp"]), grid.size("dp"), SHIFT * grid.coordinates()["tp"]
+
+
+def attached(attach, model, bucket, group):
+    """The learner's ``finish``: what ``attach_gradient_averaging`` must return (a function to call)."""
+    finish = attach(model, bucket, group=group)
+    if not callable(finish):
+        raise TypeError(f"attach_gradient_averaging returned {type(finish).__name__}: return finish, the function "
+                        f"the training loop calls after each loss.backward() (it waits for the all-reduces)")
+    return finish
+
+
+def _backward(model, loss, finish, moved: set, during: comm.Traffic) -> list:
+    """``loss.backward()`` then ``finish()``, watched: the all-reduces started, and the parameters changed."""
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    log: list = []
+    with comm.record() as traffic, watching(log):
+        loss.backward()
+        finish()
+    during.transfers += traffic.transfers
+    moved |= {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+    return log
+
+
+def hooks_rank(rank, world_size, attach, name, freeze, steps, global_batch, bucket, mesh=False):
     model, data, make_opt = setup(name, freeze)
-    attach(model)
+    group, dp_rank, dp_size, shift = data_group(rank, world_size, mesh)
+    finish = attached(attach, model, bucket, group)
     optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
-    records, during, moved = [], comm.Traffic(), set()
+    records, during, moved, issued = [], comm.Traffic(), set(), []
     for step in range(steps):
-        x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
+        x, y, weight = shard_batch(*data.batch(step + shift, global_batch), dp_rank, dp_size)
         optimizer.zero_grad(set_to_none=True)
         output = model(x)
         loss = loss_fn(output, y) * weight
-        before = {n: p.detach().clone() for n, p in model.named_parameters()}
-        with comm.record() as traffic:
-            loss.backward()
-        during.transfers += traffic.transfers
-        moved |= {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+        issued.append(_backward(model, loss, finish, moved, during))
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         optimizer.step()
-        records.append(record_step(output, loss.item() / world_size, grads, model))  # summed over ranks below
-    return records, during, sorted(moved)
+        records.append(record_step(output, loss.item() / dp_size, grads, model))  # summed over the group below
+    return records, during, sorted(moved), issued
 
 
 def micro_batches(inputs, targets, weight):
@@ -71,12 +106,13 @@ def micro_batches(inputs, targets, weight):
     return [(x, y, weight * x.shape[0] / inputs.shape[0]) for x, y in parts]
 
 
-def accumulation_rank(rank, world_size, attach, name, freeze, steps, global_batch):
-    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` before each optimiser step."""
+def accumulation_rank(rank, world_size, attach, name, freeze, steps, global_batch, bucket, mesh=False):
+    """Gradient accumulation: two micro-batches per rank, two ``loss.backward()`` (each followed by ``finish()``)
+    before each optimiser step."""
     model, data, make_opt = setup(name, freeze)
-    attach(model)
+    finish = attached(attach, model, bucket, None)
     optimizer = make_opt([p for p in model.parameters() if p.requires_grad])
-    records, moved = [], set()
+    records, moved, during = [], set(), comm.Traffic()
     for step in range(steps):
         x, y, weight = shard_batch(*data.batch(step, global_batch), rank, world_size)
         optimizer.zero_grad(set_to_none=True)
@@ -84,9 +120,7 @@ def accumulation_rank(rank, world_size, attach, name, freeze, steps, global_batc
         for micro_x, micro_y, micro_weight in micro_batches(x, y, weight):
             output = model(micro_x)
             loss = loss_fn(output, micro_y) * micro_weight
-            before = {n: p.detach().clone() for n, p in model.named_parameters()}
-            loss.backward()                                 # accumulates into p.grad; the hooks run each time
-            moved |= {n for n, p in model.named_parameters() if not torch.equal(before[n], p.detach())}
+            _backward(model, loss, finish, moved, during)   # accumulates into p.grad; the hooks run each time
             outputs.append(output.detach())
             total += loss.item()
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}

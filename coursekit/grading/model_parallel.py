@@ -1,32 +1,23 @@
-"""Checks of exercise 03 (``exercises/03_model_parallel.ipynb``): the two halves of a model-parallel step.
+"""Checks of exercise 03 (``exercises/03_model_parallel.ipynb``): a two-stage model-parallel step with its backward.
 
     from coursekit.grading import check_model_parallel
-    check_model_parallel(first_stage, second_stage)
+    check_model_parallel(two_stage_step)
 
 The seed's example (claim P3): a two-layer network, the hidden layer on rank 0 ("GPU 1"), the output layer on
-rank 1 ("GPU 2"). The learner writes both halves of one micro-batch's forward and backward:
+rank 1 ("GPU 2"). The learner writes one training step, called on both ranks of the pipeline:
+``two_stage_step(stage, inputs, targets, loss_fn, width, micro_batches, group=None) -> loss | None``. The batch is
+cut into ``micro_batches`` pieces (``tensor_split``: uneven sizes included); per piece the first stage sends its
+activations forward and the last stage sends their gradient back; each stage runs its own backward. After the call
+every parameter's ``.grad`` is the gradient of the whole batch's loss (the mean over its rows), which the last stage
+returns.
 
-* ``first_stage(stage, inputs)`` on rank 0: forward through ``stage``, send the activations to rank 1 (detached:
-  only numbers cross between processes), receive the gradient of the loss with respect to them, and continue
-  the backward pass from it (``activations.backward(grad)``).
-* ``second_stage(stage, targets, loss_fn, shape) -> loss`` on rank 1: receive the activations (``shape``) as a
-  leaf that requires grad, forward through ``stage``, ``loss = loss_fn(output, targets)``, ``loss.backward()``,
-  and send ``inputs.grad`` back to rank 0. The loss must come from the ``loss_fn`` given (the harness's,
-  scaled for micro-batches) and be returned: the check of the loss checks both.
-
-Each check runs the learner's halves in the strict simulator first (a deadlock is named at once), then on two
-real ranks (``torch.distributed``'s collectives and raw send/recv switched off: everything goes through
-``coursekit.comm`` and is counted), and compares with one process training the whole network on the same
-batches (:mod:`coursekit.measure.verify`: the loss, every gradient, every weight after each step).
-
-What a rank does is watched through a thin layer over ``coursekit.comm``'s transport (:mod:`.watch`, run by
-:mod:`.model_parallel_ranks`): where each message goes, and whether the activations sent still required grad.
-When the second stage cannot send a gradient, the harness sends rank 0 a zero gradient in its place, so that
-the run finishes and the feedback can say what that costs: the first stage's gradients are zero. When the first
-stage kept only detached activations (its ``activations.backward(grad)`` has no graph to follow), the harness
-notes it and goes on: the second stage's half is judged, the first stage's gradients are missing. The check of
-the forward alone stops rank 0 right after its send, so that a right loss earns its points whatever rank 0's
-backward does.
+Each check runs the learner's step in the strict simulator first (a deadlock is named at once), then on two real
+ranks (``torch.distributed``'s collectives and raw send/recv switched off: everything goes through
+``coursekit.comm`` and is counted), and compares with one process training the whole network on the same batches
+(:mod:`coursekit.measure.verify`: the loss, every gradient, every weight after each step). What a rank does is
+watched through a thin layer over ``coursekit.comm``'s transport (:mod:`.watch`, run by :mod:`.model_parallel_ranks`):
+where each message goes, and whether the activations sent still required grad. The check of the forward alone stops
+rank 0 right after its send, so that a right loss earns its points whatever the backward does.
 """
 
 from __future__ import annotations
@@ -34,12 +25,14 @@ from __future__ import annotations
 import functools
 import math
 
+import torch
+
 from ..launch import launch
 from ..models import TeacherData, loss_fn
 from ..measure.verify import compare, reference_run
-from .model_parallel_ranks import WHAT, WORLD, boundary_width, make_model, make_optimizer, two_stage_rank
+from .model_parallel_ranks import ROLE, WHAT, WORLD, boundary_width, make_model, make_optimizer, two_stage_rank
 from .registry import check
-from .scoring import CheckFailed, partial_credit
+from .scoring import CheckFailed, Deadlocked, NotDone, partial_credit
 
 EXERCISE = "03_model_parallel"  # registered in registry.EXERCISES, the one place exercises are named
 # The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
@@ -61,29 +54,45 @@ def _reference(d_hidden, n_layers, steps, global_batch):
 
 
 def _case_name(case) -> str:
-    d_hidden, n_layers, sizes, steps, batch, micro = case
+    d_hidden, n_layers, sizes, steps, batch, micro = case[:6]
     layers = "two-layer network" if n_layers == 2 else f"{n_layers}-layer network split {list(sizes)}"
     return (f"{layers} (hidden {d_hidden}), batch {batch}"
-            + (f" in {micro} micro-batches" if micro > 1 else "") + f", {steps} step{'s' if steps > 1 else ''}")
+            + (f" in {micro} micro-batches" if micro > 1 else "") + f", {steps} step{'s' if steps > 1 else ''}"
+            + (", on Mesh({'dp': 2, 'pp': 2}), each pipeline its pp group (group=mesh['pp'])" if _mesh(case) else ""))
 
 
-_NEVER_CALLED = ("second_stage never called loss_fn, the loss function it is given: compute "
-                 "loss = loss_fn(stage(inputs), targets) with it (it is scaled for micro-batches; a loss of your own "
-                 "is not)")
+_NEVER_CALLED = ("the last stage never called loss_fn, the loss function it is given: compute each micro-batch's "
+                 "loss with it (a loss of your own is not the one judged)")
 
 
 def _never_called(result) -> bool:
-    return any(computed is None for *_, computed in result.get("answers", []))
+    return any(calls == 0 for *_, calls in result.get("answers", []))
 
 
 def _loss_returned(result) -> str | None:
-    """None if second_stage returned the loss loss_fn computed, on every micro-batch; else what it returned."""
-    for step, micro, returned, computed in result.get("answers", []):
+    """None if the last stage returned the batch's loss (its micro-batches' losses, each weighted by its share of
+    the batch), every step; else what it returned."""
+    for step, returned, computed, unscaled, calls in result.get("answers", []):
         if not isinstance(returned, float):
-            return f"second_stage must return the loss: it returned {returned} (end it with `return loss`)"
-        if computed is not None and not math.isclose(returned, computed, rel_tol=1e-6, abs_tol=1e-7):
-            return (f"second_stage must return the loss: at step {step}, micro-batch {micro} it returned "
-                    f"{returned:.6g}, but loss_fn gave {computed:.6g}")
+            return (f"the last stage must return the batch's loss: it returned {returned} at step {step} "
+                    f"(return it as a number or a 0-d tensor)")
+        if computed is not None and not math.isclose(returned, computed, rel_tol=1e-5, abs_tol=1e-6):
+            said = (f"the last stage must return the batch's loss: at step {step} it returned {returned:.6g}, but "
+                    f"its micro-batches' losses give {computed:.6g}")
+            return said + (_scaling_hint(returned, unscaled, calls) or "")
+    return None
+
+
+def _scaling_hint(returned: float, unscaled: float | None, calls: int) -> str | None:
+    """Why a loss (or the gradients) can be off with several micro-batches: the micro-batches' means not weighted."""
+    if calls < 2 or unscaled is None:
+        return None
+    if math.isclose(returned, unscaled, rel_tol=1e-5):
+        return (f" — that is the sum of the {calls} micro-batches' means: weight each by its share of the batch "
+                f"(its rows / the batch's rows), so that the gradients are those of the batch's mean")
+    if math.isclose(returned, unscaled / calls, rel_tol=1e-5):
+        return (f" — that is the plain mean of the {calls} micro-batches' means: with uneven micro-batches weight each "
+                f"by its share of the batch (its rows / the batch's rows)")
     return None
 
 
@@ -93,17 +102,24 @@ def _run(ctx, submission, case, forward_only=False):
     return ctx.memo(("model_parallel", case, forward_only), lambda: _run_once(ctx, submission, case, forward_only))
 
 
+def _mesh(case) -> bool:
+    return len(case) > 6 and bool(case[6])
+
+
 def _run_once(ctx, submission, case, forward_only=False):
-    """The simulator first (a deadlock is named at once), then two real ranks; the results of the real ones.
+    """The simulator first (a deadlock is named at once), then real ranks; the results of the real ones.
 
     The simulator runs in a rank of its own (a one-rank launch), not in this process: its two ranks are threads,
     and after torch has multiplied matrices in threads of this process, ranks forked from it later hung in their
-    first matrix multiply (seen: 2 runs of the solution's grading in 6 stuck in ``Linear.forward``).
+    first matrix multiply (seen: 2 runs of the solution's grading in 6 stuck in ``Linear.forward``). The mesh case
+    runs on real ranks only: the simulator runs one world of ranks, without groups.
     """
-    args = (submission.first_stage, submission.second_stage, case, forward_only)
+    args = (submission.two_stage_step, case[:6], forward_only, _mesh(case))
     # The reference first, here: the first optimiser built imports torch._dynamo (~5 s); once in this process,
     # not again in every rank forked below (measured: the first check took 9.6 s instead of 0.4 s).
     _reference(*case[:2], case[3], case[4])
+    if _mesh(case):
+        return ctx.launch(two_stage_rank, 4, *args, case=_case_name(case))
     failed = launch(_simulated, 1, ctx, args, timeout=ctx.timeout + 10)[0]
     if failed is not None:
         raise failed
@@ -111,7 +127,7 @@ def _run_once(ctx, submission, case, forward_only=False):
 
 
 def _simulated(rank, world_size, ctx, args):
-    """Inside a one-rank launch: the learner's halves in the strict simulator; what it found wrong, or None."""
+    """Inside a one-rank launch: the learner's step in the strict simulator; what it found wrong, or None."""
     try:
         ctx.simulate(two_stage_rank, WORLD, *args)
     except CheckFailed as failed:
@@ -119,21 +135,19 @@ def _simulated(rank, world_size, ctx, args):
     return None
 
 
-def _per_rank_records(results):
-    """Every rank reports the batch's loss: the second stage computed it (the harness shares it, not the ranks)."""
-    per_rank = [r["records"] for r in results]
+def _pipelines(case, results) -> list[tuple[str, list]]:
+    """Each pipeline's two results, first stage first, with the words that name it (the mesh has two)."""
+    if not _mesh(case):
+        return [("", results)]
+    return [(f" (the pipeline of ranks {pair})", [results[r] for r in pair]) for pair in ([0, 1], [2, 3])]
+
+
+def _per_rank_records(pair):
+    """Both stages report the batch's loss: the last stage's outputs give it (the harness shares it, not the ranks)."""
+    per_rank = [r["records"] for r in pair]
     for step, record in enumerate(per_rank[1]):
-        for records in per_rank:
-            records[step]["loss"] = record["loss"]
+        per_rank[0][step]["loss"] = record["loss"]
     return per_rank
-
-
-def _rescue_note(results) -> str:
-    rescued = results[1]["rescued"]
-    if not rescued:
-        return ""
-    return (f"rank 1 could not send the gradient back: {rescued[0][2]}. The grader sent rank 0 zeros instead, so "
-            f"the first stage's gradients are zero")
 
 
 def _stage_of(name: str, case) -> int:
@@ -144,8 +158,16 @@ def _stage_of(name: str, case) -> int:
 
 def _judge(case, results, kinds=("loss", "grad", "param", "output", "missing")) -> dict[int, str | None]:
     """Per stage: None if its part equals one process, else the first divergence (and what probably caused it)."""
-    d_hidden, n_layers, sizes, steps, batch, micro = case
-    report = compare(_reference(d_hidden, n_layers, steps, batch), _per_rank_records(results))
+    for where, pair in _pipelines(case, results):
+        verdict = _judge_pipeline(case, pair, kinds, where)
+        if any(verdict.values()):
+            return verdict
+    return {0: None, 1: None}
+
+
+def _judge_pipeline(case, pair, kinds, where: str) -> dict[int, str | None]:
+    d_hidden, n_layers, sizes, steps, batch, micro = case[:6]
+    report = compare(_reference(d_hidden, n_layers, steps, batch), _per_rank_records(pair))
     verdict: dict[int, str | None] = {0: None, 1: None}
     first: dict[int, object] = {}
     for divergence in report.divergences:
@@ -156,23 +178,20 @@ def _judge(case, results, kinds=("loss", "grad", "param", "output", "missing")) 
         for s in stages:
             first.setdefault(s, divergence)
     for s, divergence in first.items():
-        verdict[s] = f"{_case_name(case)}: {divergence}"
-    note = _rescue_note(results)
-    if results[0]["rescued"] and 0 in first:  # rank 0 could not continue backward: its gradients are missing
-        verdict[0] = f"{_case_name(case)}: {results[0]['rescued'][0][2]}"
-    elif note and 0 in first:
-        d = first[0]
-        verdict[0] = (f"{_case_name(case)}: {note} (step {d.step}, {d.kind} {d.name!r}: expected {d.expected:.4g}, "
-                      f"got {d.got:.4g})")
-    elif 0 in first and _all_zero(results[0], case):
-        verdict[0] += (" — every gradient of the first stage is zero: it continued backward from a zero gradient "
-                       "(receive the gradient rank 1 sends, then activations.backward(grad))")
-    if _never_called(results[1]):  # what differs follows from it: say so wherever something differs
+        verdict[s] = f"{_case_name(case)}{where}: {divergence}"
+    if 0 in first and _all_zero(pair[0]):
+        verdict[0] += (" — every gradient of the first stage is zero: it ran its backward from a zero gradient "
+                       "(the gradient the last stage sends back is what its backward starts from)")
+    hint = next((h for _, returned, _, unscaled, calls in pair[1]["answers"]
+                 if isinstance(returned, float) for h in [_scaling_hint(returned, unscaled, calls)] if h), None)
+    if hint:
+        verdict = {s: v and f"{v}{hint}" for s, v in verdict.items()}
+    if _never_called(pair[1]):  # what differs follows from it: say so wherever something differs
         verdict = {s: v and f"{v} — {_NEVER_CALLED}" for s, v in verdict.items()}
     return verdict
 
 
-def _all_zero(result, case) -> bool:
+def _all_zero(result) -> bool:
     grads = result["records"][0]["grads"].tensors
     return bool(grads) and all(not t.any() for t in grads.values())
 
@@ -187,8 +206,8 @@ def _right(ctx, submission, case) -> tuple[list, str | None]:
 
 @check(EXERCISE, points=2, timeout=30)
 def activations_reach_the_loss(submission, ctx):
-    """The seed's two-layer network: the activations rank 0 sends reach rank 1, whose loss (computed with the
-    loss_fn given, and returned) equals one process."""
+    """The seed's two-layer network: the activations the first stage sends reach the last, whose loss (computed
+    with the loss_fn given, and returned) equals one process."""
     case = SEED_EXAMPLE
     try:  # the whole step: a wrong backward does not make the loss wrong
         result = _run(ctx, submission, case)[1]
@@ -201,8 +220,8 @@ def activations_reach_the_loss(submission, ctx):
     problems = []
     expected = _reference(*case[:2], case[3], case[4])[0]["loss"]
     if not math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-5):
-        problems.append(f"{_case_name(case)}: rank 1's loss is {got:.6g}, one process's {expected:.6g}: "
-                        f"rank 1 did not compute the output layer on the activations rank 0 computed")
+        problems.append(f"{_case_name(case)}: the last stage's loss is {got:.6g}, one process's {expected:.6g}: "
+                        f"it did not compute the output layer on the activations the first stage computed")
     returned = _loss_returned(result)  # the caller gets the loss only from the return value
     if returned:
         problems.append(f"{_case_name(case)}: {returned}")
@@ -229,24 +248,28 @@ def training_equals_one_process(submission, ctx):
 
 
 def _traffic_problems(case, results) -> list[str]:
+    """Each step, each stage sent exactly one message per micro-batch, of its rows × the width, to the other stage."""
     width = boundary_width(case[0], case[1], case[2])
+    rows = sorted(t.shape[0] for t in torch.empty(case[4]).tensor_split(case[5]))  # the micro-batches' rows
     problems = []
-    for rank, other in ((0, 1), (1, 0)):
-        for step, micro, samples, sent in results[rank]["sends"]:
-            want = [{"dst": other, "numel": samples * width}]
-            got = [{"dst": s["dst"], "numel": s["numel"]} for s in sent]
-            if got != want:
-                said = ", ".join(f"{s['numel']} element{'s' * (s['numel'] != 1)} to rank {s['dst']}" for s in got) or "nothing"
-                problems.append(
-                    f"step {step}, micro-batch {micro}: rank {rank} sent {said}; expected exactly one message of "
-                    f"{samples}×{width} = {samples * width} elements (micro-batch × hidden) to rank {other}: "
-                    f"{WHAT[rank]}, nothing else")
+    for where, pair in _pipelines(case, results):
+        ranks = [0, 1] if not where else ([0, 1] if "[0, 1]" in where else [2, 3])
+        for stage in (0, 1):
+            for step, sent in pair[stage]["sends"]:
+                got = sorted((s["numel"], s["dst"]) for s in sent)
+                want = sorted((n * width, ranks[1 - stage]) for n in rows)
+                if got != want:
+                    said = ", ".join(f"{n} element{'s' * (n != 1)} to rank {d}" for n, d in got) or "nothing"
+                    problems.append(
+                        f"step {step}{where}: {ROLE[stage]} sent {said}; expected one message per micro-batch of "
+                        f"its rows × {width} ({', '.join(str(n * width) for n in rows)} elements) to rank "
+                        f"{ranks[1 - stage]}: {WHAT[stage]}, nothing else")
     return problems
 
 
 @check(EXERCISE, points=2, timeout=30, requires=ANSWER)
 def traffic_pattern(submission, ctx):
-    """Per micro-batch exactly one message of b×h elements forward (rank 0 → 1) and one back (1 → 0), counted by
+    """Per micro-batch exactly one message of b×h elements forward (first stage → last) and one back, counted by
     coursekit.comm (3 uneven micro-batches)."""
     case = TRAINING_CASES[1]
     results, wrong = _right(ctx, submission, case)
@@ -266,18 +289,29 @@ def activations_sent_detached(submission, ctx):
     if wrong:
         raise CheckFailed(f"{wrong}\nthe result is wrong (see the checks above): this is scored only for "
                           f"a right one")
-    attached = [s for *_, sent in results[0]["sends"] for s in sent if s["requires_grad"]]
+    attached = [s for _, sent in results[0]["sends"] for s in sent if s["requires_grad"]]
     if attached:
         raise CheckFailed(
-            "rank 0 sent activations that still require grad (not detached). It works — a send moves only the "
-            "numbers — but autograd cannot follow a tensor into another process: rank 1 starts a graph of its own "
-            "from a new leaf, and the gradient comes back only because you send it back by hand. Send "
-            "activations.detach() to say so (torch.distributed.pipelining detaches what it sends too), and keep "
-            "`activations` itself for activations.backward(grad)")
+            "the first stage sent activations that still require grad (not detached). It works — a send moves only "
+            "the numbers — but autograd cannot follow a tensor into another process: the last stage starts a graph "
+            "of its own from a new leaf, and the gradient comes back only because you send it back by hand. Send "
+            "them detached to say so (torch.distributed.pipelining detaches what it sends too), and keep the "
+            "activations themselves for their backward")
 
 
 @check(EXERCISE, points=1, hidden=True, timeout=30, requires=ANSWER)
 def other_splits_and_sizes(submission, ctx):
-    """A three-layer network split [2, 1] and [1, 2], hidden 24, a batch of 7 in 3 micro-batches, 2 steps."""
-    cases = [(24, 3, (2, 1), 2, 7, 3), (24, 3, (1, 2), 2, 7, 3)]
-    return partial_credit([_right(ctx, submission, case)[1] for case in cases])
+    """A three-layer network split [2, 1] and [1, 2], hidden 24, a batch of 7 in 3 micro-batches, 2 steps; and the
+    two-layer network on a 2 × 2 mesh, each pipeline its pp group ([0, 1] and [2, 3], group=mesh["pp"])."""
+    cases = [(24, 3, (2, 1), 2, 7, 3), (24, 3, (1, 2), 2, 7, 3), (64, 2, (1, 1), 2, 10, 3, True)]
+    return partial_credit([_case_outcome(ctx, submission, case) for case in cases])
+
+
+def _case_outcome(ctx, submission, case) -> str | None:
+    """None if ``case`` trains as one process, else what went wrong; a crash costs only this case."""
+    try:
+        return _right(ctx, submission, case)[1]
+    except (NotDone, Deadlocked):
+        raise
+    except CheckFailed as failed:
+        return f"{_case_name(case)}: {failed}"

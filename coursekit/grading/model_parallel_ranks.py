@@ -1,40 +1,32 @@
-"""What runs on each rank in exercise 03: the learner's two halves training the course MLP, watched.
+"""What runs on each rank in exercise 03: the learner's two-stage step training the course MLP, watched.
 
-:func:`two_stage_rank` trains one case with ``first_stage`` on rank 0 and
-``second_stage`` on rank 1 and returns, per rank, the step records
-(:mod:`coursekit.measure.verify`), what each micro-batch sent, what the harness had to
-rescue and what ``second_stage`` returned. Each message goes through a
-:class:`StageWatch` (:mod:`.watch`), which refuses one to the wrong rank or one that
-is not a tensor, so that the feedback names it instead of a deadlock. When the
-second stage cannot send a gradient (``inputs.grad`` is None because the received
-activations did not require grad, or it is sent to the wrong rank), the harness
-sends rank 0 a zero gradient in its place, so that the run finishes and the
-feedback can say what that costs: the first stage's gradients are zero. When the
-first stage cannot continue backward because the activations it kept are detached
-(``activations.backward(grad)`` on a tensor with no graph), the harness notes why and
-goes on, so that the second stage's half is still judged. When only the forward is
-checked, rank 0 stops right after its send: whatever its backward does, rank 1's
-loss is what is judged.
+:func:`two_stage_rank` trains one case with ``two_stage_step`` on both ranks of a pipeline (the world's two, or the
+pp group of a 2 × 2 mesh) and returns, per rank, the step records (:mod:`coursekit.measure.verify`), what each step
+sent, and what the last stage returned against the batch's loss its outputs give. Each message goes through a
+:class:`StageWatch` (:mod:`.watch`), which refuses one to the rank itself, to a rank outside the pipeline or one that
+is not a tensor, so that the feedback names it instead of a deadlock. An error autograd raises for the usual
+mistakes is re-raised in the exercise's words. When only the forward is checked, rank 0 stops right after its first
+send and the last stage right after its first loss: whatever the backward does, the loss is what is judged.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import comm
+from ..comm.mesh import Mesh
 from ..models import TeacherData, loss_fn, tiny_mlp
 from ..parallel.pipeline import split
 from ..measure.verify import NamedPart, record_step
 from .watch import Watch
 
-__all__ = ["WORLD", "ROLE", "WHAT", "make_model", "make_optimizer", "boundary_width", "StageWatch",
+__all__ = ["WORLD", "MESH", "ROLE", "WHAT", "make_model", "make_optimizer", "boundary_width", "StageWatch",
            "two_stage_rank", "returned_value"]
 
 WORLD = 2  # two stages, two ranks: the seed's example
-ROLE = {0: "the first stage (rank 0)", 1: "the second stage (rank 1)"}
-WHAT = {0: "the activations", 1: "the gradient"}
+MESH = {"dp": 2, "pp": 2}  # the hidden sub-group case: two pipelines, [0, 1] and [2, 3]
+ROLE = {0: "the first stage", 1: "the last stage"}
+WHAT = {0: "the activations", 1: "the activations' gradient"}
 
 
 def make_model(d_hidden: int, n_layers: int):
@@ -51,143 +43,131 @@ def boundary_width(d_hidden: int, n_layers: int, layers_per_stage) -> int:
 
 
 class _ForwardDone(BaseException):
-    """Raised from the harness's loss_fn when only the forward is checked (BaseException: not swallowed)."""
+    """Raised by the harness when only the forward is checked (BaseException: not swallowed by the learner)."""
 
 
-class _Refused(Exception):
-    """A message the harness refused to pass on (to the wrong rank, or None instead of a tensor)."""
+class Refused(RuntimeError):
+    """A message the harness refused to pass on (to the rank itself, outside the pipeline, or not a tensor)."""
 
 
 class StageWatch(Watch):
-    """The watch of one stage's rank: a message to itself, to a rank that does not exist or not a tensor is refused.
+    """The watch of one stage's rank: a message to itself, to a rank outside its pipeline or not a tensor is refused.
 
-    ``stop_after_send``: the rank stops (raises ``_ForwardDone``) once its first payload has left, for a check of
-    the forward alone: what it would do next (its backward, from a gradient nobody computed) is not judged.
+    ``pair``: the global ranks of the pipeline, first stage first. ``stop_after_send``: the rank stops (raises
+    ``_ForwardDone``) once its first payload has left, for a check of the forward alone.
     """
 
-    def __init__(self, rank: int, stop_after_send: bool = False):
+    def __init__(self, stage: int, pair: list[int], stop_after_send: bool = False):
         super().__init__()
-        self.me, self.stop_after_send = rank, stop_after_send
+        self.me, self.pair, self.stop_after_send = stage, pair, stop_after_send
+        self.group = None
 
     def send(self, tensor, dst, group):
+        self.group = group
         work = super().send(tensor, dst, group)
         if self.stop_after_send and self.sent[-1]["kind"] == "payload":
             raise _ForwardDone
         return work
 
     def isend(self, tensor, dst, group):
+        self.group = group
         work = super().isend(tensor, dst, group)
         if self.stop_after_send and self.sent[-1]["kind"] == "payload":
             work.wait()  # delivered before the rank stops
             raise _ForwardDone
         return work
 
+    def recv(self, tensor, src, group):
+        self.group = group
+        return super().recv(tensor, src, group)
+
+    def irecv(self, tensor, src, group):
+        self.group = group
+        return super().irecv(tensor, src, group)
+
     def vet(self, tensor, peer: int, what: str) -> None:
         sending = what.startswith("send")
+        role = f"{ROLE[self.me]} (rank {self.pair[self.me]})"
         if not isinstance(tensor, torch.Tensor):
-            raise _Refused(f"{ROLE[self.me]} tried to {what} {type(tensor).__name__} instead of a tensor")
-        if peer == self.me:
-            raise _Refused(f"{ROLE[self.me]} tried to {what} rank {self.me}, itself: "
-                           f"{WHAT[self.me] if sending else 'what it waits for'} "
-                           f"{'goes to' if sending else 'comes from'} rank {1 - self.me}, its "
-                           f"neighbour in the chain")
-        if not 0 <= peer < WORLD:
-            raise _Refused(f"{ROLE[self.me]} tried to {what} rank {peer}, which does not exist (ranks 0 and 1): "
-                           f"{WHAT[self.me] if sending else 'it'} "
-                           f"{'goes to' if sending else 'comes from'} rank {1 - self.me}")
+            said = f"{role} tried to {what} rank {peer} {type(tensor).__name__} instead of a tensor"
+            if tensor is None and sending and self.me == 1 and self.received and not self.received[-1].requires_grad:
+                said = _NO_GRADIENT
+            raise Refused(said)
+        where = self.inner.global_rank(self.group, peer)
+        other = self.pair[1 - self.me]
+        what_moves = WHAT[self.me] if sending else WHAT[1 - self.me]
+        if where == self.pair[self.me]:
+            raise Refused(f"{role} tried to {what} rank {where}, itself: the other stage, rank {other}, "
+                          f"{'receives' if sending else 'sends'} {what_moves}")
+        if where != other:
+            raise Refused(f"{role} tried to {what} rank {where}, outside its pipeline {self.pair}: the other stage, "
+                          f"rank {other}, {'receives' if sending else 'sends'} {what_moves}. Inside a group, name the "
+                          f"peer by its rank in the group (group=group, group_dst=/group_src=), or by its global rank")
 
 
 class _StageRun:
-    """One rank's stage and the learner's half for it; what each micro-batch sent, what was rescued and returned."""
+    """One rank's stage and the learner's step for it; what each step sent and what the last stage returned."""
 
-    def __init__(self, rank, first_stage, second_stage, case, forward_only):
+    def __init__(self, rank, step_fn, case, forward_only, mesh):
         d_hidden, n_layers, sizes, _, self.global_batch, self.micro_batches = case
+        if mesh:
+            axis = Mesh(MESH)["pp"]
+            self.group, pair = axis, list(axis.ranks)
+        else:
+            self.group, pair = None, [0, 1]
+        self.me = pair.index(rank)
         model = make_model(d_hidden, n_layers)
         names = {id(p): n for n, p in model.named_parameters()}
-        self.stage = split(model, 2, layers_per_stage=list(sizes))[rank]
+        self.stage = split(model, 2, layers_per_stage=list(sizes))[self.me]
         self.own = [(names[id(p)], p) for p in self.stage.parameters()]
-        self.rank, self.halves, self.forward_only = rank, (first_stage, second_stage), forward_only
+        self.step_fn, self.forward_only = step_fn, forward_only
         self.width = boundary_width(d_hidden, n_layers, sizes)
-        self.watch = StageWatch(rank, stop_after_send=forward_only and rank == 0)
-        self.sends, self.rescued, self.answers = [], [], []
-        # The stage's output, seen without the loss_fn: a second stage that computes a loss of its own is judged
-        # on what it returned and on this output (its gradients may still be right), not reported as having none.
-        self.forwarded: list = []
-        if rank == 1:
-            self.stage.register_forward_hook(self._keep_output)
+        self.watch = StageWatch(self.me, pair, stop_after_send=forward_only and self.me == 0)
+        self.sends, self.answers = [], []
 
-    def _keep_output(self, module, args, output):
-        self.forwarded[:] = [output.detach().clone()]  # the latest only
-
-    def step(self, step: int, inputs, targets) -> tuple[list, float]:
-        """Every micro-batch of one step: the outputs of the second stage and the batch's loss."""
-        outputs, total = [], 0.0
-        for micro, (x, y) in enumerate(zip(inputs.tensor_split(self.micro_batches),
-                                           targets.tensor_split(self.micro_batches))):
-            seen = self._micro_batch(step, micro, x, y)
-            if seen:
-                outputs.append(seen[-1][0])
-                total += seen[-1][1]
-            elif self.rank == 1 and self.answers and self.answers[-1][:2] == (step, micro):  # loss_fn never called
-                outputs += self.forwarded[-1:]
-                total += self.answers[-1][2] if isinstance(self.answers[-1][2], float) else math.nan
-        return outputs, total
-
-    def _scaled_loss(self, share: float, seen: list):
-        def scaled_loss(output, target):
-            loss = loss_fn(output, target) * share  # the micro-batches' losses add up to the batch's mean
-            seen.append((output.detach().clone(), loss.item()))
+    def _loss_fn(self, seen: list):
+        def watched_loss(output, target):
+            loss = loss_fn(output, target)
+            seen.append((output.detach().clone(), target.shape[0], loss.item()))
             if self.forward_only:
                 raise _ForwardDone
             return loss
-        return scaled_loss
+        return watched_loss
 
-    def _micro_batch(self, step: int, micro: int, x, y) -> list:
-        """The learner's half on one micro-batch; ``[(output, loss)]`` if the harness's loss_fn was called."""
+    def step(self, step: int, inputs, targets) -> tuple[list, float]:
+        """The learner's step on the whole batch: the last stage's outputs, and the batch's loss they give."""
         seen: list = []
-        scaled_loss = self._scaled_loss(x.shape[0] / self.global_batch, seen)
-        before_sent, before_received = len(self.watch.sent), len(self.watch.received)
+        before = len(self.watch.sent)
+        args = (self.stage, inputs, targets, self._loss_fn(seen), self.width, self.micro_batches)
         try:
             with comm.using(self.watch), comm.record():
-                if self.rank == 0:
-                    self.halves[0](self.stage, x)
-                else:
-                    answer = self.halves[1](self.stage, y, scaled_loss, (x.shape[0], self.width))
-                    # (step, micro-batch, what it returned, the loss loss_fn computed or None if never called)
-                    self.answers.append((step, micro, returned_value(answer), seen[-1][1] if seen else None))
-        except (_ForwardDone, _Refused, AttributeError, TypeError, RuntimeError) as error:
-            self._rescue(step, micro, x.shape[0], error, before_sent, before_received)
-        self.sends.append((step, micro, x.shape[0], self.watch.payload_sent(before_sent)))
-        return seen
-
-    def _rescue(self, step: int, micro: int, samples: int, error: BaseException, before_sent: int,
-                before_received: int) -> None:
-        """Go on after the learner's half stopped, where the harness can (else re-raise): rank 0 stopped after its
-        send (the forward alone), rank 1 without a gradient to send, rank 0 unable to continue backward."""
-        sent = self.watch.payload_sent(before_sent)
-        received = len(self.watch.received) > before_received
-        if self.rank == 0:
-            if isinstance(error, _ForwardDone):
-                return
-            if received and any(s["dst"] == 1 for s in sent) and _detached_backward(error):
-                self.rescued.append((step, micro, _DETACHED_KEPT))
-                return
-            raise error
-        if isinstance(error, RuntimeError) or not received or any(s["dst"] == 0 for s in sent):
-            raise error
-        if not isinstance(error, _ForwardDone):
-            self.rescued.append((step, micro, _rescue_reason(error, self.watch.received[-1])))
-        if not self.forward_only:  # rank 0 may go on (not counted); in the forward alone it stopped after its send
-            self.watch.inner.send(torch.zeros(samples, self.width), 0, None)
+                answer = self.step_fn(*args, group=self.group) if self.group is not None else self.step_fn(*args)
+        except _ForwardDone:
+            answer = None
+        except RuntimeError as error:
+            if _detached_backward(error):
+                raise RuntimeError(_DETACHED_KEPT) from None
+            raise
+        except AttributeError as error:  # comm.send(None): .grad of a received buffer that did not require grad
+            if self.me == 1 and "'NoneType'" in str(error) and self.watch.received \
+                    and not self.watch.received[-1].requires_grad:
+                raise RuntimeError(_NO_GRADIENT) from None
+            raise
+        self.sends.append((step, self.watch.payload_sent(before)))
+        computed = sum(rows / inputs.shape[0] * loss for _, rows, loss in seen) if seen else None
+        if self.me == 1 and not self.forward_only:  # stopped after its first loss, it returned nothing to judge
+            unscaled = sum(loss for *_, loss in seen) if seen else None
+            self.answers.append((step, returned_value(answer), computed, unscaled, len(seen)))
+        return [output for output, *_ in seen], (computed if computed is not None else float("nan"))
 
     def result(self, **more) -> dict:
-        return {**more, "sends": self.sends, "rescued": self.rescued, "answers": self.answers}
+        return {**more, "stage": self.me, "sends": self.sends, "answers": self.answers}
 
 
-def two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_only=False):
-    """Train ``case`` with the learner's halves; returns records, per-micro-batch sends, what was rescued and what
-    second_stage returned (``forward_only``: the first micro-batches' loss instead of records)."""
-    run, data = _StageRun(rank, first_stage, second_stage, case, forward_only), TeacherData()
+def two_stage_rank(rank, world_size, step_fn, case, forward_only=False, mesh=False):
+    """Train ``case`` with the learner's step; returns records, each step's sends and what the last stage returned
+    (``forward_only``: the first micro-batch's loss instead of records)."""
+    run, data = _StageRun(rank, step_fn, case, forward_only, mesh), TeacherData()
     optimizer = make_optimizer([p for _, p in run.own])
     steps, global_batch = case[3], case[4]
     records = []
@@ -204,7 +184,7 @@ def two_stage_rank(rank, world_size, first_stage, second_stage, case, forward_on
 
 
 def returned_value(answer):
-    """What second_stage returned: the loss as a float, or words saying what came back instead."""
+    """What the step returned: the loss as a float, or words saying what came back instead."""
     if isinstance(answer, torch.Tensor) and answer.numel() == 1:
         return answer.item()
     if isinstance(answer, (int, float)) and not isinstance(answer, bool):
@@ -214,23 +194,17 @@ def returned_value(answer):
     return "None" if answer is None else f"a {type(answer).__name__}"
 
 
+_NO_GRADIENT = (
+    "the last stage sent None instead of the activations' gradient: the activations it received do not require "
+    "grad, so autograd computed no gradient for them (their .grad is None). Make what you receive into a leaf that "
+    "requires grad before the forward")
+
 _DETACHED_KEPT = (
-    "first_stage's activations.backward(grad) raised \"element 0 of tensors does not require grad\": the "
-    "activations it kept on rank 0 are detached from rank 0's graph (stage(inputs).detach(), or computed under "
-    "torch.no_grad()), so the backward cannot reach rank 0's layers. Detach only what you send: "
-    "comm.send(activations.detach(), dst=1), and keep activations = stage(inputs) itself for "
-    "activations.backward(grad)")
+    "the first stage's backward raised \"element 0 of tensors does not require grad\": the activations it kept "
+    "are detached from its graph (stage(x).detach(), or computed under torch.no_grad()), so the backward cannot "
+    "reach its layers. Detach only what you send, and keep the activations themselves for their backward")
 
 
 def _detached_backward(error: BaseException) -> bool:
     """autograd refused a backward from a tensor that has no graph (torch's own words)."""
     return isinstance(error, RuntimeError) and "does not require grad and does not have a grad_fn" in str(error)
-
-
-def _rescue_reason(error: Exception, received: torch.Tensor) -> str:
-    if isinstance(error, _Refused):
-        return str(error)
-    if not received.requires_grad:
-        return ("inputs.grad is None: the activations it received do not require grad, so autograd computed no "
-                "gradient for them — call inputs.requires_grad_() after receiving them")
-    return f"it raised {type(error).__name__}: {error} before sending it"

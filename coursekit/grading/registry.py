@@ -30,7 +30,7 @@ EXERCISES = {e.name: e for e in (
     Exercise("01_ring_allreduce", "ring_allreduce", "check_ring_all_reduce", ("reduce_scatter", "all_gather")),
     Exercise("02_data_parallel", "data_parallel", "check_data_parallel",
              ("attach_gradient_averaging", "reduce_scatter_gradients")),
-    Exercise("03_model_parallel", "model_parallel", "check_model_parallel", ("first_stage", "second_stage")),
+    Exercise("03_model_parallel", "model_parallel", "check_model_parallel", ("two_stage_step",)),
     Exercise("04_pipeline_schedule", "pipeline_schedule", "check_pipeline_schedule", ("one_f_one_b",)),
     Exercise("05_tensor_parallel", "tensor_parallel", "check_tensor_parallel",
              ("ColumnParallelLinear", "RowParallelLinear", "CopyToParallelRegion", "ReduceFromParallelRegion")),

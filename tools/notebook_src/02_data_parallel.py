@@ -7,35 +7,21 @@
 # In `notebooks/02_data_parallelism.ipynb` you saw that averaging the ranks' gradients makes data
 # parallelism exactly equal to one device (**P4**, **R2**), that communication started *during* backward
 # and run asynchronously can hide behind it, and that ZeRO-2 replaces the all-reduce by a
-# **reduce-scatter** so that each rank keeps only its own slice of the gradient. Now you write both.
+# **reduce-scatter** so that each rank keeps only its own slice of the gradient. Now you write both
+# mechanisms, from their contracts. How is yours to decide.
 #
-# **Part 1** `attach_gradient_averaging(model, group=None)`: register hooks so that, by the time
-# `loss.backward()` returns, every trainable parameter's `.grad` is the **average** over all ranks —
-# also with gradient accumulation (several `loss.backward()` calls before `optimizer.step()`).
-# Each hook runs as soon as that parameter's gradient is ready, so its communication *starts* before
-# backward has reached the earlier layers. But chapter 01's `ring_all_reduce` is **blocking**: backward
-# waits inside the hook until the ring is done, so here communication does not overlap computation.
-# Overlap needs asynchronous work, as chapter 02's `DataParallel` does with gloo's
-# `dist.all_reduce(..., async_op=True)`, waited for at the end of backward.
+# **The tools**: `from coursekit import comm`: `comm.all_reduce(tensor, group=group, async_op=True)` sums `tensor`
+# over the group's ranks in place and returns at once a handle whose `.wait()` returns when the sum is there
+# (on one rank it returns `None`: nothing to sum); `comm.get_world_size(group)`, `comm.get_rank(group)`.
+# `param.register_post_accumulate_grad_hook(hook)` calls `hook(param)` in backward, right after `param.grad`
+# is complete. `from coursekit.collectives import ring_reduce_scatter` (chapter 01: in place, it *sums*, and
+# returns rank `r`'s segment `owned_segment(r, G)` as a view). While grading, every other collective of
+# `torch.distributed` is switched off, and everything sent is counted.
 #
-# **Part 2** `reduce_scatter_gradients(model, group=None) -> Tensor`: ZeRO-2's gradient step, called
-# after `loss.backward()`. Flatten the gradients of the trainable parameters (in `model.parameters()`
-# order) into one tensor, reduce-scatter it with chapter 01's ring, and return this rank's segment of
-# the **averaged** gradient. Then free the full gradients: that memory is what ZeRO-2 saves.
-#
-# **The tools**: `from coursekit.collectives import ring_all_reduce, ring_reduce_scatter` (chapter 01,
-# in place, they *sum*; `ring_reduce_scatter` returns rank `r`'s segment `(r + 1) % G`, a view);
-# `comm.get_world_size(group)`, `comm.get_rank(group)`. While grading, `torch.distributed`'s own
-# collectives are switched off and every element sent through `coursekit.comm` is counted.
-#
-# **Grading**: each part is checked against single-process training on the same global batch with the
-# course's equivalence harness (outputs, loss, every gradient, every parameter after each step, for
-# several world sizes, a batch that does not divide evenly, a tied and a frozen weight), and the
-# traffic is counted against its formula: 2·(G−1)·Ψ elements per step for part 1, (G−1)·Ψ for part 2,
-# and per rank: in a ring each rank sends its share (a master, `master_all_reduce`, moves the same total
-# but all of it through one rank).
-# Part 1 is also trained with gradient accumulation: two micro-batches per rank, two `loss.backward()`
-# calls per step, compared with one process on the whole batch.
+# **Grading** compares each part with single-process training on the same global batch with the course's
+# equivalence harness (outputs, loss, every gradient, every parameter after each step, for several world sizes,
+# a batch that does not divide evenly, a tied and a frozen weight), then measures the part's property. A
+# property earns its points only when the training it measures is right.
 # From a terminal: `make grade NB=exercises/02_data_parallel.ipynb` (it grades a copy of your file).
 
 # %% tags=["parameters"]
@@ -48,53 +34,80 @@ import torch
 import coursekit
 from coursekit import comm
 from coursekit.grading import check_data_parallel
-from coursekit.collectives import ring_all_reduce, ring_reduce_scatter
+from coursekit.collectives import owned_segment, ring_reduce_scatter
 from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.data import shard_batch
 from coursekit.measure.verify import compare, record_step, reference_run
 
 # %% [markdown]
-# ## Part 1: gradient averaging with hooks
+# ## Part 1: bucketed gradient averaging, overlapped with backward
 #
-# `param.register_post_accumulate_grad_hook(hook)` calls `hook(param)` right after `param.grad` has
-# been computed in backward (`hook` must return `None`). In the hook: all-reduce `param.grad` in place
-# with the ring, then divide by the world size. Skip parameters that do not require a gradient (frozen
-# ones never get one). A tied weight is *one* parameter, so it gets one hook — nothing special to do.
+# **`attach_gradient_averaging(model, bucket_elements, group=None) -> finish`**, called once, before training.
 #
-# **Gradient accumulation** (a large batch as several micro-batches, one `loss.backward()` each, then
-# one `optimizer.step()`): each backward *adds* its gradient into `param.grad`, then your hook runs.
-# Average the accumulated `param.grad` in place on **every** backward: after the first, `param.grad` is
-# the average of the first micro-batch, the same on every rank, so averaging it again on the second
-# backward leaves it unchanged, and the result is the average of the sum — exactly one process on the
-# whole batch. (It costs one all-reduce per backward; DDP's `no_sync()` skips all but the last.) Do not
-# replace `param.grad` by the average of only this backward's gradient: that throws away what the
-# earlier micro-batches accumulated.
+# * **In**: `model`, whose trainable parameters are those with `requires_grad` (a frozen one never gets a
+#   gradient; a tied weight is one parameter); `bucket_elements`, the most gradient elements a bucket holds;
+#   `group`, the ranks to average over (`None`: all of them; or a mesh axis, `mesh["dp"]`).
+# * **Out**: `finish`, a function of no arguments. The training loop calls it after every `loss.backward()`, before
+#   `optimizer.step()`. When it returns, every trainable `p.grad` is the mean over the group's ranks of what they
+#   accumulated, also after several `loss.backward()` calls (gradient accumulation, `finish()` after each).
+# * **The buckets**: the trainable parameters in *backward* order (the reverse of `model.parameters()`), grouped
+#   in turn: a bucket is closed when the next parameter would take it past `bucket_elements`. A parameter is never
+#   split: one larger than the cap is a bucket of its own.
+# * **The property**: each backward all-reduces each bucket once, in one call of `bucket_elements` at most (but for
+#   a parameter larger than that), started asynchronously *inside backward*, as soon as the bucket's last gradient
+#   is ready; nothing waits for it before backward has returned.
 
 # %%
-def attach_gradient_averaging(model, group=None):
-    """Register hooks so that after loss.backward() every trainable gradient is the mean over ranks."""
+def attach_gradient_averaging(model, bucket_elements, group=None):
+    """Buckets of gradients all-reduced during backward; returns finish(), which leaves every gradient the mean."""
     world_size = comm.get_world_size(group)
 # BEGIN SOLUTION
+    params = [p for p in model.parameters() if p.requires_grad]
+    buckets, current, size = [], [], 0
+    for p in reversed(params):                       # backward order: the last layer's gradients come first
+        if current and size + p.numel() > bucket_elements:
+            buckets.append(current)
+            current, size = [], 0
+        current.append(p)
+        size += p.numel()
+    buckets.append(current)
+    bucket_of = {id(p): b for b, bucket in enumerate(buckets) for p in bucket}
+    ready = [0] * len(buckets)
+    in_flight = []                                   # (bucket, its flat gradients, the all-reduce's handle)
 
-    def average(param):
-        ring_all_reduce(param.grad, group=group)     # in place: the sum over ranks ...
-        param.grad.div_(world_size)                  # ... divided: the mean
+    def gradient_ready(param):
+        b = bucket_of[id(param)]
+        ready[b] += 1
+        if ready[b] == len(buckets[b]):              # full: start its sum now, while backward goes on
+            flat = torch.cat([p.grad.reshape(-1) for p in buckets[b]])
+            in_flight.append((b, flat, comm.all_reduce(flat, group=group, async_op=True)))
 
-    for param in model.parameters():
-        if param.requires_grad:
-            param.register_post_accumulate_grad_hook(average)
+    for p in params:
+        p.register_post_accumulate_grad_hook(gradient_ready)
+
+    def finish():
+        for b, flat, handle in in_flight:
+            if handle is not None:                   # None on one rank: nothing was sent
+                handle.wait()
+            pieces = flat.div_(world_size).split([p.numel() for p in buckets[b]])
+            for p, piece in zip(buckets[b], pieces):
+                p.grad.copy_(piece.view_as(p))
+            ready[b] = 0
+        in_flight.clear()
+
+    return finish
 # EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("register a hook on every trainable parameter")
+# EXERCISE:     raise NotImplementedError("buckets, hooks that start their all-reduce, and finish()")
 # END SOLUTION
 
 # %% [markdown]
-# Try it: 3 ranks, 2 SGD steps with your hooks, compared with one process by the harness (it names the
-# first step, tensor and rank that differ).
+# Try it: 3 ranks, 2 SGD steps with buckets of 2,000 elements, compared with one process by the harness (it
+# names the first step, tensor and rank that differ).
 
 # %%
 def try_hooks(rank, world_size, steps=2, global_batch=12):
     model, data = tiny_mlp(seed=0), TeacherData()
-    attach_gradient_averaging(model)
+    finish = attach_gradient_averaging(model, 2000)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     records = []
     for step in range(steps):
@@ -102,7 +115,8 @@ def try_hooks(rank, world_size, steps=2, global_batch=12):
         optimizer.zero_grad()
         output = model(x)
         loss = loss_fn(output, y) * weight          # weight: this rank's share of the global batch
-        loss.backward()                             # your hooks average the gradients in here
+        loss.backward()                             # your hooks start the all-reduces in here
+        finish()                                    # ... and here the gradients become the mean
         grads = {n: p.grad.clone() for n, p in model.named_parameters()}
         optimizer.step()
         records.append(record_step(output, loss.item() / world_size, grads, model))  # my share of the loss
@@ -123,27 +137,28 @@ except Exception as error:                  # an unfinished exercise lands here
     print(type(error).__name__, str(error).strip().splitlines()[-1])
 
 # %% [markdown]
-# Then the grader: the same comparison for 1, 2 and 3 ranks, the traffic counted during backward, and
-# gradient accumulation (two backward calls per step on 2 and 3 ranks).
+# Then the grader: the same comparison for 1, 2 and 3 ranks, the buckets each backward all-reduced, when each
+# all-reduce started and was waited for, and gradient accumulation (two backward calls per step on 2 and 3 ranks).
 
 # %%
 check_data_parallel(attach_gradient_averaging, None,
-                    only=["hooks_average_gradients", "hooks_traffic", "hooks_gradient_accumulation"],
+                    only=["hooks_average_gradients", "hooks_buckets", "hooks_overlap", "hooks_gradient_accumulation"],
                     timeout=CHECK_TIMEOUT);
 
 # %% [markdown]
 # ## Part 2: ZeRO-2's gradient reduce-scatter
 #
-# After `loss.backward()` every rank holds the full gradient of its micro-batch. With ZeRO-2, rank `r`
-# only ever needs the averaged gradient of *its* segment — the part of the flattened parameters whose
-# optimiser state it owns — so a reduce-scatter is enough (half the traffic of an all-reduce), and the
-# full gradients can go. Steps:
+# With ZeRO-2, rank `r` keeps the optimiser state of one segment of the parameters, flattened, and only ever needs
+# the averaged gradient of that segment.
 #
-# 1. `flat = torch.cat([p.grad.reshape(-1) for p in trainable parameters])`;
-# 2. free the full gradients: `p.grad = None` for each of them;
-# 3. `mine = ring_reduce_scatter(flat)`: the *sum* over ranks of segment `(r + 1) % G`;
-# 4. return `mine / world_size`: a new tensor. `mine` is a view into `flat`, and so would be
-#    `mine.div_(world_size)`: returning a view keeps all of `flat` allocated, the memory ZeRO-2 saves.
+# **`reduce_scatter_gradients(model, group=None) -> Tensor`**, called after `loss.backward()`.
+#
+# * **In**: `model`, whose trainable parameters hold this rank's gradients; `group` as in part 1.
+# * **Out**: this rank's segment, `owned_segment(r, G)` of the gradients of the trainable parameters flattened in
+#   `model.parameters()` order, *averaged* over the ranks: a tensor that owns its memory.
+# * **The property**: one ring reduce-scatter, (G−1)·Ψ elements in all for Ψ gradient elements, half an all-reduce;
+#   and afterwards nothing else of the gradients stays allocated: no `p.grad`, no buffer of all Ψ elements kept
+#   alive by what you return. That memory is what ZeRO-2 saves.
 
 # %%
 def reduce_scatter_gradients(model, group=None):
@@ -157,7 +172,7 @@ def reduce_scatter_gradients(model, group=None):
     mine = ring_reduce_scatter(flat, group=group)    # sum over ranks of segment (r + 1) % G: a view into flat
     return mine / world_size                         # a new tensor: flat (all Ψ elements) can be freed
 # EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("flatten, free, reduce-scatter, average")
+# EXERCISE:     raise NotImplementedError("this rank's segment of the averaged gradients; free the rest")
 # END SOLUTION
 
 # %%

@@ -185,12 +185,14 @@ for i, variant in enumerate(VARIANTS):
 # `coursekit.parallel.data.DataParallel`, works like PyTorch's [DDP](../docs/glossary.md#ddp). It groups the gradients into
 # buckets in backward order. A hook on each parameter notices when its gradient is ready, and when a bucket is
 # full its all-reduce starts while autograd goes on with earlier layers. A callback at the end of backward waits
-# for what is still in flight, so when `loss.backward()` returns the gradients are averaged. Here is the hook:
+# for what is still in flight, so when `loss.backward()` returns the gradients are averaged. The hooks and the
+# buckets are exercise 02's to write. Here is the piece beside them: each gradient is a view into its bucket's
+# flat buffer, so backward writes straight into what the all-reduce sends.
 
 # %%
 from coursekit.parallel.data import DataParallel
 
-coursekit.show(DataParallel._grad_ready)
+coursekit.show(DataParallel._attach)
 
 # %% [markdown]
 # Does it pay? Only where a rank computes long enough to hide something. The course transformer is too small for
@@ -895,6 +897,7 @@ plt.show()
 # * P4's catch is real, 16 bytes per parameter on every GPU, and ZeRO removes it, at 1.5 times the communication
 #   for stage 3, built from chapter 01's two phases.
 #
-# **Exercise** `exercises/02_data_parallel.ipynb`: write gradient averaging with hooks, then ZeRO-2's gradient
-# reduce-scatter. The grader checks them against one process and counts every element you send.
+# **Exercise** `exercises/02_data_parallel.ipynb`: write the bucketed gradient hooks that overlap backward, then
+# ZeRO-2's gradient reduce-scatter. The grader checks them against one process, the buckets, when each all-reduce
+# starts, and counts every element you send.
 

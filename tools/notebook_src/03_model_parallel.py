@@ -5,58 +5,39 @@
 # END SOLUTION
 #
 # In `notebooks/03_model_parallelism.ipynb` you ran the seed's example (claim **P3**): a two-layer network
-# with the hidden layer on rank 0 ("GPU 1") and the output layer on rank 1 ("GPU 2"). Forward, rank 0
-# computes the hidden activations and **sends** them to rank 1, which computes the output and the loss.
-# Backward, rank 1 computes the gradient of the loss with respect to the activations it received and sends
-# it **back**; rank 0 continues the backward pass from there. Now you write both halves.
+# with the hidden layer on rank 0 ("GPU 1") and the output layer on rank 1 ("GPU 2"). Forward, activations
+# travel from the first rank to the second; backward, their gradient travels back. Now you write one whole
+# training step of such a two-stage model, forward and backward, from its contract.
 #
-# **The task.** Write the two halves of one training step of this two-stage network, one function per rank:
+# **`two_stage_step(stage, inputs, targets, loss_fn, width, micro_batches, group=None) -> loss`**, called on both
+# ranks of the pipeline, each with its own stage.
 #
-# * **`first_stage(stage, inputs)`** on rank 0 (returns nothing): run the hidden layer on the inputs, and by
-#   the end its parameters must hold their gradients — as if the whole network had run backward here;
-# * **`second_stage(stage, targets, loss_fn, shape) -> loss`** on rank 1: run the output layer and the loss
-#   (with the `loss_fn` you are given: it is scaled for micro-batches), fill the output layer's gradients,
-#   and return the loss.
+# * **In**: `stage`, this rank's part of the network (`nn.Module`): on rank 0 of `group` the first layers, on
+#   rank 1 the rest, ending in the output layer. `inputs` `(B, d_in)` and `targets` `(B,)`: the whole batch, given
+#   to both ranks (the first stage needs only the inputs, the last only the targets). `loss_fn(output, targets)`:
+#   the mean loss over the rows it is given. `width`: the features per row of the activations between the stages.
+#   `micro_batches`: cut the batch into this many pieces with `tensor_split` (their sizes may differ by one).
+#   `group`: the two ranks of the pipeline (`None`: the whole world of two; or a mesh axis, `mesh["pp"]`).
+# * **Out**: the last stage returns the loss of the whole batch, the mean over its B rows (a number or a 0-d
+#   tensor); the first stage returns `None`. When the call returns, every parameter of each stage holds in `.grad`
+#   the gradient of that loss, as one process running the whole network on the whole batch would compute it.
+# * **What may cross**: for each micro-batch, the activations forward and their gradient back, one message each,
+#   nothing else. Autograd cannot follow a tensor into another process, so only numbers cross, and a receiver
+#   must have a buffer of the right shape before the data arrive.
 #
-# **What crosses between the ranks** — two messages per call, nothing else: the hidden activations,
-# `(batch, hidden)` = `shape`, from rank 0 to rank 1; and the gradient of the loss with respect to those
-# activations, the same shape, from rank 1 back to rank 0. Autograd cannot follow a tensor into another
-# process, so only numbers cross: each rank must turn what it receives into something its own autograd
-# can use, and a receiver must have a buffer of the right shape before the data arrives.
+# **The tools**: `from coursekit import comm`: `comm.send(tensor, group=group, group_dst=...)`,
+# `comm.recv(tensor, group=group, group_src=...)` (blocking; a send completes only once its receive is posted) and
+# `comm.isend`/`comm.irecv` (a work object to `.wait()` on); `dst`/`src` name global ranks, `group_dst`/`group_src`
+# ranks within `group`; `comm.get_rank(group)`. From autograd: `tensor.backward(gradient)`, `requires_grad_()`,
+# `detach()`. While grading, `torch.distributed`'s own send/recv and collectives are switched off and every element
+# sent through `coursekit.comm` is counted.
 #
-# <details>
-# <summary><b>Hint: the steps, one by one</b> (open it only if you are stuck)</summary>
-#
-# Rank 0 (`first_stage`):
-#
-# 1. `activations = stage(inputs)`;
-# 2. send them to rank 1 *detached* (`comm.send(activations.detach(), dst=1)`), and keep `activations`,
-#    still part of rank 0's graph, for step 4;
-# 3. receive their gradient into a buffer of the same shape: `grad = torch.empty_like(activations)`, then
-#    `comm.recv(grad, src=1)`;
-# 4. continue backward from it: `activations.backward(grad)` fills the gradients of rank 0's layer.
-#
-# Rank 1 (`second_stage`):
-#
-# 1. receive the activations into `inputs = torch.empty(shape)`;
-# 2. make them a leaf that requires grad, `inputs.requires_grad_()`, so that autograd computes `inputs.grad`;
-# 3. `loss = loss_fn(stage(inputs), targets)`, then `loss.backward()`;
-# 4. send `inputs.grad` back to rank 0, and return `loss`.
-#
-# </details>
-#
-# **The tools**: `from coursekit import comm`: `comm.send(tensor, dst=...)`, `comm.recv(tensor, src=...)`
-# (blocking; `comm.isend`/`comm.irecv` return a work object to `.wait()` on). While grading,
-# `torch.distributed`'s own send/recv and collectives are switched off and every element sent through
-# `coursekit.comm` is counted.
-#
-# **Grading**: against one process training the whole network on the same batches, with the course's
-# equivalence harness: the loss (the activations arrived), every gradient of both stages after one
-# backward, then the loss, every gradient and every weight after each of 3 steps, and with 3 uneven
-# micro-batches per step (your functions are called once per micro-batch; the gradients add up). The
-# traffic is counted: exactly one message of b×h elements forward (rank 0 → 1) and one back (1 → 0) per
-# micro-batch, nothing else. And the activations must be sent detached. Each check runs in the strict
-# simulator first (a deadlock is named at once), then on two real ranks.
+# **Grading**: against one process training the whole network on the same batches, with the course's equivalence
+# harness: the loss, every gradient of both stages after one step, then the loss, every gradient and every weight
+# after each of 3 steps, and with 3 uneven micro-batches per step. Then the traffic (one message of its rows ×
+# `width` each way per micro-batch), and the activations sent detached. Hidden: other splits and sizes, and a
+# pipeline that is the pp group of a 2 × 2 mesh. Each check runs in the strict simulator first (a deadlock is named
+# at once), then on real ranks.
 # From a terminal: `make grade NB=exercises/03_model_parallel.ipynb` (it grades a copy of your file).
 
 # %% tags=["parameters"]
@@ -73,38 +54,31 @@ from coursekit.models import TeacherData, loss_fn, tiny_mlp
 from coursekit.parallel.pipeline import split
 from coursekit.measure.verify import NamedPart, compare, record_step, reference_run
 
-# %% [markdown]
-# ## Rank 0: the hidden layer
-
 # %%
-def first_stage(stage, inputs):
-    """Rank 0: forward, send the activations to rank 1; receive their gradient, continue backward."""
+def two_stage_step(stage, inputs, targets, loss_fn, width, micro_batches, group=None):
+    """One training step of a two-stage model on this rank's stage; the last stage returns the batch's loss."""
 # BEGIN SOLUTION
-    activations = stage(inputs)
-    comm.send(activations.detach(), dst=1)       # data only: autograd stops at the process boundary
-    grad = torch.empty_like(activations)         # d loss / d activations, computed by rank 1
-    comm.recv(grad, src=1)
-    activations.backward(grad)                   # the chain rule, continued on this rank
+    last = comm.get_rank(group) == 1
+    total = 0.0
+    for x, y in zip(inputs.tensor_split(micro_batches), targets.tensor_split(micro_batches)):
+        if not last:
+            activations = stage(x)
+            comm.send(activations.detach(), group=group, group_dst=1)   # data only: autograd stays on this rank
+            grad = torch.empty_like(activations)
+            comm.recv(grad, group=group, group_src=1)
+            activations.backward(grad)                                  # the chain rule, continued here
+        else:
+            received = torch.empty(len(y), width)
+            comm.recv(received, group=group, group_src=0)
+            received.requires_grad_()                                   # a leaf whose gradient autograd computes
+            share = len(y) / len(targets)                               # this micro-batch's part of the batch mean
+            loss = loss_fn(stage(received), y) * share
+            loss.backward()                                             # the gradients add up over micro-batches
+            comm.send(received.grad, group=group, group_dst=0)          # back where the activations came from
+            total += loss.item()
+    return total if last else None
 # EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("forward, send the activations, receive their gradient, backward")
-# END SOLUTION
-
-# %% [markdown]
-# ## Rank 1: the output layer and the loss
-
-# %%
-def second_stage(stage, targets, loss_fn, shape):
-    """Rank 1: receive the activations, forward, loss, backward, send their gradient to rank 0; return the loss."""
-# BEGIN SOLUTION
-    inputs = torch.empty(shape)
-    comm.recv(inputs, src=0)
-    inputs.requires_grad_()                      # a leaf whose gradient autograd will compute
-    loss = loss_fn(stage(inputs), targets)
-    loss.backward()                              # fills this stage's gradients and inputs.grad
-    comm.send(inputs.grad, dst=0)                # back to where the activations came from
-    return loss
-# EXERCISE:     # YOUR CODE HERE
-# EXERCISE:     raise NotImplementedError("receive, requires_grad_(), forward, loss, backward, send inputs.grad back")
+# EXERCISE:     raise NotImplementedError("forward and backward of one step, across the two stages")
 # END SOLUTION
 
 # %% [markdown]
@@ -125,14 +99,9 @@ def try_two_stages(rank, world_size, steps=3, batch=12):
     for step in range(steps):
         x, y = data.batch(step, batch)
         optimizer.zero_grad()
-        if rank == 0:
-            first_stage(stage, x)
-            loss, output = torch.zeros(()), None
-        else:
-            outputs = []
-            loss = second_stage(stage, y, lambda out, t: (outputs.append(out.detach()), loss_fn(out, t))[1],
-                                (x.shape[0], 64))
-            output = outputs[0]
+        outputs = []
+        loss = two_stage_step(stage, x, y, lambda out, t: (outputs.append(out.detach()), loss_fn(out, t))[1], 64, 1)
+        loss, output = (torch.zeros(()), None) if rank == 0 else (torch.as_tensor(loss), outputs[0])
         grads = NamedPart({n: p.grad.clone() for n, p in named})
         optimizer.step()
         records.append(record_step(output, loss.item(), grads, NamedPart(dict(named))))
@@ -159,11 +128,6 @@ except Exception as error:                      # an unfinished exercise lands h
 
 # %% [markdown]
 # ## The grader
-#
-# The typical mistakes, and what each costs: forgetting `inputs.requires_grad_()` (then `inputs.grad` is
-# None: there is no gradient to send back, and the first stage's gradients stay zero), sending the
-# gradient to the wrong rank, sending more than the activations and their gradient, and sending the
-# activations without `.detach()` (it works, but the grader asks you to say what crosses: only data).
 
 # %%
-report = check_model_parallel(first_stage, second_stage, timeout=CHECK_TIMEOUT)
+report = check_model_parallel(two_stage_step, timeout=CHECK_TIMEOUT)

@@ -444,6 +444,7 @@ for name in ("model", "torch_pipeline"):
 # * It buys memory: each rank holds only its layers, split as finely as the layers allow.
 # * It costs 2(G − 1)·b·s·d elements per step, plus the tied gradient, counted exactly.
 #
-# **Exercise** `exercises/03_model_parallel.ipynb`: write both halves of the two-stage step, send the
-# activations forward and the gradient back. It is graded against one process, with every message counted.
+# **Exercise** `exercises/03_model_parallel.ipynb`: write one whole step of a two-stage model, in micro-batches:
+# activations forward, gradients back, each stage's backward. It is graded against one process, with every
+# message counted.
 

@@ -112,9 +112,10 @@ class PassRight(torch.autograd.Function):
         if o is None:
             raise ValueError("PassRight got o=None: no block was computed before the pass, but at step 0 the "
                              "queries' own block is never entirely in the future (check the mask)")
-        rank, size = comm.get_rank(), comm.get_world_size()
+        size = comm.get_world_size()
+        right, left = (comm.get_rank() + 1) % size, (comm.get_rank() - 1) % size
         incoming = torch.empty_like(block)
-        works = [comm.isend(block.contiguous(), dst=(rank + 1) % size), comm.irecv(incoming, src=(rank - 1) % size)]
+        works = [comm.isend(block.contiguous(), dst=right), comm.irecv(incoming, src=left)]
         for work in works:
             work.wait()
         return incoming, o.clone()
@@ -138,7 +139,8 @@ class PassRight(torch.autograd.Function):
 # ## Part 3: the ring loop
 #
 # At each of the G steps: the queries against the block you hold (masked, or skipped, when causal), merged into
-# what you have; then, except after the last step, `kv, o = PassRight.apply(kv, o)`. With one rank there is
+# what you have; then, except after the last step, pass what you hold on with `PassRight.apply` (it takes
+# the block and `o`, and returns the block that arrived and `o`). With one rank there is
 # nothing to pass. (The library's `ring_attention` also overlaps each pass with the computation; here the pass
 # waits, to keep the loop short.)
 

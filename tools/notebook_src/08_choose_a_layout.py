@@ -117,7 +117,6 @@ from coursekit.costmodel import Layout, evaluate, model_state_bytes, num_params
 
 def choose_layout(scenario):
     """A Layout for any scenario (.config, .hardware, .gpus, .global_batch), by chapter 08's rules."""
-# BEGIN SOLUTION
     config, hardware, gpus, batch = scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch
 
     def first_that_fits(candidates):
@@ -130,6 +129,7 @@ def choose_layout(scenario):
                 continue
         return None
 
+# BEGIN SOLUTION
     def micro_batch_counts(dp, at_least=1):
         # every m that splits this replica's share of the batch evenly, fewest first (larger micro-batches)
         share = batch // dp if batch % dp == 0 else 0
@@ -158,18 +158,6 @@ def choose_layout(scenario):
         if layout:
             return layout
     raise ValueError(f"no layout found for {scenario.title}")
-# EXERCISE:     config, hardware, gpus, batch = scenario.config, scenario.hardware, scenario.gpus, scenario.global_batch
-# EXERCISE: 
-# EXERCISE:     def first_that_fits(candidates):
-# EXERCISE:         # the first layout that can run and fits in memory; evaluate refuses what cannot run
-# EXERCISE:         for layout in candidates:
-# EXERCISE:             try:
-# EXERCISE:                 if evaluate(config, layout, hardware, batch).fits:
-# EXERCISE:                     return layout
-# EXERCISE:             except ValueError:
-# EXERCISE:                 continue
-# EXERCISE:         return None
-# EXERCISE: 
 # EXERCISE:     # YOUR CODE HERE: 1. data parallelism alone if the model's states fit one GPU; 2. tp inside a node with
 # EXERCISE:     # ZeRO-1 over dp; 3. a pipeline across nodes, with enough micro-batches for a small bubble.
 # EXERCISE:     raise NotImplementedError("return a Layout for any scenario, by chapter 08's rules")

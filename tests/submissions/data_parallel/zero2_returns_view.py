@@ -12,7 +12,7 @@ from coursekit.collectives import ring_reduce_scatter
 from _dp_solution import attach_gradient_averaging  # noqa: F401  (part 1 is right)
 
 EXERCISE = "02_data_parallel"
-SCORE = 14  # everything but zero2_frees_gradients (1 point)
+SCORE = 16  # everything but zero2_frees_gradients (1 point)
 LOSES = {"zero2_frees_gradients": (0, ("a view into the flat buffer", "all 5508 flattened gradients",
                                        "mine / world_size"))}
 

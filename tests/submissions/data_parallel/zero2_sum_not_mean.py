@@ -12,7 +12,7 @@ from coursekit.collectives import ring_reduce_scatter
 from _dp_solution import attach_gradient_averaging  # noqa: F401  (part 1 is right)
 
 EXERCISE = "02_data_parallel"
-SCORE = 8  # a property of a wrong answer earns nothing (issue 58)
+SCORE = 10  # a property of a wrong answer earns nothing (issue 58)
 _SUM = "(it is the *sum* over ranks: divide by the world size)"
 LOSES = {
     "zero2_segment": (0, ("mlp, world size 2: step 0, grad", _SUM)),

@@ -1,17 +1,14 @@
-"""Exercise 03: the second stage sends the gradient to rank 1 (itself: dst=1 copied from the forward's send)."""
+"""Exercise 03: the last stage sends the gradient to rank 1, itself (copied from the forward's send), not rank 0.
 
-from _mp_solution import first_stage, second_stage_with  # noqa: F401  (rank 0's half is right)
+The watch refuses the message and says where the gradient belongs, instead of a hang."""
+
+from _mp_solution import two_stage_step_with
 
 EXERCISE = "03_model_parallel"
-SCORE = 3.5  # the loss (2) and the second stage's half of the gradients (1.5)
-_SAYS = ("tried to send to rank 1, itself: the gradient goes to rank 0", "the first stage's gradients are zero")
-LOSES = {
-    "gradients_of_both_stages": (1.5, _SAYS),
-    "training_equals_one_process": (0, _SAYS),
-    "traffic_pattern": (0, "traffic is scored only for a right one"),
-    "activations_sent_detached": (0, "scored only for a right one"),
-    "other_splits_and_sizes": (0, _SAYS),
-}
+SCORE = 2  # the loss: checked on the forward alone, where the first stage stops after its send
+LOSES = {name: (0, ("tried to send to rank 1, itself", "the other stage, rank 0, receives the activations' gradient"))
+         for name in ("gradients_of_both_stages", "training_equals_one_process", "traffic_pattern",
+                      "activations_sent_detached", "other_splits_and_sizes")}
 
 
-second_stage = second_stage_with(gradient_to=1)  # the mistake: dst=1 (copied from the forward's send), not 0
+two_stage_step = two_stage_step_with(gradient_to_self=True)  # the mistake: group_dst=1 for the gradient, not 0

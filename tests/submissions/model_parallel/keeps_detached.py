@@ -1,24 +1,14 @@
-"""Exercise 03: the first stage detaches the activations as it computes them, and keeps only the detached tensor.
+"""Exercise 03: the first stage detaches the activations as it computes them, and keeps only the detached ones:
+its backward then starts from a tensor with no graph."""
 
-``activations = stage(inputs).detach()`` sends the right numbers (rank 1's loss and its own gradients are right),
-but ``activations.backward(grad)`` then starts from a tensor with no graph: autograd raises "element 0 of tensors
-does not require grad and does not have a grad_fn", and rank 0's layers get no gradient. (Issue 22: it scored 0/12
-with that raw error, the forward-only check included, since rank 0 ran its backward there too.)
-"""
-
-from _mp_solution import first_stage_with, second_stage  # noqa: F401  (rank 1's half is right)
+from _mp_solution import two_stage_step_with
 
 EXERCISE = "03_model_parallel"
-SCORE = 3.5  # the loss (2: rank 1 computed it from the activations rank 0 sent) and rank 1's half of the gradients (1.5)
-_SAYS = ("the activations it kept on rank 0 are detached from rank 0's graph",
-         "keep activations = stage(inputs) itself for activations.backward(grad)")
-LOSES = {
-    "gradients_of_both_stages": (1.5, _SAYS),
-    "training_equals_one_process": (0, _SAYS),
-    "traffic_pattern": (0, "traffic is scored only for a right one"),
-    "activations_sent_detached": (0, "scored only for a right one"),
-    "other_splits_and_sizes": (0, _SAYS),
-}
+SCORE = 2  # the loss: the last stage computed it from the activations the first sent
+LOSES = {name: (0, ("the activations it kept are detached from its graph",
+                 "keep the activations themselves for their backward"))
+         for name in ("gradients_of_both_stages", "training_equals_one_process", "traffic_pattern",
+                      "activations_sent_detached", "other_splits_and_sizes")}
 
 
-first_stage = first_stage_with(keep_detached=True)  # the mistake: stage(inputs).detach(), sent and kept
+two_stage_step = two_stage_step_with(keep_detached=True)  # the mistake: activations = stage(x).detach(), sent and kept

@@ -1,12 +1,11 @@
-"""Exercise 03: right, but the second stage also sends the loss to rank 0 (one element more per micro-batch)."""
+"""Exercise 03: the last stage also sends each micro-batch's loss to the first stage: a message more each time."""
 
-from _mp_solution import first_stage_with, second_stage_with
+from _mp_solution import two_stage_step_with
 
 EXERCISE = "03_model_parallel"
 SCORE = 10
-LOSES = {"traffic_pattern": (0, ("rank 1 sent 256 elements to rank 0, 1 element to rank 0",
-                                 "expected exactly one message of 4×64 = 256 elements"))}
+LOSES = {"traffic_pattern": (0, ("the last stage sent 1 element to rank 0", "expected one message per micro-batch of "
+                                 "its rows × 64 (192, 192, 256 elements) to rank 0"))}
 
 
-first_stage = first_stage_with(receive_loss=True)
-second_stage = second_stage_with(send_loss=True)  # the mistake: the loss sent to rank 0 too, a message more
+two_stage_step = two_stage_step_with(send_loss=True)  # the mistake: the loss sent to rank 0 too
