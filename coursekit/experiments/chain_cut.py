@@ -36,7 +36,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..launch import launch
-from ..measure.trace import Tracer, overlap_length, union_length
+from ..measure.trace import Tracer, overlap_length, subtract, union_length
 from ..parallel.pipeline.comm import Channel
 from ..parallel.pipeline.executor import execute
 from ..parallel.pipeline.balance import stage_costs
@@ -86,21 +86,6 @@ class TokenData:
         return x, self.table[x]
 
 
-def _minus(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The parts of ``intervals`` that no hole covers."""
-    out = []
-    for begin, end in intervals:
-        cursor = begin
-        for a, b in sorted(holes):
-            if b > cursor and a < end:
-                if a > cursor:
-                    out.append((cursor, a))
-                cursor = max(cursor, b)
-        if cursor < end:
-            out.append((cursor, end))
-    return out
-
-
 def chain_shares(spans: list, start: float, end: float) -> dict[int, dict[str, float]]:
     """Per rank, shares of the window ``[start, end)``: ``computing`` (forward and backward), ``optimizer``,
     ``idle`` (the rest), and of the idle time ``waiting`` (while another rank computed: the chain) and ``other``
@@ -116,7 +101,7 @@ def chain_shares(spans: list, start: float, end: float) -> dict[int, dict[str, f
                 if s.rank == rank and s.kind in kinds and s.end > start and s.start < end]
 
     ranks = sorted({s.rank for s in spans})
-    work = {r: _minus(clip(r, ("forward", "backward", "weight")), clip(r, ("idle",))) for r in ranks}
+    work = {r: subtract(clip(r, ("forward", "backward", "weight")), clip(r, ("idle",))) for r in ranks}
     window, out = end - start, {}
     for rank in ranks:
         stepping = clip(rank, ("optimizer",))
