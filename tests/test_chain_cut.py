@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import coursekit
-from coursekit.experiments import CUT_VARIANTS, TokenData, chain_shares, cut_steps, token_mlp
+from coursekit.experiments import CUT_VARIANTS, TokenData, chain_shares, compare_cuts, cut_steps, token_mlp
 from coursekit.measure.trace import Span
 from coursekit.parallel.pipeline import layer_costs, layers, partition, split
 
@@ -90,3 +90,35 @@ def test_every_cut_chain_and_pipeline_computes_one_process_gradients():
     assert results[0]["cuts"] == results[1]["cuts"]
     with pytest.raises(coursekit.RankError, match="runs on 2 ranks"):
         coursekit.launch(cut_steps, 3, 32, 4, 1, 64, 16, 32, 4, timeout=120)
+
+
+def test_the_comparison_takes_the_slower_rank_and_pairs_the_iterations(monkeypatch):
+    """Three iterations of made-up seconds: a step is the slower rank's time; each ratio is taken within an
+    iteration, then the median; a rank's idle share is the part of the step outside its own compute.
+
+    Planted bugs seen failing: the faster rank's time taken as the step (1.0, not 1.1); the medians divided
+    instead of the paired ratios (the chain's 1.00 against the paired 0.95)."""
+    times = {("chain", "params"): ([1.0, 1.2, 1.1], [1.05, 1.0, 1.0]),
+             ("chain", "time"): ([1.0, 1.0, 1.0], [1.1, 1.0, 1.3]),
+             ("pipeline", "params"): ([0.9, 0.8, 1.0], [0.8, 0.9, 0.9]),
+             ("pipeline", "time"): ([0.6, 0.5, 0.7], [0.5, 0.6, 0.6])}
+    costs = {"params": [4.0, 2.0, 2.0, 2.0, 2.0, 4.0], "time": [0.0, 0.01, 0.01, 0.01, 0.01, 0.02]}
+    ranks = [{"costs": costs, "cuts": {"params": [3, 3], "time": [4, 2]},
+              "times": {v: t[r] for v, t in times.items()},
+              "compute": {v: [0.5 * s for s in (0.9, 0.9, 1.0)] if v == ("pipeline", "params") else
+                          [0.3, 0.3, 0.35] for v in CUT_VARIANTS},
+              "gradient_difference": {v: 1e-9 * r for v in CUT_VARIANTS}} for r in (0, 1)]
+    monkeypatch.setattr("coursekit.experiments.chain_cut.launch", lambda *args, **kwargs: ranks)
+    result = compare_cuts(iterations=3)
+    assert result.step[("chain", "params")] == pytest.approx(1.1)           # of 1.05, 1.2, 1.1
+    assert result.faster["chain"] == pytest.approx((1.05 / 1.1, 1.1 / 1.3, 1.2 / 1.0))
+    assert result.faster["pipeline"] == pytest.approx((1.5, 1.0 / 0.7, 1.5))
+    assert result.pipelined == pytest.approx((1.1 / 0.6, 1.0 / 0.6, 1.3 / 0.7))
+    assert result.idle[("pipeline", "params")] == pytest.approx([0.5, 0.5])
+    assert result.idle[("pipeline", "time")] == pytest.approx([0.5, 0.5])  # 0.3 / 0.6, 0.35 / 0.7
+    assert result.parameters == {"params": [8.0, 8.0], "time": [10.0, 6.0]}
+    assert result.stage_ms["time"] == pytest.approx([30.0, 30.0])
+    assert result.gradient_difference == pytest.approx(1e-9)
+    table = result.table()
+    assert "pipeline, cut by time: step 600.0 ms; rank 0 idle 50%, rank 1 idle 50%" in table
+    assert "pipeline: cut by time 1.50x as fast as cut by params (paired, 1.43-1.50)" in table
