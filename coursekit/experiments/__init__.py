@@ -15,6 +15,8 @@ Each chapter imports its experiment from here; no algorithm imports one.
 * ``expert_balance`` -- how evenly a router spreads tokens, with no balancing, the balance loss or the bias
   nudge, and what a capacity limit drops (chapter 07; imported from there, not here);
 * ``expert_imbalance`` -- an expert-parallel step's time against its routing's imbalance, 2 ranks (chapter 07);
+* ``chain_cut`` -- P3 measured (chapter 03): a chain of unequal layers on 2 ranks, its idle time, and the cut by
+  parameters against the cut by measured time, as a chain and as a pipeline;
 * ``recompute`` -- activation recomputation (none / selective / full) on the course transformer: bytes kept per
   layer beside the cost model, the step's peak, its time, the FLOPs recomputed (issue 46).
 """
@@ -28,6 +30,7 @@ from .chunk_local_accuracy import (EVAL_STEP, CopyData, chunk_local_losses, copy
                                    per_position_loss, train_one_process)
 from .ring_overlap import hidden_share, transfers_alone
 from .sequence_capacity import CAPACITY_METHODS, attention_peak, block_memory, capacity_table, longest_sequence
+from .chain_cut import CUT_VARIANTS, CutComparison, TokenData, chain_shares, compare_cuts, cut_steps, token_mlp
 from .recompute import RecomputeRow, format_table, recompute_table, table2_share
 
 __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "paired", "in_flight_waits", "sweep_steps",
@@ -38,4 +41,5 @@ __all__ = ["SWEEP_VARIANTS", "balanced_mlp", "Recomputed", "same_work_step", "pa
            "EVAL_STEP", "CopyData", "chunk_local_losses", "copy_task_losses", "needs_other_chunk", "per_position_loss",
            "train_one_process", "hidden_share", "transfers_alone",
            "CAPACITY_METHODS", "attention_peak", "block_memory", "capacity_table", "longest_sequence",
+           "CUT_VARIANTS", "CutComparison", "TokenData", "chain_shares", "compare_cuts", "cut_steps", "token_mlp",
            "RecomputeRow", "recompute_table", "table2_share", "format_table"]

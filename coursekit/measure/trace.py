@@ -46,7 +46,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-__all__ = ["Span", "Tracer", "span", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "hidden_fraction", "busy_time", "intersection",
+__all__ = ["Span", "Tracer", "span", "KINDS", "COMPUTE_KINDS", "union_length", "overlap_length", "subtract", "hidden_fraction", "busy_time", "intersection",
            "computing_together"]
 
 KINDS = ("forward", "backward", "weight", "comm", "optimizer", "idle")
@@ -245,7 +245,7 @@ def overlap_length(a: list[tuple[float, float]], b: list[tuple[float, float]]) -
     return total
 
 
-def _subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def subtract(intervals: list[tuple[float, float]], holes: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """The parts of ``intervals`` not covered by ``holes``."""
     out = []
     holes = _merge(holes)
@@ -282,7 +282,7 @@ def hidden_fraction(spans: list[Span], rank: int | None = None,
     fractions = []
     for r in ranks:
         comm = [(s.start, s.end) for s in spans if s.rank == r and s.kind == "comm"]
-        compute = _subtract([(s.start, s.end) for s in spans if s.rank == r and s.kind in behind],
+        compute = subtract([(s.start, s.end) for s in spans if s.rank == r and s.kind in behind],
                             [(s.start, s.end) for s in spans if s.rank == r and s.kind == "idle"])
         total = union_length(comm)
         if total > 0:
@@ -314,7 +314,7 @@ def computing_together(spans: list[Span], kinds: tuple[str, ...] = COMPUTE_KINDS
     start, end = min(s.start for s in work), max(s.end for s in work)
     together = None
     for r in sorted({s.rank for s in spans}):
-        mine = _subtract([(s.start, s.end) for s in work if s.rank == r],
+        mine = subtract([(s.start, s.end) for s in work if s.rank == r],
                          [(s.start, s.end) for s in spans if s.rank == r and s.kind == "idle"])
         together = mine if together is None else intersection(together, mine)
     return union_length(together) / (end - start) if end > start else float("nan")

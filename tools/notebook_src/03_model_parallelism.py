@@ -1,4 +1,4 @@
-# ci_parameters: {"TIMELINE_STEPS": 4, "WIDTH": 384}
+# ci_parameters: {"TIMELINE_STEPS": 4, "CUT_ITERATIONS": 3}
 # %% [markdown]
 # # 03 · Model parallelism: layers on different GPUs
 #
@@ -13,15 +13,16 @@
 # <details><summary>How this chapter runs</summary>
 #
 # As in every chapter, a "GPU" is a process that talks through gloo on the CPU. The code is
-# `coursekit.parallel.pipeline.model`. Raise `WIDTH` in the parameters cell to make the layers heavier.
+# `coursekit.parallel.pipeline.model`. Raise `TOKENS` in the parameters cell to make every step heavier.
 # </details>
 
 # %% tags=["parameters"]
 # Parameters: small by default so the notebook runs in well under a minute; raise them freely.
 PROOF_STEPS = 3            # optimiser steps compared with one process
-WIDTH = 512                # the timed two-layer network: WIDTH -> WIDTH -> WIDTH (try 1024)
-TIMELINE_BATCH = 256       # samples per step in the timed runs
+TOKENS = 512               # tokens per step in the timed runs (sections 3 and 5)
 TIMELINE_STEPS = 6         # traced steps (the first is warm-up)
+MICRO_BATCHES = 4          # micro-batches of the pipeline in section 5
+CUT_ITERATIONS = 7         # paired repeats of section 5's four runs
 MEMORY_RANKS = [2, 3, 4]   # world sizes for the course transformer
 GLOBAL_BATCH = 8           # sequences per step for the transformer
 
@@ -36,8 +37,9 @@ import torch.nn as nn
 import coursekit
 from coursekit import comm
 from coursekit.models import LanguageData, TeacherData, count_parameters, tiny_mlp, tiny_transformer
-from coursekit.parallel.pipeline import layer_costs, layers, partition, split, stage_costs  # registers "model"
-from coursekit.measure.trace import busy_time, overlap_length, union_length
+from coursekit.parallel.pipeline import layer_costs, layers, partition, split  # registers "model"
+from coursekit.experiments import TokenData, chain_shares, compare_cuts, token_mlp
+from coursekit.measure.trace import overlap_length, union_length
 from coursekit.train import train
 from coursekit.measure.verify import compare
 from coursekit.viz.timeline import draw_timelines
@@ -105,18 +107,22 @@ print("losses:", "same on both ranks" if proof_runs[0]["losses"] == proof_runs[1
 #
 # ## 3. The chain: one rank works, the other waits (P3)
 #
-# While one GPU computes, what does the other do? To see it, the layers must take measurable time. The same
-# network is made `WIDTH` wide and trained on batches of `TIMELINE_BATCH`. Each rank gets one row of the
-# timeline: forward, backward and the optimiser step, and every wait in grey.
+# While one GPU computes, what does the other do? To see it, the layers must cost more than the messages
+# between them. So the model here has the shape of a small language model: an embedding of 4,096 tokens,
+# four MLP blocks 256 → 1,024 → 256 wide, and an output head back to 4,096 tokens. It trains on `TOKENS` tokens
+# a step. `split` cuts it where the parameters balance: the embedding and two blocks on rank 0, two blocks and
+# the head on rank 1.
+#
+# Each rank gets one row of the timeline: forward, backward and the optimiser step. A wait is grey; the
+# orange lane below holds the sends.
 
 # %%
-wide = lambda: tiny_mlp(n_layers=2, d_in=WIDTH, d_hidden=WIDTH, d_out=WIDTH, seed=0)  # noqa: E731
-wide_data = TeacherData(d_in=WIDTH, n_classes=WIDTH)
+token_data = TokenData()
 
 
 def traced(rank, world_size):
-    return train(rank, world_size, "model", model=wide, data=wide_data, steps=TIMELINE_STEPS,
-                 global_batch=TIMELINE_BATCH, record=False, trace=True)["spans"]
+    return train(rank, world_size, "model", model=token_mlp, data=token_data, steps=TIMELINE_STEPS,
+                 global_batch=TOKENS, record=False, trace=True)["spans"]
 
 
 spans = coursekit.launch(traced, 2)[0]
@@ -124,47 +130,41 @@ forwards = {r: sorted(s.start for s in spans if s.kind == "forward" and s.rank =
 begin = forwards[0][1]                                  # from step 1 on: step 0 is warm-up
 end = max(s.end for s in spans if s.kind == "optimizer")
 steady = [s for s in spans if s.start >= begin]
-last_two = [s for s in spans if s.start >= forwards[0][-2]]
+last_two = [s for s in spans if s.start >= forwards[0][-2] and (s.kind != "comm" or s.name.startswith("send"))]
 fig = draw_timelines({f"model parallel, 2 ranks: the last two of {TIMELINE_STEPS} steps": last_two},
                     hidden_share=False)  # a chain has no communication to hide: it waits
 plt.show()
 
 # %% [markdown]
-# How much of each step did each rank compute, and how much was it idle? The cell below measures every
-# step but the first, which warms up.
+# How much of each step did each rank compute, and how much was it idle? And was it idle because the other
+# rank was computing, or for the messages? The cell below measures every step but the first, which warms up.
 
 # %%
 window = end - begin
+shares = chain_shares(steady, begin, end)
+for r, share in shares.items():
+    print(f"rank {r} (GPU {r + 1}): computing {share['computing']:5.1%}, optimiser step {share['optimizer']:5.1%}, "
+          f"idle {share['idle']:5.1%} of the step: waiting while the other rank computes {share['waiting']:5.1%}, "
+          f"messages and the loop {share['other']:5.1%}")
 compute = {r: [(s.start, s.end) for s in steady if s.rank == r and s.kind in ("forward", "backward")]
            for r in (0, 1)}
-idle = {}
-for r in (0, 1):
-    computing, stepping = union_length(compute[r]) / window, busy_time(steady, "optimizer", r) / window
-    idle[r] = 1 - computing - stepping
-    sync = sum(s.duration for s in steady if s.rank == r and s.kind == "idle" and s.name == "end-of-step sync")
-    blocked = busy_time(steady, "idle", r)
-    print(f"rank {r} (GPU {r + 1}): computing {computing:5.1%}, optimiser step {stepping:5.1%}, idle {idle[r]:5.1%} "
-          f"of the step; blocked in a send or receive {(blocked - sync) / window:5.1%}, in the end-of-step sync "
-          f"{sync / window:5.1%}")
 both = overlap_length(compute[0], compute[1]) / window
 print(f"both ranks computing at the same time: {both:.1%} of the step")
-print(f"\nmeasured: rank 0 was idle {idle[0]:.0%} and rank 1 {idle[1]:.0%} of each step; the two computed "
-      f"together {both:.1%} of it")
 
 # %% [markdown]
-# **Takeaway:** each rank sat idle for a large share of every step, and the two almost never computed at
-# the same moment.
+# **Takeaway:** each rank sat idle while the other computed, and the two almost never computed at the same
+# moment; the messages took a small part of the step.
 #
 # Rank 1 cannot start its forward before rank 0's activations arrive. Rank 0 cannot start its backward before
 # rank 1's gradient arrives. At the end of the step, the rank that finished first waits for the other.
 #
 # <details><summary>What counts as idle</summary>
 #
-# Idle is all the time a rank is not in forward, backward or its optimiser step. Part of it is traced, in grey:
-# blocked in a send or a receive, or in the end-of-step sync, where the rank that is done waits for the other's
-# loss. The rest is loop work that one process does too, such as building the batch, `zero_grad` and Python
-# between calls. A non-blocking send still spends its call handing the tensor to gloo. On this 2-core machine
-# two ranks get a core each; other programs on the cores stretch every span, but the order of the chain stays.
+# Idle is all the time a rank is not in forward, backward or its optimiser step. A receive is a wait, drawn in
+# grey: most of it passes while the other rank computes. The rest of the idle time is the messages themselves,
+# the end-of-step sync, where the rank that is done waits for the other's loss, and loop work that one process
+# does too: building the batch, `zero_grad`, Python between calls. On this 2-core machine two ranks get a core
+# each; other programs on the cores stretch every span, but the order of the chain stays.
 # </details>
 #
 # Is a chain at least faster? Here is each rank's computing time per step, and the step itself.
@@ -174,8 +174,7 @@ n_steps = len(forwards[0]) - 1
 per_step = {r: union_length(compute[r]) / n_steps * 1e3 for r in (0, 1)}
 print(f"per step: rank 0 computed {per_step[0]:.1f} ms, rank 1 {per_step[1]:.1f} ms (both at once {both:.1%} of the "
       f"time); summed: {per_step[0] + per_step[1]:.1f} ms of computing in a step of {window / n_steps * 1e3:.1f} ms")
-print(f"two weight matrices of the same size, not the same work: rank 1 computed {per_step[1] / per_step[0]:.2f}x "
-      f"rank 0's time (stage 1 computes the loss and its input's gradient; stage 0 does not need its input's)")
+print(f"rank 1 computed {per_step[1] / per_step[0]:.2f}x rank 0's time, with about as many parameters")
 
 # %% [markdown]
 # The two stages together do one process's work, one after the other. So a step lasts about their sum,
@@ -185,9 +184,9 @@ print(f"two weight matrices of the same size, not the same work: rank 1 computed
 #
 # <details><summary>Why rank 1 computes longer than rank 0</summary>
 #
-# The two weight matrices have the same size but not the same work. Stage 0's input is the data, which needs
-# no gradient, so its backward skips one of its three matrix products. Stage 1 also computes the loss over
-# `WIDTH` classes: a softmax and its gradient.
+# Each rank holds about 2.1 million parameters, but not the same work. The embedding holds a million of rank
+# 0's and only looks rows up. The head holds a million of rank 1's and multiplies every token by all of them,
+# then computes the loss over 4,096 classes. Section 5 cuts by time instead.
 # </details>
 #
 # ## 4. What it buys: each rank holds only its layers
@@ -197,19 +196,16 @@ print(f"two weight matrices of the same size, not the same work: rank 1 computed
 # one 16 × 64 matrix is used first and last. So that matrix lives on the first and on the last stage, and the
 # two sum its gradients after backward, as Megatron-LM does.
 #
-# The cell below weighs each layer two ways: by its parameters, and by the measured time of its forward and
-# backward.
+# The cell below counts each layer's parameters.
 
 # %%
 transformer = tiny_transformer(seed=0)
 psi = count_parameters(transformer)
 names = [name for name, _ in layers(transformer)]
 by_params = layer_costs(transformer, "params")
-by_time = coursekit.launch(lambda rank, world_size: layer_costs(
-    tiny_transformer(seed=0), "time", sample=LanguageData().batch(0, GLOBAL_BATCH)[0], repeats=9), 1)[0]
-print(f"{'layer':<10} {'parameters':>10} {'fwd+bwd (ms)':>13}")
-for name, p, t in zip(names, by_params, by_time):
-    print(f"{name:<10} {p:>10,.0f} {t * 1e3:>13.2f}")
+print(f"{'layer':<10} {'parameters':>10}")
+for name, p in zip(names, by_params):
+    print(f"{name:<10} {p:>10,.0f}")
 print(f"Ψ = {psi:,} distinct parameters (the tied 16×64 matrix counts in both layers that use it above)")
 
 # %% [markdown]
@@ -222,10 +218,8 @@ STAGED_STEPS = 3
 
 def staged(rank, world_size, sizes):
     result = train(rank, world_size, "model", model="transformer", steps=STAGED_STEPS, global_batch=GLOBAL_BATCH,
-                   layers_per_stage=sizes, record=False, trace=True, count_traffic=True)
-    work = sorted((s for s in result["spans"] if s.rank == rank and s.kind in ("forward", "backward")),
-                  key=lambda s: s.start)[2:]                     # one forward and one backward per step: skip step 0
-    return result["memory"], result["peak_memory"], result["traffic"], sum(s.duration for s in work) / (STAGED_STEPS - 1)
+                   layers_per_stage=sizes, record=False, count_traffic=True)
+    return result["memory"], result["peak_memory"], result["traffic"]
 
 
 def stage_bytes(sizes):
@@ -236,18 +230,15 @@ def stage_bytes(sizes):
     return out
 
 
-cuts = {(g, by): partition(by_params if by == "params" else by_time, g) for g in MEMORY_RANKS
-        for by in ("params", "time")}
-measured = {(g, tuple(sizes)): None for (g, _), sizes in cuts.items()}   # a cut both costs agree on runs once
-measured = {key: coursekit.launch(staged, key[0], list(key[1]), timeout=300) for key in measured}
-runs = {(g, by): measured[(g, tuple(sizes))] for (g, by), sizes in cuts.items()}
+cuts = {g: partition(by_params, g) for g in MEMORY_RANKS}
+runs = {g: coursekit.launch(staged, g, cuts[g], timeout=300) for g in MEMORY_RANKS}
 
 # %% tags=["nbval-check-output"]
 print(f"4Ψ = {4 * psi:,} bytes of parameters in one process\n")
 print(f"{'ranks':>5}  {'layers per stage':<16} {'parameter bytes per rank (measured)':<44} formula?  largest / (4Ψ/G)")
 for g in MEMORY_RANKS:
-    sizes = cuts[(g, "params")]
-    held = [run[0]["params"] for run in runs[(g, "params")]]
+    sizes = cuts[g]
+    held = [run[0]["params"] for run in runs[g]]
     print(f"{g:>5}  {str(sizes):<16} {str(held):<44} {'exact' if held == stage_bytes(sizes) else 'NO':<9} "
           f"{max(held) / (4 * psi / g):.2f}")
 
@@ -285,10 +276,10 @@ print(f"one process: {4 * psi:,} B parameters, {4 * psi:,} B gradients, {8 * psi
 print(f"{'ranks':>5}  {'rank':>4}  {'layers':<18} {'params':>8} {'grads':>8} {'Adam':>8} {'activations':>12} "
       f"{'total':>9}  of one process")
 for g in MEMORY_RANKS:
-    sizes = cuts[(g, "params")]
+    sizes = cuts[g]
     acts = activation_bytes(split(tiny_transformer(seed=0), g, layers_per_stage=sizes), tokens)
     start = 0
-    for r, run in enumerate(runs[(g, "params")]):
+    for r, run in enumerate(runs[g]):
         held = [run[1][k] for k in kinds] + [acts[r]]
         print(f"{g:>5}  {r:>4}  {', '.join(names[start:start + sizes[r]]):<18} "
               + " ".join(f"{b:>8,}" for b in held[:3]) + f" {held[3]:>12,} {sum(held):>9,}  "
@@ -315,42 +306,37 @@ for g in MEMORY_RANKS:
 # %%
 coursekit.show(partition)
 
+# %% [markdown]
+# On section 3's model the two costs disagree. The embedding and the head hold the same million parameters.
+# The embedding only looks rows up; the head multiplies every token by all of its weights. So the cut by
+# parameters gives the head's stage about twice the work of the other. `layer_costs(model, "time")` times each
+# layer's forward and backward instead, and the cut by time moves one block across.
+#
+# The cell below cuts the model both ways. It runs each cut as the chain, and as a pipeline of `MICRO_BATCHES`
+# micro-batches, where the stages work at once: four runs, taken in turn `CUT_ITERATIONS` times.
+
 # %%
-print(f"{'ranks':>5}  {'cut by':<7} {'layers per stage':<16} {'largest rank (bytes)':>20} "
-      f"{'slowest stage (ms)':>19}   per stage (ms)")
-for (g, by), sizes in cuts.items():
-    held = max(run[0]["params"] for run in runs[(g, by)])
-    times = [run[3] * 1e3 for run in runs[(g, by)]]
-    print(f"{g:>5}  {by:<7} {str(sizes):<16} {held:>20,} {max(times):>19.2f}   "
-          + " ".join(f"{t:.2f}" for t in times))
-same = [g for g in MEMORY_RANKS if cuts[(g, "params")] == cuts[(g, "time")]]
-differ = [g for g in MEMORY_RANKS if g not in same]
-print(f"\nthe two cuts agree on {same or 'no'} ranks" + (f" and differ on {differ}" if differ else ""))
-for g in differ:
-    slowest = {by: max(stage_costs(by_time, cuts[(g, by)])) * 1e3 for by in ("params", "time")}
-    ran = {by: max(run[3] for run in runs[(g, by)]) * 1e3 for by in ("params", "time")}
-    better = min(ran, key=ran.get)
-    print(f"{g} ranks: slowest stage by the layers' measured costs: cut by params {slowest['params']:.2f} ms, by time "
-          f"{slowest['time']:.2f} ms ({slowest['params'] / slowest['time']:.2f}x); in the runs above "
-          f"{ran['params']:.2f} ms and {ran['time']:.2f} ms: the cut by {better} was faster, "
-          f"{max(ran.values()) / min(ran.values()):.2f}x")
+comparison = compare_cuts(tokens=TOKENS, micro_batches=MICRO_BATCHES, iterations=CUT_ITERATIONS)
+print(comparison.table())
 
 # %% [markdown]
-# Cutting by parameters balances memory; cutting by measured time balances work. They differ when a layer's
-# parameters and its time disagree. An embedding holds many parameters but only looks rows up.
+# In the chain, the cut only moves the idle time from one rank to the other: the step stays the sum of the
+# stages. In the pipeline, the slowest stage sets the pace, and the cut by time makes it faster. It pays with
+# memory: the cut by time leaves more parameters on rank 0.
 #
-# **Takeaway:** the two blocks dominate both the parameters and the time, so every cut puts them on different
-# stages.
+# **Takeaway:** cut by measured time, not by parameters: in a chain both cuts take about as long, and in a
+# pipeline the cut by time gives the shorter step.
 #
-# <details><summary>How the times were measured, and what the cuts decide</summary>
+# <details><summary>How the times were measured</summary>
 #
-# Each layer's forward and backward is timed in a rank of its own: the least of 9 runs, in the CPU time of the
-# thread that computes, so other processes do not count. The stages' times in the table are wall-clock spans
-# of the traced runs. On 3 and 4 ranks the processes share 2 cores, so read those as a rough guide. The cuts can
-# differ only in where the small layers go. On 3 ranks that rests on small differences between measured times,
-# even between the two blocks, which are the same layer. The margin is a few percent of a stage, about what a
-# rerun on shared cores changes. `train(..., "model", partition_by="time")` measures the layers on rank 0 and
-# gives every rank the same cut; `layers_per_stage=[...]` sets it by hand.
+# Each layer is timed on one rank alone: the least of 5 runs of its forward and backward on the whole batch, in
+# the CPU time of the thread that computes, so other processes do not count. A step is forward and backward of
+# `TOKENS` tokens, the slower rank's wall-clock time; the optimiser step, the same work for every run, is left
+# out. The four runs take turns within each iteration, after a barrier each, so whatever else slows the machine
+# slows all four; the ratios are per iteration, the median with the lowest and highest. A rank's idle share is
+# the part of the step it spent outside its forward and backward. The pipeline is GPipe: all the forwards, then
+# all the backwards. `train(..., "model", partition_by="time")` measures the layers on rank 0 and gives every
+# rank the same cut; `layers_per_stage=[...]` sets it by hand.
 # </details>
 #
 # ## 6. What it costs: two messages per cut
@@ -372,12 +358,12 @@ print(f"two-layer network, 2 ranks: {seed_traffic.total // PROOF_STEPS:,} elemen
 s, d, V = LanguageData().seq_len - 1, transformer.tok_emb.embedding_dim, transformer.tok_emb.num_embeddings
 print(f"\ncourse transformer, b = {GLOBAL_BATCH}, s = {s}, d = {d}, V = {V}:")
 for g in MEMORY_RANKS:
-    traffic = comm.Traffic.merge([run[2] for run in runs[(g, "params")]])
+    traffic = comm.Traffic.merge([run[2] for run in runs[g]])
     formula = 2 * (g - 1) * GLOBAL_BATCH * s * d + 2 * V * d
     links = sorted(traffic.links)
     print(f"{g} ranks: {traffic.total // STAGED_STEPS:>6,} elements per step, formula 2·{g - 1}·{GLOBAL_BATCH}·{s}·{d} "
           f"+ 2·{V}·{d} = {formula:>6,}: {'exact' if traffic.total == STAGED_STEPS * formula else 'NO'}; links {links}")
-two = comm.Traffic.merge([run[2] for run in runs[(2, "params")]]).total // STAGED_STEPS
+two = comm.Traffic.merge([run[2] for run in runs[2]]).total // STAGED_STEPS
 print(f"\n(data parallelism's ring all-reduce of the gradients, chapter 01: 2(G − 1)Ψ = {2 * psi:,} elements per step "
       f"on 2 ranks, {2 * psi / two:.1f}x the {two:,} above)")
 
@@ -437,11 +423,38 @@ for name in ("model", "torch_pipeline"):
 # micro-batches the same `PipelineStage`s run [GPipe](../docs/glossary.md#gpipe) and [1F1B](../docs/glossary.md#1f1b) schedules, and several
 # stages per rank run [interleaved](../docs/glossary.md#interleaved-1f1b) ones: chapter 04.
 #
+# ## When it does not pay on a laptop
+#
+# The same chain on the course transformer, 64 wide, on 4 ranks with one layer each:
+
+# %%
+def small_chain(rank, world_size):
+    return train(rank, world_size, "model", model="transformer", steps=TIMELINE_STEPS, global_batch=GLOBAL_BATCH,
+                 record=False, trace=True)["spans"]
+
+
+small = coursekit.launch(small_chain, 4)[0]
+starts = sorted(s.start for s in small if s.kind == "forward" and s.rank == 0)
+small_end = max(s.end for s in small if s.kind == "optimizer")
+fig = draw_timelines({f"model parallel, course transformer, 4 ranks: the last two of {TIMELINE_STEPS} steps":
+                      [s for s in small if s.start >= starts[-2] and (s.kind != "comm" or s.name.startswith("send"))]},
+                     hidden_share=False)
+plt.show()
+for r, share in chain_shares([s for s in small if s.start >= starts[1]], starts[1], small_end).items():
+    print(f"rank {r}: computing {share['computing']:5.1%}, idle {share['idle']:5.1%} of the step: waiting while "
+          f"another rank computes {share['waiting']:5.1%}, messages and the loop {share['other']:5.1%}")
+
+# %% [markdown]
+# A 64-wide layer computes so briefly that the fixed cost of every operation, the messages and the loop take more
+# of the step than the layers. Four ranks share two cores, so a rank whose turn has come can still wait for a core.
+
+# %% [markdown]
 # ## What we have
 #
 # * The source's example runs for real: two layers on two ranks, two messages per step, equal to one process.
-# * The GPUs wait for each other (P3): each rank is idle for much of every step.
+# * The GPUs wait for each other (P3): each rank is idle while the others compute.
 # * It buys memory: each rank holds only its layers, split as finely as the layers allow.
+# * Cut by measured time: in a chain the cut moves the idle time, in a pipeline it sets the step.
 # * It costs 2(G − 1)·b·s·d elements per step, plus the tied gradient, counted exactly.
 #
 # **Exercise** `exercises/03_model_parallel.ipynb`: write one whole step of a two-stage model, in micro-batches:

@@ -84,10 +84,13 @@ def layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def _sample_input(model: nn.Module) -> torch.Tensor:
-    """A batch of 8 for timing layers: token ids for the transformer, features for the MLP."""
+    """A batch of 8 for timing layers: token ids for the transformer and for a model whose first layer is an
+    embedding, features for the MLP."""
     if isinstance(model, Transformer):
         return torch.randint(model.tok_emb.num_embeddings, (8, min(31, model.max_seq_len)))
-    first = next(m for m in model.modules() if isinstance(m, nn.Linear))
+    first = next(m for m in model.modules() if isinstance(m, (nn.Linear, nn.Embedding)))
+    if isinstance(first, nn.Embedding):
+        return torch.randint(first.num_embeddings, (8,))
     return torch.randn(8, first.in_features)
 
 
