@@ -263,8 +263,8 @@ print(f"{'waiting ÷ overlapped':<28} {ratio(gloo_alone['waiting'], gloo_alone['
       f"{ratio(behind_link['waiting'], behind_link['overlapped']):>26}")
 
 # %% [markdown]
-# **Takeaway:** behind a link of its own, overlapping makes the step 1.11× shorter; over gloo alone it gains
-# about 1.04×, because gloo copies the bytes with the same cores that compute.
+# **Takeaway:** behind a link of its own, overlapping makes the step 1.15× shorter. Over gloo alone it gains
+# nothing here (0.99×): gloo copies the bytes with the same cores that compute.
 #
 # On a GPU, NCCL's collectives run on a few of the GPU's cores while the links carry the data, so hidden time is
 # mostly saved. The naive version pays mostly for its *many* messages, one per gradient tensor.
@@ -318,7 +318,7 @@ ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # beside the
 plt.show()
 
 # %% [markdown]
-# **Takeaway:** where compute dominates, two ranks of one core each train 1.90× as fast as one process on the
+# **Takeaway:** where compute dominates, two ranks of one core each train 1.75× as fast as one process on the
 # same batch.
 #
 # The rest is the all-reduce that overlap did not hide. With a GPU per rank, compute scales with the ranks and

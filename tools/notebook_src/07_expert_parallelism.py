@@ -248,7 +248,7 @@ draw_pace(loads, [ratios[s] for s in PACE_SHARES], predicted);
 
 # %% [markdown]
 # **Takeaway:** the step time follows the busiest rank's load. When every token goes to one rank's experts, the
-# step takes 1.65 times as long as an even one, near the 1.69 that rank's load predicts.
+# step takes 1.73 times as long as an even one, near the 1.81 that rank's load predicts.
 #
 # The other rank sits idle meanwhile. That is why balance matters to speed, not only to accuracy.
 #
