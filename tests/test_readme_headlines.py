@@ -19,6 +19,8 @@ from readme_support import README, ROOT, text
 HEADLINES = [
     ("warm round trip", r"round trip to 4 running ranks .*?\*\*([\d.]+) ms\*\*", "00_welcome",
      r"^one warm round trip to 4 ranks: ([\d.]+) ms$"),
+    ("data parallelism's speed-up", r"data parallelism on 2 ranks trains \*\*([\d.]+)×\*\*", "02_data_parallelism",
+     r"^overlapped\s+\d+ ms per step, speed-up over one process ([\d.]+)× \["),
     ("tensor parallelism's speed-up", r"tensor parallelism on 2 ranks runs \*\*([\d.]+)×\*\*", "05_tensor_parallelism",
      r"^tensor parallel\s+\d+ ms\s+([\d.]+)× \["),
     ("a step at imbalance 2", r"a step takes \*\*([\d.]+)×\*\* as long as an even one", "07_expert_parallelism",
