@@ -134,8 +134,8 @@ class SelfAttention(nn.Module):
         self.core = CausalAttention()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
         q, k, v = self.qkv(x).chunk(3, dim=-1)
+        batch, seq, _ = q.shape  # qkv's tokens: a sequence-parallel qkv gathers every rank's
         # (batch, seq, heads · head_dim) -> (batch, heads, seq, head_dim)
         q, k, v = (t.view(batch, seq, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = self.core(q, k, v)

@@ -259,11 +259,6 @@ def test_tensor_parallelism_reads_in_under_700_lines():
 
 # The course transformer is written once (issue 57): Block.forward and Transformer.forward in coursekit/models.py.
 # A parallelism is a plan that replaces the block's parts (coursekit/parallel/plan.py), never a second forward.
-# These are the rewrites not yet turned into plans; each leaves this list when its plan lands, and none joins it.
-NOT_YET_PLANS = {
-    "coursekit.parallel.sequence.tensor:SequenceTensorParallelBlock.forward",
-    "coursekit.parallel.sequence.tensor:SequenceTensorParallelTransformer.forward",
-}
 
 
 def _calls(function: ast.AST) -> set[str]:
@@ -301,14 +296,13 @@ def model_forwards() -> dict[str, str]:
 def test_the_course_transformer_is_written_once():
     """Planted, seen failing: ``ParallelBlock`` and ``TensorParallelTransformer`` back as classes with their own
     forwards in tensor/strategy.py (both named, with file and line); ``RecomputedBlock.layer`` renamed (the new name
-    named); an entry in ``NOT_YET_PLANS`` that names nothing (named as stale). Restricted: the rewrites in ``NOT_YET_PLANS`` remain until their plans land."""
+    named); SequenceTensorParallelBlock and SequenceTensorParallelTransformer back as classes with their own
+    forwards in sequence/tensor.py (both named)."""
     found = model_forwards()
     assert {"coursekit.models:Block.forward", "coursekit.models:Transformer.forward"} <= set(found), (
         f"the walk no longer recognises the one model's forwards; it found {sorted(found)}")
     second = [f"{where}: {name}" for name, where in sorted(found.items())
-              if not name.startswith("coursekit.models:") and name not in NOT_YET_PLANS]
+              if not name.startswith("coursekit.models:")]
     assert not second, ("a second forward of the course block or transformer; write the parallelism as a plan that "
                         "replaces the parts of coursekit.models.Block (coursekit/parallel/plan.py):\n  "
                         + "\n  ".join(second))
-    stale = sorted(NOT_YET_PLANS - set(found))
-    assert not stale, f"these rewrites are gone: take them out of NOT_YET_PLANS in tests/test_architecture.py: {stale}"

@@ -189,12 +189,12 @@ def test_table_2_counted_in_autograd(dtype):
 def _block_saved_bytes(rank, world_size, sequence_parallel, x):
     """What chapter 05's (or 06's Megatron-style) block 0 saves on this rank for a forward of ``x``."""
     if sequence_parallel:
-        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0], seq_len=x.shape[1])
         x = shard_sequence(x, 1, rank, world_size)
     else:
         block = parallelize_transformer(tiny_transformer(seed=0)).blocks[0]
     with saved_bytes(block.parameters()) as meter:
-        block(x.clone().requires_grad_(), *([x.shape[1] * world_size] if sequence_parallel else []))
+        block(x.clone().requires_grad_())
     return meter.bytes
 
 

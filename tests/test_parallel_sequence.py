@@ -273,23 +273,22 @@ def test_megatron_sequence_parallel_block_equals_the_dense_block_with_tensor_par
     named = dict(dense.named_parameters())
     for world_size in (1, 2, 4):
         def run(rank, size):
-            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0], seq_len=seq)
             mine = shard_sequence(x, 1, rank, size).requires_grad_()
-            y = block(mine, seq)
+            y = block(mine)
             (y * shard_sequence(grad, 1, rank, size)).sum().backward()
             return y.detach(), mine.grad, block
         results, traffic = comm.simulate(run, world_size)
         for rank, (y, dx, block) in enumerate(results):
             assert torch.allclose(y, shard_sequence(out.detach(), 1, rank, world_size), atol=1e-5)
             assert torch.allclose(dx, shard_sequence(x_dense.grad, 1, rank, world_size), atol=1e-5), world_size
-            for mine, dense_name in (("qkv", "attn.qkv"), ("proj", "attn.proj"), ("fc", "fc"), ("out", "out")):
-                layer = getattr(block, mine)
+            for dense_name in ("attn.qkv", "attn.proj", "fc", "out"):
+                layer = block.get_submodule(dense_name)
                 expected = named[dense_name + ".weight"].grad.index_select(layer.shard_dim, layer.index)
-                assert torch.allclose(layer.weight.grad, expected, atol=1e-5), (world_size, mine)
-        for mine, dense_name in (("ln1.weight", "ln1.weight"), ("ln2.bias", "ln2.bias"),
-                                 ("proj.bias", "attn.proj.bias"), ("out.bias", "out.bias")):
-            summed = sum(dict(r[2].named_parameters())[mine].grad for r in results)
-            assert torch.allclose(summed, named[dense_name].grad, atol=1e-5), (world_size, mine)
+                assert torch.allclose(layer.weight.grad, expected, atol=1e-5), (world_size, dense_name)
+        for name in ("ln1.weight", "ln2.bias", "attn.proj.bias", "out.bias"):
+            summed = sum(dict(r[2].named_parameters())[name].grad for r in results)
+            assert torch.allclose(summed, named[name].grad, atol=1e-5), (world_size, name)
         all_reduce = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(B * seq * h)), world_size).traffic.total
         sent = {d: sum(t.numel for t in traffic.payload if ("backward" in t.phase) == (d == "backward"))
                 for d in ("forward", "backward")}
@@ -314,9 +313,9 @@ def test_megatron_sequence_parallel_block_saves_exactly_one_t_of_the_dense_activ
     assert meter.bytes == dense_bytes, f"dense block: {meter.bytes:,} bytes, not {dense_bytes:,}"
     for t in (1, 2, 4):
         def run(rank, size):
-            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+            block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0], seq_len=seq)
             with saved_bytes(block.parameters()) as meter:
-                block(shard_sequence(x, 1, rank, size).requires_grad_(), seq)
+                block(shard_sequence(x, 1, rank, size).requires_grad_())
             return meter.bytes
         held = comm.simulate(run, t).results
         assert held == [dense_bytes // t] * t, f"t={t}: {[f'{n:,}' for n in held]} bytes, not {dense_bytes // t:,}"
@@ -375,9 +374,9 @@ def test_megatron_sequence_tensor_strategy_trains_like_one_process_at_degrees_1_
         for report in (compare(reference, [results[0]]), compare(reference, results, check_output=False)):
             assert report.ok, f"t={world_size}: {report.first}"
     from coursekit.parallel.sequence import SequenceTensorParallelTransformer
-    with pytest.raises(comm.SimulatorError, match="4 heads cannot be split over 5 ranks"):
+    with pytest.raises(comm.SimulatorError, match="n_heads 4 cannot be split over a tensor-parallel degree of 5"):
         comm.simulate(lambda r, n: SequenceTensorParallelTransformer(tiny_transformer(seed=0)), 5)
-    with pytest.raises(comm.SimulatorError, match="2 tokens cannot be split over 3 ranks"):
+    with pytest.raises(comm.SimulatorError, match="2 tokens cannot be cut contiguous over 3 ranks"):
         comm.simulate(lambda r, n: SequenceTensorParallelTransformer(tiny_transformer(seed=0))(
             torch.zeros(1, 2, dtype=torch.long)), 3)
 

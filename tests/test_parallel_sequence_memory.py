@@ -55,9 +55,9 @@ def _plain_tp_saved(rank, world_size, x):
 
 
 def _sp_tp_saved(rank, size, x):
-    block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+    block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0], seq_len=x.shape[1])
     with saved_bytes(block.parameters()) as meter:
-        block(shard_sequence(x, 1, rank, size).requires_grad_(), x.shape[1])
+        block(shard_sequence(x, 1, rank, size).requires_grad_())
     return meter.bytes
 
 

@@ -33,7 +33,7 @@ from ..parallel.tensor import parallelize_block
 from ..parallel.sequence.layout import shard_sequence
 from ..parallel.sequence.core import full_attention, ring_attention
 from ..parallel.sequence.split import ulysses_attention
-from ..parallel.sequence.tensor import SequenceTensorParallelBlock
+from ..parallel.sequence.tensor import sequence_tensor_block
 
 __all__ = ["CAPACITY_METHODS", "block_memory", "attention_peak", "longest_sequence", "capacity_table"]
 
@@ -47,7 +47,7 @@ def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), kinds=("tensor
     One block of ``tiny_transformer(seed, **model)`` (chapter 06's sizes by default: h = 64, a = 4, d_ff =
     256), ``batch`` samples of ``seq_len`` tokens, fp32: the dense block; chapter 05's
     :func:`~coursekit.parallel.tensor.parallelize_block` (plain tensor parallelism, the norms replicated); chapter
-    06's :class:`SequenceTensorParallelBlock` (each rank its ``S/t`` contiguous tokens outside attention and
+    06's :func:`~coursekit.parallel.sequence.sequence_tensor_block` (each rank its ``S/t`` contiguous tokens outside attention and
     the MLP; ``t`` must divide ``seq_len``). ``kinds``: which of the two to run. The input and the output's
     gradient are drawn once and given to each rank (sharded for SP).
     """
@@ -67,7 +67,7 @@ def block_memory(batch: int = 2, seq_len: int = 32, sizes=(2, 4), kinds=("tensor
                                                       grad_output=dy)
                     else:
                         local = shard_sequence(x, 1, rank, t).contiguous().requires_grad_()
-                        run = forward_backward_memory(SequenceTensorParallelBlock(dense), local, seq_len,
+                        run = forward_backward_memory(sequence_tensor_block(dense, seq_len=seq_len), local,
                                                       grad_output=shard_sequence(dy, 1, rank, t).contiguous())
                 out[name, t].append(run)
     return out

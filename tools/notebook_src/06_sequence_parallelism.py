@@ -624,9 +624,9 @@ xd = xb.clone().requires_grad_()
 (dense(xd) * gb).sum().backward()
 for t in (2, 4):
     def run(rank, size):
-        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+        block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0], seq_len=31)
         mine = shard_sequence(xb, 1, rank, size).requires_grad_()
-        (block(mine, 31) * shard_sequence(gb, 1, rank, size)).sum().backward()
+        (block(mine) * shard_sequence(gb, 1, rank, size)).sum().backward()
         return (mine.grad - shard_sequence(xd.grad, 1, rank, size)).abs().max().item()
     diffs, traffic = comm.simulate(run, t)
     ring = comm.simulate(lambda r, n: ring_all_reduce(torch.ones(2 * 31 * 64)), t).traffic.total
@@ -656,7 +656,7 @@ for t in (1, 2, 4):
     def held(rank, size):
         block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
         with saved_bytes(block.parameters()) as m:
-            block(shard_sequence(x32, 1, rank, size).requires_grad_(), 32)
+            block(shard_sequence(x32, 1, rank, size).requires_grad_())
         return m.bytes
     per_rank = comm.simulate(held, t).results
     print(f"t={t}: {per_rank[0]:,} bytes on each rank; every rank exactly dense / t: "

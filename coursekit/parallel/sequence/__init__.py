@@ -34,9 +34,10 @@ from .comm import all_to_all, gather_sequence
 from .split import (ChunkLocalStrategy, RingAttentionStrategy, SavedBytes, SequenceParallel, UlyssesStrategy,
                     chunked_attention, saved_bytes, sequence_forward, ulysses_attention,
                     ulysses_traffic)
-from .tensor import (SequenceTensorParallel, SequenceTensorParallelBlock, SequenceTensorParallelTransformer,
-                     all_gather_sequence, gather_linear, megatron_sp_saved_bytes, megatron_sp_traffic,
-                     reduce_scatter_sequence)
+from .tensor import (SequenceLength, SequenceTensorParallel, SequenceTensorParallelBlock,
+                     SequenceTensorParallelTransformer, all_gather_sequence, gather_linear, megatron_sp_saved_bytes,
+                     megatron_sp_traffic, reduce_scatter_sequence, sequence_tensor_block, sequence_tensor_plan,
+                     sequence_tensor_transformer)
 from .data import SequenceDataParallel, sequence_data_traffic, traffic_per_axis
 
 __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_bounds", "merge",
@@ -46,7 +47,8 @@ __all__ = ["LAYOUTS", "chunk_bounds", "positions", "shard_sequence", "split_boun
            "ulysses_attention", "ulysses_traffic", "chunked_attention", "sequence_forward", "SavedBytes",
            "saved_bytes", "SequenceParallel", "RingAttentionStrategy", "UlyssesStrategy",
            "ChunkLocalStrategy",
-           "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
+           "all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceLength", "sequence_tensor_plan",
+           "sequence_tensor_block", "SequenceTensorParallelBlock", "sequence_tensor_transformer",
            "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
            "megatron_sp_saved_bytes",
            "SequenceDataParallel", "traffic_per_axis", "sequence_data_traffic"]

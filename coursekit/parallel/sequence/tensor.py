@@ -16,7 +16,7 @@ volume is the same — per layer forward ``4(t−1)·b·s·h`` elements over all
 ranks, as tensor parallelism's two all-reduces — while the LayerNorm and
 residual activations are ``1/t`` as large. The parameters of those regions
 (LayerNorm weights, the row-parallel biases) now see only this rank's tokens:
-their gradients must be summed over the group (:meth:`SequenceTensorParallelBlock.replicated` lists them).
+their gradients must be summed over the group (:func:`replicated` lists them).
 
 The all-gather and the column-parallel linear after it are one autograd function
 (:func:`gather_linear`), as in Megatron: it saves only this rank's ``(b, S/t, h)``
@@ -25,17 +25,19 @@ all-gather per gathered input, ``(t−1)·b·s·h`` elements, instead of keeping
 whole ``(b, S, h)``. What the block saves is then exactly ``1/t`` of the dense
 block's when ``t`` divides the tokens, heads and MLP width (:func:`megatron_sp_saved_bytes`).
 
+It is a plan on the one course model, not a second block: chapter 05's shards of ``qkv``, ``proj``, ``fc``,
+``out`` and the embedding, each with its collective moved to the sequence (:func:`sequence_tensor_plan`),
+and the position embedding of this rank's tokens. The forward is :class:`coursekit.models.Block`'s.
+
     >>> def run(rank, size):
-    ...     block = SequenceTensorParallelBlock(tiny_transformer(seed=0).blocks[0])
+    ...     block = sequence_tensor_block(tiny_transformer(seed=0).blocks[0], seq_len=31)
     ...     return block(shard_sequence(x, 1, rank, size))                          # doctest: +SKIP
 
-The whole course transformer this way is :class:`SequenceTensorParallelTransformer`, and the strategy
+The whole course transformer this way is :func:`sequence_tensor_transformer`'s, and the strategy
 ``"sequence_tensor"`` trains it (every rank of the group takes the whole batch, as ``"tensor"``).
 """
 
 from __future__ import annotations
-
-import copy
 
 import torch
 import torch.nn as nn
@@ -45,13 +47,19 @@ from ... import collectives as _collectives
 from ...comm.mesh import rank_size
 from ..data import all_reduce_flat
 from ...strategy import Setup, register
-from ..tensor import ColumnParallelLinear, RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_dense
+from ...models import Block, Transformer
+from ..plan import Style
+from ..tensor import (BLOCK_PLAN, ColumnParallelLinear, RowParallelLinear, TensorParallel, TensorParallelTransformer,
+                      VocabParallelEmbedding, parallelize_block, parallelize_transformer, shard_dim)
+from ..tensor.plan import vocab_embedding
 from .exchange import exchange
-from .layout import chunk_bounds, positions, split_bounds
+from .layout import chunk_bounds, shard_sequence
 
-__all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceTensorParallelBlock",
-           "SequenceTensorParallelTransformer", "SequenceTensorParallel", "megatron_sp_traffic",
-           "megatron_sp_saved_bytes"]
+__all__ = ["all_gather_sequence", "reduce_scatter_sequence", "gather_linear", "SequenceLength",
+           "GatheredColumnLinear", "ScatteredRowLinear", "ScatteredEmbedding", "LocalPositions", "GatheredHead",
+           "ALONG_SEQUENCE", "along_sequence", "sequence_tensor_plan", "sequence_tensor_block",
+           "SequenceTensorParallelBlock", "sequence_tensor_transformer", "SequenceTensorParallelTransformer",
+           "replicated", "SequenceTensorParallel", "megatron_sp_traffic", "megatron_sp_saved_bytes"]
 
 
 def _lengths(local_len_or_total: int, size: int) -> list[int]:
@@ -137,88 +145,132 @@ def gather_linear(local: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return _GatherLinear.apply(local, weight, bias, _lengths(seq_len, rank_size(group)[1]), group)
 
 
-class SequenceTensorParallelBlock(nn.Module):
-    """The course's pre-norm block with heads and MLP split over ``group`` and the rest split by tokens.
+class SequenceLength:
+    """The whole length of the sequences whose tokens the ranks hold, shared by the layers of one model.
 
-    Input and output: this rank's contiguous tokens ``(b, S_r, h)``. The weights are chapter 05's
-    column-/row-parallel shards (:class:`ColumnParallelLinear`, :class:`RowParallelLinear`); only their
-    communication differs: all-gather / reduce-scatter along the sequence instead of f / g.
+    The embedding sees every token and sets it at each forward; a block alone is given it (``None``: this rank's
+    tokens × t, right when the chunks are even). The all-gathers need it: with 31 tokens over 2 ranks, rank 0
+    holds 16, and 16 × 2 is not 31.
     """
 
-    def __init__(self, dense: nn.Module, group=None):
-        super().__init__()
-        self.group = group
-        rank, size = rank_size(group)
-        d_model, n_heads = dense.attn.proj.in_features, dense.attn.n_heads
-        head_dim = d_model // n_heads
-        if size > n_heads:
-            raise ValueError(f"{n_heads} heads cannot be split over {size} ranks: use a degree of at most {n_heads}.")
-        first, stop = split_bounds(n_heads, size)[rank]
-        columns = torch.arange(first * head_dim, stop * head_dim)
-        hidden = torch.arange(*split_bounds(dense.fc.out_features, size)[rank])
-        self.local_heads, self.head_dim = stop - first, head_dim
-        self.ln1, self.ln2 = copy.deepcopy(dense.ln1), copy.deepcopy(dense.ln2)
-        self.qkv = ColumnParallelLinear.from_dense(dense.attn.qkv, group,
-                                                   index=torch.cat([columns + i * d_model for i in range(3)]))
-        self.proj = RowParallelLinear.from_dense(dense.attn.proj, group, index=columns)
-        self.fc = ColumnParallelLinear.from_dense(dense.fc, group, index=hidden)
-        self.out = RowParallelLinear.from_dense(dense.out, group, index=hidden)
+    def __init__(self, whole: int | None = None):
+        self.whole = whole
 
-    def _attention(self, local: torch.Tensor, seq: int) -> torch.Tensor:
-        batch, width = local.shape[0], self.local_heads * self.head_dim
-        q, k, v = (t.view(batch, seq, self.local_heads, self.head_dim).transpose(1, 2)
-                   for t in gather_linear(local, self.qkv.weight, None, seq, self.group).split(width, dim=-1))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(batch, seq, width)
-        return F.linear(y, self.proj.weight)  # a partial sum over this rank's heads
-
-    def forward(self, x: torch.Tensor, seq_len: int | None = None) -> torch.Tensor:
-        seq_len = x.shape[1] * rank_size(self.group)[1] if seq_len is None else seq_len
-        x = x + reduce_scatter_sequence(self._attention(self.ln1(x), seq_len), self.group) + self.proj.bias
-        hidden = F.gelu(gather_linear(self.ln2(x), self.fc.weight, self.fc.bias, seq_len, self.group))
-        return x + reduce_scatter_sequence(F.linear(hidden, self.out.weight), self.group) + self.out.bias
-
-    def replicated(self) -> list[nn.Parameter]:
-        """The parameters every rank holds whole but trains on its own tokens only."""
-        return [*self.ln1.parameters(), *self.ln2.parameters(), self.proj.bias, self.out.bias]
+    def of(self, local: torch.Tensor, group) -> int:
+        """The whole length, given this rank's tokens ``(b, S_r, h)``."""
+        return local.shape[1] * rank_size(group)[1] if self.whole is None else self.whole
 
 
-class SequenceTensorParallelTransformer(nn.Module):
-    """The course transformer, tensor-parallel with Megatron's sequence parallelism between the layers.
+class GatheredColumnLinear(ColumnParallelLinear):
+    """Chapter 05's column-parallel shard whose input is this rank's tokens: all-gathered first (Megatron's
+    **g**), by :func:`gather_linear`, which keeps only ``(b, S/t, h)`` for backward."""
 
-    ``forward(idx)``: the whole ``(b, S)`` tokens on every rank of ``group``; returns this rank's
-    vocabulary shard of the logits of every token, ``(b, S, V/t)``. The embedding's partial lookups are
-    reduce-scattered along the sequence (not all-reduced); from there to the final LayerNorm every
-    rank holds its ``S/t`` tokens; the tied head all-gathers them (:func:`gather_linear`).
-    """
+    length: SequenceLength
 
-    def __init__(self, dense: nn.Module, group=None):
-        super().__init__()
-        if dense.head.weight is not dense.tok_emb.weight:
-            raise ValueError("the sequence-parallel transformer supports the tied head (tie_weights=True).")
-        self.group, self.max_seq_len, self.vocab_size = group, dense.max_seq_len, dense.tok_emb.num_embeddings
-        self.tok_emb = VocabParallelEmbedding.from_dense(dense.tok_emb, group)
-        self.pos_emb, self.ln_f = copy.deepcopy(dense.pos_emb), copy.deepcopy(dense.ln_f)
-        self.blocks = nn.ModuleList(SequenceTensorParallelBlock(block, group) for block in dense.blocks)
+    def forward(self, local: torch.Tensor) -> torch.Tensor:
+        return gather_linear(local, self.weight, self.bias, self.length.of(local, self.group), self.group)
+
+
+class ScatteredRowLinear(RowParallelLinear):
+    """Chapter 05's row-parallel shard whose partial sums are reduce-scattered along the sequence (**ḡ**): each
+    rank gets the sum for its own tokens only, then the bias."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = reduce_scatter_sequence(F.linear(x, self.weight), self.group)
+        return y if self.bias is None else y + self.bias
+
+
+class ScatteredEmbedding(VocabParallelEmbedding):
+    """The vocabulary-parallel embedding whose partial lookups are reduce-scattered along the sequence (not
+    all-reduced); it sees every token, so it sets the model's :class:`SequenceLength`."""
+
+    length: SequenceLength
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        seq = idx.shape[1]
-        rank, size = rank_size(self.group)
-        if seq > self.max_seq_len:
-            raise ValueError(f"sequence length {seq} exceeds max_seq_len={self.max_seq_len}.")
-        if seq < size:
-            raise ValueError(f"{seq} tokens cannot be split over {size} ranks: each needs at least one.")
-        emb = self.tok_emb
-        outside = (idx < emb.vocab_start) | (idx >= emb.vocab_stop)
-        lookup = F.embedding((idx - emb.vocab_start).masked_fill(outside, 0), emb.weight)
-        x = reduce_scatter_sequence(lookup.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
-        x = x + self.pos_emb(positions(seq, rank, size).to(idx.device))
-        for block in self.blocks:
-            x = block(x, seq)
-        return gather_linear(self.ln_f(x), emb.weight, None, seq, self.group)
+        self.length.whole = idx.shape[1]
+        outside = (idx < self.vocab_start) | (idx >= self.vocab_stop)
+        lookup = F.embedding((idx - self.vocab_start).masked_fill(outside, 0), self.weight)
+        return reduce_scatter_sequence(lookup.masked_fill(outside.unsqueeze(-1), 0.0), self.group)
 
-    def replicated(self) -> list[nn.Parameter]:
-        """Parameters every rank holds whole but trains on its own tokens only: their gradients are summed."""
-        return [*self.pos_emb.parameters(), *self.ln_f.parameters(), *(p for b in self.blocks for p in b.replicated())]
+
+class LocalPositions(nn.Module):
+    """The position embedding of this rank's tokens: given every position, it embeds this rank's chunk."""
+
+    def __init__(self, embedding: nn.Embedding, group):
+        super().__init__()
+        self.weight, self.group = embedding.weight, group  # the same parameter, under the same name
+
+    def forward(self, where: torch.Tensor) -> torch.Tensor:
+        return F.embedding(shard_sequence(where, 0, *rank_size(self.group)), self.weight)
+
+
+class GatheredHead(nn.Module):
+    """The tied head on this rank's vocabulary rows, its input this rank's tokens, all-gathered
+    (:func:`gather_linear`): logits of every token, ``(b, S, V/t)``. It holds no parameter (as
+    :class:`~coursekit.parallel.tensor.VocabParallelHead`)."""
+
+    def __init__(self, embedding: ScatteredEmbedding):
+        super().__init__()
+        self.__dict__["embedding"] = embedding  # not registered: the weight belongs to tok_emb
+
+    def forward(self, local: torch.Tensor) -> torch.Tensor:
+        emb = self.embedding
+        return gather_linear(local, emb.weight, None, emb.length.of(local, emb.group), emb.group)
+
+
+ALONG_SEQUENCE = {ColumnParallelLinear: GatheredColumnLinear, RowParallelLinear: ScatteredRowLinear,
+                  VocabParallelEmbedding: ScatteredEmbedding}
+
+
+def along_sequence(style: Style, length: SequenceLength) -> Style:
+    """Tensor parallelism's ``style``, its shard's communication moved to the sequence (:data:`ALONG_SEQUENCE`):
+    the same weights, and the model's ``length``, which the layers that gather read (and the embedding sets)."""
+    def moved(module: nn.Module, parent: nn.Module, group) -> nn.Module:
+        layer = style(module, parent, group)
+        layer.__class__, layer.length = ALONG_SEQUENCE[type(layer)], length
+        return layer
+    return moved
+
+
+def sequence_tensor_plan(length: SequenceLength, whole_model: bool = True) -> dict[str, Style]:
+    """Tensor parallelism's plan (:data:`~coursekit.parallel.tensor.TRANSFORMER_PLAN`), every layer's collective
+    along the sequence, and this rank's positions; ``whole_model=False``: one block's rows."""
+    block = {path: along_sequence(style, length) for path, style in BLOCK_PLAN.items()}
+    if not whole_model:
+        return block
+    return {"tok_emb": along_sequence(vocab_embedding, length),
+            "pos_emb": lambda module, parent, group: LocalPositions(module, group),
+            **{f"blocks.*.{path}": style for path, style in block.items()},
+            "head": lambda module, parent, group: GatheredHead(parent.tok_emb)}
+
+
+def sequence_tensor_block(dense: Block, group=None, seq_len: int | None = None) -> Block:
+    """This rank's shard of one course block, Megatron-style: heads and MLP split over ``group`` as chapter 05
+    splits them, the rest on this rank's contiguous tokens ``(b, S_r, h)`` in and out. ``seq_len``: the whole
+    length (None: this rank's × t). Its forward is :class:`coursekit.models.Block`'s."""
+    return parallelize_block(dense, group, plan=sequence_tensor_plan(SequenceLength(seq_len), whole_model=False))
+
+
+SequenceTensorParallelBlock = sequence_tensor_block  # the name chapter 06 calls it by
+
+
+def sequence_tensor_transformer(dense: Transformer, group=None) -> TensorParallelTransformer:
+    """The course transformer tensor-parallel with Megatron's sequence parallelism between the layers.
+
+    ``model(idx)``: the whole ``(b, S)`` tokens on every rank of ``group``; returns this rank's vocabulary
+    shard of the logits of every token, ``(b, S, V/t)``. From the embedding's reduce-scatter to the final
+    LayerNorm every rank holds its ``S/t`` tokens; the tied head all-gathers them.
+    """
+    return parallelize_transformer(dense, group, plan=sequence_tensor_plan(SequenceLength()))
+
+
+SequenceTensorParallelTransformer = sequence_tensor_transformer
+
+
+def replicated(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters every rank holds whole but trains on its own tokens only (the norms, the positions, the
+    row-parallel biases): their gradients must be summed over the group."""
+    return [p for m in model.modules() for name, p in m.named_parameters(recurse=False) if shard_dim(m, name) is None]
 
 
 @register("sequence_tensor")
@@ -226,31 +278,22 @@ class SequenceTensorParallel(TensorParallel):
     """Megatron-LM tensor parallelism with sequence parallelism along the ``tp`` axis (Korthikanti et al. 2022).
 
     As ``"tensor"`` (the same vocabulary-parallel loss, the same record), but the model is
-    :class:`SequenceTensorParallelTransformer`; after backward the gradients of the replicated
+    :func:`sequence_tensor_transformer`'s; after backward the gradients of the :func:`replicated`
     parameters are summed over the group (option ``collectives``, default chapter 01's ring).
     """
 
     options = {"collectives": "ring"}
 
     def __init__(self, setup: Setup):
-        super().__init__(setup)  # the group, the counters, the loss; the model is this one instead
-        self.model = SequenceTensorParallelTransformer(self.setup.model, self.tp_group)
+        super().__init__(setup)  # the group, the counters, the loss, the model (this plan's: parallelize below)
         self.all_reduce = _collectives.get_collectives(self.option("collectives")).all_reduce
+
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        return sequence_tensor_transformer(model, self.tp_group)
 
     def synchronize(self) -> None:
         with self.span("comm", "all-reduce replicated grads over sequence ranks"):
-            all_reduce_flat([p.grad for p in self.model.replicated()], self.tp_group, self.all_reduce)
-
-    def gradients(self):
-        return _dense_names(gather_dense(self.model, grads=True))
-
-    def parameters(self):
-        return _dense_names(gather_dense(self.model))
-
-
-def _dense_names(tensors: dict) -> dict:
-    """``blocks.0.qkv.weight`` → ``blocks.0.attn.qkv.weight``: the block keeps qkv and proj at its top level."""
-    return {name.replace(".qkv.", ".attn.qkv.").replace(".proj.", ".attn.proj."): t for name, t in tensors.items()}
+            all_reduce_flat([p.grad for p in replicated(self.model)], self.tp_group, self.all_reduce)
 
 
 def megatron_sp_traffic(batch: int, seq_len: int, d_model: int, size: int) -> dict[str, int]:
@@ -266,7 +309,7 @@ def megatron_sp_traffic(batch: int, seq_len: int, d_model: int, size: int) -> di
 
 def megatron_sp_saved_bytes(batch: int, seq_len: int, d_model: int, n_heads: int, d_ff: int, size: int,
                             itemsize: int = 4) -> int:
-    """Bytes one :class:`SequenceTensorParallelBlock` saves for backward on each rank (activations only).
+    """Bytes one :func:`sequence_tensor_block` saves for backward on each rank (activations only).
 
     Per token of the whole sequence, elements: the two LayerNorms' inputs and their mean and 1/std
     (``2h + 4``); the inputs of ``qkv`` and ``fc`` (``2h``: this rank's tokens only, see :func:`gather_linear`);

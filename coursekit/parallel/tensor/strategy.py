@@ -66,10 +66,11 @@ def count_communication() -> Iterator[CollectiveCounts]:
         yield traffic.collective_counts()
 
 
-def parallelize_block(dense: Block, group=None) -> Block:
+def parallelize_block(dense: Block, group=None, plan: dict | None = None) -> Block:
     """This rank's tensor-parallel shard of one course block: a copy of ``dense`` with :data:`BLOCK_PLAN` applied
-    (heads and MLP split over ``group``; the norms whole on every rank). Its forward is the dense block's."""
-    return parallelize_module(_copy(dense), BLOCK_PLAN, as_group(group))
+    (heads and MLP split over ``group``; the norms whole on every rank), or ``plan``. Its forward is the dense
+    block's."""
+    return parallelize_module(_copy(dense), BLOCK_PLAN if plan is None else plan, as_group(group))
 
 
 ParallelBlock = parallelize_block  # the name chapters 05 and 06 call it by
@@ -103,9 +104,9 @@ class TensorParallelTransformer(Transformer):
         return vocab_parallel_cross_entropy(self(idx), targets, self.tok_emb.vocab_start, self.group).mean()
 
 
-def parallelize_transformer(dense: Transformer, tp_axis=None) -> TensorParallelTransformer:
+def parallelize_transformer(dense: Transformer, tp_axis=None, plan: dict | None = None) -> TensorParallelTransformer:
     """This rank's tensor-parallel shard of the course transformer ``dense`` (same weights on every rank):
-    a copy with :data:`TRANSFORMER_PLAN` applied; ``dense`` itself is left as it was.
+    a copy with :data:`TRANSFORMER_PLAN` (or ``plan``) applied; ``dense`` itself is left as it was.
 
     ``tp_axis``: the tensor-parallel group (None: every rank), a process group or ``mesh["tp"]``.
     Raises ``ValueError`` when the degree exceeds the heads, the vocabulary or the MLP width.
@@ -117,7 +118,7 @@ def parallelize_transformer(dense: Transformer, tp_axis=None) -> TensorParallelT
         raise ValueError("parallelize_transformer supports the tied head of the course transformer "
                          "(tie_weights=True): the vocabulary-parallel head reuses the embedding's rows.")
     group = as_group(tp_axis)
-    model = parallelize_module(_copy(dense), TRANSFORMER_PLAN, group)
+    model = parallelize_module(_copy(dense), TRANSFORMER_PLAN if plan is None else plan, group)
     model.__class__ = TensorParallelTransformer
     model.group, model.vocab_size = group, dense.tok_emb.num_embeddings
     return model
@@ -223,7 +224,11 @@ class TensorParallel(Strategy):
         super().__init__(setup)
         self.tp_group, self.dp_axis = self._axes(setup)
         self.group = self.dp_axis.group if self.dp_axis is not None else None  # the loop's data-parallel group
-        self.model = parallelize_transformer(_check_model(setup.model), self.tp_group)
+        self.model = self.parallelize(_check_model(setup.model))
+
+    def parallelize(self, model: nn.Module) -> nn.Module:
+        """This rank's shard of the course transformer (a subclass may apply another plan)."""
+        return parallelize_transformer(model, self.tp_group)
 
     def _axes(self, setup: Setup):
         """The tensor-parallel group and the data-parallel axis (None: no data parallelism)."""
