@@ -105,7 +105,8 @@ class ActivationBytes:
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               bytes_per_element: int = 2, dropout: bool = True) -> ActivationBytes:
+                               bytes_per_element: int = 2, dropout: bool = True, kv_hidden: int | None = None,
+                               ffn_hidden: int | None = None, gated: bool = False) -> ActivationBytes:
     """Bytes one transformer layer keeps for its backward: Korthikanti et al. 2022, Table 2.
 
     ================================  =========================
@@ -136,6 +137,17 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     ``recompute="selective"`` is what it holds -- the course's runs, fp32 without dropout, measure
     exactly that plus the log-sum-exp (a·s·b floats) and LayerNorm's mean and 1/std (4·s·b floats).
 
+    **Llama's shapes** (the table is for GPT: K and V ``h`` wide, a 4h GeLU MLP). Per token, the elements tensor
+    parallelism splits are Q ``h``, K and V ``k`` each, the projection's input ``h``, and the MLP's: with a
+    GeLU MLP ``f`` wide its input and the second matmul's input, ``2f`` (Megatron-LM's
+    ``theoretical_memory_usage.py`` writes the table as sbh(18 + 4f/h) for the same reason); with SwiGLU
+    (``gated``, Shazeer 2020) the gate's and the up projection's outputs, which the product and SiLU's
+    backward need, and the down projection's input: ``3f`` (Megatron Core's fused ``bias_swiglu`` keeps the
+    gate and up outputs and recomputes SiLU). So the split term is ``(2h + 2k + 2f)·e`` a token, ``3f``
+    gated -- GPT's ``12h·e`` at ``k = h``, ``f = 4h``. Grouped-query attention (``kv_hidden = k``, kv heads ×
+    head size) takes ``2(h − k)·e`` off it; SwiGLU adds ``f·e``. The unsplit 10 (LayerNorms' inputs, the
+    first matmuls' input, two masks) and the a·s²·b scores (one per query head) do not change.
+
         >>> activation_bytes_per_layer(2048, 1, 12288, 96, tp=8).total / (2048 * 12288)   # GPT-3: 10 + 3 + 10
         23.0
         >>> activation_bytes_per_layer(2048, 1, 12288, 96, tp=8, sequence_parallel=True, recompute="selective").total / (2048 * 12288)
@@ -145,16 +157,19 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
         raise ValueError(f"recompute must be one of {RECOMPUTE} (got {recompute!r}).")
     if tp < 1 or heads % tp:
         raise ValueError(f"tp = {tp} must be >= 1 and divide the heads ({heads}): each rank takes whole heads.")
+    k = hidden if kv_hidden is None else kv_hidden
+    f = 4 * hidden if ffn_hidden is None else ffn_hidden
+    if not (0 < k <= hidden and f > 0):
+        raise ValueError(f"kv_hidden must be in (0, hidden = {hidden}] and ffn_hidden > 0 (got {kv_hidden}, "
+                         f"{ffn_hidden}): pass kv heads × head size and the MLP's width, or None for GPT's.")
     e, mask = bytes_per_element, (1 if dropout else 0)
     sbh = seq_len * micro_batch * hidden
     if recompute == "full":
         return ActivationBytes(exact_share(e * sbh, tp) if sequence_parallel else e * sbh, 0)
-    unsplit, split = 4 * e + 2 * mask, 12 * e          # 10 and 24 at 2 bytes with dropout
+    unsplit = (4 * e + 2 * mask) * sbh                  # 10 at 2 bytes with dropout
+    split = seq_len * micro_batch * e * (2 * hidden + 2 * k + (3 if gated else 2) * f)    # 24 for GPT
     probabilities = 2 if dropout else 1                 # the softmax output, and its dropout's output
-    if sequence_parallel:
-        stored = exact_share(sbh * (unsplit + split), tp)
-    else:
-        stored = sbh * unsplit + exact_share(sbh * split, tp)
+    stored = exact_share(unsplit + split, tp) if sequence_parallel else unsplit + exact_share(split, tp)
     scores = 0 if recompute == "selective" else exact_share(heads * seq_len * seq_len * micro_batch * (probabilities * e + mask), tp)
     return ActivationBytes(stored, scores)
 
