@@ -8,6 +8,8 @@ the Figure 1 / Figure 7 / Table 2 / hand-worked layout tests fail, naming the mo
 paper's K = 12 as 8 (``"mixed": (2, 2, 8)``): Figure 1 of the ZeRO paper, DeepSpeed's estimators and the
 chapter 02 agreement fail; the qkv bias counted in the course model: every course shape fails by 3h·L.
 Table 2 against PyTorch's autograd and the chapters' measured runs: tests/test_costmodel_memory_measured.py.
+Llama's shapes (seen failing): SwiGLU's MLP counted as two f-wide tensors, not three; K and V counted h wide
+at 8 kv heads; memory_per_gpu not passing the config's kv width.
 """
 
 import doctest
@@ -310,3 +312,40 @@ def test_doctests():
         failures, tried = doctest.testmod(module)
         assert tried and not failures, module.__name__
 
+
+
+# ----------------------------------------------------------------------------- Llama's shapes: GQA and SwiGLU
+LLAMA_8B = dict(seq_len=8192, micro_batch=1, hidden=4096, heads=32)   # Llama 3.1 8B: 8 kv heads of 128, f 14,336
+
+
+def test_gqa_and_swiglu_activations_by_hand_llama_3_1_8b():
+    """Table 2's elements for Llama 3.1 8B's shape (bf16, no dropout, selective: no scores), counted a token.
+
+    Unsplit by tp: the two LayerNorms' inputs and the first matmuls' (attention's and the MLP's) input, 4 × 4,096
+    elements × 2 bytes = 32,768. Split by tp: Q 4,096, K and V 1,024 each (8 kv heads of 128), the output
+    projection's input 4,096, SwiGLU's gate and up outputs and the down projection's input 3 × 14,336 = 43,008:
+    53,248 elements = 106,496 bytes. So 139,264 bytes a token, 8,192 tokens: 1,140,850,688; at tp = 8
+    32,768 + 13,312 = 46,080 a token: 377,487,360. GPT's 4h GeLU MLP and K, V 4,096 wide instead would split
+    4,096 + 2 · 4,096 + 4,096 + 2 · 16,384 = 49,152 elements.
+    """
+    llama = dict(LLAMA_8B, recompute="selective", dropout=False, kv_hidden=1024, ffn_hidden=14336, gated=True)
+    assert activation_bytes_per_layer(**llama).total == 1_140_850_688
+    assert activation_bytes_per_layer(**llama, tp=8).total == 377_487_360
+    gpt = activation_bytes_per_layer(**LLAMA_8B, recompute="selective", dropout=False)
+    assert gpt.total == 8192 * (32_768 + 2 * 49_152)
+    # sequence parallelism splits the unsplit part too: (32,768 + 106,496) / 8 a token
+    assert activation_bytes_per_layer(**llama, tp=8, sequence_parallel=True).total == 8192 * 139_264 // 8
+
+
+def test_memory_per_gpu_prices_a_llama_config_with_its_kv_heads_and_gate():
+    """memory_per_gpu passes ModelConfig's kv_heads, ffn_hidden and gated to the activations: Llama 3.1 8B on one
+    GPU, micro-batch 1, no dropout, selective: 32 layers × 1,140,850,688 (the test above) + the output layer's
+    inputs 2 · 2 · 8,192 · 4,096 = 134,217,728 and the fp32 logits 8,192 · 128,256 · 4 = 4,202,692,608."""
+    config = ModelConfig(128256, 8192, 4096, 32, 32, kv_heads=8, ffn_hidden=14336, gated=True, tied=False)
+    m = memory_per_gpu(config, Layout(recompute="selective"), micro_batch=1, dropout=False)
+    assert m.activations == 32 * 1_140_850_688 + 134_217_728 + 4_202_692_608
+
+
+def test_activation_shapes_refuse_a_kv_width_above_the_hidden_size():
+    with pytest.raises(ValueError, match="kv_hidden must be in"):
+        activation_bytes_per_layer(**LLAMA_8B, kv_hidden=8192)

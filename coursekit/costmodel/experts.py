@@ -110,12 +110,14 @@ def expert_collectives(config: ModelConfig, layout: Layout, micro_batch: int, to
 
 
 def mlp_activation_bytes(tokens: float, hidden: int, tp: int = 1, bytes_per_element: int = 2,
-                         dropout: bool = True) -> float:
-    """The dense 4h MLP's share of Korthikanti et al. 2022's Table 2 (their section 4.1, "MLP": 19sbh at 2
-    bytes): its input ``h`` (unsplit with tp), the GeLU's input and the second matmul's input ``4h`` each
-    (split t ways), the dropout mask after it (1 byte, unsplit). Per token: ``(e + mask)·h + 8e·h/t``."""
-    mask = 1 if dropout else 0
-    return tokens * hidden * (bytes_per_element + mask) + exact_share(8 * bytes_per_element * tokens * hidden, tp)
+                         dropout: bool = True, ffn_hidden: int | None = None, gated: bool = False) -> float:
+    """The dense MLP's share of Korthikanti et al. 2022's Table 2 (their section 4.1, "MLP": 19sbh at 2
+    bytes for f = 4h): its input ``h`` (unsplit with tp), the GeLU's input and the second matmul's input ``f``
+    each (split t ways; SwiGLU's three ``f``, as :func:`~.memory.activation_bytes_per_layer` counts them), the
+    dropout mask after it (1 byte, unsplit). Per token: ``(e + mask)·h + 2e·f/t`` (``3e·f/t`` gated)."""
+    mask, f = (1 if dropout else 0), (4 * hidden if ffn_hidden is None else ffn_hidden)
+    return (tokens * hidden * (bytes_per_element + mask)
+            + exact_share((3 if gated else 2) * bytes_per_element * tokens * f, tp))
 
 
 def moe_activation_bytes(config: ModelConfig, tokens: float, tp: int = 1, ep: int = 1, bytes_per_element: int = 2,

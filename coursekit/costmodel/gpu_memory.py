@@ -109,11 +109,12 @@ def _stage_memory(config, layout, micro_batch, stage, precision, dropout, gather
     e = 4 if precision == "fp32" else 2
     s, h = config.seq_len, config.hidden
     per_layer = activation_bytes_per_layer(s, micro_batch, h, config.heads, layout.tp, layout.sequence_parallel,
-                                           layout.recompute, e, dropout).total
+                                           layout.recompute, e, dropout, config.kv_width, config.ffn,
+                                           config.gated).total
     if config.experts and layout.recompute != "full":   # the MLP's share becomes the MoE layer's; each sp rank
         tokens = s * micro_batch / layout.sp            # routes its own tokens (divided by sp with the rest below)
         per_layer += layout.sp * (moe_activation_bytes(config, tokens, layout.tp, layout.ep, e, dropout, imbalance)
-                                  - mlp_activation_bytes(tokens, h, layout.tp, e, dropout))
+                                  - mlp_activation_bytes(tokens, h, layout.tp, e, dropout, config.ffn, config.gated))
     pipe = pipeline_activation_bytes(per_layer, config.layers, layout.pp, layout.micro_batches, layout.schedule,
                                      layout.chunks, stage)
     activations = pipe.total

@@ -32,7 +32,7 @@ from .config import RECOMPUTE
 from .params import stage_layers
 
 __all__ = ["PRECISIONS", "ModelStateBytes", "model_state_bytes", "ActivationBytes", "activation_bytes_per_layer",
-           "LogitsBytes", "logits_bytes", "PipelineActivations", "pipeline_activation_bytes"]
+           "split_bytes_per_token", "LogitsBytes", "logits_bytes", "PipelineActivations", "pipeline_activation_bytes"]
 
 # bytes per parameter: (parameters, gradients, optimizer state). Chapter 02's fp32 (4, 4, 8) and mixed
 # (2, 2, 12: the ZeRO paper's K = 12, an fp32 copy + m + v), and Megatron-LM's mixed precision, which keeps
@@ -105,7 +105,8 @@ class ActivationBytes:
 
 def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
                                sequence_parallel: bool = False, recompute: str = "none",
-                               bytes_per_element: int = 2, dropout: bool = True) -> ActivationBytes:
+                               bytes_per_element: int = 2, dropout: bool = True, kv_hidden: int | None = None,
+                               ffn_hidden: int | None = None, gated: bool = False) -> ActivationBytes:
     """Bytes one transformer layer keeps for its backward: Korthikanti et al. 2022, Table 2.
 
     ================================  =========================
@@ -136,6 +137,8 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     ``recompute="selective"`` is what it holds -- the course's runs, fp32 without dropout, measure
     exactly that plus the log-sum-exp (a·s·b floats) and LayerNorm's mean and 1/std (4·s·b floats).
 
+    Llama's shapes (``kv_hidden``, ``ffn_hidden``, ``gated``): :func:`split_bytes_per_token`.
+
         >>> activation_bytes_per_layer(2048, 1, 12288, 96, tp=8).total / (2048 * 12288)   # GPT-3: 10 + 3 + 10
         23.0
         >>> activation_bytes_per_layer(2048, 1, 12288, 96, tp=8, sequence_parallel=True, recompute="selective").total / (2048 * 12288)
@@ -149,14 +152,37 @@ def activation_bytes_per_layer(seq_len: int, micro_batch: int, hidden: int, head
     sbh = seq_len * micro_batch * hidden
     if recompute == "full":
         return ActivationBytes(exact_share(e * sbh, tp) if sequence_parallel else e * sbh, 0)
-    unsplit, split = 4 * e + 2 * mask, 12 * e          # 10 and 24 at 2 bytes with dropout
+    unsplit = (4 * e + 2 * mask) * sbh                  # 10 at 2 bytes with dropout
+    split = seq_len * micro_batch * split_bytes_per_token(hidden, kv_hidden, ffn_hidden, gated, e)  # 24 for GPT
     probabilities = 2 if dropout else 1                 # the softmax output, and its dropout's output
-    if sequence_parallel:
-        stored = exact_share(sbh * (unsplit + split), tp)
-    else:
-        stored = sbh * unsplit + exact_share(sbh * split, tp)
+    stored = exact_share(unsplit + split, tp) if sequence_parallel else unsplit + exact_share(split, tp)
     scores = 0 if recompute == "selective" else exact_share(heads * seq_len * seq_len * micro_batch * (probabilities * e + mask), tp)
     return ActivationBytes(stored, scores)
+
+
+def split_bytes_per_token(hidden: int, kv_hidden: int | None = None, ffn_hidden: int | None = None,
+                          gated: bool = False, bytes_per_element: int = 2) -> int:
+    """What tensor parallelism splits of one token's stored activations, in bytes: Korthikanti et al. 2022's
+    Table 2 (:func:`activation_bytes_per_layer`) at Llama's shapes. The table is for GPT: K and V ``h`` wide, a
+    4h GeLU MLP. Per token the split elements are Q ``h``, K and V ``k`` each, the output projection's input
+    ``h``, and the MLP's. A GeLU MLP ``f`` wide keeps the GeLU's input and the second matmul's input: ``2f``
+    (Megatron-LM's ``theoretical_memory_usage.py`` writes the table as sbh(18 + 4f/h) for the same reason).
+    SwiGLU (``gated``, Shazeer 2020) keeps the gate's and the up projection's outputs, which the product and
+    SiLU's backward need, and the down projection's input: ``3f`` (Megatron Core's fused ``bias_swiglu`` keeps
+    the gate and up outputs and recomputes SiLU). So the split term is ``(2h + 2k + 2f)·e`` a token, ``3f``
+    gated: GPT's ``12h·e`` at ``k = h``, ``f = 4h``. Grouped-query attention (``kv_hidden = k``, kv heads × head
+    size) takes ``2(h − k)·e`` off it; SwiGLU adds ``f·e``. The unsplit 10 (the LayerNorms' inputs, the first
+    matmuls' input, two masks) and the a·s²·b scores (one per query head) do not change.
+
+        >>> split_bytes_per_token(12288) / 12288, split_bytes_per_token(4096, 1024, 14336, gated=True)  # GPT, Llama 8B
+        (24.0, 106496)
+    """
+    k = hidden if kv_hidden is None else kv_hidden
+    f = 4 * hidden if ffn_hidden is None else ffn_hidden
+    if not (0 < k <= hidden and f > 0):
+        raise ValueError(f"kv_hidden must be in (0, hidden = {hidden}] and ffn_hidden > 0 (got {kv_hidden}, "
+                         f"{ffn_hidden}): pass kv heads × head size and the MLP's width, or None for GPT's.")
+    return bytes_per_element * (2 * hidden + 2 * k + (3 if gated else 2) * f)
 
 
 @dataclass(frozen=True)

@@ -93,8 +93,8 @@ from .mfu import flops_per_token, mfu
 from .step import TrainingStepTime, step_time
 
 __all__ = ["PublishedRun", "Prediction", "RUNS", "ASSUMPTIONS", "TORCHTITAN_8B", "TORCHTITAN_8B_COMPILED",
-           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "NEMO_8B", "NEMO_8B_128", "NEMO_70B", "KORTHIKANTI", "ALL_RUNS", "llama",
-           "llama_matmul_params", "predict"]
+           "LLAMA3_405B_8K", "LLAMA3_405B_16K", "NEMO_8B", "NEMO_8B_128", "NEMO_70B", "KORTHIKANTI", "NARAYANAN",
+           "ALL_RUNS", "llama", "llama_matmul_params", "predict"]
 
 # the same for every run (module docstring: why each)
 ASSUMPTIONS = {"overlap": "derived"}
@@ -253,4 +253,36 @@ def _korthikanti(row: tuple, mode: str) -> PublishedRun:
 
 
 KORTHIKANTI = tuple(_korthikanti(row, mode) for row in _TABLE_5 for mode in ("full", "selective"))
-ALL_RUNS = RUNS + KORTHIKANTI
+
+# Narayanan et al. 2021 (arXiv:2104.04473, SC '21), Table 2: GPT-3 175B (174.6 B parameters; Table 1's shape: 96
+# layers, h 12,288, 96 heads, s 2,048, V 51,200) at batch 1,536 on 384, 768 and 1,536 A100s, once as PTD-P
+# (model-parallel size 96 = tp 8 × pp 12, micro-batch 1: 153 / 149 / 141 teraFLOP/s per GPU) and once as ZeRO-3
+# without model parallelism (micro-batches 4 / 2 / 1, so one a step: 144 / 88 / 44). Read from the stored text of
+# two transcriptions of the table, which agree; the figures' tp-versus-pp and interleaving sweeps (Figures 13-15)
+# are bars with no values in any stored text, so they are not here. Not printed, so the source's defaults: the
+# paper's runs recompute every layer (its Eq. 3 counts the extra forward), Megatron-LM's default schedule is
+# 1F1B, its sends wait and scatter over tp (section 4.1), as in Korthikanti's runs above.
+_NARAYANAN = ("Narayanan et al. 2021 (arXiv:2104.04473), Table 2: GPT-3 175B, batch 1,536, {scheme} on {gpus:,} "
+              "GPUs, {tflops} teraFLOP/s per GPU")
+_GPT3 = ModelConfig(51200, 2048, 12288, 96, 96, name="Megatron GPT 175B")     # Korthikanti's 175B: one model
+_N_GPT3 = 96 * 12 * 12288 * 12288 + 51200 * 12288
+
+
+def _narayanan(scheme: str, gpus: int, tflops: float) -> PublishedRun:
+    l, h, s, v = 96, 12288, 2048, 51200
+    per_token = 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))      # the paper's Eq. 3 over B·s tokens
+    if scheme == "PTD-P":
+        layout = Layout(dp=gpus // 96, tp=8, pp=12, micro_batches=1536 // (gpus // 96), recompute="full")
+    else:
+        layout = Layout(dp=gpus, zero=3, micro_batches=1, recompute="full")
+    tokens = tflops * 1e12 / per_token
+    return PublishedRun(f"Narayanan GPT-3 175B, {scheme} on {gpus:,} GPUs", _GPT3, layout, Hardware.a100(), 1536,
+                        tokens, tokens * flops_per_token(_N_GPT3, l, h, s) / 312e12, _N_GPT3,
+                        _NARAYANAN.format(scheme=scheme, gpus=gpus, tflops=tflops),
+                        (("async_p2p", False), ("scatter_gather", True)))
+
+
+NARAYANAN = tuple(_narayanan(scheme, gpus, tflops) for scheme, gpus, tflops in
+                  (("PTD-P", 384, 153), ("PTD-P", 768, 149), ("PTD-P", 1536, 141),
+                   ("ZeRO-3", 384, 144), ("ZeRO-3", 768, 88), ("ZeRO-3", 1536, 44)))
+ALL_RUNS = RUNS + KORTHIKANTI + NARAYANAN
