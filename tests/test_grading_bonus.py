@@ -80,7 +80,8 @@ def test_an_unwritten_stretch_costs_nothing(triple):
     report = grading.grade(EXERCISE, verbose=False, double=double, **stretch)
     assert summary(report) == (2, 2, True, [("doubles", 2, "pass"), ("triples", 0, "not attempted"),
                                             ("triples_fast", 0, "not attempted")]), report.table()
-    assert report.table().splitlines()[:2] == [f"{EXERCISE}: 2 / 2 points", "bonus: not attempted"], report.table()
+    assert report.table().splitlines()[:2] == [f"{EXERCISE}: 2 / 2 points",
+                                               "bonus: not attempted (optional: it can only add points)"], report.table()
     assert "fail" not in report.table()
 
 

@@ -62,12 +62,12 @@ class Report:
         return bool(required) and all(r.earned >= r.points for r in required)
 
     def bonus_line(self) -> str | None:
-        """``"bonus 2/3"``, or ``"bonus: not attempted"`` while the stretch is not written; None without a stretch."""
+        """``"bonus 2/3"``, or ``"bonus: not attempted (...)"`` while the stretch is not written; None without a stretch."""
         bonus = [r for r in self.results if r.bonus]
         if not bonus:
             return None
         if all(r.status in (NOT_ATTEMPTED, "not run") for r in bonus):
-            return "bonus: not attempted"
+            return "bonus: not attempted (optional: it can only add points)"
         return f"bonus {_fmt(round(sum(r.earned for r in bonus), 2))}/{_fmt(round(sum(r.points for r in bonus), 2))}"
 
     def table(self) -> str:
