@@ -3,7 +3,8 @@
 Each attempt is a module written as a learner would, with ``SCORE`` (the points the whole exercise earns)
 and ``LOSES`` (each check that loses points: the points it still earns and a phrase, or a tuple of phrases,
 its feedback must contain). :func:`assert_graded` holds a report to that: every check in ``LOSES`` earns
-exactly its points with every phrase in its feedback, every other check full marks, and the total ``SCORE``.
+exactly its points with every phrase in its feedback, every other check full marks (or, a bonus check of a stretch
+the attempt does not write, "not attempted" at 0), and the total ``SCORE``.
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def assert_graded(report, attempt, not_run: float = 0.0) -> None:
                 f"{name}: {check} earned {result.earned}, not {earned}\n{table}"
             for phrase in [phrases] if isinstance(phrases, str) else phrases:
                 assert phrase in result.feedback, f"{name}: {check}'s feedback lacks {phrase!r}\n{table}"
+        elif result.bonus and result.status == "not attempted":  # a stretch the attempt does not write: free
+            assert result.earned == 0, f"{name}: {check} is not attempted, yet earned {result.earned}\n{table}"
         else:
             assert result.earned == result.points, f"{name}: {check} should earn full marks\n{table}"
     assert report.score + not_run == pytest.approx(attempt.SCORE), table

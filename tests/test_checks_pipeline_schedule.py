@@ -41,43 +41,55 @@ from coursekit.parallel.pipeline import one_f_one_b
 ROOT = Path(__file__).resolve().parents[1]
 ATTEMPTS = attempts("pipeline_schedule")
 IN_PROCESS = ["valid_schedule", "bubble_equals_formula", "peak_activations"]
+STRETCH = "interleaved_one_f_one_b"  # the optional stretch, graded as a bonus
+STRETCH_IN_PROCESS = ["interleaved_bubble", "interleaved_peak"]
 
 
-def notebook_function(exercise: bool):
-    """``one_f_one_b`` as the exercise (stub) or the solution notebook defines it, from the one source."""
+def notebook_function(exercise: bool, name: str = "one_f_one_b"):
+    """``name`` (``one_f_one_b``, or the stretch's ``interleaved_one_f_one_b``) as the exercise (stub) or the solution
+    notebook defines it, from the one source."""
     sys.path.insert(0, str(ROOT / "tools"))
     from build_notebook import select
 
     source = select((ROOT / "tools" / "notebook_src" / "04_pipeline_schedule.py").read_text(), exercise)
     cells = re.split(r"^# %%.*$", source, flags=re.M)
-    code = next(c for c in cells if re.search(r"^(def )?one_f_one_b\b", c, re.M))
+    code = next(c for c in cells if re.search(rf"^(def )?{name}\b", c, re.M))
     namespace: dict = {}
     exec("from coursekit.parallel.pipeline import Action, Schedule\n" + code, namespace)
-    return namespace["one_f_one_b"]
+    return namespace[name]
 
 
 def test_stub_scores_zero_and_says_not_done():
-    report = check_pipeline_schedule(notebook_function(exercise=True), verbose=False)
+    report = check_pipeline_schedule(notebook_function(exercise=True),
+                                     notebook_function(exercise=True, name=STRETCH), verbose=False)
     assert report.score == 0 and report.max_score == 10
-    assert all(r.status == "not done" for r in report.results), report.table()
+    assert [r.status for r in report.results] == ["not done"] * 4 + ["not attempted"] * 3, report.table()
+    assert report.table().splitlines()[1] == "bonus: not attempted (optional: it can only add points)", report.table()
 
 
 def test_solution_passes_the_in_process_checks():
-    report = check_pipeline_schedule(notebook_function(exercise=False), verbose=False, only=IN_PROCESS)
-    assert report.full_marks, report.table()
+    report = check_pipeline_schedule(notebook_function(exercise=False), notebook_function(exercise=False, name=STRETCH),
+                                     verbose=False, only=IN_PROCESS + STRETCH_IN_PROCESS)
+    assert report.full_marks and report.score == 10, report.table()
 
 
 @pytest.mark.slow
 def test_solution_full_marks_with_execution():
-    report = check_pipeline_schedule(notebook_function(exercise=False), verbose=False)
-    assert report.full_marks, report.table()
+    report = check_pipeline_schedule(notebook_function(exercise=False), notebook_function(exercise=False, name=STRETCH),
+                                     verbose=False)
+    assert report.full_marks and (report.score, report.max_score) == (14, 10), report.table()
+    assert report.table().splitlines()[1] == "bonus 4/4", report.table()
 
 
 def _graded(name: str, execute: bool):
+    """Grade attempt ``name``: the in-process checks, and those that run ranks where ``execute`` or where it loses
+    them (an invalid schedule is refused without starting a rank); the rest it must earn in full."""
     module = load("pipeline_schedule", name)
-    only = IN_PROCESS + (["equals_one_process"] if execute or "equals_one_process" in module.LOSES else [])
-    report = check_pipeline_schedule(module.one_f_one_b, verbose=False, only=only)
-    not_run = 0 if "equals_one_process" in only else 2  # full marks there, checked by the slow test
+    runs = [check for check in ("equals_one_process", "interleaved_schedule") if execute or check in module.LOSES]
+    only = IN_PROCESS + STRETCH_IN_PROCESS + runs
+    stretch = getattr(module, STRETCH, None)
+    report = check_pipeline_schedule(module.one_f_one_b, stretch, verbose=False, only=only)
+    not_run = (0 if "equals_one_process" in only else 2) + (2 if stretch and "interleaved_schedule" not in only else 0)
     assert_graded(report, module, not_run=not_run)
 
 
@@ -87,7 +99,8 @@ def test_attempt_gets_its_score_and_feedback(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in ATTEMPTS if n in ("no_warmup", "warmup_one_too_many")])
+@pytest.mark.parametrize("name", [n for n in ATTEMPTS if n in ("no_warmup", "warmup_one_too_many",
+                                                                "interleaved_every_forward_first")])
 def test_valid_attempts_train_like_one_process(name):
     _graded(name, execute=True)
 
@@ -103,4 +116,5 @@ def test_a_wrapped_library_is_said_once():
 def test_every_typical_mistake_has_an_attempt():
     assert {"gpipe_order", "no_warmup", "warmup_ignores_m", "warmup_one_too_many", "forgets_communication",
             "send_before_forward", "backward_newest_first", "wraps_library", "wraps_make_schedule",
-            "wraps_private_schedule", "wraps_gpipe", "calls_add_communication"} <= set(ATTEMPTS)
+            "wraps_private_schedule", "wraps_gpipe", "calls_add_communication", "interleaved_ignores_v",
+            "interleaved_every_forward_first", "interleaved_wraps_library"} <= set(ATTEMPTS)

@@ -381,4 +381,4 @@ def test_an_entry_point_grades_a_part_not_given_as_not_done():
     report = grading.check_pipeline_schedule(one_f_one_b=one_f_one_b, verbose=False, only="valid_schedule")
     assert report.full_marks, report.table()
     with pytest.raises(TypeError):
-        grading.check_pipeline_schedule(one_f_one_b, one_f_one_b)
+        grading.check_pipeline_schedule(one_f_one_b, None, one_f_one_b)  # two parts: 1F1B and the optional stretch

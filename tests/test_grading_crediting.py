@@ -39,7 +39,8 @@ ANSWERS = {
                       (("zero2_segment",), ("zero2_traffic", "zero2_frees_gradients", "zero2_hidden_variants"))],
     "model_parallel": [(("activations_reach_the_loss", "gradients_of_both_stages", "training_equals_one_process"),
                         ("traffic_pattern", "activations_sent_detached", "other_splits_and_sizes"))],
-    "pipeline_schedule": [(("valid_schedule", "equals_one_process"), ("bubble_equals_formula", "peak_activations"))],
+    "pipeline_schedule": [(("valid_schedule", "equals_one_process"), ("bubble_equals_formula", "peak_activations")),
+                          (("interleaved_schedule",), ("interleaved_bubble", "interleaved_peak"))],  # the bonus stretch
     "tensor_parallel": [(("f_and_g", "column_parallel_linear", "row_parallel_linear"),
                          ("mlp_one_all_reduce_each_way", "traffic"))],
     "ring_attention": [(("merge_exact", "ring_equals_full_attention", "causal_masking", "key_value_gradients"),

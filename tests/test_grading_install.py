@@ -93,7 +93,7 @@ def test_grade_works_after_installing_the_package_without_extras(tmp_path):
         shutil.copy(ROOT / name, clone / name)
     (clone / ".venv").symlink_to(venv)
     (venv / ".installed").touch()  # what `make install` leaves: pyproject.toml is older, so make installs nothing
-    # the notebook graded: exercise 04's solution (full marks, 50 s) in README's command instead of exercise 01's
+    # the notebook graded: exercise 04's solution (full marks, its stretch's bonus too, 50 s) in README's command, not 01's
     notebook = "exercises/04_pipeline_schedule.ipynb"
     shutil.copy(ROOT / "solutions" / "04_pipeline_schedule.ipynb", clone / notebook)
     path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
@@ -105,7 +105,7 @@ def test_grade_works_after_installing_the_package_without_extras(tmp_path):
     words = [f"NB={notebook}" if w.startswith("NB=") else w for w in words]
     done = subprocess.run(words, capture_output=True, text=True, timeout=900, cwd=clone, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "04_pipeline_schedule: 10 / 10 points" in done.stdout, done.stdout
+    assert "04_pipeline_schedule: 14 / 10 points\nbonus 4/4\n" in done.stdout, done.stdout  # the stretch's bonus too
     assert "IPKernelApp" not in done.stdout + done.stderr, done.stdout + done.stderr  # not for a learner's eyes
     where = _run([str(venv / "bin" / "python"), "-c", "import coursekit; print(coursekit.__file__)"], cwd=tmp_path,
                  env=env).stdout

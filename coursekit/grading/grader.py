@@ -14,7 +14,7 @@ from typing import Any
 
 from .context import Context
 from .registry import Check, checks_for, instead_of
-from .report import Report, Result, credited, save
+from .report import NOT_ATTEMPTED, Report, Result, credited, save
 from .scoring import CheckFailed, Deadlocked, NotDone
 
 __all__ = ["grade"]
@@ -44,7 +44,8 @@ def grade(exercise: str, *, only: list[str] | str | None = None, timeout: float 
     for item in checks:
         if stuck is not None:
             report.results.append(Result(item.name, item.points, 0.0, "skipped",
-                                         f"not run: {stuck} timed out first; fix that deadlock", item.hidden))
+                                         f"not run: {stuck} timed out first; fix that deadlock", item.hidden,
+                                         bonus=item.bonus))
             continue
         result = run_one(item, namespace, Context(item, timeout or item.timeout, instead, memo))
         stuck = item.name if result.status == "timeout" else None
@@ -72,7 +73,12 @@ def run_one(item: Check, submission: SimpleNamespace, ctx: Context) -> Result:
         status = "partial" if fraction > 0 else "fail"
     except NotImplementedError:
         fraction, status, feedback = 0.0, "not done", "not implemented yet (NotImplementedError)"
+    except AttributeError as error:  # a stretch not passed at all is not attempted; anything else fails
+        unwritten = item.bonus and getattr(error, "obj", None) is submission
+        fraction, status, feedback = 0.0, "not done" if unwritten else "fail", f"{type(error).__name__}: {error}"
     except Exception as error:  # a learner's function can fail in any way: report, never crash the notebook
         fraction, status, feedback = 0.0, "fail", f"{type(error).__name__}: {error}"
+    if item.bonus and status == "not done":  # an optional stretch not written: not attempted, never a failure
+        status, feedback = NOT_ATTEMPTED, ""  # the report's bonus line says it, once
     return Result(item.name, item.points, round(item.points * fraction, 2), status, feedback, item.hidden,
-                  round(time.perf_counter() - start, 2))
+                  round(time.perf_counter() - start, 2), item.bonus)

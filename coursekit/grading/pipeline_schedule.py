@@ -40,6 +40,11 @@ learner's function runs: a submission that calls one gets no schedule judged,
 and each check says so once. ``Action`` and ``Schedule``, the tools the exercise
 gives, stay the learner's.
 The grader's own references (1F1B's plan, for the feedback) run outside that block.
+
+**The optional stretch**, interleaved 1F1B (``interleaved_one_f_one_b(p, m, v=2)``), is graded as a bonus by
+three more checks (:mod:`.pipeline_stretch`, registered last): ``interleaved_schedule``, ``interleaved_bubble`` and
+``interleaved_peak``.
+Their points add to the score, never to the maximum; not written, they are "not attempted" and cost nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from fractions import Fraction
 
 from ..answers import AnswerHeldBack, held_back
 from ..parallel.pipeline import Schedule, ScheduleError, one_f_one_b, plan, validate
+from .pipeline_stretch import STRETCH_ANSWER, first_wait, interleaved_bubble, interleaved_peak, interleaved_schedule
 from .registry import check
 from .scoring import CheckFailed, NotDone, partial_credit, tails_said_once
 
@@ -64,6 +70,7 @@ ONE_TOO_MANY = ("one warm-up forward too many: rank r runs min(p−1−r, m) for
                 "(the last rank none), not min(p−r, m)")
 EARLIER = ("start each backward as soon as its gradient can arrive: min(p−1−r, m) warm-up forwards on rank r, "
            "then one forward and one backward")
+ONE_F_ONE_B_BUSY = "1F1B keeps it busy there (p−1−r warm-up forwards, then one forward and one backward)"
 INSTEAD = ("Action and Schedule are yours to use: list each rank's actions, its F and B and the SEND and RECV "
            "around them, and return them as a Schedule named \"1f1b\" with one stage per rank.")
 
@@ -176,27 +183,9 @@ def bubble_equals_formula(submission, ctx):
         if got == want:
             return None
         return (f"p={p}, m={m}: the ranks idle {float(got):.1%} of the time; 1F1B idles (p−1)/(m+p−1) = "
-                f"{float(want):.1%}: {_first_wait(mine, plan(one_f_one_b(p, m)))}")
+                f"{float(want):.1%}: {first_wait(mine, plan(one_f_one_b(p, m)), ONE_F_ONE_B_BUSY)}")
     # m = 1: F then B on each rank in turn, whatever the order: every valid schedule idles (p−1)/p
     return _judged(submission, ctx, CASES, lambda p, m: p == 1 or m == 1, judge)
-
-
-def _first_wait(mine, best) -> str:
-    """The earliest moment a rank of ``mine`` is idle while the same rank of 1F1B's plan ``best`` works."""
-    waits = []
-    for rank, spans in enumerate(mine.spans):
-        busy = [(start, end) for _, start, end in best.spans[rank]]
-        idle_from = 0
-        for action, start, end in spans:
-            if start > idle_from and any(a < start and idle_from < b for a, b in busy):
-                waits.append((idle_from, rank, start, action))
-                break
-            idle_from = end
-    if not waits:
-        return "a rank waits where it could already work"
-    at, rank, until, action = min(waits)
-    return (f"rank {rank} waits from t={at} to t={until} (F = 1, B = 2) before {action}, while 1F1B keeps it "
-            "busy there (p−1−r warm-up forwards, then one forward and one backward)")
 
 
 @check(EXERCISE, points=3, requires=ANSWER)
@@ -231,3 +220,9 @@ def equals_one_process(submission, ctx):
         return None if report.ok else f"p={p}, m={m}: {report.first}"
     return _judged(submission, ctx, ((2, 4), (3, 5)), lambda p, m: False, judge,
                    invalid="not run, not a valid schedule (see valid_schedule)")
+
+
+# The optional stretch, interleaved 1F1B (pipeline_stretch): a bonus, after the exercise's own checks.
+check(EXERCISE, points=2, bonus=True, timeout=90)(interleaved_schedule)
+check(EXERCISE, points=1, bonus=True, requires=STRETCH_ANSWER)(interleaved_bubble)
+check(EXERCISE, points=1, bonus=True, requires=STRETCH_ANSWER)(interleaved_peak)

@@ -31,7 +31,8 @@ EXERCISES = {e.name: e for e in (
     Exercise("02_data_parallel", "data_parallel", "check_data_parallel",
              ("attach_gradient_averaging", "reduce_scatter_gradients")),
     Exercise("03_model_parallel", "model_parallel", "check_model_parallel", ("two_stage_step",)),
-    Exercise("04_pipeline_schedule", "pipeline_schedule", "check_pipeline_schedule", ("one_f_one_b",)),
+    Exercise("04_pipeline_schedule", "pipeline_schedule", "check_pipeline_schedule",
+             ("one_f_one_b", "interleaved_one_f_one_b")),  # the second an optional stretch, graded as a bonus
     Exercise("05_tensor_parallel", "tensor_parallel", "check_tensor_parallel",
              ("ColumnParallelLinear", "RowParallelLinear", "CopyToParallelRegion", "ReduceFromParallelRegion")),
     Exercise("06_ring_attention", "ring_attention", "check_ring_attention", ("merge", "ring_attention_forward")),
@@ -56,13 +57,14 @@ class Check:
     description: str = ""
     requires: tuple[str, ...] = ()  # the checks of the answer this one measures a property of (see report.credited)
     allows: tuple[str, ...] = ()    # torch.distributed functions this check lets the learner call (guard.guarded)
+    bonus: bool = False             # an optional stretch: its points add to the score, not to the maximum
 
 
 _REGISTRY: dict[str, list[Check]] = {}
 
 
 def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float = 30.0, name: str | None = None,
-          requires: tuple[str, ...] = (), allows: tuple[str, ...] = ()):
+          requires: tuple[str, ...] = (), allows: tuple[str, ...] = (), bonus: bool = False):
     """Register ``fn(submission, ctx)`` as a check of ``exercise``, worth ``points``.
 
     It passes by returning (optionally a fraction in [0, 1]), fails by raising
@@ -75,10 +77,14 @@ def check(exercise: str, points: float = 1, hidden: bool = False, timeout: float
     hidden variants): it earns nothing unless each of them earns full marks (:func:`~.report.credited`, the
     one crediting rule of every exercise). ``allows`` names ``torch.distributed`` functions (``"broadcast"``)
     the learner may call in this check, though the guard switches them off in the exercise's others.
+
+    ``bonus`` makes it part of an optional stretch: what it earns adds to the score, its points never to the
+    maximum, and while the stretch is not written (NotImplementedError, or no function) it is "not attempted",
+    which costs nothing (:class:`~.report.Report`).
     """
     def register(fn: Callable) -> Callable:
         new = Check(exercise, name or fn.__name__, points, fn, hidden, timeout, (fn.__doc__ or "").strip(),
-                    tuple(requires), tuple(allows))
+                    tuple(requires), tuple(allows), bonus)
         checks = _REGISTRY.setdefault(exercise, [])
         for index, old in enumerate(checks):
             if old.name == new.name:

@@ -52,7 +52,8 @@ CHECK_TIMEOUT = 90.0
 # %%
 # %matplotlib inline
 from coursekit.grading import check_pipeline_schedule
-from coursekit.parallel.pipeline import Action, Schedule, ScheduleError, bubble_formula, gpipe, plan, validate
+from coursekit.parallel.pipeline import (Action, Schedule, ScheduleError, bubble_formula, gpipe,
+                                        peak_activations_formula, plan, validate)
 from coursekit.viz.pipeline import draw_plan
 
 # %% [markdown]
@@ -132,7 +133,102 @@ else:
         print("not a valid schedule:", error)
 
 # %% [markdown]
+# ## Optional stretch: interleaved 1F1B (a bonus)
+#
+# Megatron-LM shrinks the bubble further by giving each rank several thin stages instead of one thick one
+# (Narayanan et al. 2021, section 2.2.2). This part is optional: its points add to your score, never to the
+# maximum, and left as it is it costs nothing.
+#
+# **Inputs.** `p >= 1` ranks and `v = 2` stages per rank: rank `r` holds stages `r` and `r + p` (the pipeline has
+# `v·p` stages, and every micro-batch passes every rank twice); `m` micro-batches, `m = p` or `m = 2p`.
+#
+# **Output.** `interleaved_one_f_one_b(p, m, v=2)` returns a `Schedule` named `"interleaved"` for `p` ranks, `m`
+# micro-batches and `v` stages per rank, messages included. A message between two stages on one rank is not a
+# message: the next stage reads it directly. Between two ranks, receives must come in the order the sender sends,
+# whatever their kind: with two ranks, forwards and gradients travel between the same pair.
+#
+# **The properties**, graded for p = 1..4, m = p and 2p:
+#
+# 1. *valid*: `validate` accepts it, and run by the course's executor (p = 2, m = 4, a four-layer MLP) one step
+#    trains exactly as one process does;
+# 2. *bubble*: on the unit-time clock the ranks idle exactly (p − 1)/(v·m + p − 1) of the step: the pipe fills v
+#    times faster than 1F1B's. `bubble_formula("interleaved", p, m, 2)` gives the target, `plan(s)` your value;
+# 3. *memory*: rank `r` never holds more than min((v − 1)·p + 2(p − 1 − r) + 1, v·m) (stage, micro-batch) pairs
+#    between their forward and their backward (`peak_activations_formula("interleaved", p, m, r, 2)`): as
+#    with one stage per rank, sending every forward first has the same bubble and holds far more.
+#
+# A hint, no more: Megatron-LM sends p micro-batches through one of a rank's stages, then the same p through
+# its next stage, and so on, backwards in the opposite order of stages.
+# As in the exercise, (1) is the answer, (2) and (3) its properties.
+
+# %%
+# BEGIN SOLUTION
+def interleaved_one_f_one_b(p, m, v=2):
+    """Interleaved 1F1B: rank r holds stages r, r+p, ..., r+(v-1)p; m a multiple of p, messages placed by hand."""
+    n = v * p                                # stages in all
+
+    def chunk_and_batch(r, k, back):        # rank r's k-th forward (or backward): its stage and micro-batch
+        chunk = (k // p) % v                 # p micro-batches through one chunk, then the next chunk
+        stage = ((v - 1 - chunk) if back else chunk) * p + r
+        return stage, (k // (p * v)) * p + k % p
+
+    def computations(r):                     # rank r's F and B, each followed by the message it sends
+        total = v * m
+        warm = min((v - 1) * p + 2 * (p - 1 - r), total)
+        order = [("F", k) for k in range(warm)]
+        for j in range(total - warm):
+            order += [("F", warm + j), ("B", j)]
+        order += [("B", j) for j in range(total - warm, total)]
+        ops = []
+        for op, k in order:
+            stage, i = chunk_and_batch(r, k, op == "B")
+            ops.append(Action(op, stage, i))
+            peer = stage + 1 if op == "F" else stage - 1
+            if 0 <= peer < n and peer % p != r:
+                ops.append(Action("SEND_" + op, stage, i))
+        return ops
+
+    def source(a):                           # the rank a receive on this compute comes from, or None
+        peer = a.stage - 1 if a.op == "F" else a.stage + 1
+        return None if not 0 <= peer < n or peer % p == a.stage % p else peer % p
+
+    plans = [computations(r) for r in range(p)]
+    inbox = {}                               # (sender, receiver) -> receives, in the order the sender sends
+    for sender, ops in enumerate(plans):
+        for a in ops:
+            if a.op.startswith("SEND"):
+                peer = a.stage + 1 if a.op == "SEND_F" else a.stage - 1
+                inbox.setdefault((sender, peer % p), []).append(Action("RECV" + a.op[4:], peer, a.micro_batch))
+    actions = []
+    for r, ops in enumerate(plans):
+        out, received = [], set()
+        for a in ops:
+            sender = source(a) if a.op in ("F", "B") else None
+            wanted = Action("RECV_" + a.op, a.stage, a.micro_batch)
+            while sender is not None and wanted not in received:
+                got = inbox[(sender, r)].pop(0)   # earlier messages from that rank first: they were sent first
+                out.append(got)
+                received.add(got)
+            out.append(a)
+        actions.append(out)
+    return Schedule("interleaved", p, m, v, actions)
+# EXERCISE: # OPTIONAL: interleaved_one_f_one_b(p, m, v=2), returning the Schedule the stretch's contract describes.
+# EXERCISE: interleaved_one_f_one_b = None
+# END SOLUTION
+
+# %%
+bound = [peak_activations_formula("interleaved", 4, 8, r, 2) for r in range(4)]
+print("interleaved 1F1B, p = 4, m = 8: bubble", bubble_formula("interleaved", 4, 8, 2), "| peak per rank at most", bound)
+if interleaved_one_f_one_b is not None:   # optional: None while you leave the stretch aside
+    try:
+        stretch = interleaved_one_f_one_b(4, 8)
+        validate(stretch)
+        print("yours: bubble", plan(stretch).bubble_fraction, "| peak per rank", plan(stretch).peak_activations)
+    except ScheduleError as error:
+        print("not a valid schedule:", error)
+
+# %% [markdown]
 # ## The grader
 
 # %%
-report = check_pipeline_schedule(one_f_one_b, timeout=CHECK_TIMEOUT)
+report = check_pipeline_schedule(one_f_one_b, interleaved_one_f_one_b, timeout=CHECK_TIMEOUT)

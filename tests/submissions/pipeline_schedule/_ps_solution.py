@@ -41,3 +41,30 @@ def held_back(said: str | tuple[str, ...]) -> dict:
     return {"valid_schedule": (0, said)} | {
         name: (0, "not judged: one_f_one_b calls coursekit's own answer to this exercise (see valid_schedule)")
         for name in ("bubble_equals_formula", "peak_activations", "equals_one_process")}
+
+
+def right_one_f_one_b(p: int, m: int) -> Schedule:
+    """1F1B right, messages placed as the solution places them: the part an attempt at the stretch gets right."""
+    return with_messages(p, m, [[(a.op, a.micro_batch) for a in ops] for ops in compute_order(p, m)])
+
+
+def interleaved_edited(*edits: tuple[str, str]):
+    """The notebook's ``interleaved_one_f_one_b`` (the stretch's solution, from its one source), each ``(old, new)``
+    of ``edits`` a learner's change to its text (each ``old`` must be there once)."""
+    import re
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    sys.path.insert(0, str(root / "tools"))
+    from build_notebook import select
+
+    source = select((root / "tools" / "notebook_src" / "04_pipeline_schedule.py").read_text(), exercise=False)
+    code = next(c for c in re.split(r"^# %%.*$", source, flags=re.M)
+                if re.search(r"^def interleaved_one_f_one_b\b", c, re.M))
+    for old, new in edits:
+        assert code.count(old) == 1, f"{old!r} is not in the solution once"
+        code = code.replace(old, new)
+    namespace: dict = {}
+    exec("from coursekit.parallel.pipeline import Action, Schedule\n" + code, namespace)
+    return namespace["interleaved_one_f_one_b"]
