@@ -60,7 +60,7 @@ def test_stub_scores_zero_at_once_and_says_not_done(monkeypatch):
     stub = attempt("_dc_solution").functions(exercise=True)
     report = check_dispatch_combine(stub["dispatch"], stub["combine"], verbose=False)
     assert not started, f"ranks were started for the stub: {started}"
-    assert report.score == 0 and report.max_score == 14, report.table()
+    assert report.score == 0 and report.max_score == 16, report.table()
     assert {(r.status, r.feedback) for r in report.results} == {("not done", NOT_IMPLEMENTED)}, report.table()
 
 
@@ -78,7 +78,7 @@ def test_dispatch_alone_is_graded_while_combine_is_not_written():
 def test_solution_gets_full_marks():
     solution = attempt("_dc_solution")
     report = check_dispatch_combine(solution.dispatch, solution.combine, verbose=False)
-    assert report.full_marks and report.max_score == 14, report.table()
+    assert report.full_marks and report.max_score == 16, report.table()
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)
