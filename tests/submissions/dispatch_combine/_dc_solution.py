@@ -68,3 +68,13 @@ def exchanged(x, routing, group=None):
     pieces = torch.arange(len(rows)).split(receive.flatten().tolist())
     order = torch.cat([pieces[j * local + e] for e in range(local) for j in range(ep)])
     return rows[order], receive.sum(0).tolist(), (send, receive, order, routing.token, routing.gate)
+
+
+def overflow_loses(said: str) -> dict:
+    """``LOSES`` of an attempt whose only mistake is its capacity rule, named by ``said``, wrong in every case where
+    an expert overflows: a quarter of the plain cases, one skewed case in three, the capacity cases; no property."""
+    return {"capacity": (0, said), "outputs_equal_one_process": (1.5, said), "skewed_routing": (1.33, said),
+            "gradients_equal_one_process": (1.0, "the outputs differ"),
+            "traffic": (0, "traffic is judged only for a right answer"),
+            "process_groups": (0, "it is wrong with the whole world as the group too"),
+            "hidden_sizes": (0, "counts only for a right answer")}

@@ -2,16 +2,13 @@
 has room for takes them all. Right wherever nothing overflows (dropless, or capacity to spare); every case where
 an expert overflows is wrong, and the feedback says the capacity was not applied."""
 
-from _dc_solution import Kept, exchanged
+from _dc_solution import Kept, exchanged, overflow_loses
 from _dc_solution import combine  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 5.83  # dispatch_rows is dropless; each case that overflows is wrong
+SCORE = 5.83  # dispatch_rows is dropless; each case where an expert overflows is wrong
 _SAID = "the capacity was not applied: with capacity factor 1 an expert takes at most C = ⌈1·k·T/E⌉"
-LOSES = {"capacity": (0, _SAID), "outputs_equal_one_process": (1.5, _SAID), "skewed_routing": (1.33, _SAID),
-         "gradients_equal_one_process": (1.0, "the outputs differ"),
-         "traffic": (0, "traffic is judged only for a right answer"), "process_groups": (0, "it is wrong with the whole world as the group too"),
-         "hidden_sizes": (0, "counts only for a right answer")}
+LOSES = overflow_loses(_SAID)
 
 
 def dispatch(x, chosen, gates, n_experts, capacity_factor=None, group=None):
