@@ -33,8 +33,8 @@
 #
 # **Counts first.** The rows move in one uneven *all-to-all*: every rank sends a different number of rows to each
 # rank. A receive must know its size before the data arrive, and only the sender knows it. So first tell every rank
-# how many rows you send to each of its experts, inside `with comm.control():` — counts are bookkeeping, counted as
-# control traffic, not payload.
+# how many rows you send to each of its experts, with the same `all_to_all`, inside `with comm.control():` — counts
+# are bookkeeping, counted as control traffic, not payload.
 #
 # **Regroup.** The rows arrive grouped by sender (rank 0's, then rank 1's, …), each sender's by expert if you sent
 # them so. `Experts.forward(rows, rows_per_expert)` wants them grouped by expert; combine's way back needs them
