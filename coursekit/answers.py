@@ -39,7 +39,8 @@ _CHOOSE = ("choose the degrees yourself from the numbers: evaluate(config, Layou
 
 #: qualified name -> (exercise, what the learner should write instead). The functions are held back while their
 #: exercise is graded; a class listed here (exercise 05's layers) by the listed functions it calls. None of them
-#: is shown in a chapter (:func:`coursekit.show`).
+#: is shown in a chapter (:func:`coursekit.show`) but ``keep_within_capacity``: chapter 07 shows the capacity rule,
+#: which exercise 07's dispatch applies inside its own code.
 ANSWERS: dict[str, tuple[str, str]] = {
     _RING + "ring_reduce_scatter": ("01_ring_allreduce",
                                     "write the reduce-scatter's G-1 steps yourself with coursekit.comm"),
@@ -61,6 +62,10 @@ ANSWERS: dict[str, tuple[str, str]] = {
     **{_PLANNER + name: ("08_choose_a_layout", _CHOOSE) for name in ("layouts", "brute_force", "plan")},
     _EXPERT + "dispatch": ("07_dispatch_combine", "write dispatch yourself: exchange the counts (comm.control()), "
                                                   "send the rows with all_to_all, regroup what arrived by expert"),
+    # dispatch keeps each expert within its capacity: the library's rule and the routing built on it are the answer
+    **{_EXPERT + name: ("07_dispatch_combine", "keep each expert's assignments within capacity yourself, in dispatch: "
+                                               "⌈factor·k·T/E⌉ of this rank's, first choices first, then token order")
+       for name in ("keep_within_capacity", "route", "Routing.__init__")},
     _EXPERT + "combine": ("07_dispatch_combine", "write combine yourself: undo dispatch's regrouping, all_to_all "
                                                  "the rows back, add each into its token's row times its gate"),
 }

@@ -34,7 +34,18 @@ Planted bugs, each seen failing (in coursekit/grading/dispatch_combine*.py and c
 * dispatch_rows judging the run with combine (not dispatch alone) -> combine_raises "dispatch_rows should earn full
   marks";
 * process_groups blaming the groups whatever went wrong -> detaches_gates "process_groups's feedback lacks 'it is
-  wrong with the whole world as the group too'".
+  wrong with the whole world as the group too'";
+* capacity_misread answering None -> capacity_drops_by_token_order "outputs_equal_one_process's feedback lacks 'the
+  right number of rows, but the wrong ones dropped ...'" (only the symptom, "the wrong rows", was said);
+* the rounded_down rule computed with ceil (as the right one) -> capacity_rounded_down "... lacks 'the capacity was
+  rounded down'";
+* process_groups's _why judging the first two ranks' layer only -> capacity_drops_by_token_order "process_groups's
+  feedback lacks 'it is wrong with the whole world as the group too'" (ranks 2 and 3 overflow where 0 and 1 do not:
+  it blamed the groups);
+* keep_within_capacity, route and Routing.__init__ not held back -> wraps_the_library "dispatch_rows's feedback lacks
+  'coursekit.parallel.expert.core.keep_within_capacity was called ...'";
+* capacity left out of ANSWER (traffic's requires) -> tests/test_grading_crediting.py "traffic is declared a property
+  of (...), not of ('capacity', ...)".
 """
 
 from __future__ import annotations
@@ -60,7 +71,7 @@ def test_stub_scores_zero_at_once_and_says_not_done(monkeypatch):
     stub = attempt("_dc_solution").functions(exercise=True)
     report = check_dispatch_combine(stub["dispatch"], stub["combine"], verbose=False)
     assert not started, f"ranks were started for the stub: {started}"
-    assert report.score == 0 and report.max_score == 14, report.table()
+    assert report.score == 0 and report.max_score == 16, report.table()
     assert {(r.status, r.feedback) for r in report.results} == {("not done", NOT_IMPLEMENTED)}, report.table()
 
 
@@ -78,7 +89,7 @@ def test_dispatch_alone_is_graded_while_combine_is_not_written():
 def test_solution_gets_full_marks():
     solution = attempt("_dc_solution")
     report = check_dispatch_combine(solution.dispatch, solution.combine, verbose=False)
-    assert report.full_marks and report.max_score == 14, report.table()
+    assert report.full_marks and report.max_score == 16, report.table()
 
 
 @pytest.mark.parametrize("name", ATTEMPTS)
@@ -94,4 +105,5 @@ def test_every_typical_mistake_has_an_attempt():
             "pads_pieces", "detaches_gates", "sends_back_without_autograd", "combine_keeps_expert_order",
             "combine_returns_rows", "counts_of_own_tokens", "ignores_group",
             "senders_reversed_within_an_expert", "calls_dist_all_to_all", "combine_raises",
-            "skips_when_it_has_nothing"} <= set(ATTEMPTS)
+            "skips_when_it_has_nothing", "capacity_not_applied", "capacity_rounded_down", "capacity_over_the_world",
+            "capacity_drops_by_token_order"} <= set(ATTEMPTS)

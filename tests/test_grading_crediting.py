@@ -46,7 +46,7 @@ ANSWERS = {
     "ring_attention": [(("merge_exact", "ring_equals_full_attention", "causal_masking", "key_value_gradients"),
                         ("traffic_pattern",))],
     "dispatch_combine": [(("dispatch_rows", "outputs_equal_one_process", "skewed_routing",
-                           "gradients_equal_one_process"), ("traffic", "process_groups", "hidden_sizes"))],
+                           "gradients_equal_one_process", "capacity"), ("traffic", "process_groups", "hidden_sizes"))],
     "choose_layout": [(("valid_layout", "fits_in_memory", "follows_the_chapter"), ("hidden_scenarios",))],
     # four answers, each its own: the multiple choice and the three programs fixed
     "find_the_bug": [(("names_each_bug",), ()), (("program_a_fixed",), ()), (("program_b_fixed",), ()),

@@ -6,21 +6,26 @@
 The learner writes the library's two functions (:mod:`coursekit.parallel.expert.core`, held back while grading:
 :mod:`coursekit.answers`), with its signatures:
 
-* ``dispatch(x, routing, group=None) -> (rows, rows_per_local_expert, plan)``: each assignment's token row sent
-  to the rank of its expert (rank r holds experts ``r·E/ep … (r+1)·E/ep − 1``): the counts exchanged first (control
-  traffic), one uneven all-to-all, and what arrived regrouped by expert;
-* ``combine(y, routing, plan, tokens, group=None) -> out``: the experts' outputs back to their tokens' ranks, the
-  all-to-all reversed, each row weighted by its gate and added into its token's row.
+* ``dispatch(x, chosen, gates, n_experts, capacity_factor=None, group=None) -> (rows, rows_per_local_expert,
+  plan)``: from the router's choices, each expert's assignments kept within its capacity (``⌈factor·k·T/E⌉`` of
+  this rank's T tokens, first choices first, then token order: the library's ``keep_within_capacity``, and its
+  ``route``, held back), each kept assignment's token row sent to the rank of its expert (rank r holds experts
+  ``r·E/ep … (r+1)·E/ep − 1``): the counts exchanged first (control traffic), one uneven all-to-all, and what
+  arrived regrouped by expert;
+* ``combine(y, plan, tokens, group=None) -> out``: the experts' outputs back to their tokens' ranks, the
+  all-to-all reversed, each row weighted by its gate and added into its token's row (a dropped assignment adds 0).
 
-Each rank routes its own tokens with the library's ``route`` and runs its own ``Experts``; the grader calls the
+Each rank runs its own router and its own ``Experts``; the grader calls the
 learner's dispatch, the experts, the learner's combine and backward, on the simulator in float64, every message
 watched (:mod:`.dispatch_combine_runs`), and holds everything to the one-process ``MoE`` on the same weights and
-tokens (:mod:`.dispatch_combine_judge`). Seven checks:
+tokens (:mod:`.dispatch_combine_judge`). Eight checks:
 
 * ``dispatch_rows``: each rank gets exactly its experts' assignments from every rank, grouped by expert (any order
   within an expert), and their counts;
 * ``outputs_equal_one_process``: every token's output, ep = 2 and 4, E = 4 and 8, k = 1 and 2, dropless and with
   capacity; ep = 1 is a precondition (nothing moves there: most wrong answers are right);
+* ``capacity``: cases where the capacity drops assignments, outputs and gradients; a capacity not applied,
+  rounded down, counted over every rank's tokens, or dropping second choices before later first choices is named;
 * ``skewed_routing``: expert 0 every token's first choice, so ranks receive nothing, and one rank has no tokens:
   outputs and gradients;
 * ``gradients_equal_one_process``: the gradients of x, of the router (summed over the ranks) and of each rank's
@@ -28,8 +33,10 @@ tokens (:mod:`.dispatch_combine_judge`). Seven checks:
 * ``traffic``: link by link, each way (dispatch, combine, backward), exactly the rows the routing sends there,
   d float64 each, as payload; the counts as control traffic (at most E numbers to a rank), nothing else. An
   all-gather of every token, counts sent as payload and rows sent to the wrong rank are named;
-* ``process_groups``: 4 real ranks as two expert-parallel groups {0, 1} and {2, 3} (``group`` passed on);
-* ``hidden_sizes`` (hidden): other sizes (d = 6, ep = 3, a rank with no tokens, skewed), outputs and gradients.
+* ``process_groups``: 4 real ranks as two expert-parallel groups {0, 1} and {2, 3} (``group`` passed on), with
+  capacity: each rank counts it on its own tokens;
+* ``hidden_sizes`` (hidden): other sizes (d = 6, ep = 3, a rank with no tokens, skewed, ep = 1 with capacity),
+  outputs and gradients.
 
 A wrong output's gradients and traffic are not judged (never score traffic for a wrong result).
 """
@@ -50,7 +57,7 @@ EXERCISE = "07_dispatch_combine"
 # said when gloo aborts a rank whose receive did not fit: the rows' counts, not a ring's segments
 LENGTH_HINT = "each receive must hold the rows its sender sends: exchange the counts first and size it from them"
 # The checks that judge the answer; the others judge its properties and earn nothing while it is wrong.
-ANSWER = ("dispatch_rows", "outputs_equal_one_process", "skewed_routing", "gradients_equal_one_process")
+ANSWER = ("dispatch_rows", "outputs_equal_one_process", "skewed_routing", "gradients_equal_one_process", "capacity")
 INSTEAD = ("send the rows with all_to_all from coursekit.parallel.sequence.comm (counted), the counts inside "
            "comm.control()")
 
@@ -59,7 +66,10 @@ PLAIN = [Case(2, 4, 1, None, (5, 8)), Case(2, 4, 2, 1.0, (5, 8)), Case(4, 8, 2, 
          Case(4, 4, 1, 1.25, (5, 8, 6, 11))]
 SKEWED = [Case(2, 4, 1, None, (5, 8), skew=True), Case(4, 8, 2, 1.0, (5, 8, 6, 11), skew=True),
           Case(4, 4, 1, None, (5, 0, 6, 11), skew=True)]
-HIDDEN = [Case(3, 6, 2, 1.25, (7, 0, 12), d=6, seed=11), Case(4, 8, 1, None, (3, 9, 1, 6), skew=True, d=6, seed=13)]
+HIDDEN = [Case(3, 6, 2, 1.25, (7, 0, 12), d=6, seed=11), Case(4, 8, 1, None, (3, 9, 1, 6), skew=True, d=6, seed=13),
+          Case(1, 4, 2, 0.75, (9,), d=6, seed=17)]
+# each drops assignments; between them every misread capacity rule (dispatch_combine_runs.MISREAD) is told apart
+CAPACITY = [PLAIN[1], Case(2, 4, 2, 0.75, (7, 10)), SKEWED[1]]
 
 
 def _judged(ctx, submission, case: Case, judge, with_combine: bool = True) -> str | None:
@@ -115,6 +125,12 @@ def gradients_equal_one_process(submission, ctx):
                    [_judged(ctx, submission, ONE_RANK, gradient_mistake)])
 
 
+@check(EXERCISE, points=2)
+def capacity(submission, ctx):
+    """Each expert keeps at most ⌈factor·k·T/E⌉ of a rank's assignments, first choices first; the rest add 0."""
+    return _credit([_judged(ctx, submission, c, _outputs_and_gradients) for c in CAPACITY])
+
+
 @check(EXERCISE, points=2, requires=ANSWER)
 def traffic(submission, ctx):
     """Each way, every rank sends each rank exactly the rows for its experts (payload), the counts as control."""
@@ -148,8 +164,9 @@ def process_groups(submission, ctx):
 
 
 def _why(ctx, submission) -> str:
-    """Groups are to blame only if the same layer is right when the group is the whole world (the checks above)."""
-    if _judged(ctx, submission, SAME_LAYER, _outputs_and_gradients) is None:
+    """Groups are to blame only if the same layer, and the capacity cases, are right when the group is the whole
+    world (the checks above): the groups' ranks 2 and 3 overflow where ranks 0 and 1 may not."""
+    if all(_judged(ctx, submission, c, _outputs_and_gradients) is None for c in (SAME_LAYER, *CAPACITY)):
         return GROUPS
     return "it is wrong with the whole world as the group too (see the checks above): fix that first"
 

@@ -15,7 +15,7 @@ import torch
 
 from .scoring import NotDone
 
-__all__ = ["rows_mistake", "output_mistake", "gradient_mistake", "traffic_mistake", "COMBINE_NOT_DONE"]
+__all__ = ["capacity_misread", "rows_mistake", "output_mistake", "gradient_mistake", "traffic_mistake", "COMBINE_NOT_DONE"]
 
 COMBINE_NOT_DONE = "combine: not implemented yet (NotImplementedError)"
 LAYOUT = "rank r holds experts r·E/ep … (r+1)·E/ep − 1, so expert e lives on rank e // (E/ep)"
@@ -23,18 +23,29 @@ BY_SENDER = ("they are still grouped by sender (rank 0's rows, then rank 1's, �
              "them; Experts.forward takes all rows of local expert 0 first, then all of expert 1, …: regroup them "
              "by expert (and keep that order in plan, for combine to undo)")
 GATES = ("the outputs are the experts' outputs summed without their gates: multiply each row by its "
-         "routing.gate before adding it into its token's row")
+         "gate before adding it into its token's row")
 NO_HISTORY = ("a row received with comm.irecv, exchange or a copy into a new buffer has no autograd history: send "
               "the rows with all_to_all both ways, whose backward is the reverse all-to-all")
 GATES_TWICE = ("each row is multiplied by its gate twice (the outputs are the gate-squared sum): weight each row "
-               "by its routing.gate once, in combine")
+               "by its gate once, in combine")
 ONE_RANK_WRONG = ("with one rank nothing travels and nothing is regrouped, so combine is wrong: add each row of y "
-                  "times its gate into its token's row (routing.token)")
+                  "times its gate into its token's row")
 COMBINE_WRONG = ("Every rank's dispatch is right (see dispatch_rows), so combine is wrong: undo dispatch's regrouping "
                  "(y is in your experts' order; the all-to-all back needs the order the rows arrived in), send each "
-                 "row back to its sender, and add it times its gate into its token's row (routing.token)")
+                 "row back to its sender, and add it times its gate into its token's row")
 GATES_STAY = ("a token's gates stay on its own rank: combine multiplies each row that comes back by its "
-              "routing.gate there, so nothing but the rows travels to the experts")
+              "gate there, so nothing but the rows travels to the experts")
+CAPACITY = {
+    "not_applied": ("the capacity was not applied: with capacity factor {factor:g} an expert takes at most "
+                    "C = ⌈{factor:g}·k·T/E⌉ of a rank's assignments; drop the rest before sending the rows"),
+    "rounded_down": ("the capacity was rounded down: C = ⌈factor·k·T/E⌉ rounds up (an expert takes one more row "
+                     "when factor·k·T/E is not whole)"),
+    "over_the_world": ("the capacity was counted on the tokens of every rank: each rank counts it on its own T "
+                       "tokens (T = x.shape[0]), as the one-process MoE does on each rank's batch"),
+    "token_order": ("the right number of rows, but the wrong ones dropped: an expert keeps first choices before "
+                    "second choices (every token's first choice, in token order, then every second choice), and "
+                    "drops the rest"),
+}
 COUNTS = ("counts are bookkeeping, not rows: exchange them inside `with comm.control():`, so that they are counted "
           "as control traffic")
 
@@ -79,15 +90,28 @@ def rows_mistake(run, rank: int) -> str | None:
             return (f"{where} received the right rows, but its rows_per_local_expert is {per}: its experts get "
                     f"{want_per} rows (what every rank sends each of them: the counts you received)")
         said = f"{where} received the right rows, but not grouped by expert"
-        if torch.equal(rows, ref.by_sender[rank]):
+        pieces = ref.by_sender[rank]
+        if all(map(_same_rows, rows.split([len(p) for p in pieces]), pieces)):  # each sender's, in any order
             return f"{said}: {BY_SENDER}"
         return f"{said}: its first {per[0]} rows should all be local expert 0's, then come local expert 1's, …"
+    misread = capacity_misread(run, rank)
+    if misread:
+        return f"{where}'s experts got {per} rows, where they take {want_per}: {misread}"
     if rows.shape[0] > everything.shape[0]:
         return (f"{where} received {rows.shape[0]} rows, but only {everything.shape[0]} assignments go to its "
                 f"experts: send each token's row only to the rank of the expert it was assigned to, once per "
                 f"assignment")
     return (f"{where}'s experts should get {want_per} rows (their assignments from every rank); it returned "
             f"{per}, and {'the wrong rows' if rows.shape[0] == everything.shape[0] else 'too few rows'}")
+
+
+def capacity_misread(run, rank: int) -> str | None:
+    """What rank ``rank``'s rows say of the capacity rule its dispatch applied, if they are what a misread rule
+    keeps (:data:`~.dispatch_combine_runs.MISREAD`); None otherwise."""
+    per, rows = run.ranks[rank]["per"], run.ranks[rank]["rows"]
+    said = [CAPACITY[name].format(factor=run.case.factor) for name, arrivals in run.ref.misread.items()
+            if per == [len(a) for a in arrivals[rank]] and all(map(_same_rows, rows.split(per), arrivals[rank]))]
+    return "; or ".join(said) or None  # two rules may keep the same rows here: both are named
 
 
 def output_mistake(run) -> str | None:
@@ -127,7 +151,7 @@ def gradient_mistake(run) -> str | None:
                     f"in autograd's eyes the output does not depend on their outputs. {NO_HISTORY}")
     if all(got["router_grad"] is None for got in ranks):
         return ("no gradient reached the router on any rank. Its only path to the loss is the gates: multiply by "
-                "routing.gate itself, not a detached copy")
+                "the gates themselves, not detached copies")
     for rank, got in enumerate(ranks):  # the experts' first: a wrong way back (combine) shows there
         mine = slice(rank * local, (rank + 1) * local)
         for name, want in (("w1", ref.w1_grad[mine]), ("w2", ref.w2_grad[mine])):

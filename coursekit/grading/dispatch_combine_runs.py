@@ -2,8 +2,8 @@
 
 A :class:`Case` is one layer and one batch per rank: ep ranks, E experts, top-k, dropless or a capacity factor,
 each rank's token count, and ``skew`` (a router bias that makes expert 0 every token's first choice, so the
-other ranks' experts get little or nothing). :func:`run` routes each rank's tokens with the library's ``route``,
-calls the learner's ``dispatch``, the rank's ``Experts`` on what arrived, the learner's ``combine``, and backward
+other ranks' experts get little or nothing). :func:`run` runs each rank's router on its tokens (its choices and gates),
+calls the learner's ``dispatch`` (which keeps each expert within capacity), the rank's ``Experts`` on what arrived, the learner's ``combine``, and backward
 from a fixed upstream gradient, on ``ctx.simulate`` (float64), watching every message it sends
 (:class:`Sent`: in which stage, to whom, how many elements, integers or not, payload or control).
 :func:`reference` is the answer: :class:`~coursekit.parallel.expert.MoE` on one process, each rank's batch
@@ -14,6 +14,7 @@ routed on its own (capacity is per batch), and what each rank's experts should r
 from __future__ import annotations
 
 import copy
+import math
 import re
 import threading
 from dataclasses import dataclass
@@ -24,11 +25,11 @@ import torch
 
 from .. import comm
 from ..comm.mesh import Mesh
-from ..parallel.expert import MoE, route
+from ..parallel.expert import MoE, Routing, route
 from .feedback import is_stub
 from .scoring import CheckFailed, Deadlocked, NotDone
 
-__all__ = ["Case", "Sent", "Run", "Refused", "Reference", "reference", "run", "run_groups", "group_reference",
+__all__ = ["MISREAD", "Case", "Sent", "Run", "Refused", "Reference", "reference", "run", "run_groups", "group_reference",
            "GROUP_CASE"]
 
 DTYPE = torch.float64
@@ -82,9 +83,10 @@ class Reference(NamedTuple):
     w2_grad: torch.Tensor
     counts: list          # counts[i][j]: rows rank i sends rank j (its assignments to j's experts)
     arrivals: list        # arrivals[j][e]: the rows rank j's local expert e must get, from every rank
-    by_sender: list       # rank j's rows as they arrive: by sender, then expert
+    by_sender: list       # rank j's rows as they arrive, in pieces: by sender, then expert (any order in each)
     wrong_owner: list     # rank j's rows if expert e lived on rank e % ep (every ep-th expert)
     per: list             # per[j]: rows for each of rank j's experts
+    misread: dict         # a capacity rule misread (MISREAD) -> arrivals as that rule gives them, where they differ
 
 
 def _moe(case: Case) -> MoE:
@@ -128,11 +130,39 @@ def reference(case: Case) -> Reference:
 
     counts = [[int((routings[i].expert // local == j).sum()) for j in range(ep)] for i in range(ep)]
     arrivals = [[torch.cat([rows_of(i, j * local + e) for i in range(ep)]) for e in range(local)] for j in range(ep)]
-    by_sender = [torch.cat([rows_of(i, j * local + e) for i in range(ep) for e in range(local)]) for j in range(ep)]
+    by_sender = [[rows_of(i, j * local + e) for i in range(ep) for e in range(local)] for j in range(ep)]
     wrong_owner = [torch.cat([rows_of(i, e * ep + j) for e in range(local) for i in range(ep)]) for j in range(ep)]
     per = [[len(rows) for rows in arrivals[j]] for j in range(ep)]
+    misread = {}
+    for name in MISREAD if case.factor is not None else ():
+        with torch.no_grad():
+            kept = [_misread(name, moe.router, x, case) for x in xs]
+        wrong = [[torch.cat([xs[i][kept[i].token[kept[i].expert == j * local + e]] for i in range(ep)])
+                  for e in range(local)] for j in range(ep)]
+        if any(len(w) != len(a) or not torch.equal(w, a) for j in range(ep) for w, a in zip(wrong[j], arrivals[j])):
+            misread[name] = wrong
     return Reference(outs, ungated, twice, x_grads, moe.router.score.weight.grad, moe.experts.w1.grad, moe.experts.w2.grad,
-                     counts, arrivals, by_sender, wrong_owner, per)
+                     counts, arrivals, by_sender, wrong_owner, per, misread)
+
+
+#: Capacity rules a learner may write in place of ``ceil(factor·k·T/E)`` on each rank's own T tokens, first choices
+#: first: none applied, rounded down, T counted over every rank's tokens, the lines formed token by token.
+MISREAD = ("not_applied", "rounded_down", "over_the_world", "token_order")
+
+
+def _misread(name: str, router, x, case: Case) -> Routing:
+    """Rank's routing of ``x`` under the misread capacity rule ``name`` (:data:`MISREAD`)."""
+    _, chosen, gates = router(x)
+    tokens, k = chosen.shape
+    counted = sum(case.sizes) if name == "over_the_world" else tokens
+    rounded = math.floor if name == "rounded_down" else math.ceil
+    capacity = tokens * k if name == "not_applied" else rounded(case.factor * k * counted / case.n_experts)
+    line = chosen.flatten() if name == "token_order" else chosen.t().flatten()  # who stands first in each line
+    place = torch.zeros_like(line)
+    for expert in range(case.n_experts):
+        place[line == expert] = torch.arange(int((line == expert).sum()))
+    keep = (place < capacity).view(tokens, k) if name == "token_order" else (place < capacity).view(k, tokens).t()
+    return Routing(chosen, gates, keep, case.n_experts)
 
 
 def _rows_and_counts(returned, case: Case):
@@ -204,15 +234,15 @@ def _rank(rank, ep, dispatch, combine, case, routers, experts, xs, grads, agreem
 
 def _steps(rank, dispatch, combine, case, router, mine, x, grad, agreement):
     x = x.clone().requires_grad_()
-    routing = route(router, x, case.n_experts, case.factor)[2]
+    _, chosen, gates = router(x)
     _STAGE.name = "dispatch"
-    rows, per, plan = _rows_and_counts(dispatch(x, routing, None), case)
+    rows, per, plan = _rows_and_counts(dispatch(x, chosen, gates, case.n_experts, case.factor, None), case)
     result = {"rows": rows.detach().clone(), "per": per, "out": None}
     fits = rows.dim() == 2 and rows.shape[1] == case.d and len(per) == case.local and sum(per) == rows.shape[0]
     if not agreement.all(rank, "dispatch", combine is not None and fits and min(per, default=0) >= 0):
         return result  # combine not written, or nothing the experts could run on: the checks say which
     _STAGE.name = "combine"
-    out = combine(mine(rows, per), routing, plan, x.shape[0], None)
+    out = combine(mine(rows, per), plan, x.shape[0], None)
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"combine returned {type(out).__name__}, not a tensor of (tokens, d)")
     result["out"] = out.detach().clone()
@@ -278,7 +308,7 @@ def run(ctx, submission, case: Case, with_combine: bool = True):
     return ctx.memo(("run", case, with_combine), compute)
 
 
-GROUP_CASE = Case(2, 4, 2, None, (5, 8, 6, 11), seed=9)  # per global rank's tokens; the ep groups are {0,1}, {2,3}
+GROUP_CASE = Case(2, 4, 2, 1.0, (5, 8, 6, 11), seed=9)  # per global rank's tokens; the ep groups are {0,1}, {2,3}
 
 
 def _group_rank(rank, world_size, dispatch, combine):
@@ -289,13 +319,13 @@ def _group_rank(rank, world_size, dispatch, combine):
     experts = moe.experts.part(ep_rank * case.local, case.local)
     xs, grads = _batches(case)  # one batch per global rank
     x = xs[rank].clone().requires_grad_()
-    routing = route(moe.router, x, case.n_experts, case.factor)[2]
-    rows, per, plan = _rows_and_counts(dispatch(x, routing, group), case)
+    _, chosen, gates = moe.router(x)
+    rows, per, plan = _rows_and_counts(dispatch(x, chosen, gates, case.n_experts, case.factor, group), case)
     if not (rows.dim() == 2 and rows.shape[1] == case.d and len(per) == case.local and sum(per) == rows.shape[0]):
         raise ValueError(f"the experts could not run on what dispatch returned: rows of shape {tuple(rows.shape)} and "
                          f"rows_per_local_expert {per}, where they take (n, d = {case.d}) rows and one count per "
                          f"local expert (E/ep = {case.local}) adding up to n (see dispatch_rows)")
-    out = combine(experts(rows, per), routing, plan, x.shape[0], group)
+    out = combine(experts(rows, per), plan, x.shape[0], group)
     (out * grads[rank]).sum().backward()
     return out.detach(), x.grad
 

@@ -345,5 +345,5 @@ for name, value in coursekit.launch(beside_torchtitan, 2)[0].items():
 # bf16 SwiGLU experts against a SwiGLU version of ours, within bf16's rounding.
 # </details>
 #
-# **Exercise** `exercises/07_dispatch_combine.ipynb`: write dispatch and combine: the counts, the two
-# all-to-alls, and the gate-weighted sum.
+# **Exercise** `exercises/07_dispatch_combine.ipynb`: write dispatch and combine from the router's choices: the
+# capacity and its drops, the counts, the two all-to-alls, and the gate-weighted sum.

@@ -7,10 +7,12 @@ import torch
 
 from coursekit import comm
 from coursekit.parallel.sequence.comm import all_to_all
+from _dc_solution import Kept
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 0
-LOSES = {"dispatch_rows": (0, ("its rows_per_local_expert is [2, 1, 1, 1]: its experts get [1, 0, 0, 4] rows",
+LOSES = {"capacity": (0, "Exchange the counts first"),
+         "dispatch_rows": (0, ("its rows_per_local_expert is [2, 1, 1, 1]: its experts get [1, 0, 0, 4] rows",
                                "rank 0 sized its receive from rank 1 for 16 elements, but rank 1 sent 32",
                                "a rank cannot know how many rows arrive from another", "Exchange the counts first")),
          "outputs_equal_one_process": (0, "Exchange the counts first"),
@@ -23,16 +25,18 @@ LOSES = {"dispatch_rows": (0, ("its rows_per_local_expert is [2, 1, 1, 1]: its e
          "hidden_sizes": (0, "Exchange the counts first")}
 
 
-def dispatch(x, routing, group=None):
+def dispatch(x, chosen, gates, n_experts, capacity_factor=None, group=None):
+    routing = Kept(chosen, gates, n_experts, capacity_factor)  # right: the solution's capacity
     ep = comm.get_world_size(group)
     local = len(routing.per_expert) // ep
     rows = x[routing.token]
     sizes = [len(piece) for piece in torch.arange(len(rows)).tensor_split(ep)]   # even pieces
     arrived = all_to_all(rows, 0, 0, sizes, sizes, group)                         # as many back from each
     per = [len(piece) for piece in torch.arange(len(arrived)).tensor_split(local)]
-    return arrived, per, sizes
+    return arrived, per, (sizes, routing)
 
 
-def combine(y, routing, plan, tokens, group=None):
+def combine(y, plan, tokens, group=None):
+    plan, routing = plan
     back = all_to_all(y, 0, 0, plan, plan, group)
     return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, back * routing.gate.unsqueeze(1))

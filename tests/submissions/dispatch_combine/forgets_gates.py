@@ -9,8 +9,9 @@ from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 2  # dispatch_rows only
-LOSES = {"outputs_equal_one_process": (0, "the outputs are the experts' outputs summed without their gates: "
-                                          "multiply each row by its routing.gate"),
+LOSES = {"capacity": (0, "summed without their gates"),
+         "outputs_equal_one_process": (0, "the outputs are the experts' outputs summed without their gates: "
+                                          "multiply each row by its gate"),
          "skewed_routing": (0, "summed without their gates"),
          "gradients_equal_one_process": (0, "the outputs differ (see outputs_equal_one_process)"),
          "traffic": (0, "traffic is judged only for a right answer"),
@@ -19,8 +20,8 @@ LOSES = {"outputs_equal_one_process": (0, "the outputs are the experts' outputs 
          "hidden_sizes": (0, "summed without their gates")}
 
 
-def combine(y, routing, plan, tokens, group=None):
-    send, receive, order = plan
+def combine(y, plan, tokens, group=None):
+    send, receive, order, token, gate = plan
     back = torch.empty_like(y).index_copy(0, order, y)
     mine = all_to_all(back, 0, 0, receive.sum(1).tolist(), send.sum(1).tolist(), group)
-    return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, mine)
+    return y.new_zeros(tokens, y.shape[1]).index_add(0, token, mine)

@@ -13,7 +13,8 @@ from coursekit.parallel.sequence.comm import all_to_all
 EXERCISE = "07_dispatch_combine"
 SCORE = 2  # dispatch_rows: the rows each expert gets are right
 _TWICE = "each row is multiplied by its gate twice (the outputs are the gate-squared sum)"
-LOSES = {"outputs_equal_one_process": (0, ("ep=1, E=4, k=1, dropless, tokens 5: rank 0: " + _TWICE,
+LOSES = {"capacity": (0, _TWICE),
+         "outputs_equal_one_process": (0, ("ep=1, E=4, k=1, dropless, tokens 5: rank 0: " + _TWICE,
                                            "ep=2, E=4, k=1, dropless, tokens 5/8: rank 0: " + _TWICE)),
          "skewed_routing": (0, _TWICE), "gradients_equal_one_process": (0, "the outputs differ"),
          "traffic": (0, "traffic is judged only for a right answer"),
@@ -21,8 +22,8 @@ LOSES = {"outputs_equal_one_process": (0, ("ep=1, E=4, k=1, dropless, tokens 5: 
          "hidden_sizes": (0, _TWICE)}
 
 
-def combine(y, routing, plan, tokens, group=None):
-    send, receive, order, gates = plan
+def combine(y, plan, tokens, group=None):
+    (send, receive, order, gates), routing = plan
     back = torch.empty_like(y).index_copy(0, order, y) * gates  # weighted where the expert ran
     mine = all_to_all(back, 0, 0, receive.sum(1).tolist(), send.sum(1).tolist(), group)
     return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, mine * routing.gate.unsqueeze(1))  # again

@@ -10,7 +10,8 @@ from _dc_solution import dispatch  # noqa: F401  (right)
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 5  # dispatch 2 + outputs 3; every gradient-judging check 0
-LOSES = {"gradients_equal_one_process": (0, ("rank 0's experts' gradient of w1 differs from the one-process MoE's",
+LOSES = {"capacity": (0, "through combine's way back"),
+         "gradients_equal_one_process": (0, ("rank 0's experts' gradient of w1 differs from the one-process MoE's",
                                              "through combine's way back",
                                              "send the rows with all_to_all both ways")),
          "skewed_routing": (0, "through combine's way back"),
@@ -20,9 +21,9 @@ LOSES = {"gradients_equal_one_process": (0, ("rank 0's experts' gradient of w1 d
          "hidden_sizes": (0, "through combine's way back")}
 
 
-def combine(y, routing, plan, tokens, group=None):
-    send, receive, order = plan
+def combine(y, plan, tokens, group=None):
+    send, receive, order, token, gate = plan
     back = torch.empty_like(y).index_copy(0, order, y)
     pieces = list(back.split(receive.sum(1).tolist()))
     mine = torch.cat(exchange(pieces, [[int(n), y.shape[1]] for n in send.sum(1)], group, "combine"))
-    return y.new_zeros(tokens, y.shape[1]).index_add(0, routing.token, mine * routing.gate.unsqueeze(1))
+    return y.new_zeros(tokens, y.shape[1]).index_add(0, token, mine * gate.unsqueeze(1))

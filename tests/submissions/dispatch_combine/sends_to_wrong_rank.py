@@ -8,10 +8,12 @@ import torch
 
 from coursekit import comm
 from coursekit.parallel.sequence.comm import all_to_all
+from _dc_solution import Kept
 
 EXERCISE = "07_dispatch_combine"
 SCORE = 3.25  # a property of a wrong answer earns nothing (issue 58)
-LOSES = {"dispatch_rows": (0.67, ("rank 0 received the rows of experts [0, 2], as if expert e lived on rank e % ep",
+LOSES = {"capacity": (0, "as if expert e lived on rank e % ep"),
+         "dispatch_rows": (0.67, ("rank 0 received the rows of experts [0, 2], as if expert e lived on rank e % ep",
                                   "expert e lives on rank e // (E/ep)")),
          "outputs_equal_one_process": (0.75, "dispatch is wrong (see dispatch_rows), so the outputs are too"),
          "skewed_routing": (1.33, "as if expert e lived on rank e % ep"),
@@ -22,7 +24,8 @@ LOSES = {"dispatch_rows": (0.67, ("rank 0 received the rows of experts [0, 2], a
          "hidden_sizes": (0, "as if expert e lived on rank e % ep")}
 
 
-def dispatch(x, routing, group=None):
+def dispatch(x, chosen, gates, n_experts, capacity_factor=None, group=None):
+    routing = Kept(chosen, gates, n_experts, capacity_factor)  # right: the solution's capacity
     ep = comm.get_world_size(group)
     local = len(routing.per_expert) // ep
     dealt = routing.expert % ep * local + routing.expert // ep       # (rank, local expert) if dealt out
@@ -33,10 +36,11 @@ def dispatch(x, routing, group=None):
     rows = all_to_all(x[routing.token][order_out], 0, 0, send.sum(1).tolist(), receive.sum(1).tolist(), group)
     pieces = torch.arange(len(rows)).split(receive.flatten().tolist())
     order = torch.cat([pieces[j * local + e] for e in range(local) for j in range(ep)])
-    return rows[order], receive.sum(0).tolist(), (send, receive, order, order_out)
+    return rows[order], receive.sum(0).tolist(), ((send, receive, order, order_out), routing)
 
 
-def combine(y, routing, plan, tokens, group=None):
+def combine(y, plan, tokens, group=None):
+    plan, routing = plan
     send, receive, order, order_out = plan
     back = torch.empty_like(y).index_copy(0, order, y)
     mine = all_to_all(back, 0, 0, receive.sum(1).tolist(), send.sum(1).tolist(), group)
