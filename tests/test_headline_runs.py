@@ -72,7 +72,9 @@ def test_02_overlapping_shortens_the_step_against_the_same_buckets_waiting():
     assert line is not None, f"chapter 02 §3 printed no 'waiting ÷ overlapped' row:\n{printed}"
     gloo, link = (float(x) for x in re.findall(r"([\d.]+)× \[", line))
     assert link > 1.0, f"chapter 02 §3: behind the link, overlapping did not shorten the step ({link}×):\n{printed}"
-    assert gloo >= 0.97, f"chapter 02 §3: over gloo alone, overlapping made the step longer ({gloo}×):\n{printed}"
+    # Over gloo alone the chapter says overlap gains nothing on a CPU (gloo copies with the computing cores): a
+    # step more than 10% longer would be a different story, one the text does not tell.
+    assert gloo >= 0.9, f"chapter 02 §3: over gloo alone, overlapping made the step {gloo}× as long:\n{printed}"
 
 
 def test_05_the_first_run_of_p10_shows_tensor_beating_model_parallelism():

@@ -256,7 +256,7 @@ print(f"tp = 16 crosses the node: {tp_seconds:.3f} s of tp communication a step,
       f"of its {m} micro-batches of one sequence ({axis_network(tp16.layout, a100, 'tp')[1]})")
 
 # %% [markdown]
-# **Takeaway:** compute differs by layout, from 15.00 s without tp to 17.30 s at tp = 16, whose matmuls are the
+# **Takeaway:** compute differs by layout, least without tp and most at tp = 16, whose matmuls are the
 # smallest; the communication and the memory differ far more: tp = 16 across nodes spends 42.455 s a step in its
 # all-reduces, and dp × pp without tp does not fit.
 #
@@ -291,8 +291,8 @@ last = windows[0][-1]
 draw_trace(step_trace, windows, flights, (last[0] - 100, max(end for _, _, end in flights[0]) + 100));
 
 # %% [markdown]
-# **Takeaway:** the buckets' all-reduces run on gloo's threads while backward computes: 52% of their time is
-# hidden behind it on rank 0, 83% on rank 1.
+# **Takeaway:** the buckets' all-reduces run on gloo's threads while backward computes: 62% of their time is
+# hidden behind it on rank 0, 74% on rank 1.
 #
 # <details><summary>How this was measured</summary>
 #
@@ -332,8 +332,8 @@ draw_waits([("1F1B, m = 4, one step of 2 ranks", {r: (computing(pipelined[4], r)
                                                          for r in (0, 1)}, step_windows(tensor_trace, 0)[-1])]);
 
 # %% [markdown]
-# **Takeaway:** at m = 1 the pipeline's ranks wait 50% and 52% of a step, at m = 4 28% and 28%, against
-# bubbles of 50% and 20%. Tensor parallelism's all-reduces fill 27% of the step, and the main thread computes
+# **Takeaway:** at m = 1 the pipeline's ranks wait 48% and 52% of a step, at m = 4 27% and 25%, against
+# bubbles of 50% and 20%. Tensor parallelism's all-reduces fill 38% of the step, and the main thread computes
 # during 0% of them: they are on the critical path.
 #
 # At m = 4 the waits exceed the bubble: each micro-batch crosses between the ranks twice, and a message's
@@ -364,8 +364,9 @@ for name, op, shapes in COURSE_OPS:
 draw_roofline(roof, points);
 
 # %% [markdown]
-# **Takeaway:** the wide MLP's matrix product is compute-bound and runs near the peak, 106.7 of 109 GFLOP/s.
-# Layer norm and softmax are memory-bound: about one FLOP per byte, at 13.8 and 9.3 GFLOP/s.
+# **Takeaway:** the matrix products are compute-bound and run at the peak: the wide MLP's at 93.5 GFLOP/s
+# against a measured 92 (the peak is one product's speed, and another can beat it by a few percent). Layer norm
+# and softmax are memory-bound: about one FLOP per byte, at 7.1 and 5.2 GFLOP/s.
 #
 # A transformer step is many such operations. The wide ones set its speed only when they are most of it.
 #
@@ -421,9 +422,9 @@ for name, rate, tokens in (("course transformer", course_rate, inputs.numel()), 
           f"({predicted[name] * rate / tokens:.2f}×)")
 
 # %% [markdown]
-# **Takeaway:** on the same core the wide MLP uses 92.3% of the peak and the course transformer 53.9%: its
+# **Takeaway:** on the same core the wide MLP uses 88.9% of the peak and the course transformer 41.5%: its
 # operations are small, and its memory-bound ones run far below the peak. Priced with each operation's fixed
-# cost and bytes, the cost model's step is 0.87× the course transformer's and 1.00× the wide MLP's.
+# cost and bytes, the cost model's step is 0.75× the course transformer's and 0.99× the wide MLP's.
 #
 # On this core, that is where its time holds. With two ranks it misses by more: the course's own loop and
 # hooks around a tiny model, and gloo's stalls while both ranks compute, are not in it.
