@@ -39,8 +39,8 @@ _CHOOSE = ("choose the degrees yourself from the numbers: evaluate(config, Layou
 
 #: qualified name -> (exercise, what the learner should write instead). The functions are held back while their
 #: exercise is graded; a class listed here (exercise 05's layers) by the listed functions it calls. None of them
-#: is shown in a chapter (:func:`coursekit.show`) but ``keep_within_capacity``: chapter 07 shows the capacity rule,
-#: which exercise 07's dispatch applies inside its own code.
+#: is shown in a chapter (:func:`coursekit.show` refuses them): chapter 07 states the capacity rule and runs
+#: ``keep_within_capacity`` on one example, without showing the lines exercise 07's dispatch writes.
 ANSWERS: dict[str, tuple[str, str]] = {
     _RING + "ring_reduce_scatter": ("01_ring_allreduce",
                                     "write the reduce-scatter's G-1 steps yourself with coursekit.comm"),

@@ -66,3 +66,26 @@ def test_a_pasted_solution_is_found():
     pasted = "def my_reduce_scatter(tensor, r, G, group):\n" + block.replace("    ", "        ", 1)
     assert answers_in([pasted], ring) == ["segments = tensor.view(-1).tensor_split(G)"]
     assert answers_in(["segments = tensor.view(-1).tensor_split(G)\nprint(segments)"], ring) == []
+
+
+def shown_names(chapter_source: str) -> list[str]:
+    """The names a chapter source passes to ``coursekit.show(...)``, as written (``DataParallel._attach``)."""
+    return re.findall(r"coursekit\.show\(\s*([\w.]+)\s*\)", chapter_source)
+
+
+@pytest.mark.parametrize("chapter", sorted(p for p in SOURCES.glob("[0-9][0-9]_*.py")
+                                           if "# BEGIN SOLUTION" not in p.read_text()), ids=lambda p: p.stem)
+def test_no_chapter_shows_a_function_an_exercise_holds_back(chapter):
+    """``coursekit.show`` refuses an answer when the chapter runs (coursekit/answers.py): catch it here, in
+    seconds, not when papermill executes the chapter. Planted, seen failing: chapter 07 showing
+    keep_within_capacity after exercise 07 began holding it back."""
+    from coursekit.answers import ANSWERS
+
+    spellings = set()  # how a chapter names each answer: ``merge``, ``Routing.__init__``
+    for qualified in ANSWERS:
+        parts = qualified.split(".")
+        spellings.add(".".join(parts[-2:]) if parts[-2].lstrip("_")[:1].isupper() else parts[-1])
+    shown = [name for name in shown_names(chapter.read_text())
+             if any(name == spelling or name.endswith("." + spelling) for spelling in spellings)]
+    assert not shown, (f"{chapter.name} shows {shown}, which an exercise holds back as its answer: show the "
+                       f"neighbouring piece, or run it on an example instead")

@@ -140,10 +140,14 @@ draw_tokens_per_expert({name: runs[0].counts[0].tolist() for name, runs in balan
 # tokens, rounded up. Fixed sizes suit accelerators. An expert keeps the first C assignments it is given, first
 # choices before second choices; the rest are **dropped**. A dropped token skips the layer: its output is its input.
 # Under expert parallelism, T is one rank's tokens: each rank counts C for itself, as GShard's groups do, so an
-# expert may receive up to C rows from every rank.
+# expert may receive up to C rows from every rank. Applying the rule inside `dispatch` is part of exercise 07;
+# here is what it keeps for 6 tokens, k = 2, 3 experts and factor 1.0, so C = ⌈1 · 2 · 6 / 3⌉ = 4:
 
-# %%
-coursekit.show(keep_within_capacity)
+# %% tags=["nbval-check-output"]
+chosen = torch.tensor([[0, 1], [0, 2], [0, 1], [0, 2], [0, 1], [1, 0]])  # each token's first and second choice
+kept = keep_within_capacity(chosen, n_experts=3, factor=1.0)
+for token, (choices, keep) in enumerate(zip(chosen.tolist(), kept.tolist())):
+    print(f"token {token}: " + ", ".join(f"expert {e} {'kept' if k else 'DROPPED'}" for e, k in zip(choices, keep)))
 
 # %% [markdown]
 # We train with the balance loss at capacity factors 1.0, 1.25 and 2.0, and without a limit (dropless). Then
@@ -248,7 +252,7 @@ draw_pace(loads, [ratios[s] for s in PACE_SHARES], predicted);
 
 # %% [markdown]
 # **Takeaway:** the step time follows the busiest rank's load. When every token goes to one rank's experts, the
-# step takes 1.73 times as long as an even one, near the 1.81 that rank's load predicts.
+# step takes 1.81 times as long as an even one, near the 1.87 that rank's load predicts.
 #
 # The other rank sits idle meanwhile. That is why balance matters to speed, not only to accuracy.
 #
