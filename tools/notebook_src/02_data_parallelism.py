@@ -1,4 +1,4 @@
-# ci_parameters: {"TRAIN_STEPS": 16, "WIDE_ROWS": 1024, "WIDE_ITERS": 2, "TIMELINE_STEPS": 3}
+# ci_parameters: {"TRAIN_STEPS": 16, "WIDE_ROWS": 512, "WIDE_ITERS": 1, "TIMELINE_STEPS": 2}
 # %% [markdown]
 # # 02 · Data parallelism: from gradient averaging to ZeRO sharding
 #

@@ -1,4 +1,4 @@
-# ci_parameters: {"TIMELINE_STEPS": 4, "CUT_ITERATIONS": 3}
+# ci_parameters: {"TIMELINE_STEPS": 4, "CUT_ITERATIONS": 2}
 # %% [markdown]
 # # 03 · Model parallelism: layers on different GPUs
 #

@@ -1,4 +1,4 @@
-# ci_parameters: {"SPEED_STEPS": 3, "SWEEP_M": [1, 2, 4, 8], "SWEEP_WIDTH": 512, "SWEEP_BATCH": 128, "SWEEP_ITERS": 3, "RACE_WIDTH": 512, "RACE_BATCH": 128, "RACE_ITERS": 3}
+# ci_parameters: {"SPEED_STEPS": 3, "SWEEP_M": [1, 2, 4, 8], "SWEEP_WIDTH": 512, "SWEEP_BATCH": 128, "SWEEP_ITERS": 2, "RACE_WIDTH": 512, "RACE_BATCH": 64, "RACE_ITERS": 2}
 # %% [markdown]
 # # 04 · Pipeline parallelism: micro-batches fill the chain
 #
